@@ -1,0 +1,151 @@
+"""sglang.Engine: the offline entry point. Starts the scheduler and detokenizer processes
+(the same ones the HTTP server uses) and runs the TokenizerManager in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import multiprocessing as mp
+import shutil
+from typing import Iterator, Optional, Union
+
+from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.scheduler_process import run_scheduler_process
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.utils import configure_logger
+
+logger = logging.getLogger(__name__)
+STARTUP_TIMEOUT_S = 1800  # loading a large checkpoint from a slow disk can take long
+SHUTDOWN_GRACE_S = 5
+
+
+class Subprocesses:
+    """The scheduler and detokenizer processes of one engine, and their IPC directory."""
+
+    def __init__(self, server_args: ServerArgs):
+        self.port_args = PortArgs.create()
+        ctx = mp.get_context("spawn")
+        reader, writer = ctx.Pipe(duplex=False)
+        self.scheduler = ctx.Process(target=run_scheduler_process, name="sglang-scheduler",
+                                     args=(server_args, self.port_args, writer), daemon=True)
+        self.detokenizer = ctx.Process(target=run_detokenizer_process, name="sglang-detokenizer",
+                                       args=(server_args, self.port_args), daemon=True)
+        self.scheduler.start()
+        self.detokenizer.start()
+        writer.close()
+        try:
+            self.model_info = self._wait_ready(reader)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _wait_ready(self, reader) -> dict:
+        if not reader.poll(STARTUP_TIMEOUT_S):
+            raise RuntimeError(f"the scheduler did not start within {STARTUP_TIMEOUT_S} s")
+        try:
+            msg = reader.recv()
+        except EOFError:
+            raise RuntimeError(f"the scheduler process exited during start-up "
+                               f"(exit code {self.scheduler.exitcode}); see its log above") from None
+        if msg["status"] != "ready":
+            raise RuntimeError(f"the scheduler failed to start: {msg['message']}")
+        return msg
+
+    def why_dead(self) -> Optional[str]:
+        for proc in (self.scheduler, self.detokenizer):
+            if not proc.is_alive():
+                return f"the {proc.name} process died (exit code {proc.exitcode})"
+        return None
+
+    def shutdown(self) -> None:
+        for proc in (self.scheduler, self.detokenizer):
+            if proc.is_alive():
+                proc.terminate()
+        for proc in (self.scheduler, self.detokenizer):
+            proc.join(SHUTDOWN_GRACE_S)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        shutil.rmtree(self.port_args.ipc_dir, ignore_errors=True)
+
+
+async def _first(agen):
+    try:
+        return await agen.__anext__()
+    finally:
+        await agen.aclose()
+
+
+class Engine:
+    """`Engine(model_path=..., **server_args)`: keyword names are ServerArgs fields."""
+
+    def __init__(self, **kwargs):
+        self.server_args = ServerArgs.from_kwargs(**kwargs)
+        configure_logger(self.server_args.log_level)
+        self._closed = False
+        self.subprocesses = Subprocesses(self.server_args)
+        self.loop = asyncio.new_event_loop()
+        try:
+            self.tokenizer_manager = TokenizerManager(
+                self.server_args, self.subprocesses.port_args, self.subprocesses.model_info,
+                self.subprocesses.why_dead,
+            )
+        except BaseException:
+            self.subprocesses.shutdown()
+            raise
+        atexit.register(self.shutdown)
+
+    def generate(
+        self,
+        prompt: Optional[Union[str, list[str]]] = None,
+        sampling_params: Optional[Union[dict, list[dict]]] = None,
+        input_ids: Optional[Union[list[int], list[list[int]]]] = None,
+        stream: bool = False,
+        rid: Optional[Union[str, list[str]]] = None,
+    ) -> Union[dict, list[dict], Iterator[dict]]:
+        """One result dict per prompt (`text`, `output_ids`, `meta_info`); a list for a list of
+        prompts; an iterator of growing results when `stream=True`."""
+        obj = GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params,
+                               rid=rid, stream=stream)
+        agen = self.tokenizer_manager.generate_request(obj)
+        if stream:
+            return self._iterate(agen)
+        return self.loop.run_until_complete(_first(agen))
+
+    def _iterate(self, agen) -> Iterator[dict]:
+        try:
+            while True:
+                try:
+                    yield self.loop.run_until_complete(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+        finally:
+            self.loop.run_until_complete(agen.aclose())
+
+    def flush_cache(self) -> bool:
+        """Drop the radix cache. False while requests are in flight."""
+        return self.loop.run_until_complete(self.tokenizer_manager.control("flush_cache"))
+
+    def get_server_info(self) -> dict:
+        """Server args, model info, and live scheduler state, including the KV accounting
+        (`total_slots`, `free_slots`, `cached_slots`, `request_slots`)."""
+        state = self.loop.run_until_complete(self.tokenizer_manager.control("get_internal_state"))
+        return {**vars(self.server_args), **self.subprocesses.model_info, "internal_state": state}
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.shutdown)
+        self.subprocesses.shutdown()
+        self.loop.run_until_complete(self.tokenizer_manager.close())
+        self.loop.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.shutdown()

@@ -1,0 +1,52 @@
+"""The reference attention backend: gathers each request's KV from the pool and calls
+torch's scaled_dot_product_attention. Correct on CPU and CUDA for every forward mode;
+faster backends are tested against it."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.layers.attention.base import AttentionBackend
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+class TorchNativeAttnBackend(AttentionBackend):
+    def forward_extend(self, q, k, v, layer, forward_batch: ForwardBatch, save_kv_cache: bool):
+        return self._attend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def forward_decode(self, q, k, v, layer, forward_batch: ForwardBatch, save_kv_cache: bool):
+        return self._attend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def _attend(self, q, k, v, layer, fb: ForwardBatch, save_kv_cache: bool) -> torch.Tensor:
+        pool = fb.token_to_kv_pool
+        if save_kv_cache:
+            pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc,
+                               k.view(-1, layer.num_kv_heads, layer.head_dim),
+                               v.view(-1, layer.num_kv_heads, layer.head_dim))
+        k_cache, v_cache = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+        q = q.view(-1, layer.num_heads, layer.head_dim)
+        out = torch.empty_like(q)
+        start = 0
+        # A loop over requests is the point of a reference backend: each request is
+        # computed on its own, so nothing in the batch can leak into it.
+        for i in range(fb.batch_size):
+            new_len, seq_len = fb.extend_seq_lens_cpu[i], fb.seq_lens_cpu[i]
+            slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[i], :seq_len].to(torch.int64)
+            out[start : start + new_len] = _causal_attention(
+                q[start : start + new_len], k_cache[slots], v_cache[slots], layer.scaling
+            )
+            start += new_len
+        return out.view(-1, layer.num_heads * layer.head_dim)
+
+
+def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
+    """q: [new, H, D] for the last `new` positions of a sequence whose keys are k, v [seq, KV, D]."""
+    new_len, seq_len = q.shape[0], k.shape[0]
+    query_pos = torch.arange(seq_len - new_len, seq_len, device=q.device)
+    mask = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), k.to(q.dtype).transpose(0, 1).unsqueeze(0),
+        v.to(q.dtype).transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scaling, enable_gqa=True,
+    )
+    return out.squeeze(0).transpose(0, 1)

@@ -1,0 +1,30 @@
+"""From final hidden states to the logits the sampler (or the verifier) needs."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+from torch import nn
+
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+@dataclasses.dataclass
+class LogitsProcessorOutput:
+    # [bs, vocab] (last token of each request) or [num_tokens, vocab] with return_all_logits; float32.
+    next_token_logits: torch.Tensor
+    # The captured layers' outputs concatenated: [num_tokens, len(layers) * hidden], or None.
+    aux_hidden_states: Optional[torch.Tensor] = None
+
+
+class LogitsProcessor(nn.Module):
+    def forward(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor, forward_batch: ForwardBatch,
+                aux_hidden_states: list[torch.Tensor]) -> LogitsProcessorOutput:
+        mode = forward_batch.forward_mode
+        if mode.is_extend() and not forward_batch.return_all_logits:
+            hidden = hidden[forward_batch.last_token_indices()]
+        logits = torch.matmul(hidden, lm_head_weight.t()).float()
+        aux = torch.cat(aux_hidden_states, dim=-1) if aux_hidden_states else None
+        return LogitsProcessorOutput(next_token_logits=logits, aux_hidden_states=aux)

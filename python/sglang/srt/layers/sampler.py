@@ -1,0 +1,78 @@
+"""Turns logits into next tokens: temperature, top-k / top-p / min-p filtering, then Gumbel-max
+with counter-based noise, so a request's n-th token depends only on its seed and n."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.sampling.random import uniform
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+
+class Sampler:
+    def __call__(
+        self, logits: torch.Tensor, info: SamplingBatchInfo, offsets: torch.Tensor
+    ) -> torch.Tensor:
+        """int64[bs] next tokens for float[bs, vocab] logits.
+
+        offsets[i] is the number of tokens request i has generated so far; together with
+        its seed it fixes the random noise, whatever else is in the batch.
+        """
+        logits = logits.float()
+        greedy_tokens = torch.argmax(logits, dim=-1)
+        if info.is_all_greedy:
+            return greedy_tokens
+        logits = apply_top_k_top_p_min_p(logits / info.temperatures, info)
+        noise = gumbel_noise(info.seeds, offsets, logits.shape[-1])
+        sampled_tokens = torch.argmax(logits + noise, dim=-1)
+        return torch.where(info.greedy_mask, greedy_tokens, sampled_tokens)
+
+
+def gumbel_noise(
+    seeds: torch.Tensor, offsets: torch.Tensor, width: int, stream: int = 0
+) -> torch.Tensor:
+    """float32[bs, width] standard Gumbel noise: argmax(logits + noise) draws from
+    softmax(logits) without normalising or a cumulative sum."""
+    return -torch.log(-torch.log(uniform(seeds, offsets, width, stream)))
+
+
+def apply_top_k_top_p_min_p(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """Sets the logits of filtered-out tokens to -inf; expects temperature already applied.
+
+    Filters compose in the usual order: top-k, then top-p over the renormalised top-k
+    distribution, then min-p (relative to the top token, which every filter keeps).
+    The top token always survives. Rows whose filters are off, greedy rows included (the
+    batch info neutralises them), come back unchanged.
+    """
+    if info.need_top_k_sampling or info.need_top_p_sampling:
+        logits = _apply_top_k_top_p(logits, info)
+    if info.need_min_p_sampling:
+        logits = _apply_min_p(logits, info.min_ps)
+    return logits
+
+
+def _apply_top_k_top_p(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    # A stable sort breaks ties by token id, so the kept set never depends on the backend.
+    sorted_logits, sorted_ids = torch.sort(logits, dim=-1, descending=True, stable=True)
+    ranks = torch.arange(logits.shape[-1], device=logits.device)
+    drop_sorted = ranks[None, :] >= info.top_ks[:, None]
+    if info.need_top_p_sampling:
+        top_k_logits = sorted_logits.masked_fill(drop_sorted, -torch.inf)
+        drop_sorted |= _outside_nucleus(top_k_logits, info.top_ps)
+    drop = torch.empty_like(drop_sorted).scatter_(-1, sorted_ids, drop_sorted)
+    return logits.masked_fill(drop, -torch.inf)
+
+
+def _outside_nucleus(sorted_logits: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
+    """Keeps the shortest prefix whose mass reaches top_p: a token goes once the tokens
+    before it already hold top_p, so the first token always stays."""
+    probs = torch.softmax(sorted_logits, dim=-1)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    # Rounding can push the running sum to 1 before the tail; top_p=1 must keep everything.
+    return (mass_before >= top_ps[:, None]) & (top_ps[:, None] < 1.0)
+
+
+def _apply_min_p(logits: torch.Tensor, min_ps: torch.Tensor) -> torch.Tensor:
+    # p_i < min_p * p_max  <=>  logit_i < logit_max + log(min_p); min_p=0 gives -inf, a no-op.
+    max_logits = logits.max(dim=-1, keepdim=True).values
+    return logits.masked_fill(logits < max_logits + torch.log(min_ps)[:, None], -torch.inf)

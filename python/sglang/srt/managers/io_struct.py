@@ -1,0 +1,93 @@
+"""Messages between the processes (tokenizer manager <-> scheduler <-> detokenizer).
+
+A leaf module: every process imports it, it imports nothing of theirs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Union
+
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+@dataclasses.dataclass
+class GenerateReqInput:
+    """A native generate request: one prompt, or a batch when `text` / `input_ids` is a list."""
+
+    text: Optional[Union[str, list[str]]] = None
+    input_ids: Optional[Union[list[int], list[list[int]]]] = None
+    sampling_params: Optional[Union[dict, list[dict]]] = None
+    rid: Optional[Union[str, list[str]]] = None
+    stream: bool = False
+
+    def is_batch(self) -> bool:
+        if self.text is not None:
+            return isinstance(self.text, list)
+        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+
+
+@dataclasses.dataclass
+class TokenizedGenerateReqInput:
+    rid: str
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    stream: bool
+
+
+@dataclasses.dataclass
+class AbortReq:
+    rid: str
+
+
+@dataclasses.dataclass
+class BatchTokenIDOut:
+    """Scheduler -> detokenizer: new token ids of the requests that have something to report."""
+
+    rids: list[str]
+    new_token_ids: list[list[int]]  # tokens produced since the last message for that request
+    finished_reasons: list[Optional[dict]]
+    skip_special_tokens: list[bool]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+
+
+@dataclasses.dataclass
+class BatchStrOut:
+    """Detokenizer -> tokenizer manager: new text and ids, and the final state when finished."""
+
+    rids: list[str]
+    new_texts: list[str]
+    new_token_ids: list[list[int]]
+    finished_reasons: list[Optional[dict]]
+    prompt_tokens: list[int]
+    completion_tokens: list[int]
+    cached_tokens: list[int]
+
+
+@dataclasses.dataclass
+class ControlReq:
+    """A request to the scheduler answered by a ControlReply with the same `id`:
+    `flush_cache` or `get_internal_state`."""
+
+    id: int
+    kind: str
+
+
+@dataclasses.dataclass
+class ControlReply:
+    id: int
+    result: Any
+
+
+def finish_length(length: int) -> dict:
+    return {"type": "length", "length": length}
+
+
+def finish_matched(matched: Union[int, str]) -> dict:
+    return {"type": "stop", "matched": matched}
+
+
+def finish_abort(message: str, status_code: int = 400) -> dict:
+    return {"type": "abort", "message": message, "status_code": status_code}

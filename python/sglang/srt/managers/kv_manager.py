@@ -1,0 +1,94 @@
+"""KVManager: the KV memory of requests — admission with a cached prefix, slot allocation
+for each step (evicting from the radix cache when short), and release into the cache.
+
+Invariant (checked by `accounting()`): free slots + slots in the radix cache + slots held
+only by requests == total slots.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.managers.schedule_batch import Req
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+from sglang.srt.mem_cache.radix_cache import RadixCache
+
+
+class KVManager:
+    def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator,
+                 disable_radix_cache: bool):
+        self.req_to_token_pool = req_to_token_pool
+        self.allocator = allocator
+        self.tree_cache = RadixCache(allocator, disable=disable_radix_cache)
+
+    def available_tokens(self) -> int:
+        """Slots free now or freeable by evicting unlocked cache entries."""
+        return self.allocator.available_size() + self.tree_cache.evictable_size()
+
+    def cached_prefix_len(self, req: Req) -> int:
+        """How much of the request's prompt the cache holds (without locking it)."""
+        return len(self.tree_cache.match_prefix(_matchable_ids(req)).indices)
+
+    def admit(self, req: Req) -> bool:
+        """Give the request a table row and lock its cached prefix. False if no row is free."""
+        row = self.req_to_token_pool.alloc()
+        if row is None:
+            return False
+        match = self.tree_cache.match_prefix(_matchable_ids(req))
+        self.tree_cache.inc_lock_ref(match.last_node)
+        req.req_pool_idx, req.last_node = row, match.last_node
+        req.kv_len = req.cached_len = len(match.indices)
+        if req.kv_len:
+            self.req_to_token_pool.write(row, 0, match.indices)
+        return True
+
+    def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        shortfall = num_tokens - self.allocator.available_size()
+        if shortfall > 0:
+            self.tree_cache.evict(shortfall)
+        return self.allocator.alloc(num_tokens)
+
+    def alloc_for_step(self, reqs: list[Req]) -> torch.Tensor | None:
+        """Slots for each request's `extend_len` new tokens, recorded in its table row."""
+        slots = self.alloc(sum(req.extend_len for req in reqs))
+        if slots is None:
+            return None
+        offset = 0
+        for req in reqs:
+            self.req_to_token_pool.write(req.req_pool_idx, req.kv_len, slots[offset : offset + req.extend_len])
+            offset += req.extend_len
+        return slots
+
+    def release(self, req: Req) -> None:
+        """Hand the request's KV to the radix cache (or free it), unlock its prefix, free its row.
+        Used when a request finishes, is aborted, or is retracted to wait for memory."""
+        if req.req_pool_idx is None:
+            return
+        slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_len)
+        not_taken = self.tree_cache.insert(req.all_ids[: req.kv_len], slots)
+        # Slots below cached_len belong to the cache already; the rest of the untaken ones are ours.
+        self.allocator.free(slots[req.cached_len : not_taken])
+        self.tree_cache.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx, req.last_node = None, None
+        req.kv_len = req.cached_len = 0
+
+    def flush(self) -> None:
+        self.tree_cache.reset()
+
+    def accounting(self, num_held_by_requests: int) -> dict:
+        return {
+            "total_slots": self.allocator.size,
+            "free_slots": self.allocator.available_size(),
+            "cached_slots": self.tree_cache.total_size(),
+            "evictable_slots": self.tree_cache.evictable_size(),
+            "protected_slots": self.tree_cache.protected_size(),
+            "request_slots": num_held_by_requests,
+        }
+
+
+def _matchable_ids(req: Req) -> list[int]:
+    # The last token is always computed, so its logits exist: match at most len - 1 tokens.
+    ids = req.all_ids
+    return ids[: len(ids) - 1]

@@ -1,0 +1,113 @@
+"""Req (one request's state across steps) and ScheduleBatch (the requests of one forward,
+turned into a ForwardBatch)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from sglang.srt.managers.io_struct import finish_length, finish_matched
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+class Req:
+    def __init__(self, rid: str, input_ids: list[int], sampling_params: SamplingParams, seed: int,
+                 stream: bool, eos_token_ids: set[int], context_len: int):
+        self.rid = rid  # set by the tokenizer manager
+        self.origin_input_ids = list(input_ids)
+        self.sampling_params = sampling_params
+        self.seed = seed
+        self.stream = stream
+        self.stop_token_ids = set(sampling_params.stop_token_ids or ())
+        if not sampling_params.ignore_eos:
+            self.stop_token_ids |= eos_token_ids
+        self.context_len = context_len
+        self.output_ids: list[int] = []
+        self.finished_reason: Optional[dict] = None
+        # KV state, all set by the scheduler (host values).
+        self.req_pool_idx: Optional[int] = None  # row of ReqToTokenPool while admitted
+        self.kv_len = 0  # positions whose KV is in the pool (row columns [0, kv_len))
+        self.cached_len = 0  # leading positions owned by the radix cache (locked), <= kv_len
+        self.last_node = None  # radix node locked for the cached prefix
+        self.cached_tokens = 0  # prompt tokens served from the cache at first admission
+        self.extend_len = 0  # tokens this step's forward adds
+        self.sent_len = 0  # output tokens already reported to the detokenizer
+        self.to_abort = False
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def is_prefill_done(self) -> bool:
+        """True once every token but the last sampled one has KV (the request decodes next)."""
+        return self.kv_len >= self.seq_len - 1 and self.req_pool_idx is not None
+
+    def append_token(self, token_id: int) -> None:
+        self.output_ids.append(token_id)
+        self._check_finished(token_id)
+
+    def _check_finished(self, token_id: int) -> None:
+        params = self.sampling_params
+        num_out = len(self.output_ids)
+        if token_id in self.stop_token_ids and num_out > params.min_new_tokens:
+            self.finished_reason = finish_matched(token_id)
+        elif num_out >= params.max_new_tokens:
+            self.finished_reason = finish_length(params.max_new_tokens)
+        elif self.seq_len >= self.context_len:
+            self.finished_reason = finish_length(num_out)
+
+
+@dataclasses.dataclass
+class ScheduleBatch:
+    reqs: list[Req]
+    forward_mode: ForwardMode
+    out_cache_loc: torch.Tensor  # [num_tokens] slots allocated for this step's new tokens
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    def to_forward_batch(self, device: str) -> ForwardBatch:
+        """Inputs of this step: each request's tokens in [kv_len, kv_len + extend_len)."""
+        input_ids, positions = [], []
+        for req in self.reqs:
+            ids = req.all_ids
+            start, end = req.kv_len, req.kv_len + req.extend_len
+            input_ids.extend(ids[start:end])
+            positions.extend(range(start, end))
+        prefix_lens = [req.kv_len for req in self.reqs]
+        extend_lens = [req.extend_len for req in self.reqs]
+        seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+        return ForwardBatch(
+            forward_mode=self.forward_mode,
+            batch_size=self.batch_size,
+            input_ids=_to_device(input_ids, device),
+            positions=_to_device(positions, device),
+            req_pool_indices=_to_device([req.req_pool_idx for req in self.reqs], device),
+            seq_lens=_to_device(seq_lens, device),
+            out_cache_loc=self.out_cache_loc,
+            seq_lens_cpu=seq_lens,
+            extend_seq_lens_cpu=extend_lens,
+            extend_prefix_lens_cpu=prefix_lens,
+        )
+
+    def sampling_offsets(self, device: str) -> torch.Tensor:
+        """Each request's output position: the random stream of its next token."""
+        return _to_device([len(req.output_ids) for req in self.reqs], device)
+
+
+def _to_device(values: list[int], device: str) -> torch.Tensor:
+    tensor = torch.tensor(values, dtype=torch.int64)
+    if device != "cpu":
+        tensor = tensor.pin_memory().to(device, non_blocking=True)
+    return tensor

@@ -1,0 +1,58 @@
+"""Which waiting requests run next: the order (fcfs / lpm) and the budget of one prefill step."""
+
+from __future__ import annotations
+
+from sglang.srt.managers.kv_manager import KVManager
+from sglang.srt.managers.schedule_batch import Req
+
+# Longest-prefix-match costs one radix walk per waiting request; past this many, use fcfs.
+LPM_MAX_QUEUE = 128
+# KV kept back for the decode steps of admitted requests: this share of their remaining
+# output, each counted up to the clip. Retraction covers the rest if the guess is short.
+DECODE_RESERVE_RATIO = 0.4
+DECODE_RESERVE_CLIP = 256
+
+
+class SchedulePolicy:
+    def __init__(self, policy: str, kv_manager: KVManager):
+        self.policy = policy
+        self.kv_manager = kv_manager
+
+    def order(self, waiting: list[Req]) -> list[Req]:
+        if self.policy == "lpm" and len(waiting) <= LPM_MAX_QUEUE:
+            # Stable sort: among equal prefixes, arrival order is kept.
+            return sorted(waiting, key=lambda r: -self.kv_manager.cached_prefix_len(r))
+        return list(waiting)
+
+
+def decode_reserve(req: Req) -> int:
+    remaining = req.sampling_params.max_new_tokens - len(req.output_ids)
+    return int(min(max(remaining, 0), DECODE_RESERVE_CLIP) * DECODE_RESERVE_RATIO)
+
+
+class PrefillAdder:
+    """Accumulates the requests of one prefill step within the token budget, the KV memory
+    (minus what running requests are expected to need) and the running-request limit."""
+
+    def __init__(self, token_budget: int, available_kv: int, free_running_slots: int):
+        self.token_budget = token_budget
+        self.available_kv = available_kv
+        self.free_running_slots = free_running_slots
+        self.reqs: list[Req] = []
+
+    def try_add(self, req: Req, continuing_chunk: bool = False) -> bool:
+        """Sets req.extend_len and returns True if it fits (possibly as a first chunk)."""
+        if self.token_budget <= 0 or (not continuing_chunk and self.free_running_slots <= 0):
+            return False
+        remaining = req.seq_len - req.kv_len
+        extend_len = min(remaining, self.token_budget)
+        reserve = decode_reserve(req) if extend_len == remaining else 0
+        if extend_len + reserve > self.available_kv:
+            return False
+        req.extend_len = extend_len
+        self.token_budget -= extend_len
+        self.available_kv -= extend_len + reserve
+        if not continuing_chunk:
+            self.free_running_slots -= 1
+        self.reqs.append(req)
+        return True

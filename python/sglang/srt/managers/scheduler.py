@@ -1,0 +1,261 @@
+"""Scheduler: continuous batching. Each `step()` either prefills waiting requests (with
+cached prefixes and chunking) or decodes the running ones, and returns what to report.
+
+The same class runs inside the scheduler process (see scheduler_process.py) for the server
+and for `sglang.Engine`; it does no I/O itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from typing import Optional
+
+import numpy as np
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, TokenizedGenerateReqInput, finish_abort
+from sglang.srt.managers.kv_manager import KVManager
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy, decode_reserve
+from sglang.srt.managers.tp_worker import TpModelWorker
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils import eos_token_ids
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs):
+        self.server_args = server_args
+        self.model_config = ModelConfig.from_path(
+            server_args.model_path, server_args.dtype, server_args.device, server_args.context_length
+        )
+        self.tp_worker = TpModelWorker(server_args, self.model_config)
+        runner = self.tp_worker.model_runner
+        self.memory = runner.memory
+        self.kv_manager = KVManager(runner.req_to_token_pool, runner.token_to_kv_pool_allocator,
+                                    server_args.disable_radix_cache)
+        self.policy = SchedulePolicy(server_args.schedule_policy, self.kv_manager)
+        self.eos_token_ids = eos_token_ids(server_args.model_path, server_args.tokenizer_path)
+        self.seed_rng = np.random.default_rng(server_args.random_seed)
+        self.waiting_queue: deque[Req] = deque()
+        self.running_reqs: list[Req] = []
+        self.chunked_req: Optional[Req] = None
+        self.pending_outputs: list[Req] = []
+        self.num_generated_tokens = 0
+        self.num_retractions = 0
+        self.last_step_time = time.perf_counter()
+        self.last_step_throughput = 0.0
+
+    def model_info(self) -> dict:
+        return {
+            "max_total_num_tokens": self.memory.max_total_num_tokens,
+            "max_running_requests": self.memory.max_running_requests,
+            "context_len": self.memory.context_len,
+            "vocab_size": self.model_config.vocab_size,
+            "architecture": self.model_config.architecture,
+        }
+
+    # ---- input -------------------------------------------------------------------------
+
+    def add_request(self, recv: TokenizedGenerateReqInput) -> None:
+        params = recv.sampling_params
+        seed = params.sampling_seed if params.sampling_seed is not None else int(self.seed_rng.integers(2**62))
+        req = Req(recv.rid, recv.input_ids, params, seed, recv.stream, self.eos_token_ids, self.memory.context_len)
+        error = self._validate(req)
+        if error:
+            req.finished_reason = finish_abort(error)
+            self.pending_outputs.append(req)
+            return
+        self.waiting_queue.append(req)
+
+    def _validate(self, req: Req) -> Optional[str]:
+        # The tokenizer manager checks these too; the scheduler must not trust its inputs.
+        prompt_len, max_new = len(req.origin_input_ids), req.sampling_params.max_new_tokens
+        if prompt_len == 0:
+            return "the prompt is empty"
+        if prompt_len + max_new > self.memory.context_len:
+            return (f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new}) exceeds the context "
+                    f"length ({self.memory.context_len})")
+        if prompt_len + max_new > self.memory.max_total_num_tokens:
+            return (f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new}) needs more KV slots than "
+                    f"the pool holds ({self.memory.max_total_num_tokens}); raise --max-total-tokens")
+        if max(req.origin_input_ids) >= self.model_config.vocab_size or min(req.origin_input_ids) < 0:
+            return f"input_ids must be in [0, {self.model_config.vocab_size})"
+        return None
+
+    def abort_request(self, recv: AbortReq) -> None:
+        for req in list(self.waiting_queue):
+            if req.rid == recv.rid:
+                self.waiting_queue.remove(req)
+                self._finish(req, finish_abort("aborted by the client", 499))
+        for req in self.running_reqs + ([self.chunked_req] if self.chunked_req else []):
+            if req.rid == recv.rid:
+                req.to_abort = True
+
+    # ---- one step ----------------------------------------------------------------------
+
+    def has_work(self) -> bool:
+        return bool(self.waiting_queue or self.running_reqs or self.chunked_req or self.pending_outputs)
+
+    def step(self) -> Optional[BatchTokenIDOut]:
+        """Run at most one forward; return the outputs to report (or None)."""
+        self._drop_aborted()
+        batch = self._schedule_prefill() or self._schedule_decode()
+        if batch is not None:
+            self._run(batch)
+        return self._collect_outputs()
+
+    def _schedule_prefill(self) -> Optional[ScheduleBatch]:
+        if not self.waiting_queue and self.chunked_req is None:
+            return None
+        reserve = sum(decode_reserve(r) for r in self.running_reqs)
+        adder = PrefillAdder(self.server_args.chunked_prefill_size,
+                             self.kv_manager.available_tokens() - reserve,
+                             self._free_running_slots())
+        if self.chunked_req is not None:
+            adder.try_add(self.chunked_req, continuing_chunk=True)
+        for req in self.policy.order(self.waiting_queue):
+            if not self._admit(req, adder):
+                break
+        if not adder.reqs:
+            return None
+        out_cache_loc = self.kv_manager.alloc_for_step(adder.reqs)
+        if out_cache_loc is None:  # the estimate above said it fits; memory says no
+            self._undo_admission(adder.reqs)
+            return None
+        return ScheduleBatch(adder.reqs, ForwardMode.EXTEND, out_cache_loc)
+
+    def _free_running_slots(self) -> int:
+        return self.memory.max_running_requests - len(self.running_reqs) - (self.chunked_req is not None)
+
+    def _admit(self, req: Req, adder: PrefillAdder) -> bool:
+        if adder.free_running_slots <= 0 or adder.token_budget <= 0 or not self.kv_manager.admit(req):
+            return False
+        if not req.output_ids:  # first admission (a retracted request keeps its first count)
+            req.cached_tokens = req.cached_len
+        adder.available_kv = min(adder.available_kv, self._available_after_admission(adder))
+        if not adder.try_add(req):
+            self.kv_manager.release(req)
+            return False
+        self.waiting_queue.remove(req)
+        return True
+
+    def _available_after_admission(self, adder: PrefillAdder) -> int:
+        # Locking a cached prefix makes it unevictable: re-read what is still available.
+        planned = sum(r.extend_len for r in adder.reqs)
+        reserve = sum(decode_reserve(r) for r in self.running_reqs + adder.reqs)
+        return self.kv_manager.available_tokens() - planned - reserve
+
+    def _undo_admission(self, reqs: list[Req]) -> None:
+        for req in reversed(reqs):
+            if req is self.chunked_req:
+                continue
+            self.kv_manager.release(req)
+            self.waiting_queue.appendleft(req)
+
+    def _schedule_decode(self) -> Optional[ScheduleBatch]:
+        while self.running_reqs:
+            for req in self.running_reqs:
+                req.extend_len = 1
+            out_cache_loc = self.kv_manager.alloc_for_step(self.running_reqs)
+            if out_cache_loc is not None:
+                return ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE, out_cache_loc)
+            self._retract(self.running_reqs.pop())
+        return None
+
+    def _retract(self, req: Req) -> None:
+        """Out of KV: put the newest running request back in the queue. Its KV goes to the
+        radix cache, so it resumes cheaply if memory frees up before it is evicted."""
+        self.kv_manager.release(req)
+        self.waiting_queue.appendleft(req)
+        self.num_retractions += 1
+        logger.warning("KV cache is full: request %s goes back to the queue (%d retractions so far)",
+                       req.rid, self.num_retractions)
+
+    def _run(self, batch: ScheduleBatch) -> None:
+        result = self.tp_worker.forward_batch_generation(batch)
+        next_token_ids = result.next_token_ids.tolist()
+        now = time.perf_counter()
+        new_tokens = 0
+        for req, token_id in zip(batch.reqs, next_token_ids):
+            req.kv_len += req.extend_len
+            if req.kv_len < req.seq_len:  # a prefill chunk: more of the prompt to come
+                self.chunked_req = req
+                continue
+            if req is self.chunked_req:
+                self.chunked_req = None
+            if batch.forward_mode == ForwardMode.EXTEND:
+                self.running_reqs.append(req)
+            self._append(req, token_id)
+            new_tokens += 1
+        self.num_generated_tokens += new_tokens
+        self.last_step_throughput = new_tokens / max(now - self.last_step_time, 1e-9)
+        self.last_step_time = now
+
+    def _append(self, req: Req, token_id: int) -> None:
+        if req.sampling_params.max_new_tokens == 0:
+            req.finished_reason = {"type": "length", "length": 0}
+        else:
+            req.append_token(token_id)
+        if req.finished():
+            self.running_reqs.remove(req)
+            self._finish(req, req.finished_reason)
+        elif req.stream:
+            self.pending_outputs.append(req)
+
+    def _finish(self, req: Req, reason: dict) -> None:
+        req.finished_reason = reason
+        self.kv_manager.release(req)
+        self.pending_outputs.append(req)
+
+    def _drop_aborted(self) -> None:
+        for req in [r for r in self.running_reqs if r.to_abort]:
+            self.running_reqs.remove(req)
+            self._finish(req, finish_abort("aborted by the client", 499))
+        if self.chunked_req is not None and self.chunked_req.to_abort:
+            req, self.chunked_req = self.chunked_req, None
+            self._finish(req, finish_abort("aborted by the client", 499))
+
+    def _collect_outputs(self) -> Optional[BatchTokenIDOut]:
+        if not self.pending_outputs:
+            return None
+        reqs = list(dict.fromkeys(self.pending_outputs))  # a request once, in order
+        self.pending_outputs.clear()
+        out = BatchTokenIDOut([], [], [], [], [], [], [])
+        for req in reqs:
+            out.rids.append(req.rid)
+            out.new_token_ids.append(req.output_ids[req.sent_len :])
+            req.sent_len = len(req.output_ids)
+            out.finished_reasons.append(req.finished_reason)
+            out.skip_special_tokens.append(req.sampling_params.skip_special_tokens)
+            out.prompt_tokens.append(len(req.origin_input_ids))
+            out.completion_tokens.append(len(req.output_ids))
+            out.cached_tokens.append(req.cached_tokens)
+        return out
+
+    # ---- control -----------------------------------------------------------------------
+
+    def flush_cache(self) -> bool:
+        """Drop the radix cache; refused (False) while requests are in flight."""
+        if self.waiting_queue or self.running_reqs or self.chunked_req:
+            return False
+        self.kv_manager.flush()
+        return True
+
+    def get_internal_state(self) -> dict:
+        in_flight = self.running_reqs + ([self.chunked_req] if self.chunked_req else [])
+        held = sum(req.kv_len - req.cached_len for req in in_flight)
+        state = self.kv_manager.accounting(held)
+        state.update(
+            num_running_reqs=len(self.running_reqs),
+            num_queue_reqs=len(self.waiting_queue) + (1 if self.chunked_req else 0),
+            token_usage=1 - state["free_slots"] / state["total_slots"],
+            num_generated_tokens=self.num_generated_tokens,
+            num_retractions=self.num_retractions,
+            last_step_throughput=self.last_step_throughput,
+        )
+        return state

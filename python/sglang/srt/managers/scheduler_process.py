@@ -1,0 +1,86 @@
+"""The scheduler process: receives requests over ZMQ, steps the Scheduler, sends outputs."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import traceback
+
+import zmq
+
+from sglang.srt.managers.io_struct import AbortReq, ControlReply, ControlReq, TokenizedGenerateReqInput
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.utils import configure_logger
+
+logger = logging.getLogger(__name__)
+IDLE_POLL_MS = 1000
+
+
+def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pipe) -> None:
+    configure_logger(server_args.log_level, " Scheduler")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    parent_pid = os.getppid()
+    try:
+        scheduler = Scheduler(server_args)
+    except Exception as e:
+        logger.error("scheduler failed to start:\n%s", traceback.format_exc())
+        ready_pipe.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
+        raise SystemExit(1)
+    loop = SchedulerLoop(scheduler, port_args, parent_pid)
+    ready_pipe.send({"status": "ready", **scheduler.model_info()})
+    try:
+        loop.run()
+    except Exception:
+        logger.error("scheduler crashed:\n%s", traceback.format_exc())
+        raise SystemExit(1)
+
+
+class SchedulerLoop:
+    def __init__(self, scheduler: Scheduler, port_args: PortArgs, parent_pid: int):
+        self.scheduler = scheduler
+        self.parent_pid = parent_pid
+        ctx = zmq.Context(2)
+        self.recv_from_tokenizer = ctx.socket(zmq.PULL)
+        self.recv_from_tokenizer.bind(port_args.scheduler_input_ipc)
+        self.send_to_detokenizer = ctx.socket(zmq.PUSH)
+        self.send_to_detokenizer.connect(port_args.detokenizer_ipc)
+        self.send_to_tokenizer = ctx.socket(zmq.PUSH)
+        self.send_to_tokenizer.connect(port_args.tokenizer_ipc)
+
+    def run(self) -> None:
+        while True:
+            self._receive(block=not self.scheduler.has_work())
+            out = self.scheduler.step()
+            if out is not None:
+                self.send_to_detokenizer.send_pyobj(out)
+
+    def _receive(self, block: bool) -> None:
+        if block:
+            while not self.recv_from_tokenizer.poll(IDLE_POLL_MS):
+                if os.getppid() != self.parent_pid:
+                    raise SystemExit("the parent process is gone")
+        while True:
+            try:
+                msg = self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._dispatch(msg)
+
+    def _dispatch(self, msg) -> None:
+        if isinstance(msg, TokenizedGenerateReqInput):
+            self.scheduler.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.scheduler.abort_request(msg)
+        elif isinstance(msg, ControlReq):
+            self.send_to_tokenizer.send_pyobj(ControlReply(msg.id, self._control(msg.kind)))
+        else:
+            logger.error("scheduler ignored an unknown message: %r", type(msg))
+
+    def _control(self, kind: str):
+        if kind == "flush_cache":
+            return self.scheduler.flush_cache()
+        if kind == "get_internal_state":
+            return self.scheduler.get_internal_state()
+        return {"error": f"unknown control request {kind!r}"}

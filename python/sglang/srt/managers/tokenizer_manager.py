@@ -1,0 +1,238 @@
+"""TokenizerManager: runs in the caller's process (the HTTP server or sglang.Engine).
+Tokenizes and validates requests, sends them to the scheduler, and gathers the
+detokenizer's output per request."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import logging
+import time
+import uuid
+from typing import AsyncIterator, Callable, Optional
+
+import zmq
+import zmq.asyncio
+
+from sglang.srt.hf_transformers_utils import get_tokenizer
+from sglang.srt.managers.io_struct import (
+    AbortReq, BatchStrOut, ControlReply, ControlReq, GenerateReqInput, TokenizedGenerateReqInput,
+)
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import PortArgs, ServerArgs
+
+logger = logging.getLogger(__name__)
+WATCHDOG_INTERVAL_S = 1.0
+
+
+@dataclasses.dataclass
+class ReqState:
+    created: float
+    text: str = ""
+    output_ids: list[int] = dataclasses.field(default_factory=list)
+    meta: dict = dataclasses.field(default_factory=dict)
+    finished: bool = False
+    event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
+class TokenizerManager:
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs, model_info: dict,
+                 children_alive: Callable[[], Optional[str]]):
+        self.server_args = server_args
+        self.model_info = model_info
+        self.context_len = model_info["context_len"]
+        self.vocab_size = model_info["vocab_size"]
+        self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+        self.children_alive = children_alive  # returns why a child died, or None
+        self.ctx = zmq.asyncio.Context(2)
+        self.send_to_scheduler = self.ctx.socket(zmq.PUSH)
+        self.send_to_scheduler.connect(port_args.scheduler_input_ipc)
+        self.recv_from_workers = self.ctx.socket(zmq.PULL)
+        self.recv_from_workers.bind(port_args.tokenizer_ipc)
+        self.rid_to_state: dict[str, ReqState] = {}
+        self.control_waiters: dict[int, asyncio.Future] = {}
+        self.control_ids = itertools.count()
+        self.dead_reason: Optional[str] = None
+        self.handle_loop_task: Optional[asyncio.Task] = None
+
+    # ---- requests ----------------------------------------------------------------------
+
+    def tokenize_request(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
+        """Validate and tokenize every prompt of the request; raise ValueError naming the field."""
+        prompts = _as_list(obj.text) if obj.text is not None else None
+        ids_list = _as_id_lists(obj.input_ids) if obj.input_ids is not None else None
+        if (prompts is None) == (ids_list is None):
+            raise ValueError("exactly one of text / prompt and input_ids must be given")
+        n = len(prompts) if prompts is not None else len(ids_list)
+        if n == 0:
+            raise ValueError("the batch of prompts is empty")
+        params_list = _broadcast(obj.sampling_params, n, "sampling_params")
+        rids = _broadcast(obj.rid, n, "rid") if obj.rid is not None else [uuid.uuid4().hex for _ in range(n)]
+        out = []
+        for i in range(n):
+            input_ids = self._encode(prompts[i]) if prompts is not None else ids_list[i]
+            params = SamplingParams.from_dict(params_list[i])
+            params.verify(self.vocab_size)
+            self._check_lengths(input_ids, params)
+            out.append(TokenizedGenerateReqInput(rids[i], input_ids, params, obj.stream))
+        return out
+
+    def _encode(self, text) -> list[int]:
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a string, got {type(text).__name__}")
+        return self.tokenizer.encode(text)
+
+    def _check_lengths(self, input_ids: list[int], params: SamplingParams) -> None:
+        if not input_ids:
+            raise ValueError("the prompt is empty")
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size for t in input_ids):
+            raise ValueError(f"input_ids must be integers in [0, {self.vocab_size})")
+        if len(input_ids) >= self.context_len:
+            raise ValueError(f"the prompt has {len(input_ids)} tokens, more than the context length "
+                             f"({self.context_len}) allows")
+        if len(input_ids) + params.max_new_tokens > self.context_len:
+            raise ValueError(f"the prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                             f"is longer than the context length ({self.context_len})")
+
+    async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator:
+        """Yields the result dict (a list of them for a batch); several times when streaming."""
+        self._ensure_running()
+        reqs = self.tokenize_request(obj)
+        if obj.stream and obj.is_batch():
+            raise ValueError("stream is supported for a single prompt only")
+        states = [self._send(req) for req in reqs]
+        try:
+            if obj.stream:
+                async for out in self._stream(reqs[0].rid, states[0]):
+                    yield out
+            else:
+                results = [await self._wait_finished(req.rid, state) for req, state in zip(reqs, states)]
+                yield results if obj.is_batch() else results[0]
+        finally:
+            for req in reqs:
+                if req.rid in self.rid_to_state:  # the caller went away before the end
+                    self.abort_request(req.rid)
+
+    def _send(self, req: TokenizedGenerateReqInput) -> ReqState:
+        if req.rid in self.rid_to_state:
+            raise ValueError(f"rid {req.rid!r} is already in use")
+        state = ReqState(created=time.perf_counter())
+        self.rid_to_state[req.rid] = state
+        self.send_to_scheduler.send_pyobj(req)
+        return state
+
+    async def _stream(self, rid: str, state: ReqState):
+        while True:
+            await self._wait(state)
+            yield self._result(rid, state)
+            if state.finished:
+                self.rid_to_state.pop(rid, None)
+                return
+
+    async def _wait_finished(self, rid: str, state: ReqState) -> dict:
+        while not state.finished:
+            await self._wait(state)
+        self.rid_to_state.pop(rid, None)
+        return self._result(rid, state)
+
+    async def _wait(self, state: ReqState) -> None:
+        await state.event.wait()
+        state.event.clear()
+        if self.dead_reason:
+            raise RuntimeError(self.dead_reason)
+
+    def _result(self, rid: str, state: ReqState) -> dict:
+        meta = dict(state.meta, id=rid, e2e_latency=time.perf_counter() - state.created)
+        return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
+
+    def abort_request(self, rid: str) -> None:
+        self.rid_to_state.pop(rid, None)
+        if not self.dead_reason:
+            self.send_to_scheduler.send_pyobj(AbortReq(rid))
+
+    async def control(self, kind: str):
+        self._ensure_running()
+        future = asyncio.get_running_loop().create_future()
+        req_id = next(self.control_ids)
+        self.control_waiters[req_id] = future
+        self.send_to_scheduler.send_pyobj(ControlReq(req_id, kind))
+        return await future
+
+    # ---- receiving -----------------------------------------------------------------------
+
+    def _ensure_running(self) -> None:
+        if self.dead_reason:
+            raise RuntimeError(self.dead_reason)
+        if self.handle_loop_task is None or self.handle_loop_task.done():
+            self.handle_loop_task = asyncio.get_running_loop().create_task(self.handle_loop())
+
+    async def handle_loop(self) -> None:
+        while not self.dead_reason:
+            if not await self.recv_from_workers.poll(WATCHDOG_INTERVAL_S * 1000):
+                self._check_children()
+                continue
+            msg = await self.recv_from_workers.recv_pyobj()
+            if isinstance(msg, BatchStrOut):
+                self._handle_str_out(msg)
+            elif isinstance(msg, ControlReply):
+                future = self.control_waiters.pop(msg.id, None)
+                if future is not None and not future.done():
+                    future.set_result(msg.result)
+
+    def _handle_str_out(self, out: BatchStrOut) -> None:
+        for i, rid in enumerate(out.rids):
+            state = self.rid_to_state.get(rid)
+            if state is None:  # aborted by the caller meanwhile
+                continue
+            state.text += out.new_texts[i]
+            state.output_ids.extend(out.new_token_ids[i])
+            state.meta = {
+                "finish_reason": out.finished_reasons[i],
+                "prompt_tokens": out.prompt_tokens[i],
+                "completion_tokens": out.completion_tokens[i],
+                "cached_tokens": out.cached_tokens[i],
+            }
+            state.finished = out.finished_reasons[i] is not None
+            state.event.set()
+
+    def _check_children(self) -> None:
+        reason = self.children_alive()
+        if reason is None:
+            return
+        self.dead_reason = reason
+        logger.error("%s; failing %d pending request(s)", reason, len(self.rid_to_state))
+        for state in self.rid_to_state.values():
+            state.event.set()
+        for future in self.control_waiters.values():
+            if not future.done():
+                future.set_exception(RuntimeError(reason))
+
+    async def close(self) -> None:
+        if self.handle_loop_task is not None and not self.handle_loop_task.done():
+            self.handle_loop_task.cancel()
+            try:
+                await self.handle_loop_task
+            except asyncio.CancelledError:
+                pass
+        self.ctx.destroy(linger=0)
+
+
+def _as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def _as_id_lists(input_ids) -> list[list[int]]:
+    if not isinstance(input_ids, list):
+        raise ValueError("input_ids must be a list of token ids or a list of such lists")
+    if input_ids and isinstance(input_ids[0], list):
+        return input_ids
+    return [input_ids]
+
+
+def _broadcast(value, n: int, field: str) -> list:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise ValueError(f"{field} has {len(value)} entries for {n} prompts")
+        return value
+    return [value] * n

@@ -1,0 +1,240 @@
+"""Radix prefix cache: maps token-id prefixes to the KV slots that already hold them.
+
+Page size 1. Running requests lock the path they use (a locked node is never evicted);
+unlocked leaves are evicted least recently used first, their slots going back to the allocator.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass
+from typing import Iterator, Sequence
+
+import torch
+
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+
+_node_ids = itertools.count()
+
+
+class TreeNode:
+    """One edge of the tree: `key` token ids whose KV lives in the `value` slots."""
+
+    __slots__ = ("children", "key", "value", "parent", "lock_ref", "last_access_time", "id")
+
+    def __init__(self, key: list[int], value: torch.Tensor, parent: TreeNode | None, last_access_time: int = 0):
+        self.children: dict[int, TreeNode] = {}  # keyed by the first token id of the child's key
+        self.key = key
+        self.value = value  # int64 slot indices, one per token of `key`, on the allocator's device
+        self.parent = parent
+        self.lock_ref = 0  # running requests whose prefix passes through this node
+        self.last_access_time = last_access_time  # a tick of the cache's clock, for LRU
+        self.id = next(_node_ids)  # breaks ties between nodes touched on the same tick
+
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def __lt__(self, other: TreeNode) -> bool:
+        # Heap order for eviction: least recently used first.
+        return (self.last_access_time, self.id) < (other.last_access_time, other.id)
+
+
+@dataclass
+class MatchResult:
+    indices: torch.Tensor  # int64 slots of the longest cached prefix, on the allocator's device
+    last_node: TreeNode  # the node that ends exactly at that prefix; the root when nothing matched
+
+
+class RadixCache:
+    """Token-level radix tree over KV slots, reference counted, with LRU eviction.
+
+    Accounting the scheduler relies on, after every call:
+    `allocator.available_size() + total_size() + slots held by callers == allocator.size`.
+    """
+
+    def __init__(self, allocator: TokenToKVPoolAllocator, disable: bool = False):
+        self.allocator = allocator
+        self.device = allocator.device
+        self.disable = disable
+        self._empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._clock = 0
+        self._new_tree()
+
+    def _new_tree(self) -> None:
+        self.root_node = TreeNode([], self._empty, None)
+        self._evictable_size = 0  # tokens in nodes with lock_ref == 0
+        self._protected_size = 0  # tokens in nodes with lock_ref > 0
+
+    # ---- lookup and insertion -------------------------------------------------------------
+
+    def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
+        """Longest cached prefix of `token_ids`; touches every node on the matched path."""
+        tokens = _as_list(token_ids)
+        if self.disable or not tokens:
+            return MatchResult(self._empty, self.root_node)
+        node, _, values = self._walk(tokens)
+        return MatchResult(torch.cat(values) if values else self._empty, node)
+
+    def insert(self, token_ids: Sequence[int], indices: torch.Tensor) -> int:
+        """Stores the (token, slot) pairs of `token_ids` that the tree does not hold yet.
+
+        `indices[i]` is the slot holding the KV of `token_ids[i]`. Returns how many LEADING
+        tokens were NOT taken over by the tree: the tree keeps its own slots for the prefix it
+        already had, so the caller must free whichever of `indices[:returned]` it owns (slots it
+        got from `match_prefix` are the tree's and are not freed). The slots after that prefix
+        now belong to the tree. A disabled cache takes nothing and returns `len(token_ids)`.
+        """
+        tokens = _as_list(token_ids)
+        if len(tokens) != len(indices):
+            raise ValueError(f"{len(tokens)} tokens but {len(indices)} slot indices")
+        if self.disable:
+            return len(tokens)
+        node, num_cached, _ = self._walk(tokens)
+        if num_cached < len(tokens):
+            self._add_leaf(node, tokens[num_cached:], indices[num_cached:])
+        return num_cached
+
+    def _walk(self, tokens: list[int]) -> tuple[TreeNode, int, list[torch.Tensor]]:
+        """Follows `tokens` down from the root, splitting the node where the match stops midway.
+
+        Returns the last matched node, the matched length and the slot tensors along the path.
+        """
+        self._clock += 1
+        node, position, values = self.root_node, 0, []
+        while position < len(tokens):
+            child = node.children.get(tokens[position])
+            if child is None:
+                break
+            length = _common_prefix_length(child.key, tokens, position)
+            if length < len(child.key):
+                # After the split the remaining tokens diverge, so the loop ends next round.
+                child = self._split(child, length)
+            child.last_access_time = self._clock
+            values.append(child.value)
+            node, position = child, position + length
+        return node, position, values
+
+    def _split(self, node: TreeNode, length: int) -> TreeNode:
+        """Cuts `node` after `length` tokens; returns the new parent holding the front part."""
+        front = TreeNode(node.key[:length], node.value[:length], node.parent, node.last_access_time)
+        # Both halves carry the same locks, so evictable/protected sizes are unchanged.
+        front.lock_ref = node.lock_ref
+        front.children = {node.key[length]: node}
+        node.parent.children[node.key[0]] = front
+        node.key = node.key[length:]
+        node.value = node.value[length:]
+        node.parent = front
+        return front
+
+    def _add_leaf(self, parent: TreeNode, key: list[int], indices: torch.Tensor) -> None:
+        # Copy: callers often pass a view of a buffer (e.g. a req_to_token row) they reuse.
+        value = indices.to(device=self.device, dtype=torch.int64, copy=True)
+        leaf = TreeNode(key, value, parent, self._clock)
+        parent.children[key[0]] = leaf
+        self._evictable_size += len(key)
+
+    # ---- reference counting ---------------------------------------------------------------
+
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        """Locks every node from `node` up to (not including) the root against eviction."""
+        while node is not self.root_node:
+            if node.lock_ref == 0:
+                self._evictable_size -= len(node.key)
+                self._protected_size += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: TreeNode) -> None:
+        """Undoes one `inc_lock_ref(node)`."""
+        # An ancestor's lock_ref is never below a descendant's, so checking `node` suffices.
+        if node is not self.root_node and node.lock_ref == 0:
+            raise RuntimeError("dec_lock_ref on an unlocked node: unbalanced lock/unlock")
+        while node is not self.root_node:
+            node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._evictable_size += len(node.key)
+                self._protected_size -= len(node.key)
+            node = node.parent
+
+    # ---- eviction -------------------------------------------------------------------------
+
+    def evict(self, num_tokens: int) -> int:
+        """Frees at least `num_tokens` slots if it can, least recently used unlocked leaves first.
+
+        Returns the number of tokens evicted (may exceed `num_tokens` by part of a leaf, or
+        fall short when everything left is locked).
+        """
+        if self.disable or num_tokens <= 0:
+            return 0
+        heap = [node for node in self._iter_nodes() if node.is_leaf() and node.lock_ref == 0]
+        heapq.heapify(heap)
+        freed, num_evicted = [], 0
+        while heap and num_evicted < num_tokens:
+            leaf = heapq.heappop(heap)
+            freed.append(leaf.value)
+            num_evicted += len(leaf.key)
+            parent = self._remove_leaf(leaf)
+            if parent is not self.root_node and parent.is_leaf() and parent.lock_ref == 0:
+                heapq.heappush(heap, parent)
+        if freed:
+            self.allocator.free(torch.cat(freed))
+        return num_evicted
+
+    def _remove_leaf(self, leaf: TreeNode) -> TreeNode:
+        del leaf.parent.children[leaf.key[0]]
+        self._evictable_size -= len(leaf.key)
+        return leaf.parent
+
+    def reset(self) -> None:
+        """Frees every cached slot and empties the tree; nothing may be locked."""
+        if self._protected_size:
+            raise RuntimeError(f"reset with {self._protected_size} tokens still locked")
+        values = [node.value for node in self._iter_nodes()]
+        if values:
+            self.allocator.free(torch.cat(values))
+        self._new_tree()
+
+    def _iter_nodes(self) -> Iterator[TreeNode]:
+        """Every node except the root, parents before children."""
+        stack = list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    # ---- sizes ----------------------------------------------------------------------------
+
+    def evictable_size(self) -> int:
+        return self._evictable_size
+
+    def protected_size(self) -> int:
+        return self._protected_size
+
+    def total_size(self) -> int:
+        return self._evictable_size + self._protected_size
+
+
+def _as_list(token_ids: Sequence[int]) -> list[int]:
+    if isinstance(token_ids, torch.Tensor):
+        return token_ids.tolist()
+    # A caller's list is only read and sliced (slices copy), so it need not be copied here.
+    return token_ids if isinstance(token_ids, list) else list(token_ids)
+
+
+def _common_prefix_length(key: list[int], tokens: list[int], start: int) -> int:
+    """Length of the common prefix of `key` and `tokens[start:]`, compared by slices."""
+    segment = tokens[start : start + len(key)]
+    key_part = key if len(segment) == len(key) else key[: len(segment)]
+    if key_part == segment:
+        return len(segment)
+    # There is a mismatch inside `segment`: bisect on slice equality. Each round compares
+    # only the untested half, so the whole search is O(len(key)) comparisons, all in C.
+    low, high = 0, len(segment)  # key[:low] == segment[:low], key[:high] != segment[:high]
+    while high - low > 1:
+        middle = (low + high) // 2
+        if key[low:middle] == segment[low:middle]:
+            low = middle
+        else:
+            high = middle
+    return low

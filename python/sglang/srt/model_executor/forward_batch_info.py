@@ -1,0 +1,72 @@
+"""ForwardMode and ForwardBatch: what one model forward computes, as the model and the
+attention backend see it."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.attention.base import AttentionBackend
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+
+
+class ForwardMode(enum.IntEnum):
+    EXTEND = enum.auto()  # prefill of new tokens over a cached prefix (also a prefill chunk)
+    DECODE = enum.auto()  # one new token per request
+    TARGET_VERIFY = enum.auto()  # k + 1 tokens per request, causal, logits at every token
+    DRAFT_EXTEND = enum.auto()  # the draft model over the tokens just accepted
+    IDLE = enum.auto()  # nothing to run on this rank
+
+    def is_extend(self) -> bool:
+        """Several tokens per request over a cached prefix (causal within the request)."""
+        return self in (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DRAFT_EXTEND)
+
+    def is_decode(self) -> bool:
+        return self == ForwardMode.DECODE
+
+    def is_target_verify(self) -> bool:
+        return self == ForwardMode.TARGET_VERIFY
+
+    def is_draft_extend(self) -> bool:
+        return self == ForwardMode.DRAFT_EXTEND
+
+    def is_idle(self) -> bool:
+        return self == ForwardMode.IDLE
+
+
+@dataclasses.dataclass
+class ForwardBatch:
+    """Inputs of one forward. Tensors are on the model's device; the `*_cpu` lists are host
+    copies the scheduler already had (never read back from the device)."""
+
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    req_pool_indices: torch.Tensor  # [bs] int64, rows of ReqToTokenPool
+    seq_lens: torch.Tensor  # [bs] int64, KV length after this forward (prefix + new tokens)
+    out_cache_loc: torch.Tensor  # [num_tokens] int64, KV slots the new tokens write to
+    seq_lens_cpu: list[int]
+    extend_seq_lens_cpu: list[int]  # new tokens per request (1 per request in DECODE)
+    extend_prefix_lens_cpu: list[int]  # KV already present per request
+    # Logits of every new token (TARGET_VERIFY needs them) instead of the last one per request.
+    return_all_logits: bool = False
+    # Return the hidden states of the layers the model was asked to capture (EAGLE-3 aux).
+    capture_aux_hidden_states: bool = False
+    # Set by the ModelRunner before the forward.
+    req_to_token_pool: Optional["ReqToTokenPool"] = None
+    token_to_kv_pool: Optional["MHATokenToKVPool"] = None
+    attn_backend: Optional["AttentionBackend"] = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    def last_token_indices(self) -> torch.Tensor:
+        """Index of each request's last new token in the flattened token dimension."""
+        lens = torch.tensor(self.extend_seq_lens_cpu, dtype=torch.int64)
+        return (torch.cumsum(lens, 0) - 1).to(self.input_ids.device, non_blocking=True)

@@ -1,0 +1,96 @@
+"""ModelRunner: owns the model, its KV memory and attention backend, and runs one forward."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.attention import create_attention_backend
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.sampler import Sampler
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_loader.loader import load_model
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# Without a memory reading to go by (CPU), the KV pool gets at most this much.
+CPU_KV_BUDGET_BYTES = 2 << 30
+CPU_MAX_TOTAL_TOKENS = 65536
+DEFAULT_MAX_RUNNING_REQUESTS = 512
+# req_to_token is [rows, context_len] int32; keep it below this size.
+REQ_TO_TOKEN_BUDGET_BYTES = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryConfig:
+    """Pool sizes derived at start-up from the args, the model and the device."""
+
+    max_total_num_tokens: int
+    max_running_requests: int
+    context_len: int
+
+
+class ModelRunner:
+    def __init__(self, model_config: ModelConfig, server_args: ServerArgs):
+        self.model_config = model_config
+        self.server_args = server_args
+        self.device = server_args.device
+        torch.manual_seed(server_args.random_seed)
+        self.model = load_model(model_config, self.device)
+        self.memory = self._plan_memory()
+        self._init_pools()
+        self.attn_backend = create_attention_backend(server_args.attention_backend, self)
+        self.sampler = Sampler()
+
+    def _plan_memory(self) -> MemoryConfig:
+        cfg, args = self.model_config, self.server_args
+        per_token = MHATokenToKVPool.bytes_per_token(
+            cfg.dtype, cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
+        )
+        if self.device == "cuda":
+            free, total = torch.cuda.mem_get_info()
+            budget = free - total * (1 - args.mem_fraction_static)
+            tokens = int(budget // per_token)
+        else:
+            tokens = min(CPU_MAX_TOTAL_TOKENS, CPU_KV_BUDGET_BYTES // per_token)
+        if args.max_total_tokens is not None:
+            tokens = args.max_total_tokens if self.device != "cuda" else min(tokens, args.max_total_tokens)
+        if tokens < 2:
+            raise RuntimeError(
+                f"not enough memory for the KV cache ({tokens} tokens); raise --mem-fraction-static "
+                "or use a smaller model"
+            )
+        rows_cap = max(1, REQ_TO_TOKEN_BUDGET_BYTES // (4 * cfg.context_len))
+        running = args.max_running_requests or min(DEFAULT_MAX_RUNNING_REQUESTS, rows_cap, tokens)
+        return MemoryConfig(max_total_num_tokens=tokens, max_running_requests=running, context_len=cfg.context_len)
+
+    def _init_pools(self) -> None:
+        cfg, mem = self.model_config, self.memory
+        # One spare row beyond the running limit for a request being chunk-prefilled.
+        self.req_to_token_pool = ReqToTokenPool(mem.max_running_requests + 1, mem.context_len, self.device)
+        self.token_to_kv_pool = MHATokenToKVPool(
+            mem.max_total_num_tokens, cfg.dtype, cfg.num_key_value_heads, cfg.head_dim,
+            cfg.num_hidden_layers, self.device,
+        )
+        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(mem.max_total_num_tokens, self.device)
+        logger.info("KV cache: %d tokens; max running requests %d; context length %d",
+                    mem.max_total_num_tokens, mem.max_running_requests, mem.context_len)
+
+    @torch.inference_mode()
+    def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        forward_batch.req_to_token_pool = self.req_to_token_pool
+        forward_batch.token_to_kv_pool = self.token_to_kv_pool
+        forward_batch.attn_backend = self.attn_backend
+        self.attn_backend.init_forward_metadata(forward_batch)
+        return self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+    @torch.inference_mode()
+    def sample(self, logits: torch.Tensor, sampling_info: SamplingBatchInfo, offsets: torch.Tensor) -> torch.Tensor:
+        return self.sampler(logits, sampling_info, offsets)

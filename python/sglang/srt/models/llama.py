@@ -1,0 +1,167 @@
+"""Dense Llama-family decoders: LlamaForCausalLM (Llama 3.x), Qwen2ForCausalLM (qkv bias,
+tied embeddings) and Qwen3ForCausalLM (per-head q/k RMSNorm). q/k/v and gate/up
+projections are fused into one matmul each when the weights are loaded."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from sglang.srt.configs.model_config import rope_parameters
+from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.layers.rotary_embedding import RotaryEmbedding
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.models.weight_loading import FusedShard, load_named_weights
+
+
+@dataclasses.dataclass(frozen=True)
+class ArchOptions:
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: bool = False
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+        super().__init__()
+        self.intermediate_size = intermediate_size
+        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config, layer_id: int, opts: ArchOptions):
+        super().__init__()
+        hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden // self.num_heads
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=opts.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, hidden, bias=opts.o_bias)
+        eps = config.rms_norm_eps
+        self.q_norm = RMSNorm(self.head_dim, eps) if opts.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps) if opts.qk_norm else None
+        self.rotary_emb = RotaryEmbedding(self.head_dim, config.max_position_embeddings, rope_parameters(config))
+        self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id)
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch):
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.reshape(-1, self.num_heads, self.head_dim)
+        k = k.reshape(-1, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch)
+        return self.o_proj(out)
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config, layer_id: int, opts: ArchOptions):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_id, opts)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, positions, hidden, forward_batch: ForwardBatch, residual):
+        """Returns (this layer's output, the residual stream before it); their sum is the stream after."""
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, forward_batch)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config, opts: ArchOptions):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            [LlamaDecoderLayer(config, i, opts) for i in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        # Layer ids whose output (the full residual stream) the EAGLE-3 draft reads.
+        self.layers_to_capture: list[int] = []
+
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch):
+        hidden, residual = self.embed_tokens(input_ids), None
+        aux_hidden_states = []
+        capture = forward_batch.capture_aux_hidden_states and self.layers_to_capture
+        for i, layer in enumerate(self.layers):
+            hidden, residual = layer(positions, hidden, forward_batch, residual)
+            if capture and i in self.layers_to_capture:
+                aux_hidden_states.append(hidden + residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden, aux_hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    arch_options = ArchOptions()
+
+    def __init__(self, config):
+        super().__init__()
+        self.config = config
+        opts = self._options(config)
+        self.model = LlamaModel(config, opts)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if self.tie_word_embeddings:
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.logits_processor = LogitsProcessor()
+
+    def _options(self, config) -> ArchOptions:
+        bias = bool(getattr(config, "attention_bias", False))
+        return ArchOptions(qkv_bias=bias, o_bias=bias)
+
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        hidden, aux = self.model(input_ids, positions, forward_batch)
+        return self.logits_processor(hidden, self.lm_head.weight, forward_batch, aux)
+
+    def set_eagle3_layers_to_capture(self, layer_ids: list[int]) -> None:
+        self.model.layers_to_capture = list(layer_ids)
+
+    def fused_shards(self) -> dict[str, FusedShard]:
+        attn = self.model.layers[0].self_attn
+        q, kv = attn.q_size, attn.kv_size
+        inter = self.model.layers[0].mlp.intermediate_size
+        return {
+            "q_proj": FusedShard("qkv_proj", 0, q),
+            "k_proj": FusedShard("qkv_proj", q, kv),
+            "v_proj": FusedShard("qkv_proj", q + kv, kv),
+            "gate_proj": FusedShard("gate_up_proj", 0, inter),
+            "up_proj": FusedShard("gate_up_proj", inter, inter),
+        }
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        skip = {"lm_head.weight"} if self.tie_word_embeddings else set()
+        load_named_weights(self, weights, self.fused_shards(), skip=skip)
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    def _options(self, config) -> ArchOptions:
+        return ArchOptions(qkv_bias=True, o_bias=False)
+
+
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    def _options(self, config) -> ArchOptions:
+        bias = bool(getattr(config, "attention_bias", False))
+        return ArchOptions(qkv_bias=bias, o_bias=bias, qk_norm=True)
+
+
+EntryClass = [LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM]

@@ -1,0 +1,62 @@
+"""Copying checkpoint tensors into a model's parameters, fusing split projections on the way.
+
+A checkpoint name like `model.layers.0.self_attn.k_proj.weight` lands in rows [q, q + kv) of
+`model.layers.0.self_attn.qkv_proj.weight`. Every mismatch fails with the name it concerns.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Iterable
+
+import torch
+from torch import nn
+
+IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+@dataclasses.dataclass(frozen=True)
+class FusedShard:
+    fused_name: str  # module name of the fused projection, e.g. "qkv_proj"
+    offset: int  # first output row of this shard
+    size: int  # output rows of this shard
+
+
+def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                       fused: dict[str, FusedShard], skip: set[str] = frozenset()) -> None:
+    params = dict(model.named_parameters())
+    # Each parameter's rows, filled as shards arrive; all must be covered at the end.
+    filled: dict[str, int] = {name: 0 for name in params}
+    for ckpt_name, tensor in weights:
+        if ckpt_name in skip or ckpt_name.endswith(IGNORED_SUFFIXES):
+            continue
+        target, rows = _locate(ckpt_name, fused, params)
+        param = params[target]
+        dest = param.data if rows is None else param.data.narrow(0, rows.offset, rows.size)
+        if tuple(tensor.shape) != tuple(dest.shape):
+            raise ValueError(
+                f"weight {ckpt_name!r} has shape {tuple(tensor.shape)} in the checkpoint, "
+                f"but the model expects {tuple(dest.shape)} (check config.json)"
+            )
+        dest.copy_(tensor.to(dest.dtype))
+        filled[target] += dest.shape[0] if dest.dim() else 1
+    _check_complete(params, filled)
+
+
+def _locate(ckpt_name: str, fused: dict[str, FusedShard], params: dict):
+    if ckpt_name in params:
+        return ckpt_name, None
+    for split_name, shard in fused.items():
+        marker = f".{split_name}."
+        if marker in ckpt_name:
+            target = ckpt_name.replace(marker, f".{shard.fused_name}.")
+            if target in params:
+                return target, shard
+    raise ValueError(f"checkpoint weight {ckpt_name!r} does not belong to this model architecture")
+
+
+def _check_complete(params: dict, filled: dict[str, int]) -> None:
+    missing = [name for name, p in params.items() if filled[name] < (p.shape[0] if p.dim() else 1)]
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise ValueError(f"checkpoint is missing {len(missing)} weight(s): {shown}")

@@ -1,0 +1,77 @@
+"""The sampling parameters of one batch, as tensors on the sampling device, plus host-side
+flags that let the sampler skip work nobody in the batch asked for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingBatchInfo:
+    """Built by the scheduler with `from_params` once per batch; read by the Sampler.
+
+    Greedy rows carry neutral values (temperature 1, no top-k/top-p/min-p) so that they
+    never force the sort; the sampler replaces their result with the argmax.
+    """
+
+    # On the device, one row per request.
+    temperatures: torch.Tensor  # float32[bs, 1]; 1.0 for greedy rows
+    top_ps: torch.Tensor  # float32[bs]; 1.0 means off
+    top_ks: torch.Tensor  # int64[bs]; vocab_size means off (top_k=-1 becomes vocab_size)
+    min_ps: torch.Tensor  # float32[bs]; 0.0 means off
+    seeds: torch.Tensor  # int64[bs]; per-request seed for the counter-based random numbers
+    greedy_mask: torch.Tensor  # bool[bs]; True where the request takes the argmax
+
+    # On the host, so that branching on them needs no device sync.
+    is_all_greedy: bool
+    need_top_p_sampling: bool
+    need_top_k_sampling: bool
+    need_min_p_sampling: bool
+
+    @classmethod
+    def from_params(
+        cls,
+        params: list[SamplingParams],
+        seeds: list[int],
+        vocab_size: int,
+        device: torch.device | str,
+    ) -> SamplingBatchInfo:
+        greedy = [p.is_greedy for p in params]
+        # Greedy rows get neutral values: they are argmaxed, and must not trigger the sort.
+        temperatures = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
+        top_ps = [1.0 if g else p.top_p for p, g in zip(params, greedy)]
+        top_ks = [
+            vocab_size if g else _clamp_top_k(p.top_k, vocab_size) for p, g in zip(params, greedy)
+        ]
+        min_ps = [0.0 if g else p.min_p for p, g in zip(params, greedy)]
+        return cls(
+            temperatures=_to_device(temperatures, torch.float32, device).view(-1, 1),
+            top_ps=_to_device(top_ps, torch.float32, device),
+            top_ks=_to_device(top_ks, torch.int64, device),
+            min_ps=_to_device(min_ps, torch.float32, device),
+            seeds=_to_device(seeds, torch.int64, device),
+            greedy_mask=_to_device(greedy, torch.bool, device),
+            is_all_greedy=all(greedy),
+            need_top_p_sampling=any(p < 1.0 for p in top_ps),
+            need_top_k_sampling=any(k < vocab_size for k in top_ks),
+            need_min_p_sampling=any(p > 0.0 for p in min_ps),
+        )
+
+    def __len__(self) -> int:
+        return self.seeds.shape[0]
+
+
+def _clamp_top_k(top_k: int, vocab_size: int) -> int:
+    return vocab_size if top_k == -1 else min(top_k, vocab_size)
+
+
+def _to_device(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    cpu = torch.tensor(values, dtype=dtype)
+    if torch.device(device).type == "cuda":
+        # Pinned memory makes the copy truly asynchronous instead of a hidden sync.
+        cpu = cpu.pin_memory()
+    return cpu.to(device, non_blocking=True)

@@ -1,0 +1,176 @@
+"""Per-request sampling parameters: upstream SGLang's names and defaults, type checks for
+values that arrive as JSON, and range checks before a request is scheduled."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Callable
+
+# Below this temperature sampling is indistinguishable from argmax, and dividing by it
+# would overflow the logits.
+_GREEDY_TEMPERATURE = 1e-6
+_MAX_SEED = 2**63  # seeds travel as int64 tensors
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1 means the whole vocabulary
+    min_p: float = 0.0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_new_tokens: int = 0
+    n: int = 1
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    sampling_seed: int | None = None
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: dict | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> SamplingParams:
+        """Builds params from a request's `sampling_params` JSON object, checking types.
+
+        A null value means "use the default", as OpenAI-style clients send nulls for
+        fields they leave unset. Ranges are checked separately by `verify`."""
+        values = {}
+        for name, value in (d or {}).items():
+            if name not in _FIELD_TYPES:
+                raise ValueError(f"Unknown sampling parameter '{name}'.")
+            if value is None:
+                continue
+            values[name] = _check_type(name, value)
+        params = cls(**values)
+        params.normalize_stop()
+        return params
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
+
+    def normalize_stop(self) -> list[str]:
+        """Turns `stop` into a list of strings, in place, and returns it."""
+        if self.stop is None:
+            self.stop = []
+        elif isinstance(self.stop, str):
+            self.stop = [self.stop]
+        return self.stop
+
+    def verify(self, vocab_size: int | None = None) -> None:
+        """Raises ValueError naming the first field outside its allowed range."""
+        self._verify_lengths()
+        self._verify_sampling()
+        self._verify_stop_token_ids(vocab_size)
+        self._verify_unsupported()
+
+    def _verify_lengths(self) -> None:
+        _require(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
+        _require(
+            0 <= self.min_new_tokens <= self.max_new_tokens,
+            "min_new_tokens",
+            f"must be in [0, max_new_tokens={self.max_new_tokens}]",
+        )
+        _require(self.n >= 1, "n", "must be >= 1")
+
+    def _verify_sampling(self) -> None:
+        # Each check states the allowed range, so NaN fails it too.
+        _require(self.temperature >= 0, "temperature", "must be >= 0")
+        _require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        _require(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (all) or >= 1")
+        _require(0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
+        if self.sampling_seed is not None:
+            _require(
+                0 <= self.sampling_seed < _MAX_SEED, "sampling_seed", "must be in [0, 2**63)"
+            )
+
+    def _verify_stop_token_ids(self, vocab_size: int | None) -> None:
+        if vocab_size is None or not self.stop_token_ids:
+            return
+        for token_id in self.stop_token_ids:
+            _require(
+                0 <= token_id < vocab_size,
+                "stop_token_ids",
+                f"must be in [0, {vocab_size}), got {token_id}",
+            )
+
+    def _verify_unsupported(self) -> None:
+        for name, neutral in _UNSUPPORTED_NEUTRAL.items():
+            value = getattr(self, name)
+            if value != neutral and not (name == "logit_bias" and not value):
+                raise ValueError(
+                    f"Sampling parameter '{name}' is not supported yet "
+                    f"(only the default {neutral!r} is accepted, got {value!r})."
+                )
+
+
+# Penalties and logit bias need per-request token counts, which the engine does not keep yet.
+_UNSUPPORTED_NEUTRAL = {
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "logit_bias": None,
+}
+
+
+def _require(ok: bool, field: str, rule: str) -> None:
+    if not ok:
+        raise ValueError(f"Sampling parameter '{field}' {rule}.")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_stop(v: Any) -> bool:
+    return isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v))
+
+
+def _is_int_list(v: Any) -> bool:
+    return isinstance(v, list) and all(_is_int(x) for x in v)
+
+
+# field -> (check, expected type in words, conversion)
+_INT = (_is_int, "an integer", int)
+_FLOAT = (_is_number, "a number", float)
+_BOOL = (lambda v: isinstance(v, bool), "a boolean", bool)
+_FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, Callable[[Any], Any]]] = {
+    "max_new_tokens": _INT,
+    "temperature": _FLOAT,
+    "top_p": _FLOAT,
+    "top_k": _INT,
+    "min_p": _FLOAT,
+    "stop": (_is_stop, "a string or a list of strings", lambda v: v),
+    "stop_token_ids": (_is_int_list, "a list of integers", list),
+    "ignore_eos": _BOOL,
+    "min_new_tokens": _INT,
+    "n": _INT,
+    "skip_special_tokens": _BOOL,
+    "spaces_between_special_tokens": _BOOL,
+    "no_stop_trim": _BOOL,
+    "sampling_seed": _INT,
+    "frequency_penalty": _FLOAT,
+    "presence_penalty": _FLOAT,
+    "repetition_penalty": _FLOAT,
+    "logit_bias": (lambda v: isinstance(v, dict), "an object mapping token ids to biases", dict),
+}
+assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SamplingParams)}
+
+
+def _check_type(name: str, value: Any) -> Any:
+    check, expected, convert = _FIELD_TYPES[name]
+    if not check(value):
+        raise ValueError(
+            f"Sampling parameter '{name}' must be {expected}, got {type(value).__name__} {value!r}."
+        )
+    return convert(value)

@@ -1,0 +1,183 @@
+"""ServerArgs: every user-facing setting, with upstream SGLang's flag names.
+
+Validated once at start-up (`ServerArgs.check`) and read-only afterwards; settings derived
+from them (pool sizes, the resolved dtype) live in their own objects, never written back here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from typing import Optional
+
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+DEVICE_CHOICES = ("cuda", "cpu")
+SCHEDULE_POLICY_CHOICES = ("fcfs", "lpm")
+ATTENTION_BACKEND_CHOICES = ("torch_native",)
+LOG_LEVEL_CHOICES = ("debug", "info", "warning", "error", "critical")
+
+
+def _default_device() -> str:
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:  # pragma: no cover - torch is a hard requirement
+        return "cpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class ServerArgs:
+    model_path: str
+    tokenizer_path: Optional[str] = None
+    dtype: str = "auto"
+    device: Optional[str] = None
+    context_length: Optional[int] = None
+    mem_fraction_static: float = 0.85
+    max_total_tokens: Optional[int] = None
+    max_running_requests: Optional[int] = None
+    chunked_prefill_size: int = 8192
+    schedule_policy: str = "fcfs"
+    disable_radix_cache: bool = False
+    random_seed: int = 42
+    attention_backend: Optional[str] = None
+    log_level: str = "info"
+    served_model_name: Optional[str] = None
+    host: str = "127.0.0.1"
+    port: int = 30000
+    tp_size: int = 1
+
+    def __post_init__(self):
+        # Fill the defaults that depend on the machine or on other fields, once.
+        if self.tokenizer_path is None:
+            object.__setattr__(self, "tokenizer_path", self.model_path)
+        if self.device is None:
+            object.__setattr__(self, "device", _default_device())
+        if self.attention_backend is None:
+            object.__setattr__(self, "attention_backend", "torch_native")
+        if self.served_model_name is None:
+            object.__setattr__(self, "served_model_name", self.model_path)
+        self.check()
+
+    def check(self) -> None:
+        _check_choice("--dtype", self.dtype, DTYPE_CHOICES)
+        _check_choice("--device", self.device, DEVICE_CHOICES)
+        _check_choice("--schedule-policy", self.schedule_policy, SCHEDULE_POLICY_CHOICES)
+        _check_choice("--attention-backend", self.attention_backend, ATTENTION_BACKEND_CHOICES)
+        _check_choice("--log-level", self.log_level, LOG_LEVEL_CHOICES)
+        if not 0.0 < self.mem_fraction_static < 1.0:
+            raise ValueError(
+                f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}"
+            )
+        _check_positive("--context-length", self.context_length)
+        _check_positive("--max-total-tokens", self.max_total_tokens)
+        _check_positive("--max-running-requests", self.max_running_requests)
+        _check_positive("--chunked-prefill-size", self.chunked_prefill_size)
+        _check_positive("--tp-size", self.tp_size)
+        if not 0 < self.port < 65536:
+            raise ValueError(f"--port must be in [1, 65535], got {self.port}")
+        if self.tp_size > 1:
+            raise ValueError(
+                f"--tp-size {self.tp_size}: tensor parallelism is not supported yet; use --tp-size 1"
+            )
+        if self.device == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("--device cuda was asked for, but no CUDA device is available")
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        d = ServerArgs.__dataclass_fields__
+        parser.add_argument("--model-path", "--model", type=str, required=True,
+                            help="Hugging Face model directory (config.json, *.safetensors, tokenizer).")
+        parser.add_argument("--tokenizer-path", type=str, default=None,
+                            help="Tokenizer directory; defaults to --model-path.")
+        parser.add_argument("--dtype", type=str, default=d["dtype"].default, choices=DTYPE_CHOICES,
+                            help="Weight and activation dtype; 'auto' takes the checkpoint's 16-bit dtype "
+                                 "(bfloat16 on CUDA and float32 on CPU for a float32 checkpoint).")
+        parser.add_argument("--device", type=str, default=None, choices=DEVICE_CHOICES,
+                            help="Device to run on; defaults to cuda when available, else cpu.")
+        parser.add_argument("--context-length", type=int, default=None,
+                            help="Maximum tokens per request (prompt + output); defaults to the model's "
+                                 "max_position_embeddings.")
+        parser.add_argument("--mem-fraction-static", type=float, default=d["mem_fraction_static"].default,
+                            help="Fraction of GPU memory for weights and the KV cache.")
+        parser.add_argument("--max-total-tokens", type=int, default=None,
+                            help="Size of the KV pool in tokens (overrides the size derived from memory).")
+        parser.add_argument("--max-running-requests", type=int, default=None,
+                            help="Maximum number of requests decoded together.")
+        parser.add_argument("--chunked-prefill-size", type=int, default=d["chunked_prefill_size"].default,
+                            help="Maximum prompt tokens prefilled in one step; longer prompts are chunked.")
+        parser.add_argument("--schedule-policy", type=str, default=d["schedule_policy"].default,
+                            choices=SCHEDULE_POLICY_CHOICES,
+                            help="Order of waiting requests: fcfs or lpm (longest cached prefix first).")
+        parser.add_argument("--disable-radix-cache", action="store_true",
+                            help="Do not reuse the KV of shared prompt prefixes.")
+        parser.add_argument("--random-seed", type=int, default=d["random_seed"].default,
+                            help="Seed for requests that do not give sampling_seed.")
+        parser.add_argument("--attention-backend", type=str, default=None, choices=ATTENTION_BACKEND_CHOICES,
+                            help="Attention kernels; torch_native is the reference backend.")
+        parser.add_argument("--log-level", type=str, default=d["log_level"].default, choices=LOG_LEVEL_CHOICES)
+        parser.add_argument("--served-model-name", type=str, default=None,
+                            help="Model name reported by the API; defaults to --model-path.")
+        parser.add_argument("--host", type=str, default=d["host"].default)
+        parser.add_argument("--port", type=int, default=d["port"].default)
+        parser.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=d["tp_size"].default,
+                            help="Tensor-parallel size (only 1 for now).")
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        names = [f.name for f in dataclasses.fields(cls)]
+        return cls(**{name: getattr(args, name) for name in names if hasattr(args, name)})
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise TypeError(f"unknown server argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+
+def _check_choice(flag: str, value, choices) -> None:
+    if value not in choices:
+        raise ValueError(f"{flag} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _check_positive(flag: str, value) -> None:
+    if value is not None and value <= 0:
+        raise ValueError(f"{flag} must be a positive integer, got {value}")
+
+
+def prepare_server_args(argv: list[str]) -> ServerArgs:
+    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    ServerArgs.add_cli_args(parser)
+    args = parser.parse_args(argv)
+    try:
+        return ServerArgs.from_cli_args(args)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+
+@dataclasses.dataclass(frozen=True)
+class PortArgs:
+    """IPC endpoints between the processes of one server, in a private temp directory."""
+
+    ipc_dir: str
+    scheduler_input_ipc: str  # tokenizer manager -> scheduler
+    detokenizer_ipc: str  # scheduler -> detokenizer
+    tokenizer_ipc: str  # detokenizer and scheduler -> tokenizer manager
+
+    @classmethod
+    def create(cls) -> "PortArgs":
+        import tempfile
+
+        ipc_dir = tempfile.mkdtemp(prefix="sglang-ipc-")
+        return cls(
+            ipc_dir=ipc_dir,
+            scheduler_input_ipc=f"ipc://{ipc_dir}/scheduler",
+            detokenizer_ipc=f"ipc://{ipc_dir}/detokenizer",
+            tokenizer_ipc=f"ipc://{ipc_dir}/tokenizer",
+        )

@@ -1,0 +1,53 @@
+"""Small helpers shared by several processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+
+def eos_token_ids(model_path: str, tokenizer_path: str) -> set[int]:
+    """EOS ids from config.json, generation_config.json and the tokenizer config, merged."""
+    ids: set[int] = set()
+    for name in ("config.json", "generation_config.json"):
+        ids |= _as_ids(_read_json(os.path.join(model_path, name)).get("eos_token_id"))
+    tok_cfg = _read_json(os.path.join(tokenizer_path, "tokenizer_config.json"))
+    eos_token = tok_cfg.get("eos_token")
+    if isinstance(eos_token, dict):
+        eos_token = eos_token.get("content")
+    if eos_token:
+        ids |= _token_id(tokenizer_path, eos_token)
+    return ids
+
+
+def _token_id(tokenizer_path: str, token: str) -> set[int]:
+    path = os.path.join(tokenizer_path, "tokenizer.json")
+    if not os.path.isfile(path):
+        return set()
+    from tokenizers import Tokenizer
+
+    token_id = Tokenizer.from_file(path).token_to_id(token)
+    return set() if token_id is None else {token_id}
+
+
+def _read_json(path: str) -> dict:
+    if not os.path.isfile(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def _as_ids(value) -> set[int]:
+    if value is None:
+        return set()
+    return {int(v) for v in value} if isinstance(value, (list, tuple)) else {int(value)}
+
+
+def configure_logger(log_level: str, prefix: str = "") -> None:
+    logging.basicConfig(
+        level=getattr(logging, log_level.upper()),
+        format=f"[%(asctime)s{prefix}] %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        force=True,
+    )

@@ -1,0 +1,110 @@
+"""Tiny random models written as real Hugging Face directories (config.json, safetensors,
+tokenizer.json + tokenizer_config.json), for tests and quick starts without downloads.
+
+    python -m sglang.test.tiny_models /tmp/tiny-llama --arch llama
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+EOS_TOKEN = "<|endoftext|>"
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "def add(a, b):\n    return a + b\n",
+    "Speculative decoding drafts tokens with a small model and verifies them with a large one.",
+    "for i in range(10):\n    print(i * i)\n",
+    "A radix tree shares the key-value cache of common prompt prefixes between requests.",
+    "Hello, world! How are you today? I am fine, thank you.",
+    "import torch\nx = torch.zeros(3, 4)\nprint(x.shape)\n",
+    "Continuous batching lets requests join and leave the running batch between steps.",
+]
+
+
+def build_tokenizer(vocab_size: int = 384):
+    """A byte-level BPE trained on a small fixed corpus, wrapped for transformers."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN,
+                                   chat_template=CHAT_TEMPLATE)
+
+
+def tiny_config(arch: str, vocab_size: int, eos_token_id: int, **overrides):
+    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+
+    common = dict(
+        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+        rms_norm_eps=1e-6, initializer_range=0.2, eos_token_id=eos_token_id, bos_token_id=None,
+        pad_token_id=eos_token_id,
+    )
+    if arch == "llama":
+        common["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+        config = LlamaConfig(**{**common, **overrides})
+        config.architectures = ["LlamaForCausalLM"]
+    elif arch == "qwen2":
+        config = Qwen2Config(**{**common, "tie_word_embeddings": True, **overrides})
+        config.architectures = ["Qwen2ForCausalLM"]
+    elif arch == "qwen3":
+        config = Qwen3Config(**{**common, "head_dim": 32, **overrides})
+        config.architectures = ["Qwen3ForCausalLM"]
+    else:
+        raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}; got {arch!r}")
+    return config
+
+
+def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, max_shard_size: str | None = None,
+                    **config_overrides) -> str:
+    """Writes a random float32 model of `arch` to `path` and returns `path`."""
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = build_tokenizer()
+    config = tiny_config(arch, len(tokenizer), tokenizer.eos_token_id, **config_overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _spread_norm_weights(model, seed)
+    os.makedirs(path, exist_ok=True)
+    kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
+    model.save_pretrained(path, **kwargs)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def _spread_norm_weights(model, seed: int) -> None:
+    # Norm weights start at exactly 1; perturb them so a loader that drops one is caught.
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1 + 0.2 * torch.randn(param.shape, generator=gen))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Write a tiny random Hugging Face model directory.")
+    parser.add_argument("path")
+    parser.add_argument("--arch", choices=ARCHITECTURES, default="llama")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(make_tiny_model(args.path, args.arch, args.seed))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,163 @@
+"""SamplingParams: upstream defaults, JSON type checks and range checks."""
+
+import dataclasses
+
+import pytest
+
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+UPSTREAM_DEFAULTS = {
+    "max_new_tokens": 128,
+    "temperature": 1.0,
+    "top_p": 1.0,
+    "top_k": -1,
+    "min_p": 0.0,
+    "stop": None,
+    "stop_token_ids": None,
+    "ignore_eos": False,
+    "min_new_tokens": 0,
+    "n": 1,
+    "skip_special_tokens": True,
+    "spaces_between_special_tokens": True,
+    "no_stop_trim": False,
+    "sampling_seed": None,
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "logit_bias": None,
+}
+
+
+def test_defaults_match_upstream():
+    assert dataclasses.asdict(SamplingParams()) == UPSTREAM_DEFAULTS
+
+
+def test_defaults_pass_verify():
+    SamplingParams().verify(vocab_size=10)
+    SamplingParams.from_dict(None).verify()
+    SamplingParams.from_dict({}).verify()
+
+
+def test_from_dict_reads_every_field():
+    params = SamplingParams.from_dict(
+        {"max_new_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": 3, "min_p": 0.1,
+         "stop": ["a", "b"], "stop_token_ids": [2], "ignore_eos": True, "sampling_seed": 9}
+    )
+    assert params.max_new_tokens == 7 and params.top_k == 3 and params.sampling_seed == 9
+    assert params.temperature == 0.0 and isinstance(params.temperature, float)
+    assert params.stop == ["a", "b"] and params.stop_token_ids == [2] and params.ignore_eos
+
+
+def test_from_dict_null_means_default():
+    params = SamplingParams.from_dict({"temperature": None, "stop": None})
+    assert params.temperature == 1.0 and params.stop == []
+
+
+def test_from_dict_unknown_key_is_named():
+    with pytest.raises(ValueError, match="best_of"):
+        SamplingParams.from_dict({"best_of": 2})
+
+
+@pytest.mark.parametrize(
+    "field, value, expected",
+    [
+        ("temperature", "hot", "number"),
+        ("max_new_tokens", 1.5, "integer"),
+        ("top_k", True, "integer"),
+        ("top_p", [0.5], "number"),
+        ("ignore_eos", 1, "boolean"),
+        ("stop", 3, "string"),
+        ("stop", ["a", 1], "string"),
+        ("stop_token_ids", [1, "2"], "list of integers"),
+        ("stop_token_ids", 5, "list of integers"),
+        ("sampling_seed", 1.0, "integer"),
+        ("logit_bias", [1], "object"),
+    ],
+)
+def test_from_dict_wrong_type_names_field_and_type(field, value, expected):
+    with pytest.raises(ValueError, match=field) as excinfo:
+        SamplingParams.from_dict({field: value})
+    assert expected in str(excinfo.value)
+
+
+def test_ints_accepted_for_float_fields():
+    params = SamplingParams.from_dict({"temperature": 2, "top_p": 1, "min_p": 0})
+    assert params.temperature == 2.0 and params.top_p == 1.0
+
+
+@pytest.mark.parametrize(
+    "kwargs, field, rule",
+    [
+        ({"max_new_tokens": -1}, "max_new_tokens", ">= 0"),
+        ({"min_new_tokens": -1}, "min_new_tokens", "[0, max_new_tokens"),
+        ({"min_new_tokens": 5, "max_new_tokens": 4}, "min_new_tokens", "[0, max_new_tokens=4]"),
+        ({"temperature": -0.1}, "temperature", ">= 0"),
+        ({"temperature": float("nan")}, "temperature", ">= 0"),
+        ({"top_p": 0.0}, "top_p", "(0, 1]"),
+        ({"top_p": 1.01}, "top_p", "(0, 1]"),
+        ({"top_k": 0}, "top_k", ">= 1"),
+        ({"top_k": -2}, "top_k", ">= 1"),
+        ({"min_p": -0.1}, "min_p", "[0, 1]"),
+        ({"min_p": 1.5}, "min_p", "[0, 1]"),
+        ({"n": 0}, "n", ">= 1"),
+        ({"sampling_seed": -1}, "sampling_seed", "[0, 2**63)"),
+        ({"sampling_seed": 2**63}, "sampling_seed", "[0, 2**63)"),
+        ({"stop_token_ids": [3, 10]}, "stop_token_ids", "[0, 10)"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids", "[0, 10)"),
+    ],
+)
+def test_verify_rejects_out_of_range(kwargs, field, rule):
+    with pytest.raises(ValueError, match=f"'{field}'") as excinfo:
+        SamplingParams(**kwargs).verify(vocab_size=10)
+    assert rule in str(excinfo.value)
+
+
+def test_verify_accepts_range_edges():
+    SamplingParams(max_new_tokens=0, top_p=1.0, top_k=1, min_p=1.0, temperature=0.0).verify()
+    SamplingParams(min_new_tokens=4, max_new_tokens=4, sampling_seed=2**63 - 1).verify()
+    SamplingParams(stop_token_ids=[0, 9]).verify(vocab_size=10)
+
+
+def test_stop_token_ids_unchecked_without_vocab_size():
+    SamplingParams(stop_token_ids=[10**9]).verify()
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("frequency_penalty", 0.5),
+        ("presence_penalty", -0.5),
+        ("repetition_penalty", 1.1),
+        ("logit_bias", {"5": 1.0}),
+    ],
+)
+def test_verify_rejects_unsupported_penalties(field, value):
+    with pytest.raises(ValueError, match=f"'{field}' is not supported yet"):
+        SamplingParams(**{field: value}).verify()
+
+
+def test_neutral_penalties_and_empty_logit_bias_pass():
+    SamplingParams(frequency_penalty=0, repetition_penalty=1, logit_bias={}).verify()
+
+
+@pytest.mark.parametrize(
+    "kwargs, greedy",
+    [
+        ({}, False),
+        ({"temperature": 0.0}, True),
+        ({"temperature": 1e-7}, True),
+        ({"temperature": 1e-5}, False),
+        ({"temperature": 5.0, "top_k": 1}, True),
+        ({"top_k": 2}, False),
+    ],
+)
+def test_is_greedy(kwargs, greedy):
+    assert SamplingParams(**kwargs).is_greedy is greedy
+
+
+@pytest.mark.parametrize("stop, expected", [(None, []), ("x", ["x"]), (["a", "b"], ["a", "b"])])
+def test_normalize_stop_gives_list(stop, expected):
+    params = SamplingParams(stop=stop)
+    assert params.normalize_stop() == expected
+    assert params.stop == expected
+    assert SamplingParams.from_dict({"stop": stop}).stop == expected
