@@ -27,6 +27,7 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
     params = dict(model.named_parameters())
     # Each parameter's rows, filled as shards arrive; all must be covered at the end.
     filled: dict[str, int] = {name: 0 for name in params}
+    seen: set[str] = set()
     for ckpt_name, tensor in weights:
         if ckpt_name in skip or ckpt_name.endswith(IGNORED_SUFFIXES):
             continue
@@ -40,7 +41,8 @@ def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tens
             )
         dest.copy_(tensor.to(dest.dtype))
         filled[target] += dest.shape[0] if dest.dim() else 1
-    _check_complete(params, filled)
+        seen.add(ckpt_name)
+    _check_complete(params, filled, seen, fused)
 
 
 def _locate(ckpt_name: str, fused: dict[str, FusedShard], params: dict):
@@ -55,8 +57,19 @@ def _locate(ckpt_name: str, fused: dict[str, FusedShard], params: dict):
     raise ValueError(f"checkpoint weight {ckpt_name!r} does not belong to this model architecture")
 
 
-def _check_complete(params: dict, filled: dict[str, int]) -> None:
-    missing = [name for name, p in params.items() if filled[name] < (p.shape[0] if p.dim() else 1)]
+def _check_complete(params: dict, filled: dict[str, int], seen: set[str],
+                    fused: dict[str, FusedShard]) -> None:
+    incomplete = [name for name, p in params.items() if filled[name] < (p.shape[0] if p.dim() else 1)]
+    # Name what the checkpoint lacks (`k_proj`), not the fused parameter it would fill (`qkv_proj`).
+    missing = [ckpt for name in incomplete for ckpt in _checkpoint_names(name, fused) if ckpt not in seen]
+    missing = missing or incomplete
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise ValueError(f"checkpoint is missing {len(missing)} weight(s): {shown}")
+
+
+def _checkpoint_names(param_name: str, fused: dict[str, FusedShard]) -> list[str]:
+    """The checkpoint names that fill a parameter: its split names if it is fused, else its own."""
+    splits = [param_name.replace(f".{shard.fused_name}.", f".{split_name}.")
+              for split_name, shard in fused.items() if f".{shard.fused_name}." in param_name]
+    return splits or [param_name]

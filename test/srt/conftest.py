@@ -1,0 +1,92 @@
+"""Shared fixtures: tiny model directories (one per architecture), engines started once per
+session and shared by tests, and the KV accounting check after every test."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang.test.tiny_models import ARCHITECTURES, make_tiny_model
+
+
+@pytest.fixture(scope="session")
+def tiny_model_paths(tmp_path_factory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {arch: make_tiny_model(str(root / arch), arch) for arch in ARCHITECTURES}
+
+
+class EnginePool:
+    """Engines keyed by their arguments, started on first use and shut down at the end."""
+
+    def __init__(self, paths: dict[str, str]):
+        self.paths = paths
+        self.engines = {}
+
+    def get(self, arch: str = "llama", **kwargs):
+        import sglang
+
+        key = (arch, tuple(sorted(kwargs.items())))
+        if key not in self.engines:
+            args = dict(model_path=self.paths[arch], dtype="float32", device="cpu", log_level="warning")
+            self.engines[key] = sglang.Engine(**{**args, **kwargs})
+        return self.engines[key]
+
+    def shutdown(self):
+        for engine in self.engines.values():
+            engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engine_pool(tiny_model_paths):
+    pool = EnginePool(tiny_model_paths)
+    yield pool
+    pool.shutdown()
+
+
+def assert_kv_accounting(engine) -> None:
+    """DESIGN.md section 4: with nothing running, free + cached slots == total slots."""
+    state = engine.get_server_info()["internal_state"]
+    assert state["num_running_reqs"] == 0 and state["num_queue_reqs"] == 0, state
+    assert state["request_slots"] == 0, state
+    assert state["free_slots"] + state["cached_slots"] == state["total_slots"], state
+
+
+@pytest.fixture(autouse=True)
+def kv_accounting_holds_after_test(request):
+    yield
+    if "engine_pool" in request.fixturenames:
+        for engine in request.getfixturevalue("engine_pool").engines.values():
+            assert_kv_accounting(engine)
+
+
+class HFReference:
+    """transformers models of the tiny directories, for token-exact comparisons."""
+
+    def __init__(self, paths):
+        self.paths = paths
+        self.models = {}
+
+    def model(self, arch: str):
+        from transformers import AutoModelForCausalLM
+
+        if arch not in self.models:
+            self.models[arch] = AutoModelForCausalLM.from_pretrained(self.paths[arch], dtype=torch.float32).eval()
+        return self.models[arch]
+
+    @torch.no_grad()
+    def greedy(self, arch: str, input_ids: list[int], max_new_tokens: int) -> list[int]:
+        out = self.model(arch).generate(
+            torch.tensor([input_ids]), attention_mask=torch.ones(1, len(input_ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens, do_sample=False,
+            eos_token_id=None, pad_token_id=0,
+        )
+        return out[0, len(input_ids):].tolist()
+
+    @torch.no_grad()
+    def next_token_logits(self, arch: str, input_ids: list[int]) -> torch.Tensor:
+        return self.model(arch)(torch.tensor([input_ids])).logits[0, -1].float()
+
+
+@pytest.fixture(scope="session")
+def hf_reference(tiny_model_paths):
+    return HFReference(tiny_model_paths)

@@ -1,0 +1,133 @@
+"""sglang.Engine: sampling behaviour, bad requests, start-up failures and shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+
+import sglang
+
+PROMPT = "def add(a, b):"
+
+
+def test_same_seed_same_output_different_seed_different_output(engine_pool):
+    engine = engine_pool.get("llama")
+    params = {"temperature": 1.0, "max_new_tokens": 24, "ignore_eos": True}
+    a = engine.generate(PROMPT, {**params, "sampling_seed": 1})["output_ids"]
+    b = engine.generate(PROMPT, {**params, "sampling_seed": 1})["output_ids"]
+    c = engine.generate(PROMPT, {**params, "sampling_seed": 2})["output_ids"]
+    assert a == b
+    assert a != c
+
+
+def test_top_k_one_equals_greedy(engine_pool):
+    engine = engine_pool.get("llama")
+    greedy = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True})
+    top1 = engine.generate(PROMPT, {"temperature": 1.5, "top_k": 1, "max_new_tokens": 24,
+                                    "ignore_eos": True, "sampling_seed": 5})
+    assert top1["output_ids"] == greedy["output_ids"]
+
+
+def test_temperature_sampling_follows_softmax_of_scaled_logits(engine_pool, hf_reference):
+    engine = engine_pool.get("llama")
+    temperature, num_samples = 0.7, 3000
+    ids = engine.tokenizer_manager.tokenizer.encode(PROMPT)
+    probs = torch.softmax(hf_reference.next_token_logits("llama", ids).double() / temperature, dim=-1).numpy()
+    params = [{"temperature": temperature, "max_new_tokens": 1, "sampling_seed": s} for s in range(num_samples)]
+    outs = engine.generate(input_ids=[ids] * num_samples, sampling_params=params)
+    counts = np.bincount([o["output_ids"][0] for o in outs], minlength=len(probs))
+    # Chi-square over the tokens expected at least 5 times, the rest pooled into one bin.
+    frequent = probs * num_samples >= 5
+    observed = np.append(counts[frequent], counts[~frequent].sum())
+    expected = np.append(probs[frequent], probs[~frequent].sum()) * num_samples
+    expected *= observed.sum() / expected.sum()
+    result = stats.chisquare(observed, expected)
+    assert frequent.sum() >= 3, "the test needs a spread distribution"
+    assert result.pvalue > 1e-3, (result, observed, expected)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"prompt": ""}, "empty"),
+        ({"prompt": "word " * 1100}, "context length"),
+        ({"prompt": PROMPT, "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+        ({"prompt": PROMPT, "sampling_params": {"temperature": -0.5}}, "temperature"),
+        ({"prompt": PROMPT, "sampling_params": {"top_p": 0.0}}, "top_p"),
+        ({"prompt": PROMPT, "sampling_params": {"top_p": 1.5}}, "top_p"),
+        ({"prompt": PROMPT, "sampling_params": {"max_new_tokens": 2000}}, "context length"),
+        ({"prompt": PROMPT, "sampling_params": {"temprature": 0.5}}, "temprature"),
+        ({"input_ids": [1, 2, 10**6]}, "input_ids"),
+        ({"prompt": [PROMPT, ""]}, "empty"),
+    ],
+)
+def test_bad_request_gets_a_clear_error_and_the_engine_keeps_serving(engine_pool, kwargs, field):
+    engine = engine_pool.get("llama")
+    with pytest.raises(ValueError, match=field):
+        engine.generate(**kwargs)
+    out = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 4})
+    assert out["meta_info"]["completion_tokens"] == 4
+
+
+def test_max_new_tokens_zero_returns_no_tokens(engine_pool):
+    out = engine_pool.get("llama").generate(PROMPT, {"max_new_tokens": 0})
+    assert out["output_ids"] == [] and out["text"] == ""
+    assert out["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def _child_pids() -> set[int]:
+    import multiprocessing
+
+    return {p.pid for p in multiprocessing.active_children()}
+
+
+def test_shutdown_leaves_no_process_and_no_socket_dir(tiny_model_paths):
+    engine = sglang.Engine(model_path=tiny_model_paths["llama"], dtype="float32", device="cpu", log_level="warning")
+    pids = [engine.subprocesses.scheduler.pid, engine.subprocesses.detokenizer.pid]
+    ipc_dir = engine.subprocesses.port_args.ipc_dir
+    assert engine.generate(PROMPT, {"max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+    engine.shutdown()
+    for pid in pids:
+        assert not os.path.exists(f"/proc/{pid}"), f"process {pid} is still there"
+    assert not os.path.exists(ipc_dir)
+
+
+def _broken_copy(src: str, dst, edit) -> str:
+    shutil.copytree(src, dst)
+    edit(str(dst))
+    return str(dst)
+
+
+def _set_architecture(path: str) -> None:
+    cfg_path = os.path.join(path, "config.json")
+    with open(cfg_path) as f:
+        cfg = json.load(f)
+    cfg["architectures"] = ["MysteryForCausalLM"]
+    with open(cfg_path, "w") as f:
+        json.dump(cfg, f)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (_set_architecture, "MysteryForCausalLM"),
+        (lambda p: os.remove(os.path.join(p, "model.safetensors")), "safetensors"),
+    ],
+)
+def test_engine_start_failure_names_the_problem_and_leaves_nothing(tiny_model_paths, tmp_path, edit, message):
+    before = _child_pids()
+    path = _broken_copy(tiny_model_paths["llama"], tmp_path / "broken", edit)
+    with pytest.raises(RuntimeError, match=message):
+        sglang.Engine(model_path=path, dtype="float32", device="cpu", log_level="critical")
+    assert _child_pids() <= before
+
+
+def test_unknown_engine_argument_is_rejected(tiny_model_paths):
+    with pytest.raises(TypeError, match="max_tokens_total"):
+        sglang.Engine(model_path=tiny_model_paths["llama"], max_tokens_total=10)

@@ -1,0 +1,183 @@
+"""ServerArgs: bad values fail naming their flag and what is allowed, defaults fill from other
+fields and the machine, the args are read-only, and upstream SGLang's flag names parse."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from sglang.srt.server_args import ServerArgs, prepare_server_args
+
+MODEL = "/models/tiny"
+
+
+def parse_error(capsys, argv):
+    """Runs the CLI on argv, expects argparse's usage error, and returns its stderr."""
+    with pytest.raises(SystemExit) as exc:
+        prepare_server_args(["--model-path", MODEL, *argv])
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "flag, bad, allowed",
+    [
+        ("--dtype", "float64", ["auto", "float32", "bfloat16", "float16"]),
+        ("--device", "tpu", ["cuda", "cpu"]),
+        ("--schedule-policy", "random", ["fcfs", "lpm"]),
+        ("--attention-backend", "flashinfer", ["torch_native"]),
+        ("--log-level", "verbose", ["debug", "info", "warning", "error", "critical"]),
+    ],
+)
+def test_cli_bad_choice_exits_2_naming_flag_and_allowed_values(capsys, flag, bad, allowed):
+    err = parse_error(capsys, [flag, bad])
+    assert flag in err
+    assert bad in err
+    for choice in allowed:
+        assert choice in err
+
+
+@pytest.mark.parametrize(
+    "field, flag, allowed",
+    [
+        ("dtype", "--dtype", "float32"),
+        ("device", "--device", "cpu"),
+        ("schedule_policy", "--schedule-policy", "lpm"),
+        ("attention_backend", "--attention-backend", "torch_native"),
+        ("log_level", "--log-level", "warning"),
+    ],
+)
+def test_constructor_bad_choice_names_flag_and_allowed_values(field, flag, allowed):
+    with pytest.raises(ValueError) as exc:
+        ServerArgs(model_path=MODEL, **{field: "nonsense"})
+    message = str(exc.value)
+    assert flag in message and allowed in message and "nonsense" in message
+
+
+@pytest.mark.parametrize("fraction", [0.0, 1.0, -0.1, 1.5])
+def test_mem_fraction_static_outside_open_unit_interval_is_rejected(fraction):
+    with pytest.raises(ValueError, match="--mem-fraction-static.*\\(0, 1\\)"):
+        ServerArgs(model_path=MODEL, mem_fraction_static=fraction)
+
+
+@pytest.mark.parametrize("fraction", [0.01, 0.85, 0.99])
+def test_mem_fraction_static_inside_open_unit_interval_is_accepted(fraction):
+    assert ServerArgs(model_path=MODEL, mem_fraction_static=fraction).mem_fraction_static == fraction
+
+
+@pytest.mark.parametrize(
+    "field, flag",
+    [
+        ("context_length", "--context-length"),
+        ("max_total_tokens", "--max-total-tokens"),
+        ("max_running_requests", "--max-running-requests"),
+        ("chunked_prefill_size", "--chunked-prefill-size"),
+    ],
+)
+@pytest.mark.parametrize("value", [0, -4])
+def test_non_positive_sizes_are_rejected_naming_flag(field, flag, value):
+    with pytest.raises(ValueError, match=f"{flag} must be a positive integer"):
+        ServerArgs(model_path=MODEL, **{field: value})
+
+
+def test_non_positive_size_on_cli_exits_2_naming_flag(capsys):
+    err = parse_error(capsys, ["--max-total-tokens", "0"])
+    assert "--max-total-tokens must be a positive integer" in err
+
+
+@pytest.mark.parametrize("port", [0, -1, 65536, 100000])
+def test_port_out_of_range_is_rejected(port):
+    with pytest.raises(ValueError, match="--port must be in \\[1, 65535\\]"):
+        ServerArgs(model_path=MODEL, port=port)
+
+
+@pytest.mark.parametrize("port", [1, 65535])
+def test_port_at_range_edges_is_accepted(port):
+    assert ServerArgs(model_path=MODEL, port=port).port == port
+
+
+def test_tp_size_two_says_tensor_parallelism_is_not_supported():
+    with pytest.raises(ValueError, match="--tp-size 2.*tensor parallelism is not supported yet"):
+        ServerArgs(model_path=MODEL, tp_size=2)
+
+
+def test_tp_size_two_on_cli_exits_2_with_the_reason(capsys):
+    err = parse_error(capsys, ["--tp-size", "2"])
+    assert "tensor parallelism is not supported yet" in err
+
+
+def test_tokenizer_path_and_served_model_name_default_to_model_path():
+    args = ServerArgs(model_path=MODEL)
+    assert args.tokenizer_path == MODEL
+    assert args.served_model_name == MODEL
+
+
+def test_explicit_tokenizer_path_and_served_model_name_are_kept():
+    args = ServerArgs(model_path=MODEL, tokenizer_path="/tok", served_model_name="tiny")
+    assert (args.tokenizer_path, args.served_model_name) == ("/tok", "tiny")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the default device is cuda on a GPU machine")
+def test_device_defaults_to_cpu_without_cuda():
+    assert ServerArgs(model_path=MODEL).device == "cpu"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error raised without a GPU")
+def test_device_cuda_without_a_gpu_is_rejected():
+    with pytest.raises(ValueError, match="--device cuda.*no CUDA device"):
+        ServerArgs(model_path=MODEL, device="cuda")
+
+
+def test_attention_backend_defaults_to_torch_native():
+    assert ServerArgs(model_path=MODEL).attention_backend == "torch_native"
+
+
+def test_cli_defaults_match_constructor_defaults():
+    assert prepare_server_args(["--model-path", MODEL]) == ServerArgs(model_path=MODEL)
+
+
+def test_server_args_are_frozen():
+    args = ServerArgs(model_path=MODEL)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        args.max_total_tokens = 10
+    assert args.max_total_tokens is None
+
+
+def test_from_kwargs_rejects_unknown_keyword_naming_it():
+    with pytest.raises(TypeError, match="max_batch_tokens"):
+        ServerArgs.from_kwargs(model_path=MODEL, max_batch_tokens=8)
+
+
+def test_from_kwargs_builds_validated_args():
+    args = ServerArgs.from_kwargs(model_path=MODEL, chunked_prefill_size=16)
+    assert args.chunked_prefill_size == 16
+    with pytest.raises(ValueError, match="--chunked-prefill-size"):
+        ServerArgs.from_kwargs(model_path=MODEL, chunked_prefill_size=0)
+
+
+def test_upstream_flag_names_parse():
+    args = prepare_server_args([
+        "--model-path", "m", "--tp-size", "1", "--disable-radix-cache", "--chunked-prefill-size", "64",
+        "--schedule-policy", "lpm", "--mem-fraction-static", "0.5", "--context-length", "512",
+        "--max-total-tokens", "4096", "--max-running-requests", "8", "--dtype", "float32",
+        "--device", "cpu", "--random-seed", "7", "--served-model-name", "tiny", "--port", "31000",
+        "--host", "0.0.0.0", "--log-level", "warning", "--tokenizer-path", "t",
+    ])
+    assert args == ServerArgs(
+        model_path="m", tp_size=1, disable_radix_cache=True, chunked_prefill_size=64,
+        schedule_policy="lpm", mem_fraction_static=0.5, context_length=512, max_total_tokens=4096,
+        max_running_requests=8, dtype="float32", device="cpu", random_seed=7, served_model_name="tiny",
+        port=31000, host="0.0.0.0", log_level="warning", tokenizer_path="t",
+    )
+
+
+def test_model_and_tensor_parallel_size_aliases_parse():
+    args = prepare_server_args(["--model", "m", "--tensor-parallel-size", "1"])
+    assert (args.model_path, args.tp_size) == ("m", 1)
+
+
+def test_missing_model_path_exits_2_naming_it(capsys):
+    with pytest.raises(SystemExit) as exc:
+        prepare_server_args([])
+    assert exc.value.code == 2
+    assert "--model-path" in capsys.readouterr().err
