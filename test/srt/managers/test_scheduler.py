@@ -1,0 +1,177 @@
+"""The Scheduler in-process: memory pressure, limits, aborts, stop conditions, policies."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+
+MAX_STEPS = 5000
+
+
+def make_scheduler(path: str, **kwargs) -> Scheduler:
+    return Scheduler(ServerArgs(model_path=path, dtype="float32", device="cpu", **kwargs))
+
+
+def greedy_req(rid: str, input_ids: list[int], max_new_tokens: int = 40, **params) -> TokenizedGenerateReqInput:
+    sampling = SamplingParams(temperature=0, max_new_tokens=max_new_tokens, ignore_eos=True)
+    for key, value in params.items():
+        setattr(sampling, key, value)
+    return TokenizedGenerateReqInput(rid, input_ids, sampling, stream=False)
+
+
+def run_to_completion(scheduler: Scheduler, on_step=None) -> dict[str, dict]:
+    results: dict[str, dict] = {}
+    for step in range(MAX_STEPS):
+        if not scheduler.has_work():
+            break
+        out = scheduler.step()
+        if on_step:
+            on_step(step, scheduler)
+        if out is None:
+            continue
+        for rid, ids, reason in zip(out.rids, out.new_token_ids, out.finished_reasons):
+            entry = results.setdefault(rid, {"ids": [], "reason": None, "order": None})
+            entry["ids"].extend(ids)
+            if reason:
+                entry["reason"] = reason
+                entry["order"] = sum(1 for r in results.values() if r["reason"])
+    else:
+        pytest.fail("the scheduler did not finish its work")
+    return results
+
+
+def assert_accounting(scheduler: Scheduler) -> None:
+    state = scheduler.get_internal_state()
+    assert state["request_slots"] == 0 and state["num_running_reqs"] == 0, state
+    assert state["free_slots"] + state["cached_slots"] == state["total_slots"], state
+
+
+def prompts(n: int, length: int = 15) -> list[list[int]]:
+    return [[(7 * i + 13 * j + 1) % 300 + 1 for j in range(length)] for i in range(n)]
+
+
+def test_retraction_under_kv_pressure_keeps_greedy_output(tiny_model_paths):
+    path = tiny_model_paths["llama"]
+    roomy = make_scheduler(path)
+    for i, ids in enumerate(prompts(6)):
+        roomy.add_request(greedy_req(f"r{i}", ids))
+    expected = run_to_completion(roomy)
+
+    tight = make_scheduler(path, max_total_tokens=140)
+    for i, ids in enumerate(prompts(6)):
+        tight.add_request(greedy_req(f"r{i}", ids))
+    got = run_to_completion(tight)
+    assert tight.num_retractions > 0, "the pool was meant to run out"
+    assert {rid: r["ids"] for rid, r in got.items()} == {rid: r["ids"] for rid, r in expected.items()}
+    assert_accounting(tight)
+
+
+def test_request_larger_than_the_pool_is_rejected_not_hung(tiny_model_paths):
+    scheduler = make_scheduler(tiny_model_paths["llama"], max_total_tokens=50)
+    scheduler.add_request(greedy_req("big", prompts(1, 20)[0], max_new_tokens=40))
+    scheduler.add_request(greedy_req("small", prompts(1, 5)[0], max_new_tokens=10))
+    results = run_to_completion(scheduler)
+    assert results["big"]["reason"]["type"] == "abort"
+    assert "max-total-tokens" in results["big"]["reason"]["message"]
+    assert len(results["small"]["ids"]) == 10
+    assert_accounting(scheduler)
+
+
+def test_abort_of_a_running_request_frees_its_kv(tiny_model_paths):
+    scheduler = make_scheduler(tiny_model_paths["llama"])
+    scheduler.add_request(greedy_req("keep", prompts(2)[0], max_new_tokens=30))
+    scheduler.add_request(greedy_req("drop", prompts(2)[1], max_new_tokens=30))
+
+    def abort_after_a_few_steps(step, sched):
+        if step == 3:
+            sched.abort_request(AbortReq("drop"))
+
+    results = run_to_completion(scheduler, abort_after_a_few_steps)
+    assert results["drop"]["reason"]["type"] == "abort"
+    assert len(results["drop"]["ids"]) < 30
+    assert len(results["keep"]["ids"]) == 30
+    assert_accounting(scheduler)
+
+
+def test_abort_of_a_waiting_request_answers_it(tiny_model_paths):
+    scheduler = make_scheduler(tiny_model_paths["llama"], max_running_requests=1)
+    scheduler.add_request(greedy_req("first", prompts(2)[0], max_new_tokens=10))
+    scheduler.add_request(greedy_req("queued", prompts(2)[1], max_new_tokens=10))
+    scheduler.abort_request(AbortReq("queued"))
+    results = run_to_completion(scheduler)
+    assert results["queued"] == {"ids": [], "reason": results["queued"]["reason"], "order": 1}
+    assert results["queued"]["reason"]["type"] == "abort"
+    assert len(results["first"]["ids"]) == 10
+
+
+def test_max_running_requests_is_never_exceeded(tiny_model_paths):
+    scheduler = make_scheduler(tiny_model_paths["llama"], max_running_requests=2)
+    for i, ids in enumerate(prompts(5)):
+        scheduler.add_request(greedy_req(f"r{i}", ids, max_new_tokens=8))
+    seen = []
+    results = run_to_completion(scheduler, lambda step, s: seen.append(len(s.running_reqs)))
+    assert max(seen) == 2
+    assert all(len(r["ids"]) == 8 for r in results.values()) and len(results) == 5
+
+
+@pytest.fixture
+def model_with_eos(tiny_model_paths, tmp_path):
+    """The tiny llama with its EOS id set to a token greedy decoding reaches at step 4."""
+    path = tiny_model_paths["llama"]
+    greedy = run_to_completion(_single(make_scheduler(path), prompts(1)[0]))["only"]["ids"]
+    eos = greedy[3]
+    copy = tmp_path / "eos_model"
+    shutil.copytree(path, copy)
+    for name in ("config.json", "generation_config.json"):
+        with open(copy / name) as f:
+            cfg = json.load(f)
+        cfg["eos_token_id"] = eos
+        with open(copy / name, "w") as f:
+            json.dump(cfg, f)
+    return str(copy), greedy, eos
+
+
+def _single(scheduler, ids, **params):
+    scheduler.add_request(greedy_req("only", ids, **params))
+    return scheduler
+
+
+def test_eos_from_the_model_config_finishes_the_request(model_with_eos):
+    path, greedy, eos = model_with_eos
+    stopped = run_to_completion(_single(make_scheduler(path), prompts(1)[0], ignore_eos=False))["only"]
+    assert stopped["ids"] == greedy[: greedy.index(eos) + 1]
+    assert stopped["reason"] == {"type": "stop", "matched": eos}
+    ignored = run_to_completion(_single(make_scheduler(path), prompts(1)[0], ignore_eos=True))["only"]
+    assert ignored["ids"] == greedy and ignored["reason"]["type"] == "length"
+
+
+@pytest.mark.parametrize("policy, first", [("lpm", "shares_prefix"), ("fcfs", "fresh")])
+def test_schedule_policy_orders_waiting_requests(tiny_model_paths, policy, first):
+    scheduler = make_scheduler(tiny_model_paths["llama"], schedule_policy=policy, max_running_requests=1)
+    warm = prompts(1, 40)[0]
+    run_to_completion(_single(scheduler, warm, max_new_tokens=2))
+    scheduler.add_request(greedy_req("fresh", prompts(3, 10)[2], max_new_tokens=4))
+    scheduler.add_request(greedy_req("shares_prefix", warm[:30] + [5, 6], max_new_tokens=4))
+    results = run_to_completion(scheduler)
+    assert results[first]["order"] == 1
+    assert_accounting(scheduler)
+
+
+def test_flush_cache_is_refused_while_requests_run(tiny_model_paths):
+    scheduler = make_scheduler(tiny_model_paths["llama"])
+    scheduler.add_request(greedy_req("r", prompts(1)[0], max_new_tokens=5))
+    scheduler.step()
+    assert scheduler.flush_cache() is False
+    run_to_completion(scheduler)
+    assert scheduler.get_internal_state()["cached_slots"] > 0
+    assert scheduler.flush_cache() is True
+    assert scheduler.get_internal_state()["cached_slots"] == 0
+    assert_accounting(scheduler)
