@@ -230,19 +230,3 @@ def test_batch_info_tensors():
     # The greedy row's top_k and top_p are ignored, so nobody needs the sort.
     assert not info.need_top_k_sampling and not info.need_top_p_sampling
     assert len(info) == 3
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_cuda_gives_the_cpu_tokens():
-    logits = torch.randn(32, 5000, generator=torch.Generator().manual_seed(6)) * 4
-    params = [
-        SamplingParams(temperature=[0.0, 0.7, 1.0, 1.3][i % 4], top_k=[-1, 40][i % 2])
-        for i in range(32)
-    ]
-    seeds, offsets = list(range(32)), torch.arange(32) * 5
-    # Half-precision logits, as a model would give; the sampler upcasts them on both devices.
-    logits = logits.half()
-    on_cpu = sampler(logits, make_info(params, seeds, 5000), offsets)
-    info_gpu = SamplingBatchInfo.from_params(params, seeds, 5000, "cuda")
-    on_gpu = sampler(logits.cuda(), info_gpu, offsets.cuda())
-    assert torch.equal(on_gpu.cpu(), on_cpu)

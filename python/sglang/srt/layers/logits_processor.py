@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 from torch import nn
 
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+if TYPE_CHECKING:  # layers sit below model_executor: type names only
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 @dataclasses.dataclass

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
 
 import torch
 
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+if TYPE_CHECKING:  # layers sit below model_executor: type names only
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 class AttentionBackend(ABC):

@@ -4,11 +4,15 @@ faster backends are tested against it."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.attention.base import AttentionBackend
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+if TYPE_CHECKING:  # layers sit below model_executor: type names only
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
 
 class TorchNativeAttnBackend(AttentionBackend):
