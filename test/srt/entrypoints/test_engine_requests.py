@@ -65,6 +65,17 @@ def test_temperature_sampling_follows_softmax_of_scaled_logits(engine_pool, hf_r
         ({"prompt": PROMPT, "sampling_params": {"temprature": 0.5}}, "temprature"),
         ({"input_ids": [1, 2, 10**6]}, "input_ids"),
         ({"prompt": [PROMPT, ""]}, "empty"),
+        ({"prompt": PROMPT, "sampling_params": "greedy"}, "sampling_params"),
+        ({"prompt": PROMPT, "sampling_params": {"top_k": 0}}, "top_k"),
+        ({"prompt": PROMPT, "sampling_params": {"n": 65}}, "'n'"),
+        ({"prompt": PROMPT, "sampling_params": {"stop": ["\n"]}}, "stop"),
+        ({"prompt": PROMPT, "sampling_params": {"stop_token_ids": [10**6]}}, "stop_token_ids"),
+        ({"prompt": PROMPT, "sampling_params": {"max_new_tokens": "8"}}, "max_new_tokens"),
+        ({"prompt": 123}, "string"),
+        ({"input_ids": "1 2 3"}, "input_ids"),
+        ({"input_ids": [[1, 2], []]}, "empty"),
+        ({"prompt": PROMPT, "input_ids": [1, 2]}, "exactly one"),
+        ({"prompt": [PROMPT, PROMPT], "sampling_params": [{}, {}, {}]}, "sampling_params"),
     ],
 )
 def test_bad_request_gets_a_clear_error_and_the_engine_keeps_serving(engine_pool, kwargs, field):
@@ -73,6 +84,19 @@ def test_bad_request_gets_a_clear_error_and_the_engine_keeps_serving(engine_pool
         engine.generate(**kwargs)
     out = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 4})
     assert out["meta_info"]["completion_tokens"] == 4
+
+
+def test_n_samples_are_separate_requests_with_consecutive_seeds(engine_pool):
+    engine = engine_pool.get("llama")
+    params = {"temperature": 1.0, "max_new_tokens": 12, "ignore_eos": True}
+    outs = engine.generate(PROMPT, {**params, "n": 3, "sampling_seed": 10})
+    assert len(outs) == 3
+    for j, out in enumerate(outs):
+        assert out["output_ids"] == engine.generate(PROMPT, {**params, "sampling_seed": 10 + j})["output_ids"]
+    assert len({tuple(o["output_ids"]) for o in outs}) == 3
+    batch = engine.generate([PROMPT, "Hello"], {**params, "n": 2})
+    assert [o["meta_info"]["prompt_tokens"] for o in batch][1] == batch[0]["meta_info"]["prompt_tokens"]
+    assert len(batch) == 4
 
 
 def test_max_new_tokens_zero_returns_no_tokens(engine_pool):

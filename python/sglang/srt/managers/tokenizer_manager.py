@@ -75,7 +75,7 @@ class TokenizerManager:
             params = SamplingParams.from_dict(params_list[i])
             params.verify(self.vocab_size)
             self._check_lengths(input_ids, params)
-            out.append(TokenizedGenerateReqInput(rids[i], input_ids, params, obj.stream))
+            out.extend(_expand_n(rids[i], input_ids, params, obj.stream))
         return out
 
     def _encode(self, text) -> list[int]:
@@ -99,8 +99,8 @@ class TokenizerManager:
         """Yields the result dict (a list of them for a batch); several times when streaming."""
         self._ensure_running()
         reqs = self.tokenize_request(obj)
-        if obj.stream and obj.is_batch():
-            raise ValueError("stream is supported for a single prompt only")
+        if obj.stream and len(reqs) > 1:
+            raise ValueError("stream is supported for a single prompt with n = 1 only")
         states = [self._send(req) for req in reqs]
         try:
             if obj.stream:
@@ -108,7 +108,7 @@ class TokenizerManager:
                     yield out
             else:
                 results = [await self._wait_finished(req.rid, state) for req, state in zip(reqs, states)]
-                yield results if obj.is_batch() else results[0]
+                yield results if obj.is_batch() or len(results) > 1 else results[0]
         finally:
             for req in reqs:
                 if req.rid in self.rid_to_state:  # the caller went away before the end
@@ -216,6 +216,18 @@ class TokenizerManager:
             except asyncio.CancelledError:
                 pass
         self.ctx.destroy(linger=0)
+
+
+def _expand_n(rid: str, input_ids: list[int], params: SamplingParams, stream: bool):
+    """`n` samples of one prompt are n requests; with a seed, sample j uses seed + j."""
+    if params.n == 1:
+        return [TokenizedGenerateReqInput(rid, input_ids, params, stream)]
+    copies = []
+    for j in range(params.n):
+        seed = None if params.sampling_seed is None else (params.sampling_seed + j) % 2**63
+        copy = dataclasses.replace(params, n=1, sampling_seed=seed)
+        copies.append(TokenizedGenerateReqInput(f"{rid}-{j}", input_ids, copy, stream))
+    return copies
 
 
 def _as_list(value) -> list:

@@ -40,7 +40,7 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config, layer_id: int, opts: ArchOptions):
+    def __init__(self, config, layer_id: int, opts: ArchOptions, rotary_emb: RotaryEmbedding):
         super().__init__()
         hidden = config.hidden_size
         self.num_heads = config.num_attention_heads
@@ -53,7 +53,7 @@ class LlamaAttention(nn.Module):
         eps = config.rms_norm_eps
         self.q_norm = RMSNorm(self.head_dim, eps) if opts.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps) if opts.qk_norm else None
-        self.rotary_emb = RotaryEmbedding(self.head_dim, config.max_position_embeddings, rope_parameters(config))
+        self.rotary_emb = rotary_emb  # one table shared by all layers
         self.attn = RadixAttention(self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch):
@@ -68,9 +68,9 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config, layer_id: int, opts: ArchOptions):
+    def __init__(self, config, layer_id: int, opts: ArchOptions, rotary_emb: RotaryEmbedding):
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id, opts)
+        self.self_attn = LlamaAttention(config, layer_id, opts, rotary_emb)
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, getattr(config, "mlp_bias", False))
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -91,8 +91,11 @@ class LlamaModel(nn.Module):
     def __init__(self, config, opts: ArchOptions):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        # The cos/sin table is [max_position, head_dim] float32 (64 MiB at 128k positions): build it once.
+        rotary_emb = RotaryEmbedding(head_dim, config.max_position_embeddings, rope_parameters(config))
         self.layers = nn.ModuleList(
-            [LlamaDecoderLayer(config, i, opts) for i in range(config.num_hidden_layers)]
+            [LlamaDecoderLayer(config, i, opts, rotary_emb) for i in range(config.num_hidden_layers)]
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Layer ids whose output (the full residual stream) the EAGLE-3 draft reads.

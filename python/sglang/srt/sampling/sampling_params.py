@@ -40,6 +40,8 @@ class SamplingParams:
 
         A null value means "use the default", as OpenAI-style clients send nulls for
         fields they leave unset. Ranges are checked separately by `verify`."""
+        if d is not None and not isinstance(d, dict):
+            raise ValueError(f"sampling_params must be an object of parameters, got {type(d).__name__}.")
         values = {}
         for name, value in (d or {}).items():
             if name not in _FIELD_TYPES:
@@ -77,7 +79,7 @@ class SamplingParams:
             "min_new_tokens",
             f"must be in [0, max_new_tokens={self.max_new_tokens}]",
         )
-        _require(self.n >= 1, "n", "must be >= 1")
+        _require(1 <= self.n <= MAX_N, "n", f"must be in [1, {MAX_N}]")
 
     def _verify_sampling(self) -> None:
         # Each check states the allowed range, so NaN fails it too.
@@ -101,6 +103,11 @@ class SamplingParams:
             )
 
     def _verify_unsupported(self) -> None:
+        if self.stop:
+            # Stop strings need the detokenized text in the scheduler's finish check; until
+            # that exists, refusing them beats silently generating past them.
+            raise ValueError("Sampling parameter 'stop' (stop strings) is not supported yet; "
+                             "use stop_token_ids.")
         for name, neutral in _UNSUPPORTED_NEUTRAL.items():
             value = getattr(self, name)
             if value != neutral and not (name == "logit_bias" and not value):
@@ -109,6 +116,9 @@ class SamplingParams:
                     f"(only the default {neutral!r} is accepted, got {value!r})."
                 )
 
+
+# Most samples one request may ask for (each becomes a request of its own).
+MAX_N = 64
 
 # Penalties and logit bias need per-request token counts, which the engine does not keep yet.
 _UNSUPPORTED_NEUTRAL = {
