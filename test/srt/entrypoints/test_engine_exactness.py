@@ -60,12 +60,13 @@ def test_radix_cache_hit_matches_transformers(engine_pool, hf_reference, arch):
     assert extended["output_ids"] == hf_reference.greedy(arch, ids, 40)
 
 
-def test_small_chunked_prefill_matches_transformers(engine_pool, hf_reference):
-    engine = engine_pool.get("llama", chunked_prefill_size=5)
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_small_chunked_prefill_matches_transformers(engine_pool, hf_reference, arch):
+    engine = engine_pool.get(arch, chunked_prefill_size=5)
     prompts = PROMPTS + [" ".join(PROMPTS)]
     outs = engine.generate(prompts, GREEDY)
     for prompt, out in zip(prompts, outs):
-        assert out["output_ids"] == hf_reference.greedy("llama", encode(engine, prompt), 40)
+        assert out["output_ids"] == hf_reference.greedy(arch, encode(engine, prompt), 40)
 
 
 def test_disabled_radix_cache_matches_and_caches_nothing(engine_pool, hf_reference):
