@@ -46,6 +46,10 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 30000
     tp_size: int = 1
+    api_key: Optional[str] = None
+    max_queued_requests: Optional[int] = None
+    enable_metrics: bool = False
+    skip_server_warmup: bool = False
 
     def __post_init__(self):
         # Fill the defaults that depend on the machine or on other fields, once.
@@ -74,6 +78,8 @@ class ServerArgs:
         _check_positive("--max-running-requests", self.max_running_requests)
         _check_positive("--chunked-prefill-size", self.chunked_prefill_size)
         _check_positive("--tp-size", self.tp_size)
+        if self.max_queued_requests is not None and self.max_queued_requests < 0:
+            raise ValueError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be in [1, 65535], got {self.port}")
         if self.tp_size > 1:
@@ -125,6 +131,15 @@ class ServerArgs:
         parser.add_argument("--port", type=int, default=d["port"].default)
         parser.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=d["tp_size"].default,
                             help="Tensor-parallel size (only 1 for now).")
+        parser.add_argument("--api-key", type=str, default=None,
+                            help="Require 'Authorization: Bearer <key>' on every route but /health and /metrics.")
+        parser.add_argument("--max-queued-requests", type=int, default=None,
+                            help="Requests allowed to wait beyond --max-running-requests; more get HTTP 503. "
+                                 "Unlimited by default.")
+        parser.add_argument("--enable-metrics", action="store_true",
+                            help="Serve Prometheus metrics at /metrics.")
+        parser.add_argument("--skip-server-warmup", action="store_true",
+                            help="Report ready without running a warm-up generation first.")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":

@@ -68,7 +68,8 @@ def test_temperature_sampling_follows_softmax_of_scaled_logits(engine_pool, hf_r
         ({"prompt": PROMPT, "sampling_params": "greedy"}, "sampling_params"),
         ({"prompt": PROMPT, "sampling_params": {"top_k": 0}}, "top_k"),
         ({"prompt": PROMPT, "sampling_params": {"n": 65}}, "'n'"),
-        ({"prompt": PROMPT, "sampling_params": {"stop": ["\n"]}}, "stop"),
+        ({"prompt": PROMPT, "sampling_params": {"stop": ["ok", ""]}}, "stop"),
+        ({"prompt": PROMPT, "return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num"),
         ({"prompt": PROMPT, "sampling_params": {"stop_token_ids": [10**6]}}, "stop_token_ids"),
         ({"prompt": PROMPT, "sampling_params": {"max_new_tokens": "8"}}, "max_new_tokens"),
         ({"prompt": 123}, "string"),
@@ -155,3 +156,39 @@ def test_engine_start_failure_names_the_problem_and_leaves_nothing(tiny_model_pa
 def test_unknown_engine_argument_is_rejected(tiny_model_paths):
     with pytest.raises(TypeError, match="max_tokens_total"):
         sglang.Engine(model_path=tiny_model_paths["llama"], max_tokens_total=10)
+
+
+def test_stop_string_ends_generation_and_is_cut_from_the_text(engine_pool):
+    engine = engine_pool.get("llama")
+    full = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 30, "ignore_eos": True})
+    text = full["text"]
+    stop = text[8:11]  # three characters from the middle of the greedy text
+    first = text.find(stop)
+    out = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 30, "stop": [stop, "never-there"]})
+    assert out["text"] == text[:first]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert out["output_ids"] == full["output_ids"][: len(out["output_ids"])]
+    kept = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 30, "stop": stop, "no_stop_trim": True})
+    assert kept["text"].startswith(text[: first + len(stop)])
+    assert kept["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    streamed = list(engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 30, "stop": stop}, stream=True))
+    assert streamed[-1]["text"] == text[:first]
+    assert all(stop not in chunk["text"] for chunk in streamed)
+
+
+def test_logprobs_match_the_model_distribution(engine_pool, hf_reference):
+    engine = engine_pool.get("llama")
+    ids = engine.tokenizer_manager.tokenizer.encode(PROMPT)
+    out = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 3},
+                          return_logprob=True, top_logprobs_num=5)
+    token_logprobs, top = out["meta_info"]["output_token_logprobs"], out["meta_info"]["output_top_logprobs"]
+    assert [t for _, t, _ in token_logprobs] == out["output_ids"]
+    assert len(top) == 3 and all(len(alternatives) == 5 for alternatives in top)
+    expected = torch.log_softmax(hf_reference.next_token_logits("llama", ids).double(), dim=-1)
+    first_logprob, first_token, _ = token_logprobs[0]
+    assert first_logprob == pytest.approx(expected[first_token].item(), abs=1e-4)
+    values, tokens = expected.topk(5)
+    assert [t for _, t, _ in top[0]] == tokens.tolist()
+    assert [lp for lp, _, _ in top[0]] == pytest.approx(values.tolist(), abs=1e-4)
+    # Greedy picks the most likely token, so its logprob is the top one.
+    assert top[0][0][1] == first_token

@@ -105,11 +105,14 @@ class Engine:
         input_ids: Optional[Union[list[int], list[list[int]]]] = None,
         stream: bool = False,
         rid: Optional[Union[str, list[str]]] = None,
+        return_logprob: Union[bool, list[bool]] = False,
+        top_logprobs_num: Union[int, list[int]] = 0,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """One result dict per prompt (`text`, `output_ids`, `meta_info`); a list for a list of
         prompts; an iterator of growing results when `stream=True`."""
         obj = GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params,
-                               rid=rid, stream=stream)
+                               rid=rid, stream=stream, return_logprob=return_logprob,
+                               top_logprobs_num=top_logprobs_num)
         agen = self.tokenizer_manager.generate_request(obj)
         if stream:
             return self._iterate(agen)

@@ -22,8 +22,9 @@ CONTEXT_TOKENS = 5
 @dataclasses.dataclass
 class DecodeState:
     ids: list[int] = dataclasses.field(default_factory=list)
-    emitted_text: str = ""
-    read_offset: int = 0  # tokens whose text has been emitted
+    text: str = ""  # decoded so far (complete characters only)
+    read_offset: int = 0  # tokens whose text is in `text`
+    emitted_len: int = 0  # characters of `text` already sent
 
 
 class DetokenizerManager:
@@ -33,36 +34,69 @@ class DetokenizerManager:
 
     def handle(self, out: BatchTokenIDOut) -> BatchStrOut:
         new_texts = []
-        for rid, new_ids, reason, skip in zip(out.rids, out.new_token_ids, out.finished_reasons,
-                                              out.skip_special_tokens):
+        for i, rid in enumerate(out.rids):
             state = self.states.setdefault(rid, DecodeState())
-            state.ids.extend(new_ids)
-            new_texts.append(self._final_text(state, skip) if reason else self._incremental_text(state, skip))
-            if reason:
+            state.ids.extend(out.new_token_ids[i])
+            skip, reason = out.skip_special_tokens[i], out.finished_reasons[i]
+            if reason is None:
+                stops = [] if out.no_stop_trim[i] else out.stop_strs[i]
+                new_texts.append(self._incremental_text(state, skip, stops))
+            else:
+                new_texts.append(self._final_text(state, skip, reason, out.no_stop_trim[i]))
                 del self.states[rid]
-        return BatchStrOut(out.rids, new_texts, out.new_token_ids, out.finished_reasons,
-                           out.prompt_tokens, out.completion_tokens, out.cached_tokens)
+        return BatchStrOut(
+            rids=out.rids, new_texts=new_texts, new_token_ids=out.new_token_ids,
+            finished_reasons=out.finished_reasons, prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens, cached_tokens=out.cached_tokens,
+            new_token_logprobs=out.new_token_logprobs, new_top_logprobs=out.new_top_logprobs,
+        )
 
     def _decode(self, ids: list[int], skip: bool) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip)
 
-    def _incremental_text(self, state: DecodeState, skip: bool) -> str:
+    def _incremental_text(self, state: DecodeState, skip: bool, stop_strs: list[str]) -> str:
         context_start = max(0, state.read_offset - CONTEXT_TOKENS)
         before = self._decode(state.ids[context_start : state.read_offset], skip)
         after = self._decode(state.ids[context_start:], skip)
-        if after.endswith("\ufffd") or not after.startswith(before):
-            return ""  # an incomplete character: wait for the bytes that finish it
-        state.read_offset = len(state.ids)
-        delta = after[len(before) :]
-        state.emitted_text += delta
+        # An incomplete character waits for the bytes that finish it.
+        if not after.endswith("\ufffd") and after.startswith(before):
+            state.text += after[len(before) :]
+            state.read_offset = len(state.ids)
+        # Text that may be the start of a stop string waits until it is known not to be.
+        visible = len(state.text) - _stop_prefix_len(state.text, stop_strs)
+        if visible <= state.emitted_len:
+            return ""
+        delta = state.text[state.emitted_len : visible]
+        state.emitted_len = visible
         return delta
 
-    def _final_text(self, state: DecodeState, skip: bool) -> str:
+    def _final_text(self, state: DecodeState, skip: bool, reason: dict, no_stop_trim: bool) -> str:
         full = self._decode(state.ids, skip)
-        if full.startswith(state.emitted_text):
-            return full[len(state.emitted_text) :]
-        # Decoding in pieces disagreed with decoding at once; keep what was sent, add the tail.
-        return self._decode(state.ids[state.read_offset :], skip)
+        matched = reason.get("matched")
+        if isinstance(matched, str) and not no_stop_trim:
+            cut = full.find(matched)
+            full = full if cut < 0 else full[:cut]
+        sent = state.text[: state.emitted_len]
+        # Decoding in pieces can disagree with decoding at once only in what was held back.
+        return full[len(sent) :] if full.startswith(sent) else full[len(_common_prefix(full, sent)) :]
+
+
+def _stop_prefix_len(text: str, stop_strs: list[str]) -> int:
+    """Length of the longest end of `text` that is a proper prefix of some stop string."""
+    longest = 0
+    for stop in stop_strs:
+        for k in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:k]):
+                longest = k
+                break
+    return longest
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
 
 def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> None:

@@ -20,6 +20,10 @@ class GenerateReqInput:
     sampling_params: Optional[Union[dict, list[dict]]] = None
     rid: Optional[Union[str, list[str]]] = None
     stream: bool = False
+    # Log-probabilities of the output tokens (from the raw logits), and the top N alternatives.
+    return_logprob: Union[bool, list[bool]] = False
+    top_logprobs_num: Union[int, list[int]] = 0
+    logprob_start_len: Union[int, list[int]] = -1  # accepted for compatibility; prompt logprobs are not returned
 
     def is_batch(self) -> bool:
         if self.text is not None:
@@ -33,6 +37,8 @@ class TokenizedGenerateReqInput:
     input_ids: list[int]
     sampling_params: SamplingParams
     stream: bool
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
 
 
 @dataclasses.dataclass
@@ -51,6 +57,11 @@ class BatchTokenIDOut:
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]
+    stop_strs: list[list[str]]  # the detokenizer holds back text that may start a stop string
+    no_stop_trim: list[bool]
+    # Per request, for the new tokens: [(logprob, token_id)] and [[(logprob, token_id)] * top N]; None without logprobs.
+    new_token_logprobs: list[Optional[list[tuple[float, int]]]]
+    new_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
 
 
 @dataclasses.dataclass
@@ -64,6 +75,8 @@ class BatchStrOut:
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]
+    new_token_logprobs: list[Optional[list[tuple[float, int]]]]
+    new_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
 
 
 @dataclasses.dataclass

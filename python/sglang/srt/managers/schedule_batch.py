@@ -15,7 +15,8 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 class Req:
     def __init__(self, rid: str, input_ids: list[int], sampling_params: SamplingParams, seed: int,
-                 stream: bool, eos_token_ids: set[int], context_len: int):
+                 stream: bool, eos_token_ids: set[int], context_len: int,
+                 return_logprob: bool = False, top_logprobs_num: int = 0):
         self.rid = rid  # set by the tokenizer manager
         self.origin_input_ids = list(input_ids)
         self.sampling_params = sampling_params
@@ -25,7 +26,12 @@ class Req:
         if not sampling_params.ignore_eos:
             self.stop_token_ids |= eos_token_ids
         self.context_len = context_len
+        self.stop_strs: list[str] = list(sampling_params.stop or ())
+        self.return_logprob = return_logprob
+        self.top_logprobs_num = top_logprobs_num if return_logprob else 0
         self.output_ids: list[int] = []
+        self.output_token_logprobs: list[tuple[float, int]] = []  # set by the scheduler, one per output
+        self.output_top_logprobs: list[list[tuple[float, int]]] = []
         self.finished_reason: Optional[dict] = None
         # KV state, all set by the scheduler (host values).
         self.req_pool_idx: Optional[int] = None  # row of ReqToTokenPool while admitted
@@ -55,6 +61,22 @@ class Req:
     def append_token(self, token_id: int) -> None:
         self.output_ids.append(token_id)
         self._check_finished(token_id)
+
+    def check_stop_strings(self, decode) -> None:
+        """Finish if the tail of the output text contains a stop string. `decode` maps token
+        ids to text; only the last tokens are decoded, enough to hold the longest stop string."""
+        if self.finished_reason is not None or not self.stop_strs:
+            return
+        if len(self.output_ids) <= self.sampling_params.min_new_tokens:
+            return
+        # A token decodes to at least one character or to part of one (byte-level BPE can
+        # split a character over up to 4 tokens), so this many tokens always cover it.
+        tail_len = 4 * max(len(s) for s in self.stop_strs) + 2
+        tail = decode(self.output_ids[-tail_len:])
+        for stop in self.stop_strs:
+            if stop in tail:
+                self.finished_reason = finish_matched(stop)
+                return
 
     def _check_finished(self, token_id: int) -> None:
         params = self.sampling_params

@@ -15,6 +15,7 @@ from typing import Optional
 import numpy as np
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, TokenizedGenerateReqInput, finish_abort
 from sglang.srt.managers.kv_manager import KVManager
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -49,6 +50,7 @@ class Scheduler:
         self.num_retractions = 0
         self.last_step_time = time.perf_counter()
         self.last_step_throughput = 0.0
+        self.tokenizer = None
 
     def model_info(self) -> dict:
         return {
@@ -64,7 +66,8 @@ class Scheduler:
     def add_request(self, recv: TokenizedGenerateReqInput) -> None:
         params = recv.sampling_params
         seed = params.sampling_seed if params.sampling_seed is not None else int(self.seed_rng.integers(2**62))
-        req = Req(recv.rid, recv.input_ids, params, seed, recv.stream, self.eos_token_ids, self.memory.context_len)
+        req = Req(recv.rid, recv.input_ids, params, seed, recv.stream, self.eos_token_ids, self.memory.context_len,
+                  recv.return_logprob, recv.top_logprobs_num)
         error = self._validate(req)
         if error:
             req.finished_reason = finish_abort(error)
@@ -179,9 +182,10 @@ class Scheduler:
     def _run(self, batch: ScheduleBatch) -> None:
         result = self.tp_worker.forward_batch_generation(batch)
         next_token_ids = result.next_token_ids.tolist()
+        logprobs = _LogprobRows(result)
         now = time.perf_counter()
         new_tokens = 0
-        for req, token_id in zip(batch.reqs, next_token_ids):
+        for i, (req, token_id) in enumerate(zip(batch.reqs, next_token_ids)):
             req.kv_len += req.extend_len
             if req.kv_len < req.seq_len:  # a prefill chunk: more of the prompt to come
                 self.chunked_req = req
@@ -190,6 +194,8 @@ class Scheduler:
                 self.chunked_req = None
             if batch.forward_mode == ForwardMode.EXTEND:
                 self.running_reqs.append(req)
+            if req.return_logprob:
+                logprobs.record(req, i, token_id)
             self._append(req, token_id)
             new_tokens += 1
         self.num_generated_tokens += new_tokens
@@ -199,13 +205,22 @@ class Scheduler:
     def _append(self, req: Req, token_id: int) -> None:
         if req.sampling_params.max_new_tokens == 0:
             req.finished_reason = {"type": "length", "length": 0}
+            req.output_token_logprobs.clear()
+            req.output_top_logprobs.clear()
         else:
             req.append_token(token_id)
+            if req.stop_strs:
+                req.check_stop_strings(self._decode)
         if req.finished():
             self.running_reqs.remove(req)
             self._finish(req, req.finished_reason)
         elif req.stream:
             self.pending_outputs.append(req)
+
+    def _decode(self, token_ids: list[int]) -> str:
+        if self.tokenizer is None:  # loaded on the first request with stop strings
+            self.tokenizer = get_tokenizer(self.server_args.tokenizer_path)
+        return self.tokenizer.decode(token_ids)
 
     def _finish(self, req: Req, reason: dict) -> None:
         req.finished_reason = reason
@@ -225,16 +240,23 @@ class Scheduler:
             return None
         reqs = list(dict.fromkeys(self.pending_outputs))  # a request once, in order
         self.pending_outputs.clear()
-        out = BatchTokenIDOut([], [], [], [], [], [], [])
+        out = BatchTokenIDOut(
+            rids=[req.rid for req in reqs],
+            new_token_ids=[req.output_ids[req.sent_len :] for req in reqs],
+            finished_reasons=[req.finished_reason for req in reqs],
+            skip_special_tokens=[req.sampling_params.skip_special_tokens for req in reqs],
+            prompt_tokens=[len(req.origin_input_ids) for req in reqs],
+            completion_tokens=[len(req.output_ids) for req in reqs],
+            cached_tokens=[req.cached_tokens for req in reqs],
+            stop_strs=[req.stop_strs for req in reqs],
+            no_stop_trim=[req.sampling_params.no_stop_trim for req in reqs],
+            new_token_logprobs=[req.output_token_logprobs[req.sent_len :] if req.return_logprob else None
+                                for req in reqs],
+            new_top_logprobs=[req.output_top_logprobs[req.sent_len :] if req.top_logprobs_num else None
+                              for req in reqs],
+        )
         for req in reqs:
-            out.rids.append(req.rid)
-            out.new_token_ids.append(req.output_ids[req.sent_len :])
             req.sent_len = len(req.output_ids)
-            out.finished_reasons.append(req.finished_reason)
-            out.skip_special_tokens.append(req.sampling_params.skip_special_tokens)
-            out.prompt_tokens.append(len(req.origin_input_ids))
-            out.completion_tokens.append(len(req.output_ids))
-            out.cached_tokens.append(req.cached_tokens)
         return out
 
     # ---- control -----------------------------------------------------------------------
@@ -259,3 +281,19 @@ class Scheduler:
             last_step_throughput=self.last_step_throughput,
         )
         return state
+
+
+class _LogprobRows:
+    """The step's logprobs, copied to the host once, handed out per request."""
+
+    def __init__(self, result):
+        self.token = result.next_token_logprobs.tolist() if result.next_token_logprobs is not None else None
+        has_top = result.top_logprobs is not None
+        self.top = result.top_logprobs.tolist() if has_top else None
+        self.top_ids = result.top_logprob_ids.tolist() if has_top else None
+
+    def record(self, req: Req, row: int, token_id: int) -> None:
+        req.output_token_logprobs.append((self.token[row], token_id))
+        if req.top_logprobs_num:
+            n = req.top_logprobs_num
+            req.output_top_logprobs.append(list(zip(self.top[row][:n], self.top_ids[row][:n])))

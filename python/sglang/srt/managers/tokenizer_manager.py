@@ -15,6 +15,7 @@ from typing import AsyncIterator, Callable, Optional
 import zmq
 import zmq.asyncio
 
+from sglang.srt.errors import InvalidRequest
 from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import (
     AbortReq, BatchStrOut, ControlReply, ControlReq, GenerateReqInput, TokenizedGenerateReqInput,
@@ -63,44 +64,66 @@ class TokenizerManager:
         prompts = _as_list(obj.text) if obj.text is not None else None
         ids_list = _as_id_lists(obj.input_ids) if obj.input_ids is not None else None
         if (prompts is None) == (ids_list is None):
-            raise ValueError("exactly one of text / prompt and input_ids must be given")
+            raise InvalidRequest("exactly one of text / prompt and input_ids must be given", "text")
         n = len(prompts) if prompts is not None else len(ids_list)
         if n == 0:
-            raise ValueError("the batch of prompts is empty")
+            raise InvalidRequest("the batch of prompts is empty", "text")
         params_list = _broadcast(obj.sampling_params, n, "sampling_params")
         rids = _broadcast(obj.rid, n, "rid") if obj.rid is not None else [uuid.uuid4().hex for _ in range(n)]
+        return_logprobs = _broadcast(obj.return_logprob, n, "return_logprob")
+        top_nums = _broadcast(obj.top_logprobs_num, n, "top_logprobs_num")
         out = []
         for i in range(n):
             input_ids = self._encode(prompts[i]) if prompts is not None else ids_list[i]
-            params = SamplingParams.from_dict(params_list[i])
-            params.verify(self.vocab_size)
+            params = self._sampling_params(params_list[i], input_ids)
             self._check_lengths(input_ids, params)
-            out.extend(_expand_n(rids[i], input_ids, params, obj.stream))
+            _check_logprob_args(return_logprobs[i], top_nums[i])
+            req = TokenizedGenerateReqInput(rids[i], input_ids, params, obj.stream,
+                                            bool(return_logprobs[i]), top_nums[i])
+            out.extend(_expand_n(req))
         return out
+
+    def _sampling_params(self, raw, input_ids: list[int]) -> SamplingParams:
+        params = SamplingParams.from_dict(raw)
+        if isinstance(raw, dict) and "max_new_tokens" in raw and raw["max_new_tokens"] is None:
+            params.max_new_tokens = max(self.context_len - len(input_ids), 0)  # None: up to the context
+        params.verify(self.vocab_size)
+        return params
+
+    def _check_capacity(self, num_new: int) -> None:
+        """Refuse work beyond what can run plus --max-queued-requests, before it is queued."""
+        limit = self.server_args.max_queued_requests
+        if limit is None:
+            return
+        capacity = self.model_info["max_running_requests"] + limit
+        if len(self.rid_to_state) + num_new > capacity:
+            raise InvalidRequest(f"the server is overloaded: {len(self.rid_to_state)} requests are in flight "
+                                 f"and at most {limit} may wait in the queue; retry later", status_code=503)
 
     def _encode(self, text) -> list[int]:
         if not isinstance(text, str):
-            raise ValueError(f"text must be a string, got {type(text).__name__}")
+            raise InvalidRequest(f"text must be a string, got {type(text).__name__}", "text")
         return self.tokenizer.encode(text)
 
     def _check_lengths(self, input_ids: list[int], params: SamplingParams) -> None:
         if not input_ids:
-            raise ValueError("the prompt is empty")
+            raise InvalidRequest("the prompt is empty", "text")
         if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size for t in input_ids):
-            raise ValueError(f"input_ids must be integers in [0, {self.vocab_size})")
+            raise InvalidRequest(f"input_ids must be integers in [0, {self.vocab_size})", "input_ids")
         if len(input_ids) >= self.context_len:
-            raise ValueError(f"the prompt has {len(input_ids)} tokens, more than the context length "
-                             f"({self.context_len}) allows")
+            raise InvalidRequest(f"the prompt has {len(input_ids)} tokens, more than the context length "
+                                 f"({self.context_len}) allows", "text")
         if len(input_ids) + params.max_new_tokens > self.context_len:
-            raise ValueError(f"the prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
-                             f"is longer than the context length ({self.context_len})")
+            raise InvalidRequest(f"the prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                                 f"is longer than the context length ({self.context_len})", "max_new_tokens")
 
     async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator:
         """Yields the result dict (a list of them for a batch); several times when streaming."""
         self._ensure_running()
         reqs = self.tokenize_request(obj)
         if obj.stream and len(reqs) > 1:
-            raise ValueError("stream is supported for a single prompt with n = 1 only")
+            raise InvalidRequest("stream is supported for a single prompt with n = 1 only", "stream")
+        self._check_capacity(len(reqs))
         states = [self._send(req) for req in reqs]
         try:
             if obj.stream:
@@ -116,7 +139,7 @@ class TokenizerManager:
 
     def _send(self, req: TokenizedGenerateReqInput) -> ReqState:
         if req.rid in self.rid_to_state:
-            raise ValueError(f"rid {req.rid!r} is already in use")
+            raise InvalidRequest(f"rid {req.rid!r} is already in use", "rid")
         state = ReqState(created=time.perf_counter())
         self.rid_to_state[req.rid] = state
         self.send_to_scheduler.send_pyobj(req)
@@ -144,6 +167,9 @@ class TokenizerManager:
 
     def _result(self, rid: str, state: ReqState) -> dict:
         meta = dict(state.meta, id=rid, e2e_latency=time.perf_counter() - state.created)
+        for key in ("output_token_logprobs", "output_top_logprobs"):
+            if key in meta:
+                meta[key] = list(meta[key])
         return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
 
     def abort_request(self, rid: str) -> None:
@@ -187,12 +213,18 @@ class TokenizerManager:
                 continue
             state.text += out.new_texts[i]
             state.output_ids.extend(out.new_token_ids[i])
-            state.meta = {
-                "finish_reason": out.finished_reasons[i],
-                "prompt_tokens": out.prompt_tokens[i],
-                "completion_tokens": out.completion_tokens[i],
-                "cached_tokens": out.cached_tokens[i],
-            }
+            state.meta.update(
+                finish_reason=out.finished_reasons[i],
+                prompt_tokens=out.prompt_tokens[i],
+                completion_tokens=out.completion_tokens[i],
+                cached_tokens=out.cached_tokens[i],
+            )
+            if out.new_token_logprobs[i] is not None:
+                state.meta.setdefault("output_token_logprobs", []).extend(
+                    (logprob, token_id, None) for logprob, token_id in out.new_token_logprobs[i])
+            if out.new_top_logprobs[i] is not None:
+                state.meta.setdefault("output_top_logprobs", []).extend(
+                    [(logprob, token_id, None) for logprob, token_id in top] for top in out.new_top_logprobs[i])
             state.finished = out.finished_reasons[i] is not None
             state.event.set()
 
@@ -218,16 +250,28 @@ class TokenizerManager:
         self.ctx.destroy(linger=0)
 
 
-def _expand_n(rid: str, input_ids: list[int], params: SamplingParams, stream: bool):
+def _expand_n(req: TokenizedGenerateReqInput) -> list[TokenizedGenerateReqInput]:
     """`n` samples of one prompt are n requests; with a seed, sample j uses seed + j."""
+    params = req.sampling_params
     if params.n == 1:
-        return [TokenizedGenerateReqInput(rid, input_ids, params, stream)]
+        return [req]
     copies = []
     for j in range(params.n):
         seed = None if params.sampling_seed is None else (params.sampling_seed + j) % 2**63
         copy = dataclasses.replace(params, n=1, sampling_seed=seed)
-        copies.append(TokenizedGenerateReqInput(f"{rid}-{j}", input_ids, copy, stream))
+        copies.append(dataclasses.replace(req, rid=f"{req.rid}-{j}", sampling_params=copy))
     return copies
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+def _check_logprob_args(return_logprob, top_logprobs_num) -> None:
+    if not isinstance(return_logprob, bool):
+        raise InvalidRequest("return_logprob must be a boolean", "return_logprob")
+    if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int) \
+            or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs_num")
 
 
 def _as_list(value) -> list:
@@ -236,7 +280,7 @@ def _as_list(value) -> list:
 
 def _as_id_lists(input_ids) -> list[list[int]]:
     if not isinstance(input_ids, list):
-        raise ValueError("input_ids must be a list of token ids or a list of such lists")
+        raise InvalidRequest("input_ids must be a list of token ids or a list of such lists", "input_ids")
     if input_ids and isinstance(input_ids[0], list):
         return input_ids
     return [input_ids]
@@ -245,6 +289,6 @@ def _as_id_lists(input_ids) -> list[list[int]]:
 def _broadcast(value, n: int, field: str) -> list:
     if isinstance(value, list):
         if len(value) != n:
-            raise ValueError(f"{field} has {len(value)} entries for {n} prompts")
+            raise InvalidRequest(f"{field} has {len(value)} entries for {n} prompts", field)
         return value
     return [value] * n

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Optional
 
 import torch
 
@@ -18,6 +19,10 @@ from sglang.srt.server_args import ServerArgs
 class GenerationBatchResult:
     logits_output: LogitsProcessorOutput
     next_token_ids: torch.Tensor  # [bs] int64, on the device
+    # With logprobs asked for: [bs] logprob of each chosen token, [bs, N] top logprobs and ids.
+    next_token_logprobs: Optional[torch.Tensor] = None
+    top_logprobs: Optional[torch.Tensor] = None
+    top_logprob_ids: Optional[torch.Tensor] = None
 
 
 class TpModelWorker:
@@ -36,4 +41,15 @@ class TpModelWorker:
         next_token_ids = self.model_runner.sample(
             logits_output.next_token_logits, sampling_info, batch.sampling_offsets(self.device)
         )
-        return GenerationBatchResult(logits_output, next_token_ids)
+        result = GenerationBatchResult(logits_output, next_token_ids)
+        if any(req.return_logprob for req in batch.reqs):
+            self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
+        return result
+
+    @staticmethod
+    def _add_logprobs(result: GenerationBatchResult, top_n: int) -> None:
+        # From the raw logits (before temperature and filters), as the model scores the tokens.
+        logprobs = torch.log_softmax(result.logits_output.next_token_logits.float(), dim=-1)
+        result.next_token_logprobs = logprobs.gather(1, result.next_token_ids[:, None]).squeeze(1)
+        if top_n > 0:
+            result.top_logprobs, result.top_logprob_ids = logprobs.topk(top_n, dim=-1)

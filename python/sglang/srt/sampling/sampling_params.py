@@ -7,6 +7,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from sglang.srt.errors import InvalidRequest
+
 # Below this temperature sampling is indistinguishable from argmax, and dividing by it
 # would overflow the logits.
 _GREEDY_TEMPERATURE = 1e-6
@@ -41,11 +43,12 @@ class SamplingParams:
         A null value means "use the default", as OpenAI-style clients send nulls for
         fields they leave unset. Ranges are checked separately by `verify`."""
         if d is not None and not isinstance(d, dict):
-            raise ValueError(f"sampling_params must be an object of parameters, got {type(d).__name__}.")
+            raise InvalidRequest(f"sampling_params must be an object of parameters, got {type(d).__name__}.",
+                                 "sampling_params")
         values = {}
         for name, value in (d or {}).items():
             if name not in _FIELD_TYPES:
-                raise ValueError(f"Unknown sampling parameter '{name}'.")
+                raise InvalidRequest(f"Unknown sampling parameter '{name}'.", name)
             if value is None:
                 continue
             values[name] = _check_type(name, value)
@@ -103,17 +106,14 @@ class SamplingParams:
             )
 
     def _verify_unsupported(self) -> None:
-        if self.stop:
-            # Stop strings need the detokenized text in the scheduler's finish check; until
-            # that exists, refusing them beats silently generating past them.
-            raise ValueError("Sampling parameter 'stop' (stop strings) is not supported yet; "
-                             "use stop_token_ids.")
+        for stop in self.stop or ():
+            _require(len(stop) > 0, "stop", "must not contain an empty string")
         for name, neutral in _UNSUPPORTED_NEUTRAL.items():
             value = getattr(self, name)
             if value != neutral and not (name == "logit_bias" and not value):
-                raise ValueError(
+                raise InvalidRequest(
                     f"Sampling parameter '{name}' is not supported yet "
-                    f"(only the default {neutral!r} is accepted, got {value!r})."
+                    f"(only the default {neutral!r} is accepted, got {value!r}).", name
                 )
 
 
@@ -131,7 +131,7 @@ _UNSUPPORTED_NEUTRAL = {
 
 def _require(ok: bool, field: str, rule: str) -> None:
     if not ok:
-        raise ValueError(f"Sampling parameter '{field}' {rule}.")
+        raise InvalidRequest(f"Sampling parameter '{field}' {rule}.", field)
 
 
 def _is_int(v: Any) -> bool:
@@ -180,7 +180,7 @@ assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SamplingParams)}
 def _check_type(name: str, value: Any) -> Any:
     check, expected, convert = _FIELD_TYPES[name]
     if not check(value):
-        raise ValueError(
-            f"Sampling parameter '{name}' must be {expected}, got {type(value).__name__} {value!r}."
+        raise InvalidRequest(
+            f"Sampling parameter '{name}' must be {expected}, got {type(value).__name__} {value!r}.", name
         )
     return convert(value)

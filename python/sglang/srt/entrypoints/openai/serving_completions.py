@@ -1,0 +1,113 @@
+"""`/v1/completions`: OpenAI's text completion API on the TokenizerManager."""
+
+from __future__ import annotations
+
+from sglang.srt.entrypoints.openai.protocol import (
+    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, CompletionStreamResponse,
+    UsageInfo,
+)
+from sglang.srt.entrypoints.openai.serving_base import (
+    COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, clamp_logprob, native_sampling_params,
+    openai_finish_reason,
+)
+from sglang.srt.errors import InvalidRequest
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions
+
+_PARAM_NAMES = {
+    **COMMON_PARAM_NAMES,
+    "max_new_tokens": "max_tokens",
+    "text": "prompt",
+    "input_ids": "prompt",
+    "top_logprobs_num": "logprobs",
+}
+
+
+class OpenAIServingCompletion(OpenAIServingBase):
+    """`handle_request(CompletionRequest, fastapi.Request)`. A list of prompts gives
+    len(prompts) * n choices, prompt-major, as OpenAI does."""
+
+    id_prefix = "cmpl"
+
+    def build_prompts(self, request: CompletionRequest) -> Prompts:
+        _reject_unsupported(request)
+        prompt = request.prompt
+        if isinstance(prompt, str):
+            return Prompts("text", [prompt])
+        if not prompt:
+            raise InvalidRequest("prompt must not be empty", "prompt")
+        if isinstance(prompt[0], str):
+            return Prompts("text", prompt)
+        if isinstance(prompt[0], int):
+            return Prompts("input_ids", [prompt])
+        return Prompts("input_ids", prompt)
+
+    def sampling_params(self, request: CompletionRequest) -> dict:
+        max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
+        return native_sampling_params(request, max_tokens)
+
+    def param_names(self, request: CompletionRequest) -> dict:
+        return _PARAM_NAMES
+
+    def logprob_kwargs(self, request: CompletionRequest) -> dict:
+        if request.logprobs is None:
+            return {}
+        return {"return_logprob": True, "top_logprobs_num": request.logprobs}
+
+    # ---- responses ------------------------------------------------------------------------
+
+    def full_response(self, ctx: RequestContext, results: list[dict], usage: UsageInfo) -> dict:
+        choices = []
+        for index, result in enumerate(results):
+            logprobs = self._logprobs(ctx, result, 0, 0)[0]
+            choices.append(_choice(index, result["text"], result, logprobs))
+        return CompletionResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices,
+                                  usage=usage).model_dump()
+
+    def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict, token_start: int) -> dict:
+        progress = ctx.progress[index]
+        logprobs, progress.text_offset = self._logprobs(ctx, result, token_start, progress.text_offset)
+        return CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model,
+                                        choices=[_choice(index, delta, result, logprobs)]).model_dump()
+
+    def usage_chunk(self, ctx: RequestContext, usage: UsageInfo) -> dict:
+        return CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[],
+                                        usage=usage).model_dump()
+
+    def _logprobs(self, ctx: RequestContext, result: dict, start: int, text_offset: int):
+        """Logprobs of output tokens [start:], and the text offset after them. Offsets count
+        from the start of the completion (echo is not supported, so the prompt is not in it)."""
+        if ctx.request.logprobs is None:
+            return None, text_offset
+        logprobs = CompletionLogprobs()
+        tops = result.get("output_top_logprobs") or []
+        for position, (logprob, token_id, _) in enumerate(result.get("output_token_logprobs", [])[start:], start):
+            token = self.token_string(token_id)[0]
+            logprobs.tokens.append(token)
+            logprobs.token_logprobs.append(clamp_logprob(logprob))
+            logprobs.text_offset.append(text_offset)
+            top = tops[position] if position < len(tops) else []
+            logprobs.top_logprobs.append(self._top_dict(top, token, logprob))
+            text_offset += len(token)
+        return logprobs, text_offset
+
+    def _top_dict(self, top: list, token: str, logprob: float) -> dict[str, float]:
+        # OpenAI lists the sampled token among the top ones even when it was not among them.
+        entries = {self.token_string(top_id)[0]: clamp_logprob(top_logprob) for top_logprob, top_id, _ in top}
+        entries.setdefault(token, clamp_logprob(logprob))
+        return entries
+
+
+def _choice(index: int, text: str, result: dict, logprobs) -> CompletionChoice:
+    finish_reason, matched = openai_finish_reason(result)
+    return CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish_reason,
+                            matched_stop=matched)
+
+
+def _reject_unsupported(request: CompletionRequest) -> None:
+    if request.echo:
+        raise InvalidRequest("echo is not supported by this server", "echo")
+    if request.suffix:
+        raise InvalidRequest("suffix is not supported by this server", "suffix")
+    if request.best_of is not None and request.best_of != request.num_choices:
+        raise InvalidRequest("best_of is not supported by this server (only best_of == n)", "best_of")
