@@ -50,7 +50,7 @@ class Subprocesses:
         except EOFError:
             raise RuntimeError(f"the scheduler process exited during start-up "
                                f"(exit code {self.scheduler.exitcode}); see its log above") from None
-        if msg["status"] != "ready":
+        if msg.pop("status") != "ready":
             raise RuntimeError(f"the scheduler failed to start: {msg['message']}")
         return msg
 

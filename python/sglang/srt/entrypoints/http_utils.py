@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Awaitable, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ValidationError
 
 from sglang.srt.errors import InvalidRequest
 
@@ -31,6 +32,31 @@ def invalid_request_response(err: InvalidRequest, param_names: Optional[dict] = 
     if param != err.param and err.param:
         message = message.replace(f"'{err.param}'", f"'{param}'").replace(err.param, param)
     return error_response(message, err.status_code, param)
+
+
+async def parse_json_body(raw_request: Request, model_cls: type[BaseModel]) -> BaseModel:
+    """The body as `model_cls`, whatever the Content-Type (curl -d sends form encoding);
+    raises InvalidRequest naming the field at fault."""
+    raw = await raw_request.body()
+    try:
+        data = json.loads(raw) if raw.strip() else None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise InvalidRequest(f"the request body is not valid JSON: {e}", "body") from None
+    if not isinstance(data, dict):
+        raise InvalidRequest("the request body must be a JSON object", "body")
+    try:
+        return model_cls.model_validate(data)
+    except ValidationError as e:
+        raise validation_error_to_invalid_request(e) from None
+
+
+def validation_error_to_invalid_request(exc: ValidationError) -> InvalidRequest:
+    err = exc.errors()[0]
+    loc = [str(part) for part in err.get("loc", ()) if not isinstance(part, int)]
+    # Union members show up in loc as type names; the field is the first element.
+    param = loc[0] if loc else None
+    where = ".".join(str(part) for part in err.get("loc", ())) or "body"
+    return InvalidRequest(f"{where}: {err.get('msg', 'invalid value')}", param)
 
 
 class ClientDisconnected(Exception):

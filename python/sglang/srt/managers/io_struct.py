@@ -62,6 +62,9 @@ class BatchTokenIDOut:
     # Per request, for the new tokens: [(logprob, token_id)] and [[(logprob, token_id)] * top N]; None without logprobs.
     new_token_logprobs: list[Optional[list[tuple[float, int]]]]
     new_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
+    # Wall-clock times (time.time()) of the first prefill admission and the first output token.
+    admit_times: list[Optional[float]]
+    first_token_times: list[Optional[float]]
 
 
 @dataclasses.dataclass
@@ -77,6 +80,8 @@ class BatchStrOut:
     cached_tokens: list[int]
     new_token_logprobs: list[Optional[list[tuple[float, int]]]]
     new_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
+    admit_times: list[Optional[float]]
+    first_token_times: list[Optional[float]]
 
 
 @dataclasses.dataclass

@@ -4,6 +4,7 @@ turned into a ForwardBatch)."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Optional
 
 import torch
@@ -41,6 +42,8 @@ class Req:
         self.cached_tokens = 0  # prompt tokens served from the cache at first admission
         self.extend_len = 0  # tokens this step's forward adds
         self.sent_len = 0  # output tokens already reported to the detokenizer
+        self.admit_time: Optional[float] = None  # wall clock, first admission to a prefill
+        self.first_token_time: Optional[float] = None  # wall clock, first output token
         self.to_abort = False
 
     @property
@@ -59,6 +62,8 @@ class Req:
         return self.kv_len >= self.seq_len - 1 and self.req_pool_idx is not None
 
     def append_token(self, token_id: int) -> None:
+        if not self.output_ids:
+            self.first_token_time = time.time()
         self.output_ids.append(token_id)
         self._check_finished(token_id)
 

@@ -140,6 +140,7 @@ class Scheduler:
             return False
         if not req.output_ids:  # first admission (a retracted request keeps its first count)
             req.cached_tokens = req.cached_len
+            req.admit_time = req.admit_time or time.time()
         adder.available_kv = min(adder.available_kv, self._available_after_admission(adder))
         if not adder.try_add(req):
             self.kv_manager.release(req)
@@ -254,6 +255,8 @@ class Scheduler:
                                 for req in reqs],
             new_top_logprobs=[req.output_top_logprobs[req.sent_len :] if req.top_logprobs_num else None
                               for req in reqs],
+            admit_times=[req.admit_time for req in reqs],
+            first_token_times=[req.first_token_time for req in reqs],
         )
         for req in reqs:
             req.sent_len = len(req.output_ids)

@@ -29,7 +29,8 @@ WATCHDOG_INTERVAL_S = 1.0
 
 @dataclasses.dataclass
 class ReqState:
-    created: float
+    created: float  # perf_counter, for e2e latency
+    created_wall: float = dataclasses.field(default_factory=time.time)  # to compare with scheduler times
     text: str = ""
     output_ids: list[int] = dataclasses.field(default_factory=list)
     meta: dict = dataclasses.field(default_factory=dict)
@@ -56,6 +57,11 @@ class TokenizerManager:
         self.control_ids = itertools.count()
         self.dead_reason: Optional[str] = None
         self.handle_loop_task: Optional[asyncio.Task] = None
+        self.metrics = None
+        if server_args.enable_metrics:
+            from sglang.srt.metrics.collector import MetricsCollector  # only with --enable-metrics
+
+            self.metrics = MetricsCollector(server_args.served_model_name)
 
     # ---- requests ----------------------------------------------------------------------
 
@@ -187,11 +193,15 @@ class TokenizerManager:
 
     # ---- receiving -----------------------------------------------------------------------
 
+    def start(self) -> None:
+        """Start receiving (idempotent); needs a running event loop."""
+        if self.handle_loop_task is None or self.handle_loop_task.done():
+            self.handle_loop_task = asyncio.get_running_loop().create_task(self.handle_loop())
+
     def _ensure_running(self) -> None:
         if self.dead_reason:
             raise RuntimeError(self.dead_reason)
-        if self.handle_loop_task is None or self.handle_loop_task.done():
-            self.handle_loop_task = asyncio.get_running_loop().create_task(self.handle_loop())
+        self.start()
 
     async def handle_loop(self) -> None:
         while not self.dead_reason:
@@ -226,11 +236,24 @@ class TokenizerManager:
                 state.meta.setdefault("output_top_logprobs", []).extend(
                     [(logprob, token_id, None) for logprob, token_id in top] for top in out.new_top_logprobs[i])
             state.finished = out.finished_reasons[i] is not None
+            if state.finished and self.metrics is not None:
+                self._observe(state, out.admit_times[i], out.first_token_times[i])
             state.event.set()
+
+    def _observe(self, state: ReqState, admit_time, first_token_time) -> None:
+        meta = dict(state.meta, e2e_latency=time.perf_counter() - state.created)
+        ttft = None if first_token_time is None else first_token_time - state.created_wall
+        queue = None if admit_time is None else admit_time - state.created_wall
+        self.metrics.observe_finished(meta, ttft, queue)
 
     def _check_children(self) -> None:
         reason = self.children_alive()
-        if reason is None:
+        if reason is not None:
+            self.fail_all(reason)
+
+    def fail_all(self, reason: str) -> None:
+        """The engine is gone: every waiting caller gets `reason` as an error, now and later."""
+        if self.dead_reason:
             return
         self.dead_reason = reason
         logger.error("%s; failing %d pending request(s)", reason, len(self.rid_to_state))

@@ -320,8 +320,9 @@ def usage_of(metas: list[dict], n: int) -> UsageInfo:
 
 
 def native_sampling_params(request, max_new_tokens: Optional[int]) -> dict:
-    """The sampling fields both endpoints share, under their native names; unset ones are left
-    out so the engine's defaults apply."""
+    """The sampling fields both endpoints share, under their native names. Unset ones are left
+    out so the engine's defaults apply, except max_new_tokens: None there means "up to the
+    context length"."""
     params = {
         "max_new_tokens": max_new_tokens, "temperature": request.temperature, "top_p": request.top_p,
         "top_k": request.top_k, "min_p": request.min_p, "stop": request.stop or None,
@@ -331,7 +332,17 @@ def native_sampling_params(request, max_new_tokens: Optional[int]) -> dict:
         "frequency_penalty": request.frequency_penalty, "presence_penalty": request.presence_penalty,
         "repetition_penalty": request.repetition_penalty, "logit_bias": request.logit_bias,
     }
-    return {name: value for name, value in params.items() if value is not None}
+    params = {name: value for name, value in params.items() if value is not None}
+    return {"max_new_tokens": max_new_tokens, **params}
+
+
+def output_logprobs(result: dict) -> tuple[list, list]:
+    """(output_token_logprobs, output_top_logprobs) of a result: [(logprob, token_id, _)] per
+    output token, and a list of such per output token."""
+    meta = result["meta_info"]
+    tokens = meta.get("output_token_logprobs", result.get("output_token_logprobs")) or []
+    tops = meta.get("output_top_logprobs", result.get("output_top_logprobs")) or []
+    return tokens, tops
 
 
 def clamp_logprob(logprob: float) -> float:

@@ -14,7 +14,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 )
 from sglang.srt.entrypoints.openai.serving_base import (
     COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, clamp_logprob, native_sampling_params,
-    openai_finish_reason,
+    openai_finish_reason, output_logprobs,
 )
 from sglang.srt.errors import InvalidRequest
 
@@ -100,9 +100,9 @@ class OpenAIServingChat(OpenAIServingBase):
     def _logprobs(self, ctx: RequestContext, result: dict, start: int):
         if not ctx.request.logprobs:
             return None
-        tops = result.get("output_top_logprobs") or []
+        tokens, tops = output_logprobs(result)
         content = []
-        for position, (logprob, token_id, _) in enumerate(result.get("output_token_logprobs", [])[start:], start):
+        for position, (logprob, token_id, _) in enumerate(tokens[start:], start):
             top = tops[position] if position < len(tops) else []
             content.append(ChatTokenLogprob(**self._entry(logprob, token_id).model_dump(),
                                             top_logprobs=[self._entry(lp, tid) for lp, tid, _ in top]))

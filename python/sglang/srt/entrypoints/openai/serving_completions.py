@@ -8,7 +8,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 )
 from sglang.srt.entrypoints.openai.serving_base import (
     COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, clamp_logprob, native_sampling_params,
-    openai_finish_reason,
+    openai_finish_reason, output_logprobs,
 )
 from sglang.srt.errors import InvalidRequest
 
@@ -80,8 +80,8 @@ class OpenAIServingCompletion(OpenAIServingBase):
         if ctx.request.logprobs is None:
             return None, text_offset
         logprobs = CompletionLogprobs()
-        tops = result.get("output_top_logprobs") or []
-        for position, (logprob, token_id, _) in enumerate(result.get("output_token_logprobs", [])[start:], start):
+        tokens, tops = output_logprobs(result)
+        for position, (logprob, token_id, _) in enumerate(tokens[start:], start):
             token = self.token_string(token_id)[0]
             logprobs.tokens.append(token)
             logprobs.token_logprobs.append(clamp_logprob(logprob))

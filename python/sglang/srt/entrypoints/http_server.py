@@ -1,0 +1,320 @@
+"""The HTTP server: FastAPI routes over the TokenizerManager, native and OpenAI-compatible.
+
+`launch_server` starts the scheduler and detokenizer processes, then serves on uvicorn (uvloop)
+until SIGTERM / Ctrl-C, or until a child process dies (then it exits non-zero).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import sys
+import time
+from contextlib import asynccontextmanager
+from typing import Any, Optional, Union
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict
+
+import sglang
+from sglang.srt.entrypoints.engine import Subprocesses
+from sglang.srt.entrypoints.http_utils import (
+    ClientDisconnected, cancel_on_disconnect, error_response, invalid_request_response, parse_json_body, sse,
+)
+from sglang.srt.errors import InvalidRequest
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+WATCHDOG_INTERVAL_S = 0.5
+EXIT_GRACE_S = 2.0  # after a child dies: time for waiting clients to get their errors
+HEALTH_GENERATE_TIMEOUT_S = 30
+SHUTDOWN_TIMEOUT_S = 5
+READY_MESSAGE = "The server is fired up and ready to roll!"
+# Routes that answer without an API key (probes and scrapers).
+OPEN_ROUTES = {"/health", "/metrics"}
+
+
+class GenerateRequest(BaseModel):
+    """The native /generate body (upstream SGLang's names)."""
+
+    model_config = ConfigDict(extra="ignore")
+    text: Optional[Union[str, list[str]]] = None
+    input_ids: Optional[Union[list[int], list[list[int]]]] = None
+    sampling_params: Optional[Union[dict[str, Any], list[dict[str, Any]]]] = None
+    rid: Optional[Union[str, list[str]]] = None
+    stream: bool = False
+    return_logprob: Union[bool, list[bool]] = False
+    top_logprobs_num: Union[int, list[int]] = 0
+    logprob_start_len: Union[int, list[int]] = -1
+
+
+@dataclasses.dataclass
+class ServerState:
+    server_args: ServerArgs
+    subprocesses: Subprocesses
+    tokenizer_manager: Optional[TokenizerManager] = None
+    ready: bool = False
+    exit_code: int = 0
+    uvicorn_server: Optional[uvicorn.Server] = None
+
+
+def create_app(state: ServerState) -> FastAPI:
+    app = FastAPI(lifespan=_lifespan(state))
+    app.state.server = state
+    _add_error_handlers(app)
+    _add_auth(app, state.server_args.api_key)
+    _add_native_routes(app, state)
+    _add_openai_routes(app, state)
+    return app
+
+
+def _lifespan(state: ServerState):
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        args = state.server_args
+        state.tokenizer_manager = TokenizerManager(args, state.subprocesses.port_args,
+                                                   state.subprocesses.model_info, state.subprocesses.why_dead)
+        state.tokenizer_manager.start()
+        tasks = [asyncio.create_task(_watchdog(state)), asyncio.create_task(_warm_up_then_ready(state))]
+        yield
+        for task in tasks:
+            task.cancel()
+        await state.tokenizer_manager.close()
+
+    return lifespan
+
+
+async def _warm_up_then_ready(state: ServerState) -> None:
+    if not state.server_args.skip_server_warmup:
+        try:
+            await _generate_once(state.tokenizer_manager, max_new_tokens=1)
+        except Exception as e:  # a model that cannot generate one token cannot serve
+            logger.error("warm-up generation failed: %s", e)
+            _exit(state, 1)
+            return
+    state.ready = True
+    logger.info(READY_MESSAGE)
+    print(READY_MESSAGE, flush=True)
+
+
+async def _generate_once(tm: TokenizerManager, max_new_tokens: int) -> dict:
+    obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": max_new_tokens, "temperature": 0})
+    async for out in tm.generate_request(obj):
+        return out
+
+
+async def _watchdog(state: ServerState) -> None:
+    """A dead child makes /health fail at once and the server exit non-zero shortly after."""
+    while True:
+        await asyncio.sleep(WATCHDOG_INTERVAL_S)
+        reason = state.subprocesses.why_dead()
+        if reason is None:
+            continue
+        state.ready = False
+        logger.error("%s; the server exits in %.0f s", reason, EXIT_GRACE_S)
+        state.tokenizer_manager.fail_all(reason)
+        await asyncio.sleep(EXIT_GRACE_S)
+        _exit(state, 1)
+        return
+
+
+def _exit(state: ServerState, code: int) -> None:
+    state.exit_code = code
+    state.ready = False
+    if state.uvicorn_server is not None:
+        state.uvicorn_server.should_exit = True
+
+
+def _add_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        err = exc.errors()[0] if exc.errors() else {}
+        loc = [str(part) for part in err.get("loc", ()) if part != "body"]
+        return error_response(f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid value')}", 400,
+                              loc[0] if loc else None)
+
+    @app.exception_handler(InvalidRequest)
+    async def invalid_request(request: Request, exc: InvalidRequest):
+        return invalid_request_response(exc)
+
+
+def _add_auth(app: FastAPI, api_key: Optional[str]) -> None:
+    if not api_key:
+        return
+
+    @app.middleware("http")
+    async def check_api_key(request: Request, call_next):
+        if request.url.path not in OPEN_ROUTES and request.headers.get("authorization") != f"Bearer {api_key}":
+            return error_response("missing or wrong API key (send 'Authorization: Bearer <key>')", 401)
+        return await call_next(request)
+
+
+def _add_native_routes(app: FastAPI, state: ServerState) -> None:
+    @app.get("/health")
+    async def health():
+        ok = state.ready and state.subprocesses.why_dead() is None
+        return Response(status_code=200 if ok else 503)
+
+    @app.get("/health_generate")
+    async def health_generate():
+        if not state.ready:
+            return Response(status_code=503)
+        try:
+            await asyncio.wait_for(_generate_once(state.tokenizer_manager, 1), HEALTH_GENERATE_TIMEOUT_S)
+        except Exception:
+            return Response(status_code=503)
+        return Response(status_code=200)
+
+    @app.get("/get_model_info")
+    async def get_model_info():
+        args = state.server_args
+        return {"model_path": args.model_path, "tokenizer_path": args.tokenizer_path, "is_generation": True,
+                "served_model_name": args.served_model_name, **state.subprocesses.model_info}
+
+    @app.get("/get_server_info")
+    async def get_server_info():
+        internal = await state.tokenizer_manager.control("get_internal_state")
+        args = dataclasses.asdict(state.server_args)
+        args["api_key"] = None if args["api_key"] is None else "<redacted>"
+        return {**args, **state.subprocesses.model_info, "internal_states": [internal],
+                "scheduler_pid": state.subprocesses.scheduler.pid,
+                "detokenizer_pid": state.subprocesses.detokenizer.pid, "version": sglang.__version__}
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        if await state.tokenizer_manager.control("flush_cache"):
+            return PlainTextResponse("Cache flushed.\n")
+        return error_response("cannot flush the cache while requests are running", 400)
+
+    @app.get("/metrics")
+    async def metrics():
+        tm = state.tokenizer_manager
+        if tm.metrics is None:
+            return error_response("metrics are off; start the server with --enable-metrics", 404)
+        tm.metrics.update_gauges(await tm.control("get_internal_state"))
+        return Response(tm.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+    @app.post("/generate")
+    async def generate(raw_request: Request):
+        body = await parse_json_body(raw_request, GenerateRequest)
+        obj = GenerateReqInput(**body.model_dump())
+        agen = state.tokenizer_manager.generate_request(obj)
+        if obj.stream:
+            return await _stream_native(agen)
+        try:
+            result = await cancel_on_disconnect(_first(agen), raw_request)
+        except ClientDisconnected:
+            return Response(status_code=499)
+        return _native_response(result)
+
+
+async def _first(agen):
+    try:
+        return await agen.__anext__()
+    finally:
+        await agen.aclose()
+
+
+def _native_response(result: Union[dict, list[dict]]) -> Response:
+    results = result if isinstance(result, list) else [result]
+    for r in results:
+        reason = r["meta_info"].get("finish_reason") or {}
+        if reason.get("type") == "abort":
+            return error_response(reason.get("message", "aborted"), reason.get("status_code", 500))
+    return JSONResponse(result)
+
+
+async def _stream_native(agen) -> Response:
+    # Pull the first chunk before answering, so a request refused up front gets its status code.
+    try:
+        first = await agen.__anext__()
+    except InvalidRequest:
+        await agen.aclose()
+        raise
+
+    async def events():
+        try:
+            chunk = first
+            while True:
+                yield sse(chunk)
+                chunk = await agen.__anext__()
+        except StopAsyncIteration:
+            yield sse("[DONE]")
+        except Exception as e:  # the engine went away mid-stream
+            yield sse({"error": {"message": str(e), "type": "internal_server_error", "param": None, "code": 500}})
+            yield sse("[DONE]")
+        finally:
+            await agen.aclose()
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+    from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+
+    @app.get("/v1/models")
+    async def models():
+        card = {"id": state.server_args.served_model_name, "object": "model", "created": int(time.time()),
+                "owned_by": "sglang", "root": state.server_args.model_path,
+                "max_model_len": state.subprocesses.model_info["context_len"]}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/completions")
+    async def completions(raw_request: Request):
+        request = await parse_json_body(raw_request, CompletionRequest)
+        return await OpenAIServingCompletion(state.tokenizer_manager).handle_request(request, raw_request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(raw_request: Request):
+        request = await parse_json_body(raw_request, ChatCompletionRequest)
+        return await OpenAIServingChat(state.tokenizer_manager).handle_request(request, raw_request)
+
+
+def launch_server(server_args: ServerArgs) -> int:
+    """Runs the server until it is stopped; returns the process exit code."""
+    subprocesses = Subprocesses(server_args)
+    state = ServerState(server_args, subprocesses)
+    try:
+        config = uvicorn.Config(
+            create_app(state), host=server_args.host, port=server_args.port, loop=_event_loop(),
+            log_level=server_args.log_level, timeout_keep_alive=5,
+            timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S,
+        )
+        state.uvicorn_server = uvicorn.Server(config)
+        state.uvicorn_server.run()
+        if not state.uvicorn_server.started and state.exit_code == 0:
+            state.exit_code = 1  # e.g. the port was taken
+    finally:
+        subprocesses.shutdown()
+    return state.exit_code
+
+
+def _event_loop() -> str:
+    try:
+        import uvloop  # noqa: F401
+
+        return "uvloop"
+    except ImportError:
+        return "asyncio"
+
+
+def main(argv: list[str]) -> None:
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import configure_logger
+
+    server_args = prepare_server_args(argv)
+    configure_logger(server_args.log_level)
+    try:
+        code = launch_server(server_args)
+    except RuntimeError as e:  # start-up failures carry their reason
+        logger.error("%s", e)
+        code = 1
+    sys.exit(code)

@@ -1,0 +1,77 @@
+"""Prometheus metrics of the HTTP process, under upstream's `sglang:` names.
+
+Request counters and latency histograms are observed when a request finishes; gauges
+(running / queued requests, KV usage, throughput) are read from the scheduler at scrape time.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 20, 50, 100, 300)
+_ITL_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5)
+
+
+class MetricsCollector:
+    def __init__(self, model_name: str):
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        self.model_name = model_name
+        r = self.registry
+
+        def counter(name, doc):
+            return Counter(f"sglang:{name}", doc, labels, registry=r).labels(model_name)
+
+        def gauge(name, doc):
+            return Gauge(f"sglang:{name}", doc, labels, registry=r).labels(model_name)
+
+        def histogram(name, doc, buckets):
+            return Histogram(f"sglang:{name}", doc, labels, buckets=buckets, registry=r).labels(model_name)
+
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed.")
+        self.generation_tokens = counter("generation_tokens", "Tokens generated.")
+        self.num_requests = counter("num_requests", "Requests finished (any finish reason).")
+        self.time_to_first_token = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
+        self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between output tokens.",
+                                             _ITL_BUCKETS)
+        self.e2e_request_latency = histogram("e2e_request_latency_seconds", "Request latency.", _LATENCY_BUCKETS)
+        self.queue_time = histogram("queue_time_seconds", "Time waiting before the first prefill.",
+                                    _LATENCY_BUCKETS)
+        self.num_running_reqs = gauge("num_running_reqs", "Requests in the running batch.")
+        self.num_queue_reqs = gauge("num_queue_reqs", "Requests waiting to be scheduled.")
+        self.token_usage = gauge("token_usage", "Share of KV slots in use (requests and cache).")
+        self.gen_throughput = gauge("gen_throughput", "Generation throughput of the last step (token/s).")
+        self.cache_hit_rate = gauge("cache_hit_rate", "Share of prompt tokens served from the prefix cache.")
+        self._prompt_total = 0
+        self._cached_total = 0
+
+    def observe_finished(self, meta: dict, ttft: float | None, queue_time: float | None) -> None:
+        prompt, completion = meta.get("prompt_tokens", 0), meta.get("completion_tokens", 0)
+        e2e = meta.get("e2e_latency", 0.0)
+        self.num_requests.inc()
+        self.prompt_tokens.inc(prompt)
+        self.generation_tokens.inc(completion)
+        self.e2e_request_latency.observe(e2e)
+        self._prompt_total += prompt
+        self._cached_total += meta.get("cached_tokens", 0)
+        if queue_time is not None:
+            self.queue_time.observe(queue_time)
+        if ttft is None:
+            return
+        self.time_to_first_token.observe(ttft)
+        # One observation per gap between output tokens, each the request's mean gap.
+        if completion > 1:
+            gap = max(e2e - ttft, 0.0) / (completion - 1)
+            for _ in range(completion - 1):
+                self.inter_token_latency.observe(gap)
+
+    def update_gauges(self, state: dict) -> None:
+        self.num_running_reqs.set(state["num_running_reqs"])
+        self.num_queue_reqs.set(state["num_queue_reqs"])
+        self.token_usage.set(state["token_usage"])
+        self.gen_throughput.set(state["last_step_throughput"])
+        if self._prompt_total:
+            self.cache_hit_rate.set(self._cached_total / self._prompt_total)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

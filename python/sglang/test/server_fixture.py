@@ -1,0 +1,59 @@
+"""Start a real `python -m sglang.launch_server` process on loopback for tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    def __init__(self, model_path: str, *extra_args: str, startup_timeout: float = 120):
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--device", "cpu",
+               "--dtype", "float32", "--port", str(self.port), "--log-level", "warning", *extra_args]
+        # Own process group, so a test can check that nothing outlives the server.
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        self._wait_ready(startup_timeout)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.proc.stdout.read()}")
+            try:
+                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise TimeoutError(f"the server was not ready within {timeout} s")
+
+    def children_pids(self) -> list[int]:
+        """Every process of the server's process group except the server itself."""
+        out = subprocess.run(["ps", "-o", "pid=", "-g", str(self.proc.pid)], capture_output=True, text=True)
+        return [int(p) for p in out.stdout.split() if int(p) != self.proc.pid]
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode

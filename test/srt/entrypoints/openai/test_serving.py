@@ -1,0 +1,482 @@
+"""The OpenAI serving classes driven with a scripted TokenizerManager (a real tokenizer, results
+shaped like the engine's): the JSON and SSE bytes they produce, error mapping, and that every
+engine request is closed (so aborted) when the client goes away."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Optional
+
+import pytest
+from fastapi.responses import StreamingResponse
+
+from sglang.srt.entrypoints import http_utils
+from sglang.srt.entrypoints.openai import OpenAIServingChat, OpenAIServingCompletion
+from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from sglang.srt.errors import InvalidRequest
+from sglang.test.tiny_models import build_tokenizer
+
+MODEL = "tiny-model"
+MODEL_PATH = "/models/tiny-model"
+TEXTS = ["Hello, world! How are you today?", "The quick brown fox jumps", "def add(a, b):"]
+MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
+TOKENIZER = build_tokenizer()
+
+
+class FakeTokenizerManager:
+    """Answers generate_request like the real one: sample k (counted over all calls, prompt-major)
+    writes TEXTS[k % len(TEXTS)]; streaming yields the result after every token."""
+
+    def __init__(self, finish: Optional[dict] = None, fail: Optional[Exception] = None,
+                 fail_after: Optional[int] = None, hang_after: Optional[int] = None):
+        self.tokenizer = TOKENIZER
+        self.context_len = 1024
+        self.server_args = SimpleNamespace(served_model_name=MODEL, model_path=MODEL_PATH)
+        self.finish, self.fail, self.fail_after, self.hang_after = finish, fail, fail_after, hang_after
+        self.calls = []  # GenerateReqInput, in call order
+        self.closed = []  # per call: whether its generator has finished or been closed
+        self.num_samples = 0
+
+    def generate_request(self, obj):
+        self.calls.append(obj)
+        self.closed.append(False)
+        prompts = obj.text if obj.text is not None else obj.input_ids
+        batch = isinstance(prompts, list) and bool(prompts) and isinstance(prompts[0], (str, list))
+        prompts = prompts if batch else [prompts]
+        n = obj.sampling_params.get("n", 1)
+        samples = [(prompt, self._next_text()) for prompt in prompts for _ in range(n)]
+        return self._run(len(self.calls) - 1, obj, samples, batch or n > 1)
+
+    def _next_text(self) -> str:
+        self.num_samples += 1
+        return TEXTS[(self.num_samples - 1) % len(TEXTS)]
+
+    async def _run(self, call: int, obj, samples, as_list: bool):
+        try:
+            if self.fail is not None and self.fail_after is None:
+                raise self.fail
+            if obj.stream:
+                prompt, text = samples[0]
+                ids = TOKENIZER.encode(text)
+                for num_tokens in range(1, len(ids) + 1):
+                    await self._maybe_stop(num_tokens)
+                    yield self._result(obj, prompt, ids[:num_tokens], num_tokens == len(ids))
+            else:
+                results = [self._result(obj, prompt, TOKENIZER.encode(text), True) for prompt, text in samples]
+                yield results if as_list else results[0]
+        finally:
+            self.closed[call] = True
+
+    async def _maybe_stop(self, num_tokens: int) -> None:
+        if self.hang_after is not None and num_tokens > self.hang_after:
+            await asyncio.Event().wait()
+        if self.fail_after is not None and num_tokens > self.fail_after:
+            raise self.fail
+        await asyncio.sleep(0)  # let other streams interleave
+
+    def _result(self, obj, prompt, ids: list[int], finished: bool) -> dict:
+        prompt_tokens = len(prompt) if isinstance(prompt, list) else len(TOKENIZER.encode(prompt))
+        finish = (self.finish or {"type": "length", "length": len(ids)}) if finished else None
+        meta = {"id": "rid", "finish_reason": finish, "prompt_tokens": prompt_tokens,
+                "completion_tokens": len(ids), "cached_tokens": 2, "e2e_latency": 0.1}
+        if getattr(obj, "return_logprob", False):
+            meta["output_token_logprobs"] = [(-0.25 * (i + 1), t, None) for i, t in enumerate(ids)]
+            meta["output_top_logprobs"] = [
+                [(-0.25 * (i + 1), t, None), (float("-inf"), (t + 1) % 300, None)][:obj.top_logprobs_num]
+                for i, t in enumerate(ids)
+            ]
+        return {"text": TOKENIZER.decode(ids), "output_ids": list(ids), "meta_info": meta}
+
+
+class FakeRawRequest:
+    def __init__(self, disconnected: bool = False):
+        self.disconnected = disconnected
+
+    async def is_disconnected(self) -> bool:
+        return self.disconnected
+
+
+def parse_sse(body: bytes) -> list:
+    events = []
+    for block in body.decode().split("\n\n"):
+        if block:
+            assert block.startswith("data: "), block
+            payload = block[len("data: "):]
+            events.append(payload if payload == "[DONE]" else json.loads(payload))
+    return events
+
+
+async def _call(serving, request, raw_request):
+    response = await serving.handle_request(request, raw_request)
+    if isinstance(response, StreamingResponse):
+        assert response.media_type == "text/event-stream"
+        return response.status_code, parse_sse(b"".join([chunk async for chunk in response.body_iterator]))
+    return response.status_code, json.loads(response.body) if response.body else None
+
+
+def call(serving, request, raw_request=None):
+    return asyncio.run(_call(serving, request, raw_request or FakeRawRequest()))
+
+
+def completion(tm=None, **body):
+    tm = tm or FakeTokenizerManager()
+    return (tm, *call(OpenAIServingCompletion(tm), CompletionRequest(**{"model": MODEL, "prompt": "Hi", **body})))
+
+
+def chat(tm=None, **body):
+    tm = tm or FakeTokenizerManager()
+    return (tm, *call(OpenAIServingChat(tm), ChatCompletionRequest(**{"model": MODEL, "messages": MESSAGES, **body})))
+
+
+def chunks_of(events: list) -> list[dict]:
+    assert events[-1] == "[DONE]" and "[DONE]" not in events[:-1]
+    return events[:-1]
+
+
+def streamed_texts(events: list, key: str) -> dict[int, str]:
+    texts: dict[int, str] = {}
+    for chunk in chunks_of(events):
+        for choice in chunk["choices"]:
+            piece = choice["text"] if key == "text" else choice["delta"].get("content") or ""
+            texts[choice["index"]] = texts.get(choice["index"], "") + piece
+    return texts
+
+
+# ---- whole responses -------------------------------------------------------------------------
+
+
+def test_completion_n2_has_two_choices_and_counts_the_prompt_once():
+    tm, status, body = completion(n=2, seed=7)
+    assert status == 200 and body["object"] == "text_completion" and body["model"] == MODEL
+    assert [c["index"] for c in body["choices"]] == [0, 1]
+    assert [c["text"] for c in body["choices"]] == TEXTS[:2]
+    prompt_tokens = len(TOKENIZER.encode("Hi"))
+    completion_tokens = sum(len(TOKENIZER.encode(t)) for t in TEXTS[:2])
+    assert body["usage"]["prompt_tokens"] == prompt_tokens
+    assert body["usage"]["completion_tokens"] == completion_tokens
+    assert body["usage"]["total_tokens"] == prompt_tokens + completion_tokens
+    params = tm.calls[0].sampling_params
+    assert (params["n"], params["sampling_seed"], params["max_new_tokens"]) == (2, 7, 16)
+
+
+def test_completion_of_a_prompt_list_is_prompt_major():
+    tm, status, body = completion(prompt=["Hi", "Hello there"], n=2)
+    assert status == 200 and len(tm.calls) == 1 and tm.calls[0].text == ["Hi", "Hello there"]
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    assert body["usage"]["prompt_tokens"] == len(TOKENIZER.encode("Hi")) + len(TOKENIZER.encode("Hello there"))
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 4
+
+
+@pytest.mark.parametrize("prompt, field, sent", [
+    ([5, 6, 7], "input_ids", [5, 6, 7]), ([[5, 6], [7]], "input_ids", [[5, 6], [7]]), ("Hi", "text", "Hi"),
+])
+def test_completion_prompt_shapes_reach_the_engine(prompt, field, sent):
+    tm, status, _ = completion(prompt=prompt)
+    assert status == 200 and getattr(tm.calls[0], field) == sent
+
+
+def test_completion_maps_sampling_fields_to_native_names():
+    tm, status, _ = completion(max_tokens=5, temperature=0.5, top_p=0.9, top_k=3, min_p=0.1, stop=["\n"],
+                               stop_token_ids=[1], ignore_eos=True, min_tokens=2, no_stop_trim=True,
+                               skip_special_tokens=False)
+    assert status == 200
+    assert tm.calls[0].sampling_params == {
+        "max_new_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 3, "min_p": 0.1, "stop": ["\n"],
+        "stop_token_ids": [1], "ignore_eos": True, "min_new_tokens": 2, "n": 1,
+        "skip_special_tokens": False, "no_stop_trim": True,
+    }
+
+
+def test_chat_sends_the_template_token_ids_and_no_text():
+    tm, status, body = chat()
+    expected = TOKENIZER.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert status == 200 and tm.calls[0].text is None and tm.calls[0].input_ids == expected
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": TEXTS[0]}
+    assert body["usage"]["prompt_tokens"] == len(expected)
+
+
+def test_chat_without_max_tokens_asks_for_up_to_the_context():
+    tm, _, _ = chat()
+    assert "max_new_tokens" in tm.calls[0].sampling_params and tm.calls[0].sampling_params["max_new_tokens"] is None
+    tm, _, _ = chat(max_tokens=9)
+    assert tm.calls[0].sampling_params["max_new_tokens"] == 9
+
+
+@pytest.mark.parametrize("finish, reason, matched", [
+    ({"type": "length", "length": 3}, "length", None),
+    ({"type": "stop", "matched": 0}, "stop", 0),
+    ({"type": "stop", "matched": "\n"}, "stop", "\n"),
+])
+def test_finish_reason_maps_to_openai(finish, reason, matched):
+    _, _, body = completion(tm=FakeTokenizerManager(finish=finish))
+    assert (body["choices"][0]["finish_reason"], body["choices"][0]["matched_stop"]) == (reason, matched)
+    _, _, body = chat(tm=FakeTokenizerManager(finish=finish))
+    assert body["choices"][0]["finish_reason"] == reason
+
+
+# ---- streaming -------------------------------------------------------------------------------
+
+
+def test_completion_stream_deltas_concatenate_to_the_full_text():
+    tm, status, events = completion(stream=True)
+    chunks = chunks_of(events)
+    assert status == 200 and streamed_texts(events, "text") == {0: TEXTS[0]}
+    assert len(chunks) > 3 and all(c["object"] == "text_completion" for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    assert [c["choices"][0]["finish_reason"] for c in chunks].count("length") == 1
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert all(c["usage"] is None for c in chunks)
+    assert tm.calls[0].stream and tm.closed == [True]
+
+
+def test_include_usage_adds_a_last_chunk_without_choices():
+    _, _, events = completion(stream=True, n=2, stream_options={"include_usage": True})
+    chunks = chunks_of(events)
+    usage_chunk = chunks[-1]
+    assert usage_chunk["choices"] == [] and all(c["usage"] is None for c in chunks[:-1])
+    assert usage_chunk["usage"]["prompt_tokens"] == len(TOKENIZER.encode("Hi"))
+    assert usage_chunk["usage"]["completion_tokens"] == sum(len(TOKENIZER.encode(t)) for t in TEXTS[:2])
+
+
+def test_chat_stream_starts_with_the_role_and_ends_with_done():
+    _, status, events = chat(stream=True)
+    chunks = chunks_of(events)
+    assert status == 200 and all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert all("role" not in c["choices"][0]["delta"] for c in chunks[1:])
+    assert streamed_texts(events, "delta") == {0: TEXTS[0]}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+
+
+def test_chat_stream_n3_runs_three_requests_and_interleaves_their_choices():
+    tm, status, events = chat(stream=True, n=3, seed=10, stream_options={"include_usage": True})
+    assert status == 200 and len(tm.calls) == 3
+    assert [c.sampling_params["sampling_seed"] for c in tm.calls] == [10, 11, 12]
+    assert all(c.sampling_params["n"] == 1 and c.stream for c in tm.calls)
+    assert streamed_texts(events, "delta") == {j: TEXTS[j] for j in range(3)}
+    chunks = chunks_of(events)
+    indexes = [c["choices"][0]["index"] for c in chunks if c["choices"]]
+    assert indexes[:3] == [0, 1, 2]  # one role chunk per choice first
+    assert indexes != sorted(indexes), "the choices should be interleaved as they arrive"
+    finishes = [c["choices"][0]["index"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert sorted(finishes) == [0, 1, 2]
+    assert chunks[-1]["usage"]["completion_tokens"] == sum(len(TOKENIZER.encode(t)) for t in TEXTS)
+    assert tm.closed == [True, True, True]
+
+
+def test_stream_n2_without_seed_leaves_the_seed_unset():
+    tm, _, _ = completion(stream=True, n=2)
+    assert all("sampling_seed" not in c.sampling_params for c in tm.calls)
+
+
+def test_completion_stream_of_two_prompts_numbers_choices_prompt_major():
+    tm, _, events = completion(stream=True, prompt=["Hi", "Hello there"], n=2)
+    assert [c.text for c in tm.calls] == ["Hi", "Hi", "Hello there", "Hello there"]
+    assert streamed_texts(events, "text") == {0: TEXTS[0], 1: TEXTS[1], 2: TEXTS[2], 3: TEXTS[0]}
+
+
+def test_closing_the_stream_closes_every_engine_request():
+    tm = FakeTokenizerManager(hang_after=2)
+
+    async def read_a_little_then_leave():
+        request = ChatCompletionRequest(model=MODEL, messages=MESSAGES, stream=True, n=3)
+        response = await OpenAIServingChat(tm).handle_request(request, FakeRawRequest())
+        iterator = response.body_iterator
+        for _ in range(5):
+            await iterator.__anext__()
+        assert tm.closed == [False, False, False]
+        await iterator.aclose()
+
+    asyncio.run(read_a_little_then_leave())
+    assert tm.closed == [True, True, True]
+
+
+def test_disconnect_before_the_first_token_closes_the_requests(monkeypatch):
+    monkeypatch.setattr(http_utils, "DISCONNECT_POLL_S", 0.01)
+    tm = FakeTokenizerManager(hang_after=0)
+    status, _ = call(OpenAIServingCompletion(tm), CompletionRequest(prompt="Hi", stream=True, n=2),
+                     FakeRawRequest(disconnected=True))
+    assert status == 499 and tm.closed == [True, True]
+
+
+def test_disconnect_while_waiting_for_a_whole_response_closes_the_request(monkeypatch):
+    monkeypatch.setattr(http_utils, "DISCONNECT_POLL_S", 0.01)
+
+    class Hanging(FakeTokenizerManager):
+        async def _run(self, call, obj, samples, as_list):
+            try:
+                await asyncio.Event().wait()
+                yield None
+            finally:
+                self.closed[call] = True
+
+    tm = Hanging()
+    status, _ = call(OpenAIServingChat(tm), ChatCompletionRequest(messages=MESSAGES), FakeRawRequest(disconnected=True))
+    assert status == 499 and tm.closed == [True]
+
+
+# ---- logprobs --------------------------------------------------------------------------------
+
+
+def test_completion_logprobs_format():
+    tm, _, body = completion(logprobs=2)
+    assert tm.calls[0].return_logprob and tm.calls[0].top_logprobs_num == 2
+    logprobs = body["choices"][0]["logprobs"]
+    ids = TOKENIZER.encode(TEXTS[0])
+    assert logprobs["tokens"] == [TOKENIZER.decode([t]) for t in ids]
+    assert "".join(logprobs["tokens"]) == TEXTS[0]
+    assert logprobs["token_logprobs"] == [-0.25 * (i + 1) for i in range(len(ids))]
+    assert logprobs["text_offset"][0] == 0
+    assert logprobs["text_offset"][1:] == [sum(len(t) for t in logprobs["tokens"][:i]) for i in range(1, len(ids))]
+    first_top = logprobs["top_logprobs"][0]
+    assert first_top[logprobs["tokens"][0]] == -0.25 and len(first_top) == 2
+    assert min(first_top.values()) == -9999.0  # -inf clamped, so the JSON stays valid
+
+
+def test_completion_logprobs_zero_still_lists_the_sampled_token():
+    tm, _, body = completion(logprobs=0)
+    assert tm.calls[0].top_logprobs_num == 0
+    logprobs = body["choices"][0]["logprobs"]
+    assert logprobs["top_logprobs"][0] == {logprobs["tokens"][0]: -0.25}
+
+
+def test_streamed_completion_logprobs_equal_the_whole_ones():
+    _, _, whole = completion(logprobs=1)
+    _, _, events = completion(logprobs=1, stream=True)
+    merged = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for chunk in chunks_of(events):
+        for key in merged:
+            merged[key] += chunk["choices"][0]["logprobs"][key]
+    assert merged == whole["choices"][0]["logprobs"]
+
+
+def test_chat_logprobs_format():
+    tm, _, body = chat(logprobs=True, top_logprobs=2)
+    assert tm.calls[0].return_logprob and tm.calls[0].top_logprobs_num == 2
+    content = body["choices"][0]["logprobs"]["content"]
+    ids = TOKENIZER.encode(TEXTS[0])
+    assert [entry["token"] for entry in content] == [TOKENIZER.decode([t]) for t in ids]
+    assert all(bytes(entry["bytes"]).decode() == entry["token"] for entry in content)
+    assert content[0]["logprob"] == -0.25
+    assert [len(entry["top_logprobs"]) for entry in content] == [2] * len(ids)
+    assert set(content[0]["top_logprobs"][0]) == {"token", "logprob", "bytes"}
+
+
+def test_chat_logprobs_without_top_logprobs_asks_for_none():
+    tm, _, body = chat(logprobs=True)
+    assert tm.calls[0].top_logprobs_num == 0
+    assert body["choices"][0]["logprobs"]["content"][0]["top_logprobs"] == []
+    _, _, body = chat()
+    assert body["choices"][0]["logprobs"] is None
+
+
+def test_streamed_chat_logprobs_cover_every_token_once():
+    _, _, events = chat(logprobs=True, stream=True)
+    entries = [e for c in chunks_of(events) for e in (c["choices"][0]["logprobs"] or {}).get("content") or []]
+    assert [e["token"] for e in entries] == [TOKENIZER.decode([t]) for t in TOKENIZER.encode(TEXTS[0])]
+
+
+def test_a_token_that_is_part_of_a_character_shows_its_bytes():
+    serving = OpenAIServingChat(FakeTokenizerManager())
+    ids = TOKENIZER.encode("é")
+    assert len(ids) == 2, "the tiny tokenizer splits é into its two bytes"
+    strings = [serving.token_string(t) for t in ids]
+    assert [s[0] for s in strings] == ["bytes:\\xc3", "bytes:\\xa9"]
+    assert bytes(strings[0][1] + strings[1][1]).decode() == "é"
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+
+def test_unknown_model_is_a_400_naming_model():
+    tm, status, body = completion(model="gpt-4")
+    assert status == 400 and body["error"]["param"] == "model" and "gpt-4" in body["error"]["message"]
+    assert tm.calls == []
+    _, status, body = chat(model="gpt-4", stream=True)
+    assert status == 400 and body["error"]["param"] == "model"
+
+
+def test_model_path_and_missing_model_are_accepted():
+    assert completion(model=MODEL_PATH)[1] == 200
+    assert completion(model=None)[1] == 200
+
+
+@pytest.mark.parametrize("native, completion_name, chat_name", [
+    ("max_new_tokens", "max_tokens", "max_completion_tokens"),
+    ("sampling_seed", "seed", "seed"),
+    ("text", "prompt", "messages"),
+    ("input_ids", "prompt", "messages"),
+    ("min_new_tokens", "min_tokens", "min_tokens"),
+    ("top_logprobs_num", "logprobs", "top_logprobs"),
+])
+@pytest.mark.parametrize("stream", [False, True])
+def test_engine_errors_name_the_openai_field(native, completion_name, chat_name, stream):
+    fail = InvalidRequest(f"Sampling parameter '{native}' is out of range.", native)
+    _, status, body = completion(tm=FakeTokenizerManager(fail=fail), stream=stream)
+    assert status == 400 and body["error"]["param"] == completion_name
+    assert f"'{completion_name}'" in body["error"]["message"]
+    _, status, body = chat(tm=FakeTokenizerManager(fail=fail), stream=stream, max_completion_tokens=4)
+    assert status == 400 and body["error"]["param"] == chat_name
+
+
+def test_chat_error_uses_max_tokens_when_the_client_sent_that():
+    fail = InvalidRequest("too long", "max_new_tokens")
+    _, status, body = chat(tm=FakeTokenizerManager(fail=fail), max_tokens=4000)
+    assert status == 400 and body["error"]["param"] == "max_tokens"
+
+
+def test_overload_keeps_its_status():
+    fail = InvalidRequest("the server is overloaded", None, status_code=503)
+    _, status, body = completion(tm=FakeTokenizerManager(fail=fail))
+    assert status == 503 and body["error"]["code"] == 503
+
+
+def test_abort_becomes_an_error_status():
+    abort = {"type": "abort", "message": "aborted by the server", "status_code": 500}
+    _, status, body = completion(tm=FakeTokenizerManager(finish=abort), n=2)
+    assert status == 500 and body["error"]["message"] == "aborted by the server"
+    _, status, body = chat(tm=FakeTokenizerManager(finish=abort))
+    assert status == 500
+
+
+def test_abort_mid_stream_becomes_an_error_event_then_done():
+    abort = {"type": "abort", "message": "evicted", "status_code": 503}
+    tm, status, events = completion(tm=FakeTokenizerManager(finish=abort), stream=True, n=2)
+    chunks = chunks_of(events)
+    assert status == 200 and chunks[-1]["error"]["message"] == "evicted" and chunks[-1]["error"]["code"] == 503
+    assert tm.closed == [True, True]
+
+
+def test_engine_failure_mid_stream_becomes_an_error_event_then_done():
+    tm = FakeTokenizerManager(fail=RuntimeError("the scheduler process died"), fail_after=2)
+    _, status, events = chat(tm=tm, stream=True, n=2)
+    chunks = chunks_of(events)
+    assert status == 200 and "scheduler process died" in chunks[-1]["error"]["message"]
+    assert chunks[-1]["error"]["code"] == 500 and tm.closed == [True, True]
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"), ({"best_of": 3}, "best_of"), ({"prompt": []}, "prompt"),
+])
+def test_unsupported_completion_options_are_a_400(body, param):
+    tm, status, response = completion(**body)
+    assert status == 400 and response["error"]["param"] == param and tm.calls == []
+
+
+def test_chat_without_a_chat_template_is_a_400():
+    tm = FakeTokenizerManager()
+    tm.tokenizer = build_tokenizer()
+    tm.tokenizer.chat_template = None
+    _, status, body = chat(tm=tm)
+    assert status == 400 and body["error"]["param"] == "messages" and "chat template" in body["error"]["message"]
+
+
+def test_a_template_that_raises_is_a_400_naming_messages():
+    tm = FakeTokenizerManager()
+    tm.tokenizer = build_tokenizer()
+    tm.tokenizer.chat_template = "{{ raise_exception('roles must alternate') }}"
+    _, status, body = chat(tm=tm)
+    assert status == 400 and body["error"]["param"] == "messages" and "roles must alternate" in body["error"]["message"]
