@@ -7,6 +7,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -24,9 +25,12 @@ class ServerProcess:
         self.base_url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--device", "cpu",
                "--dtype", "float32", "--port", str(self.port), "--log-level", "warning", *extra_args]
+        # A private TMPDIR shows what the server leaves behind (its IPC socket directory).
+        self.tmpdir = tempfile.mkdtemp(prefix="sglang-test-server-")
+        env = dict(os.environ, TMPDIR=self.tmpdir)
         # Own process group, so a test can check that nothing outlives the server.
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
         self._wait_ready(startup_timeout)
 
     def _wait_ready(self, timeout: float) -> None:
@@ -44,9 +48,25 @@ class ServerProcess:
         raise TimeoutError(f"the server was not ready within {timeout} s")
 
     def children_pids(self) -> list[int]:
-        """Every process of the server's process group except the server itself."""
-        out = subprocess.run(["ps", "-o", "pid=", "-g", str(self.proc.pid)], capture_output=True, text=True)
-        return [int(p) for p in out.stdout.split() if int(p) != self.proc.pid]
+        """Every live process of the server's process group except the server itself."""
+        out = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(self.proc.pid)], capture_output=True, text=True)
+        rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
+        return [int(pid) for pid, stat in rows if int(pid) != self.proc.pid and not stat.startswith("Z")]
+
+    def wait_children_gone(self, timeout: float = 5) -> list[str]:
+        """Waits for the server's process group to empty; returns the command lines left."""
+        deadline = time.monotonic() + timeout
+        while self.children_pids() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = self.children_pids()
+        if not left:
+            return []
+        out = subprocess.run(["ps", "-o", "pid=,args=", "-p", ",".join(map(str, left))],
+                             capture_output=True, text=True)
+        return out.stdout.splitlines()
+
+    def leftover_files(self) -> list[str]:
+        return os.listdir(self.tmpdir)
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
         if self.proc.poll() is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import signal
 import sys
 import time
 from contextlib import asynccontextmanager
@@ -267,15 +268,22 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
                 "max_model_len": state.subprocesses.model_info["context_len"]}
         return {"object": "list", "data": [card]}
 
+    serving = {}  # built on first use: the tokenizer manager exists only once the app runs
+
+    def handler(cls):
+        if cls not in serving:
+            serving[cls] = cls(state.tokenizer_manager)
+        return serving[cls]
+
     @app.post("/v1/completions")
     async def completions(raw_request: Request):
         request = await parse_json_body(raw_request, CompletionRequest)
-        return await OpenAIServingCompletion(state.tokenizer_manager).handle_request(request, raw_request)
+        return await handler(OpenAIServingCompletion).handle_request(request, raw_request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw_request: Request):
         request = await parse_json_body(raw_request, ChatCompletionRequest)
-        return await OpenAIServingChat(state.tokenizer_manager).handle_request(request, raw_request)
+        return await handler(OpenAIServingChat).handle_request(request, raw_request)
 
 
 def launch_server(server_args: ServerArgs) -> int:
@@ -289,12 +297,21 @@ def launch_server(server_args: ServerArgs) -> int:
             timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S,
         )
         state.uvicorn_server = uvicorn.Server(config)
-        state.uvicorn_server.run()
+        try:
+            state.uvicorn_server.run()
+        except SystemExit:  # uvicorn re-raises the stop signal after its graceful shutdown
+            pass
         if not state.uvicorn_server.started and state.exit_code == 0:
             state.exit_code = 1  # e.g. the port was taken
     finally:
         subprocesses.shutdown()
     return state.exit_code
+
+
+def _stop_on_signal(signum, frame) -> None:
+    # SystemExit unwinds through `finally`, so the child processes and sockets are cleaned up
+    # whether the signal comes during start-up or after uvicorn's own shutdown.
+    raise SystemExit(0)
 
 
 def _event_loop() -> str:
@@ -312,6 +329,8 @@ def main(argv: list[str]) -> None:
 
     server_args = prepare_server_args(argv)
     configure_logger(server_args.log_level)
+    signal.signal(signal.SIGTERM, _stop_on_signal)
+    signal.signal(signal.SIGINT, _stop_on_signal)
     try:
         code = launch_server(server_args)
     except RuntimeError as e:  # start-up failures carry their reason

@@ -30,8 +30,9 @@ class FakeTokenizerManager:
     writes TEXTS[k % len(TEXTS)]; streaming yields the result after every token."""
 
     def __init__(self, finish: Optional[dict] = None, fail: Optional[Exception] = None,
-                 fail_after: Optional[int] = None, hang_after: Optional[int] = None):
+                 fail_after: Optional[int] = None, hang_after: Optional[int] = None, texts=TEXTS):
         self.tokenizer = TOKENIZER
+        self.texts = texts
         self.context_len = 1024
         self.server_args = SimpleNamespace(served_model_name=MODEL, model_path=MODEL_PATH)
         self.finish, self.fail, self.fail_after, self.hang_after = finish, fail, fail_after, hang_after
@@ -51,7 +52,7 @@ class FakeTokenizerManager:
 
     def _next_text(self) -> str:
         self.num_samples += 1
-        return TEXTS[(self.num_samples - 1) % len(TEXTS)]
+        return self.texts[(self.num_samples - 1) % len(self.texts)]
 
     async def _run(self, call: int, obj, samples, as_list: bool):
         try:
@@ -336,6 +337,18 @@ def test_completion_logprobs_format():
     assert min(first_top.values()) == -9999.0  # -inf clamped, so the JSON stays valid
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_text_offsets_point_into_the_text_when_a_character_spans_tokens(stream):
+    text = "café au lait"
+    _, _, body = completion(tm=FakeTokenizerManager(texts=[text]), logprobs=0, stream=stream)
+    chunks = chunks_of(body) if stream else [body]
+    tokens = [t for c in chunks for t in c["choices"][0]["logprobs"]["tokens"]]
+    offsets = [o for c in chunks for o in c["choices"][0]["logprobs"]["text_offset"]]
+    assert tokens[3:5] == ["bytes:\\xc3", "bytes:\\xa9"] and offsets[:6] == [0, 1, 2, 3, 3, 4]
+    for token, offset in zip(tokens, offsets):
+        assert token.startswith("bytes:") or text[offset:].startswith(token)
+
+
 def test_completion_logprobs_zero_still_lists_the_sampled_token():
     tm, _, body = completion(logprobs=0)
     assert tm.calls[0].top_logprobs_num == 0
@@ -456,6 +469,11 @@ def test_engine_failure_mid_stream_becomes_an_error_event_then_done():
     chunks = chunks_of(events)
     assert status == 200 and "scheduler process died" in chunks[-1]["error"]["message"]
     assert chunks[-1]["error"]["code"] == 500 and tm.closed == [True, True]
+
+
+def test_engine_failure_before_the_answer_is_a_500_error_body():
+    _, status, body = completion(tm=FakeTokenizerManager(fail=RuntimeError("the scheduler process died")))
+    assert status == 500 and "scheduler process died" in body["error"]["message"]
 
 
 @pytest.mark.parametrize("body, param", [

@@ -61,7 +61,7 @@ class ChoiceProgress:
 
     text_len: int = 0  # characters of the output text
     num_tokens: int = 0  # output tokens whose logprobs went out
-    text_offset: int = 0  # completions logprobs: characters covered by the tokens sent
+    logprob_state: Any = None  # owned by the endpoint (completions: the logprobs' text offsets)
     final_meta: Optional[dict] = None  # meta_info of the finished result
 
 
@@ -135,6 +135,9 @@ class OpenAIServingBase:
             return error_response(err.message, err.status_code)
         except ClientDisconnected:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
+        except RuntimeError as err:  # the engine failed (e.g. its scheduler process died)
+            logger.error("request failed: %s", err)
+            return error_response(f"internal error: {err}", 500)
 
     def check_model(self, model: Optional[str]) -> None:
         args = self.tokenizer_manager.server_args

@@ -78,8 +78,8 @@ class OpenAIServingChat(OpenAIServingBase):
 
     def stream_start(self, ctx: RequestContext) -> list[dict]:
         """OpenAI's first chunk of each choice names the role."""
-        return [self._chunk(ctx, ChatCompletionStreamChoice(index=index, delta=DeltaMessage(role="assistant", content="")))
-                for index in range(len(ctx.progress))]
+        role = DeltaMessage(role="assistant", content="")
+        return [self._chunk(ctx, ChatCompletionStreamChoice(index=index, delta=role)) for index in range(len(ctx.progress))]
 
     def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict, token_start: int) -> dict:
         finish_reason, matched = openai_finish_reason(result)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+
 from sglang.srt.entrypoints.openai.protocol import (
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, CompletionStreamResponse,
     UsageInfo,
@@ -59,14 +61,16 @@ class OpenAIServingCompletion(OpenAIServingBase):
     def full_response(self, ctx: RequestContext, results: list[dict], usage: UsageInfo) -> dict:
         choices = []
         for index, result in enumerate(results):
-            logprobs = self._logprobs(ctx, result, 0, 0)[0]
+            logprobs = self._logprobs(ctx, result, 0, TextOffsets())
             choices.append(_choice(index, result["text"], result, logprobs))
         return CompletionResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices,
                                   usage=usage).model_dump()
 
     def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict, token_start: int) -> dict:
         progress = ctx.progress[index]
-        logprobs, progress.text_offset = self._logprobs(ctx, result, token_start, progress.text_offset)
+        if progress.logprob_state is None:
+            progress.logprob_state = TextOffsets()
+        logprobs = self._logprobs(ctx, result, token_start, progress.logprob_state)
         return CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model,
                                         choices=[_choice(index, delta, result, logprobs)]).model_dump()
 
@@ -74,28 +78,41 @@ class OpenAIServingCompletion(OpenAIServingBase):
         return CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[],
                                         usage=usage).model_dump()
 
-    def _logprobs(self, ctx: RequestContext, result: dict, start: int, text_offset: int):
-        """Logprobs of output tokens [start:], and the text offset after them. Offsets count
-        from the start of the completion (echo is not supported, so the prompt is not in it)."""
+    def _logprobs(self, ctx: RequestContext, result: dict, start: int, offsets: TextOffsets):
+        """Logprobs of the output tokens from `start` on; `offsets` continues across calls."""
         if ctx.request.logprobs is None:
-            return None, text_offset
+            return None
         logprobs = CompletionLogprobs()
         tokens, tops = output_logprobs(result)
         for position, (logprob, token_id, _) in enumerate(tokens[start:], start):
-            token = self.token_string(token_id)[0]
+            token, raw = self.token_string(token_id)
             logprobs.tokens.append(token)
             logprobs.token_logprobs.append(clamp_logprob(logprob))
-            logprobs.text_offset.append(text_offset)
+            logprobs.text_offset.append(offsets.next(raw))
             top = tops[position] if position < len(tops) else []
             logprobs.top_logprobs.append(self._top_dict(top, token, logprob))
-            text_offset += len(token)
-        return logprobs, text_offset
+        return logprobs
 
     def _top_dict(self, top: list, token: str, logprob: float) -> dict[str, float]:
         # OpenAI lists the sampled token among the top ones even when it was not among them.
         entries = {self.token_string(top_id)[0]: clamp_logprob(top_logprob) for top_logprob, top_id, _ in top}
         entries.setdefault(token, clamp_logprob(logprob))
         return entries
+
+
+class TextOffsets:
+    """Where each token starts in the completion text (echo is not supported, so the prompt is
+    not part of it). The tokens' bytes are decoded incrementally, so a character split over
+    several tokens counts once, at the token that starts it."""
+
+    def __init__(self):
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.num_chars = 0
+
+    def next(self, token_bytes: list[int]) -> int:
+        offset = self.num_chars
+        self.num_chars += len(self.decoder.decode(bytes(token_bytes)))
+        return offset
 
 
 def _choice(index: int, text: str, result: dict, logprobs) -> CompletionChoice:

@@ -1,0 +1,133 @@
+"""The server process: readiness, health, metrics, cache flush, and what happens when a child
+process dies or the server is told to stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+from sglang.srt.entrypoints.http_server import READY_MESSAGE
+from sglang.test.server_fixture import ServerProcess
+
+
+def test_health_routes_and_model_info(server):
+    assert httpx.get(f"{server.base_url}/health").status_code == 200
+    assert httpx.get(f"{server.base_url}/health_generate", timeout=30).status_code == 200
+    info = httpx.get(f"{server.base_url}/get_model_info").json()
+    assert info["is_generation"] is True and info["context_len"] == 1024
+    server_info = httpx.get(f"{server.base_url}/get_server_info").json()
+    state = server_info["internal_states"][0]
+    for key in ("num_running_reqs", "num_queue_reqs", "token_usage", "last_step_throughput",
+                "free_slots", "cached_slots", "total_slots"):
+        assert key in state
+
+
+def test_metrics_count_requests_and_tokens(server):
+    def scrape() -> dict[str, float]:
+        text = httpx.get(f"{server.base_url}/metrics").text
+        values = {}
+        for line in text.splitlines():
+            if line.startswith("sglang:") and " " in line:
+                name, value = line.rsplit(" ", 1)
+                values[name.split("{")[0]] = float(value)
+        return values
+
+    before = scrape()
+    body = {"text": "Hello", "sampling_params": {"max_new_tokens": 7, "temperature": 0, "ignore_eos": True}}
+    assert httpx.post(f"{server.base_url}/generate", json=body, timeout=30).status_code == 200
+    after = scrape()
+    assert after["sglang:num_requests_total"] == before.get("sglang:num_requests_total", 0) + 1
+    assert after["sglang:generation_tokens_total"] == before.get("sglang:generation_tokens_total", 0) + 7
+    assert after["sglang:time_to_first_token_seconds_count"] >= 1
+    assert after["sglang:inter_token_latency_seconds_count"] >= 6
+    for gauge in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"):
+        assert gauge in after
+
+
+def test_flush_cache_empties_the_prefix_cache(server):
+    body = {"text": "a prompt to cache", "sampling_params": {"max_new_tokens": 3}}
+    httpx.post(f"{server.base_url}/generate", json=body, timeout=30)
+    assert httpx.post(f"{server.base_url}/flush_cache").status_code == 200
+    state = httpx.get(f"{server.base_url}/get_server_info").json()["internal_states"][0]
+    assert state["cached_slots"] == 0
+
+
+def test_killed_scheduler_fails_waiting_clients_and_the_server_exits(tiny_model_paths):
+    srv = ServerProcess(tiny_model_paths["llama"])
+    info = httpx.get(f"{srv.base_url}/get_server_info").json()
+    outcome = {}
+
+    def long_request():
+        body = {"text": "Hello", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+        try:
+            outcome["status"] = httpx.post(f"{srv.base_url}/generate", json=body, timeout=60).status_code
+        except httpx.HTTPError as e:
+            outcome["status"] = type(e).__name__
+
+    waiter = threading.Thread(target=long_request)
+    waiter.start()
+    time.sleep(0.5)
+    killed_at = time.monotonic()
+    os.kill(info["scheduler_pid"], signal.SIGKILL)
+    health = _poll_until_not_healthy(srv.base_url, deadline=killed_at + 10)
+    assert health != 200
+    srv.proc.wait(timeout=max(0.1, killed_at + 10 - time.monotonic()))
+    assert srv.proc.returncode != 0
+    waiter.join(timeout=10)
+    assert outcome.get("status") not in (None, 200), outcome
+    assert srv.wait_children_gone() == []
+    assert srv.leftover_files() == []
+
+
+def _poll_until_not_healthy(base_url: str, deadline: float):
+    while time.monotonic() < deadline:
+        try:
+            status = httpx.get(f"{base_url}/health", timeout=1).status_code
+        except httpx.HTTPError as e:
+            return type(e).__name__
+        if status != 200:
+            return status
+        time.sleep(0.2)
+    return 200
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_leaves_no_process_and_no_socket_dir(tiny_model_paths, sig):
+    srv = ServerProcess(tiny_model_paths["llama"], "--skip-server-warmup")
+    body = {"text": "Hello", "sampling_params": {"max_new_tokens": 4}}
+    assert httpx.post(f"{srv.base_url}/generate", json=body, timeout=30).status_code == 200
+    children = srv.children_pids()
+    assert len(children) >= 2  # scheduler and detokenizer
+    assert srv.stop(sig) == 0
+    output = srv.proc.stdout.read()
+    assert READY_MESSAGE in output
+    assert srv.wait_children_gone() == []
+    assert srv.leftover_files() == []
+
+
+def test_metrics_route_is_off_without_the_flag(tiny_model_paths):
+    srv = ServerProcess(tiny_model_paths["qwen2"], "--skip-server-warmup")
+    try:
+        response = httpx.get(f"{srv.base_url}/metrics")
+        assert response.status_code == 404 and "--enable-metrics" in response.json()["error"]["message"]
+    finally:
+        srv.stop()
+
+
+def test_start_failure_exits_non_zero_with_the_reason(tmp_path):
+    from sglang.test.server_fixture import free_port
+    import subprocess
+    import sys
+
+    (tmp_path / "config.json").write_text('{"architectures": ["MysteryForCausalLM"], "model_type": "llama"}')
+    result = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tmp_path), "--device", "cpu",
+         "--port", str(free_port())], capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode != 0
+    assert "MysteryForCausalLM" in result.stdout + result.stderr
