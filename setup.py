@@ -9,7 +9,8 @@ setup(
         "sglang", "sglang.srt", "sglang.srt.configs", "sglang.srt.entrypoints", "sglang.srt.layers",
         "sglang.srt.layers.attention", "sglang.srt.managers", "sglang.srt.mem_cache",
         "sglang.srt.model_executor", "sglang.srt.model_loader", "sglang.srt.models",
-        "sglang.srt.sampling", "sglang.test", "sgl_kernel",
+        "sglang.srt.sampling", "sglang.srt.entrypoints.openai", "sglang.srt.metrics", "sglang.test",
+        "sgl_kernel",
     ],
     python_requires=">=3.10",
     install_requires=[
@@ -19,9 +20,14 @@ setup(
         "safetensors>=0.4",
         "numpy",
         "pyzmq>=25",
+        "fastapi>=0.110",
+        "uvicorn>=0.29",
+        "uvloop; sys_platform != 'win32'",
+        "pydantic>=2",
+        "prometheus-client>=0.20",
     ],
     extras_require={
-        "test": ["pytest>=8", "scipy>=1.11"],
+        "test": ["pytest>=8", "scipy>=1.11", "httpx", "openai>=1.0"],
         "bench": ["matplotlib", "aiohttp", "tqdm"],
     },
 )

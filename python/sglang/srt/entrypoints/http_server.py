@@ -100,8 +100,7 @@ async def _warm_up_then_ready(state: ServerState) -> None:
             _exit(state, 1)
             return
     state.ready = True
-    logger.info(READY_MESSAGE)
-    print(READY_MESSAGE, flush=True)
+    print(READY_MESSAGE, flush=True)  # printed whatever the log level: scripts wait for it
 
 
 async def _generate_once(tm: TokenizerManager, max_new_tokens: int) -> dict:
