@@ -77,3 +77,15 @@ class ServerProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         return self.proc.returncode
+
+
+def server_state(server: ServerProcess) -> dict:
+    return httpx.get(f"{server.base_url}/get_server_info", timeout=10).json()["internal_states"][0]
+
+
+def assert_server_kv_accounting(server: ServerProcess) -> None:
+    """DESIGN.md section 4 through /get_server_info: idle means free + cached == total."""
+    state = server_state(server)
+    assert state["num_running_reqs"] == 0 and state["num_queue_reqs"] == 0, state
+    assert state["request_slots"] == 0, state
+    assert state["free_slots"] + state["cached_slots"] == state["total_slots"], state

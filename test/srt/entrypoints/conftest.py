@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import httpx
 import pytest
 
-from sglang.test.server_fixture import ServerProcess
+from sglang.test.server_fixture import ServerProcess, assert_server_kv_accounting, server_state
 
 
 @pytest.fixture(scope="session")
@@ -14,18 +13,6 @@ def server(tiny_model_paths):
     proc = ServerProcess(tiny_model_paths["llama"], "--enable-metrics")
     yield proc
     proc.stop()
-
-
-def server_state(server: ServerProcess) -> dict:
-    return httpx.get(f"{server.base_url}/get_server_info", timeout=10).json()["internal_states"][0]
-
-
-def assert_server_kv_accounting(server: ServerProcess) -> None:
-    """DESIGN.md section 4 through /get_server_info: idle means free + cached == total."""
-    state = server_state(server)
-    assert state["num_running_reqs"] == 0 and state["num_queue_reqs"] == 0, state
-    assert state["request_slots"] == 0, state
-    assert state["free_slots"] + state["cached_slots"] == state["total_slots"], state
 
 
 @pytest.fixture(autouse=True)

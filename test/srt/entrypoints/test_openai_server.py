@@ -4,6 +4,7 @@ loopback (the `server` fixture), driven with the official `openai` client and wi
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import time
@@ -14,7 +15,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
-from conftest import assert_server_kv_accounting, server_state
+from sglang.test.server_fixture import assert_server_kv_accounting, server_state
 
 PROMPT = "The quick brown fox"
 PROMPTS = [
@@ -142,7 +143,7 @@ def test_streamed_deltas_concatenate_to_the_greedy_text_and_usage_matches(client
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_n2_with_seed_gives_two_reproducible_choices_and_summed_usage(client, model, kind):
-    params = dict(max_tokens=8, temperature=1.0, n=2, seed=1234, extra_body={"ignore_eos": True})
+    params = {"max_tokens": 8, "temperature": 1.0, "n": 2, "seed": 1234, "extra_body": {"ignore_eos": True}}
     first = create(client, model, kind, PROMPT, **params)
     again = create(client, model, kind, PROMPT, **params)
     single = create(client, model, kind, PROMPT, max_tokens=8, temperature=1.0, seed=1234,
@@ -159,7 +160,7 @@ def test_n2_with_seed_gives_two_reproducible_choices_and_summed_usage(client, mo
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_streaming_n2_sends_chunks_for_both_choices(client, model, kind):
-    params = dict(max_tokens=8, temperature=1.0, n=2, seed=99, extra_body={"ignore_eos": True})
+    params = {"max_tokens": 8, "temperature": 1.0, "n": 2, "seed": 99, "extra_body": {"ignore_eos": True}}
     whole = create(client, model, kind, PROMPT, **params)
     chunks = list(create(client, model, kind, PROMPT, stream=True, stream_options={"include_usage": True},
                          **params))
@@ -310,14 +311,13 @@ DISCONNECT_MAX_TOKENS = 400
 ], ids=["openai", "native"])
 def test_client_disconnect_mid_stream_aborts_the_request_and_frees_kv(server, route, body):
     generated_before = wait_until_idle(server)["num_generated_tokens"]
-    with httpx.Client(timeout=30) as http:
-        with http.stream("POST", server.base_url + route, json=body) as response:
-            assert response.status_code == 200
-            events = 0
-            for line in response.iter_lines():
-                events += line.startswith("data: ")
-                if events == 2:
-                    break  # leaving the block closes the connection mid-stream
+    with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + route, json=body) as response:
+        assert response.status_code == 200
+        events = 0
+        for line in response.iter_lines():
+            events += line.startswith("data: ")
+            if events == 2:
+                break  # leaving the block closes the connection mid-stream
     state = wait_until_idle(server, timeout=5)
     # The abort stopped generation: far fewer tokens than asked were produced.
     assert state["num_generated_tokens"] - generated_before < DISCONNECT_MAX_TOKENS // 2, state
@@ -339,7 +339,8 @@ def test_native_generate_stream_sends_sse_events_ending_with_done(server):
     events = [json.loads(line[len("data: "):]) for line in lines[:-1]]
     assert len(events) >= 2
     ids = [event["output_ids"] for event in events]
-    assert all(later[:len(earlier)] == earlier for earlier, later in zip(ids, ids[1:])), "output_ids are cumulative"
+    # Each event carries the whole output so far.
+    assert all(later[:len(earlier)] == earlier for earlier, later in itertools.pairwise(ids)), ids
     assert all(event["meta_info"]["finish_reason"] is None for event in events[:-1])
     last = events[-1]
     assert last["meta_info"]["finish_reason"]["type"] == "length"

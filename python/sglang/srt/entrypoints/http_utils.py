@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any, AsyncIterator, Awaitable, Optional
 
 from fastapi import Request
@@ -30,7 +31,8 @@ def invalid_request_response(err: InvalidRequest, param_names: Optional[dict] = 
     param = (param_names or {}).get(err.param, err.param)
     message = err.message
     if param != err.param and err.param:
-        message = message.replace(f"'{err.param}'", f"'{param}'").replace(err.param, param)
+        # Whole words only: the native name "text" must not turn "context" into "conprompt".
+        message = re.sub(rf"(?<![\w.]){re.escape(err.param)}(?!\w)", lambda _: param, message)
     return error_response(message, err.status_code, param)
 
 

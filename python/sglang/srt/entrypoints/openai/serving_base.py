@@ -223,7 +223,9 @@ class OpenAIServingBase:
         progress.num_tokens = len(result["output_ids"])
         if finished:
             progress.final_meta = result["meta_info"]
-        if not delta and not finished and progress.num_tokens == token_start:
+        # A chunk without text only carries news when it brings logprobs of new tokens.
+        has_new_logprobs = progress.num_tokens > token_start and bool(self.logprob_kwargs(ctx.request))
+        if not delta and not finished and not has_new_logprobs:
             return []
         return [self.stream_chunk(ctx, index, delta, result, token_start)]
 
