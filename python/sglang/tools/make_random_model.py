@@ -1,0 +1,163 @@
+"""Write a Hugging Face model directory with a real model's shapes and random weights.
+
+    python -m sglang.tools.make_random_model OUT_DIR --config llama-3.1-8b [--device cuda]
+
+Speed depends on shapes, not weight values, so benchmarks use these instead of downloads.
+Weights are drawn on the device (the GPU when there is one) in bfloat16 and written as
+sharded safetensors; the tokenizer is a byte-level BPE whose vocabulary has exactly the
+config's size, so every token id a benchmark samples decodes and the model accepts it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import torch
+from safetensors.torch import save_file
+
+_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192}
+
+CONFIGS = {
+    "llama-3.1-8b": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
+        vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling=_LLAMA3_ROPE, tie_word_embeddings=False,
+    ),
+    "llama-3.2-1b": dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048, intermediate_size=8192,
+        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
+        vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
+        rope_scaling={**_LLAMA3_ROPE, "factor": 32.0}, tie_word_embeddings=True,
+    ),
+    "qwen2.5-1.5b": dict(
+        architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=1536, intermediate_size=8960,
+        num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
+        max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+    ),
+}
+SHARD_BYTES = 5 << 30
+INIT_STD = 0.02
+
+
+def weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
+    q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
+    shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], hidden), "model.norm.weight": (hidden,)}
+    qkv_bias = cfg["model_type"] == "qwen2"
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        shapes.update({
+            p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
+            p + "self_attn.q_proj.weight": (q, hidden), p + "self_attn.k_proj.weight": (kv, hidden),
+            p + "self_attn.v_proj.weight": (kv, hidden), p + "self_attn.o_proj.weight": (hidden, q),
+            p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter),
+        })
+        if qkv_bias:
+            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
+                           p + "self_attn.v_proj.bias": (kv,)})
+    if not cfg["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (cfg["vocab_size"], hidden)
+    return shapes
+
+
+def write_weights(out_dir: str, cfg: dict, device: str, seed: int) -> int:
+    gen = torch.Generator(device=device).manual_seed(seed)
+    shard, shard_bytes, shards, weight_map, total = {}, 0, [], {}, 0
+    for name, shape in weight_shapes(cfg).items():
+        if name.endswith("norm.weight"):
+            tensor = torch.ones(shape, dtype=torch.bfloat16, device=device)
+        else:
+            tensor = torch.empty(shape, dtype=torch.bfloat16, device=device).normal_(0, INIT_STD, generator=gen)
+        shard[name] = tensor.cpu()
+        shard_bytes += tensor.numel() * 2
+        if shard_bytes >= SHARD_BYTES:
+            shards.append(shard)
+            shard, shard_bytes = {}, 0
+    if shard:
+        shards.append(shard)
+    for i, tensors in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(tensors, os.path.join(out_dir, file), metadata={"format": "pt"})
+        weight_map.update({name: file for name in tensors})
+        total += sum(t.numel() * 2 for t in tensors.values())
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
+    return total
+
+
+def build_tokenizer(vocab_size: int, eos_token: str = "<|eot_id|>"):
+    """A byte-level BPE with exactly `vocab_size` tokens: the 256 byte symbols, then merges of
+    two and three symbols, then `eos_token` as the last id."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {symbol: i for i, symbol in enumerate(alphabet)}
+    merges = []
+    num_regular = vocab_size - 1
+    pairs = ((a, b) for a in alphabet for b in alphabet)
+    triples = ((a + b, c) for a in alphabet for b in alphabet for c in alphabet)
+    for left, right in _chain(pairs, triples):
+        if len(vocab) >= num_regular:
+            break
+        if left in vocab and left + right not in vocab:
+            vocab[left + right] = len(vocab)
+            merges.append((left, right))
+    vocab[eos_token] = len(vocab)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens([eos_token])
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token,
+                                   chat_template=_CHAT_TEMPLATE)
+
+
+_CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+
+
+def _chain(*iterables):
+    for it in iterables:
+        yield from it
+
+
+def make_random_model(out_dir: str, config: str, device: str | None = None, seed: int = 0) -> str:
+    if config not in CONFIGS:
+        raise ValueError(f"--config must be one of {', '.join(CONFIGS)}; got {config!r}")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    cfg = dict(CONFIGS[config], torch_dtype="bfloat16")
+    os.makedirs(out_dir, exist_ok=True)
+    tokenizer = build_tokenizer(cfg["vocab_size"])
+    assert len(tokenizer) == cfg["vocab_size"], (len(tokenizer), cfg["vocab_size"])
+    cfg["eos_token_id"] = tokenizer.eos_token_id
+    cfg["bos_token_id"] = None
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=1)
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+        json.dump({"eos_token_id": tokenizer.eos_token_id, "do_sample": False}, f)
+    tokenizer.save_pretrained(out_dir)
+    write_weights(out_dir, cfg, device, seed)
+    return out_dir
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("out_dir")
+    parser.add_argument("--config", default="llama-3.1-8b", choices=sorted(CONFIGS))
+    parser.add_argument("--device", default=None, help="where to draw the weights (default: cuda if available)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    make_random_model(args.out_dir, args.config, args.device, args.seed)
+    print(f"wrote {args.config} to {args.out_dir} in {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Paged decode attention, split-K ("flash decoding"): one new query token per request
+attends to its whole KV history, gathered from the KV pool through `req_to_token`.
+
+Stage 1 splits each sequence into `num_kv_splits` contiguous chunks and computes, per chunk,
+the softmax-weighted sum of V and the chunk's log-sum-exp; stage 2 merges the chunks. The
+launch grid depends only on shapes, and `seq_lens` is read inside the kernels, so a CUDA
+graph captured once replays for any lengths.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+BLOCK_N = 64  # KV positions per inner step; a split's chunk is a multiple of it
+
+
+@triton.jit
+def _split_range(seq_len, split, NUM_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
+    """[start, end) of the KV positions that `split` covers (empty when start >= end)."""
+    chunk = tl.cdiv(tl.cdiv(seq_len, NUM_SPLITS), BLOCK) * BLOCK
+    start = split * chunk
+    return start, tl.minimum(start + chunk, seq_len)
+
+
+@triton.jit
+def _decode_split_kernel(
+    q, k_buffer, v_buffer, workspace, req_to_token, req_pool_indices, seq_lens,
+    qk_scale,  # sm_scale * log2(e): the kernel works in base 2
+    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_wb, stride_wh, stride_ws, stride_req,
+    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+):
+    """One program: one request, one KV head with all GROUP query heads that share it, one split."""
+    b, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    seq_len = tl.load(seq_lens + b).to(tl.int32)
+    row = tl.load(req_pool_indices + b).to(tl.int64)
+    start, end = _split_range(seq_len, split, NUM_SPLITS, BLOCK)
+
+    heads = kv_head * GROUP + tl.arange(0, BLOCK_H)
+    head_ok = tl.arange(0, BLOCK_H) < GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    q_tile = tl.load(q + b * stride_qb + heads[:, None] * stride_qh + dims[None, :], mask=head_ok[:, None], other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, HEAD_DIM], tl.float32)
+    for block_start in range(start, end, BLOCK):
+        pos = block_start + tl.arange(0, BLOCK)
+        pos_ok = pos < end
+        slots = tl.load(req_to_token + row * stride_req + pos, mask=pos_ok, other=0).to(tl.int64)
+        k = tl.load(k_buffer + slots[:, None] * stride_kt + kv_head * stride_kh + dims[None, :], mask=pos_ok[:, None], other=0.0)
+        scores = tl.dot(q_tile, tl.trans(k), input_precision=PRECISION) * qk_scale
+        scores = tl.where(pos_ok[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        p = tl.exp2(scores - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        v = tl.load(v_buffer + slots[:, None] * stride_vt + kv_head * stride_vh + dims[None, :], mask=pos_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+
+    # Empty splits store nothing; stage 2 derives which splits exist from seq_len.
+    store_ok = head_ok & (start < end)
+    out = workspace + b * stride_wb + heads * stride_wh + split * stride_ws
+    tl.store(out[:, None] + dims[None, :], acc / l_i[:, None], mask=store_ok[:, None])
+    tl.store(out + HEAD_DIM, m_i + tl.log2(l_i), mask=store_ok)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    workspace, o, seq_lens,
+    stride_wb, stride_wh, stride_ws, stride_ob, stride_oh,
+    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, BLOCK: tl.constexpr,
+):
+    """One program: one request, one query head; merges the splits by their log-sum-exp."""
+    b, head = tl.program_id(0), tl.program_id(1)
+    seq_len = tl.load(seq_lens + b).to(tl.int32)
+    splits = tl.arange(0, SPLITS_POW2)
+    start, end = _split_range(seq_len, splits, NUM_SPLITS, BLOCK)
+    split_ok = (splits < NUM_SPLITS) & (start < end)
+    dims = tl.arange(0, HEAD_DIM)
+
+    part = workspace + b * stride_wb + head * stride_wh + splits * stride_ws
+    lse = tl.load(part + HEAD_DIM, mask=split_ok, other=float("-inf"))
+    values = tl.load(part[:, None] + dims[None, :], mask=split_ok[:, None], other=0.0)
+    # A request with no split (seq_len 0, e.g. CUDA-graph padding) gets zeros, not NaN.
+    lse_max = tl.maximum(tl.max(lse, 0), -1e30)
+    weights = tl.where(split_ok, tl.exp2(lse - lse_max), 0.0)
+    total = tl.maximum(tl.sum(weights, 0), 1e-30)
+    out = tl.sum(values * weights[:, None], 0) / total
+    tl.store(o + b * stride_ob + head * stride_oh + dims, out.to(o.dtype.element_ty))
+
+
+def decode_workspace(bs: int, num_heads: int, head_dim: int, num_kv_splits: int, device) -> torch.Tensor:
+    """Scratch for stage 1: per split, D partial outputs then the split's log2-sum-exp."""
+    return torch.empty((bs, num_heads, num_kv_splits, head_dim + 1), dtype=torch.float32, device=device)
+
+
+def decode_attention_fwd(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, o: torch.Tensor,
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    sm_scale: float, num_kv_splits: int, workspace: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q, o: [bs, H, D]; k_buffer, v_buffer: [slots, KV, D]; writes o and returns it."""
+    bs, num_heads, head_dim = q.shape
+    num_kv_heads = k_buffer.shape[1]
+    _check_decode_args(q, k_buffer, v_buffer, o, req_to_token, num_kv_splits)
+    group = num_heads // num_kv_heads
+    if workspace is None:
+        workspace = decode_workspace(bs, num_heads, head_dim, num_kv_splits, q.device)
+    assert workspace.shape[:3] == (bs, num_heads, num_kv_splits) and workspace.shape[3] == head_dim + 1
+    assert workspace.dtype == torch.float32 and workspace.stride(-1) == 1
+
+    _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](
+        q, k_buffer, v_buffer, workspace, req_to_token, req_pool_indices, seq_lens,
+        sm_scale * LOG2E,
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
+        workspace.stride(0), workspace.stride(1), workspace.stride(2), req_to_token.stride(0),
+        GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
+        NUM_SPLITS=num_kv_splits, BLOCK=BLOCK_N, PRECISION=dot_precision(q.dtype),
+        num_warps=4, num_stages=2,
+    )
+    _decode_merge_kernel[(bs, num_heads)](
+        workspace, o, seq_lens,
+        workspace.stride(0), workspace.stride(1), workspace.stride(2), o.stride(0), o.stride(1),
+        HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits, SPLITS_POW2=triton.next_power_of_2(num_kv_splits),
+        BLOCK=BLOCK_N, num_warps=4,
+    )
+    return o
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    # Full fp32 products for fp32 inputs: TF32 (Triton's default) would miss a 1e-4 tolerance.
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def check_head_dim(head_dim: int) -> None:
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
+
+
+def check_kv_layout(q, k_buffer, v_buffer, req_to_token) -> None:
+    num_heads, head_dim = q.shape[1], q.shape[2]
+    check_head_dim(head_dim)
+    if k_buffer.shape[1:] != (k_buffer.shape[1], head_dim) or v_buffer.shape != k_buffer.shape:
+        raise ValueError(f"K/V buffers {tuple(k_buffer.shape)}, {tuple(v_buffer.shape)} do not match head_dim {head_dim}")
+    if num_heads % k_buffer.shape[1]:
+        raise ValueError(f"{num_heads} query heads are not a multiple of {k_buffer.shape[1]} KV heads")
+    if not (q.dtype == k_buffer.dtype == v_buffer.dtype) or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"q/k/v dtypes must be one of fp32, fp16, bf16 and equal, got {q.dtype}, {k_buffer.dtype}, {v_buffer.dtype}")
+    if any(t.stride(-1) != 1 for t in (q, k_buffer, v_buffer, req_to_token)):
+        raise ValueError("q, K/V buffers and req_to_token need a contiguous last dimension")
+
+
+def _check_decode_args(q, k_buffer, v_buffer, o, req_to_token, num_kv_splits: int) -> None:
+    check_kv_layout(q, k_buffer, v_buffer, req_to_token)
+    if o.shape != q.shape or o.stride(-1) != 1:
+        raise ValueError(f"o {tuple(o.shape)} must match q {tuple(q.shape)} with a contiguous last dimension")
+    if num_kv_splits < 1:
+        raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
+    group = q.shape[1] // k_buffer.shape[1]
+    if group > 64:
+        raise ValueError(f"GQA group of {group} query heads per KV head is over the supported 64")
+
+
+def decode_attention_ref(
+    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, o: torch.Tensor,
+    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+    sm_scale: float, num_kv_splits: int = 1, workspace: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Torch reference, one request at a time in float32 (num_kv_splits/workspace unused)."""
+    group = q.shape[1] // k_buffer.shape[1]
+    for i in range(q.shape[0]):
+        seq_len = int(seq_lens[i])
+        slots = req_to_token[req_pool_indices[i], :seq_len].long()
+        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [seq, H, D]
+        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("hd,shd->hs", q[i].float(), k) * sm_scale
+        out = torch.einsum("hs,shd->hd", scores.softmax(-1), v) if seq_len else torch.zeros_like(q[i], dtype=torch.float32)
+        o[i] = out.to(o.dtype)
+    return o

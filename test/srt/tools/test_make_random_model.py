@@ -1,0 +1,47 @@
+"""The random-weights model maker: real shapes, a tokenizer of exactly the vocabulary size,
+and a directory the engine loads like any checkpoint."""
+
+import torch
+
+from sglang.tools import make_random_model as maker
+
+
+def test_llama_8b_shapes_have_8b_parameters():
+    shapes = maker.weight_shapes(maker.CONFIGS["llama-3.1-8b"])
+    params = sum(torch.Size(s).numel() for s in shapes.values())
+    assert 8.0e9 < params < 8.1e9  # Llama-3.1-8B has 8.03B
+    assert shapes["model.layers.31.self_attn.k_proj.weight"] == (1024, 4096)
+
+
+def test_tokenizer_has_exactly_the_vocabulary_size_and_round_trips():
+    tokenizer = maker.build_tokenizer(2000)
+    assert len(tokenizer) == 2000
+    assert tokenizer.eos_token_id == 1999
+    text = "def add(a, b):\n    return a + b  # héllo"
+    assert tokenizer.decode(tokenizer.encode(text)) == text
+
+
+def test_written_model_loads_and_generates(tmp_path, monkeypatch):
+    tiny = dict(maker.CONFIGS["llama-3.2-1b"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=1024,
+                max_position_embeddings=512, rope_scaling=None)
+    monkeypatch.setitem(maker.CONFIGS, "tiny", tiny)
+    path = maker.make_random_model(str(tmp_path / "m"), "tiny", device="cpu")
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    config = ModelConfig.from_path(path)
+    assert config.dtype == torch.bfloat16  # "auto" keeps a 16-bit checkpoint's dtype
+    scheduler = Scheduler(ServerArgs(model_path=path, device="cpu", dtype="bfloat16"))
+    params = SamplingParams(max_new_tokens=5, temperature=0, ignore_eos=True)
+    scheduler.add_request(TokenizedGenerateReqInput("r", [1, 2, 3, 4], params, stream=False))
+    outputs = []
+    while scheduler.has_work():
+        out = scheduler.step()
+        if out:
+            outputs += out.new_token_ids[0]
+    assert len(outputs) == 5 and all(0 <= t < 1024 for t in outputs)
