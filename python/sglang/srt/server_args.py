@@ -13,7 +13,7 @@ from typing import Optional
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_CHOICES = ("cuda", "cpu")
 SCHEDULE_POLICY_CHOICES = ("fcfs", "lpm")
-ATTENTION_BACKEND_CHOICES = ("torch_native",)
+ATTENTION_BACKEND_CHOICES = ("triton", "torch_native")
 LOG_LEVEL_CHOICES = ("debug", "info", "warning", "error", "critical")
 
 
@@ -50,6 +50,9 @@ class ServerArgs:
     max_queued_requests: Optional[int] = None
     enable_metrics: bool = False
     skip_server_warmup: bool = False
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 256
+    cuda_graph_bs: Optional[tuple[int, ...]] = None
 
     def __post_init__(self):
         # Fill the defaults that depend on the machine or on other fields, once.
@@ -58,7 +61,9 @@ class ServerArgs:
         if self.device is None:
             object.__setattr__(self, "device", _default_device())
         if self.attention_backend is None:
-            object.__setattr__(self, "attention_backend", "torch_native")
+            object.__setattr__(self, "attention_backend", "triton" if self.device == "cuda" else "torch_native")
+        if self.cuda_graph_bs is not None:
+            object.__setattr__(self, "cuda_graph_bs", tuple(self.cuda_graph_bs))
         if self.served_model_name is None:
             object.__setattr__(self, "served_model_name", self.model_path)
         self.check()
@@ -78,6 +83,11 @@ class ServerArgs:
         _check_positive("--max-running-requests", self.max_running_requests)
         _check_positive("--chunked-prefill-size", self.chunked_prefill_size)
         _check_positive("--tp-size", self.tp_size)
+        _check_positive("--cuda-graph-max-bs", self.cuda_graph_max_bs)
+        for bs in self.cuda_graph_bs or ():
+            _check_positive("--cuda-graph-bs", bs)
+        if self.attention_backend == "triton" and self.device != "cuda":
+            raise ValueError("--attention-backend triton needs --device cuda; use torch_native on the CPU")
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
         if not 0 < self.port < 65536:
@@ -123,7 +133,8 @@ class ServerArgs:
         parser.add_argument("--random-seed", type=int, default=d["random_seed"].default,
                             help="Seed for requests that do not give sampling_seed.")
         parser.add_argument("--attention-backend", type=str, default=None, choices=ATTENTION_BACKEND_CHOICES,
-                            help="Attention kernels; torch_native is the reference backend.")
+                            help="Attention kernels: triton (default on CUDA) or torch_native (the reference; "
+                                 "default on CPU).")
         parser.add_argument("--log-level", type=str, default=d["log_level"].default, choices=LOG_LEVEL_CHOICES)
         parser.add_argument("--served-model-name", type=str, default=None,
                             help="Model name reported by the API; defaults to --model-path.")
@@ -140,6 +151,13 @@ class ServerArgs:
                             help="Serve Prometheus metrics at /metrics.")
         parser.add_argument("--skip-server-warmup", action="store_true",
                             help="Report ready without running a warm-up generation first.")
+        parser.add_argument("--disable-cuda-graph", action="store_true",
+                            help="Run decode steps eagerly instead of replaying captured CUDA graphs.")
+        parser.add_argument("--cuda-graph-max-bs", type=int, default=d["cuda_graph_max_bs"].default,
+                            help="Largest decode batch captured in a CUDA graph (buckets 1, 2, 4, 8, then "
+                                 "every 8 to 64 and every 16 beyond); larger batches run eagerly.")
+        parser.add_argument("--cuda-graph-bs", type=int, nargs="+", default=None,
+                            help="Explicit list of batch sizes to capture (overrides --cuda-graph-max-bs).")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":

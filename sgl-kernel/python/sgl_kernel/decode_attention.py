@@ -13,6 +13,10 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel._interpreter import fix_interpreter
+
+fix_interpreter()
+
 LOG2E = 1.4426950408889634
 BLOCK_N = 64  # KV positions per inner step; a split's chunk is a multiple of it
 

@@ -12,7 +12,10 @@ import torch
 import triton
 import triton.language as tl
 
+from sgl_kernel._interpreter import fix_interpreter
 from sgl_kernel.decode_attention import LOG2E, check_kv_layout, dot_precision
+
+fix_interpreter()
 
 
 @triton.jit

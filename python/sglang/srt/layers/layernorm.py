@@ -13,12 +13,27 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """Without `residual`: norm(x). With it: (norm(x + residual), x + residual)."""
+        """Without `residual`: norm(x). With it: (norm(x + residual), x + residual).
+        On CUDA one fused kernel does both, in place (x and residual are this layer's to reuse)."""
+        if x.is_cuda:
+            return self._forward_cuda(x, residual)
         if residual is not None:
             x = x + residual
             residual = x
         out = rms_norm(x, self.weight, self.variance_epsilon)
         return out if residual is None else (out, residual)
+
+
+    def _forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None):
+        from sgl_kernel import norm
+
+        shape = x.shape
+        x2d = x.reshape(-1, shape[-1])
+        if residual is None:
+            return norm.rmsnorm(x2d, self.weight, self.variance_epsilon).view(shape)
+        residual2d = residual.reshape(-1, shape[-1])
+        norm.fused_add_rmsnorm(x2d, residual2d, self.weight, self.variance_epsilon)
+        return x2d.view(shape), residual2d.view(shape)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -13,6 +13,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.model_executor.cuda_graph_runner import maybe_graph_runner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.loader import load_model
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -48,6 +49,8 @@ class ModelRunner:
         self._init_pools()
         self.attn_backend = create_attention_backend(server_args.attention_backend, self)
         self.sampler = Sampler()
+        self.graph_runner = None
+        self.graph_runner = maybe_graph_runner(self)
 
     def _plan_memory(self) -> MemoryConfig:
         cfg, args = self.model_config, self.server_args
@@ -85,6 +88,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        if self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
+            return self.graph_runner.replay(forward_batch)
+        return self.forward_eager(forward_batch)
+
+    @torch.inference_mode()
+    def forward_eager(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         forward_batch.req_to_token_pool = self.req_to_token_pool
         forward_batch.token_to_kv_pool = self.token_to_kv_pool
         forward_batch.attn_backend = self.attn_backend

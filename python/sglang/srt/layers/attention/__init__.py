@@ -7,6 +7,7 @@ import importlib
 
 _BACKENDS = {
     "torch_native": ("sglang.srt.layers.attention.torch_native_backend", "TorchNativeAttnBackend"),
+    "triton": ("sglang.srt.layers.attention.triton_backend", "TritonAttnBackend"),
 }
 
 
@@ -14,4 +15,4 @@ def create_attention_backend(name: str, model_runner):
     if name not in _BACKENDS:
         raise ValueError(f"--attention-backend must be one of {', '.join(_BACKENDS)}; got {name!r}")
     module_name, class_name = _BACKENDS[name]
-    return getattr(importlib.import_module(module_name), class_name)()
+    return getattr(importlib.import_module(module_name), class_name)(model_runner)

@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # layers sit below model_executor: type names only
 
 
 class TorchNativeAttnBackend(AttentionBackend):
+    def __init__(self, model_runner=None):
+        pass
+
     def forward_extend(self, q, k, v, layer, forward_batch: ForwardBatch, save_kv_cache: bool):
         return self._attend(q, k, v, layer, forward_batch, save_kv_cache)
 

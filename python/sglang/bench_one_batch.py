@@ -1,0 +1,169 @@
+"""Static-batch latency: prefill a batch, then decode step by step, without the scheduler.
+
+    python -m sglang.bench_one_batch --model-path DIR --batch-size 1 8 64 --input-len 1024 \
+        --output-len 128 [--result-filename out.jsonl] [any server flag]
+
+Prints per batch size the prefill latency and throughput and the decode step latency (median,
+p90) and throughput, and appends one JSON line per batch size to --result-filename. Each step
+is timed to the end of its GPU work (a synchronize per step), as a user's token would be.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import time
+
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+
+
+@dataclasses.dataclass
+class BenchArgs:
+    batch_size: list[int]
+    input_len: int
+    output_len: int
+    result_filename: str | None
+    seed: int
+
+
+def make_runner(server_args: ServerArgs) -> ModelRunner:
+    config = ModelConfig.from_path(server_args.model_path, server_args.dtype, server_args.device,
+                                   server_args.context_length)
+    return ModelRunner(config, server_args)
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+class StaticBatch:
+    """bs requests of input_len random tokens with room for output_len more."""
+
+    def __init__(self, runner: ModelRunner, bs: int, input_len: int, output_len: int, seed: int):
+        self.runner, self.bs, self.input_len = runner, bs, input_len
+        self.device = runner.device
+        gen = torch.Generator().manual_seed(seed)
+        self.prompts = torch.randint(0, runner.model_config.vocab_size, (bs, input_len), generator=gen)
+        self.rows = [runner.req_to_token_pool.alloc() for _ in range(bs)]
+        if None in self.rows:
+            raise RuntimeError(f"batch {bs} needs {bs} request rows; raise --max-running-requests")
+        total = input_len + output_len
+        self.slots = runner.token_to_kv_pool_allocator.alloc(bs * total)
+        if self.slots is None:
+            raise RuntimeError(f"batch {bs} x {total} tokens does not fit the KV pool; lower the batch")
+        for i, row in enumerate(self.rows):
+            runner.req_to_token_pool.write(row, 0, self.slots[i * total : (i + 1) * total])
+        self.slot_table = self.slots.view(bs, total)
+        self.rows_t = torch.tensor(self.rows, dtype=torch.int64, device=self.device)
+        self.seq_len = 0
+        self.sampling = SamplingBatchInfo.from_params([SamplingParams(temperature=0)] * bs, [0] * bs,
+                                                      runner.model_config.vocab_size, self.device)
+        self.offsets = torch.zeros(bs, dtype=torch.int64, device=self.device)
+
+    def prefill(self) -> torch.Tensor:
+        n = self.input_len
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.EXTEND, batch_size=self.bs,
+            input_ids=self.prompts.reshape(-1).to(self.device),
+            positions=torch.arange(n, device=self.device).repeat(self.bs), req_pool_indices=self.rows_t,
+            seq_lens=torch.full((self.bs,), n, device=self.device), out_cache_loc=self.slot_table[:, :n].reshape(-1),
+            seq_lens_cpu=[n] * self.bs, extend_seq_lens_cpu=[n] * self.bs, extend_prefix_lens_cpu=[0] * self.bs,
+        )
+        self.seq_len = n
+        return self._sample(self.runner.forward(fb))
+
+    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+        pos = self.seq_len
+        self.seq_len += 1
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DECODE, batch_size=self.bs, input_ids=tokens,
+            positions=torch.full((self.bs,), pos, device=self.device), req_pool_indices=self.rows_t,
+            seq_lens=torch.full((self.bs,), pos + 1, device=self.device),
+            out_cache_loc=self.slot_table[:, pos], seq_lens_cpu=[pos + 1] * self.bs,
+            extend_seq_lens_cpu=[1] * self.bs, extend_prefix_lens_cpu=[pos] * self.bs,
+        )
+        return self._sample(self.runner.forward(fb))
+
+    def _sample(self, out) -> torch.Tensor:
+        return self.runner.sample(out.next_token_logits, self.sampling, self.offsets)
+
+    def release(self) -> None:
+        self.runner.token_to_kv_pool_allocator.free(self.slots)
+        for row in self.rows:
+            self.runner.req_to_token_pool.free(row)
+
+
+def run_one(runner: ModelRunner, bs: int, args: BenchArgs) -> dict:
+    batch = StaticBatch(runner, bs, args.input_len, args.output_len, args.seed)
+    try:
+        _sync(runner.device)
+        start = time.perf_counter()
+        tokens = batch.prefill()
+        _sync(runner.device)
+        prefill_s = time.perf_counter() - start
+        step_s = []
+        for _ in range(args.output_len - 1):
+            start = time.perf_counter()
+            tokens = batch.decode(tokens)
+            _sync(runner.device)
+            step_s.append(time.perf_counter() - start)
+    finally:
+        batch.release()
+    median = statistics.median(step_s) if step_s else float("nan")
+    return {
+        "batch_size": bs, "input_len": args.input_len, "output_len": args.output_len,
+        "prefill_latency_s": prefill_s, "prefill_throughput_tok_s": bs * args.input_len / prefill_s,
+        "decode_median_step_s": median, "decode_p90_step_s": _quantile(step_s, 0.9),
+        "decode_throughput_tok_s": bs / median if step_s else float("nan"),
+        "decode_step_s": step_s,
+    }
+
+
+def _quantile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main(argv=None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ServerArgs.add_cli_args(parser)
+    parser.add_argument("--batch-size", type=int, nargs="+", default=[1])
+    parser.add_argument("--input-len", type=int, default=1024)
+    parser.add_argument("--output-len", type=int, default=16)
+    parser.add_argument("--result-filename", type=str, default=None)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--warmup-steps", type=int, default=4, help="decode steps of a throw-away run first")
+    args = parser.parse_args(argv)
+    bench = BenchArgs(args.batch_size, args.input_len, args.output_len, args.result_filename, args.seed)
+    if args.max_running_requests is None:
+        args.max_running_requests = max(args.batch_size)
+    runner = make_runner(ServerArgs.from_cli_args(args))
+    run_one(runner, 1, dataclasses.replace(bench, input_len=min(32, bench.input_len), output_len=args.warmup_steps))
+    results = []
+    for bs in bench.batch_size:
+        result = run_one(runner, bs, bench)
+        results.append(result)
+        print(f"batch {bs:4d} | prefill {result['prefill_latency_s'] * 1e3:8.2f} ms "
+              f"({result['prefill_throughput_tok_s']:9.0f} tok/s) | decode step median "
+              f"{result['decode_median_step_s'] * 1e3:7.3f} ms, p90 {result['decode_p90_step_s'] * 1e3:7.3f} ms "
+              f"({result['decode_throughput_tok_s']:8.0f} tok/s)", flush=True)
+        if bench.result_filename:
+            with open(bench.result_filename, "a") as f:
+                f.write(json.dumps(result) + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The `triton` attention backend: sgl_kernel's paged decode attention (split-K) and extend
+attention over a cached prefix, both reading KV through req_to_token. Default on CUDA.
+
+Decode needs no per-batch metadata beyond the batch's own tensors, so a CUDA graph replays
+it with only its input buffers refreshed."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from sglang.srt.layers.attention.base import AttentionBackend
+
+if TYPE_CHECKING:  # layers sit below model_executor: type names only
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+# Splits of the KV sequence in decode: enough programs to fill the GPU at batch 1 (132 SMs on
+# an H200 over 8 KV-head groups), few enough that the reduction stays cheap.
+DEFAULT_NUM_KV_SPLITS = 16
+
+
+class TritonAttnBackend(AttentionBackend):
+    def __init__(self, model_runner):
+        from sgl_kernel import decode_attention, extend_attention
+
+        self._decode = decode_attention
+        self._extend = extend_attention
+        cfg = model_runner.model_config
+        self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        self.device = model_runner.device
+        self.num_kv_splits = DEFAULT_NUM_KV_SPLITS
+        self.workspace = None  # decode scratch, grown on demand and reused (also by CUDA graphs)
+        self.extend_meta = None
+
+    def _decode_workspace(self, bs: int) -> torch.Tensor:
+        if self.workspace is None or self.workspace.shape[0] < bs:
+            self.workspace = self._decode.decode_workspace(bs, self.num_heads, self.head_dim,
+                                                           self.num_kv_splits, self.device)
+        return self.workspace[:bs]
+
+    def init_cuda_graph_state(self, max_bs: int) -> None:
+        """Allocate the decode scratch for the largest graph before capture."""
+        self._decode_workspace(max_bs)
+
+    def init_forward_metadata(self, fb: "ForwardBatch") -> None:
+        if fb.forward_mode.is_decode():
+            return
+        lens = torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64)
+        starts = torch.cumsum(lens, 0) - lens
+        if fb.input_ids.is_cuda:
+            lens, starts = lens.pin_memory(), starts.pin_memory()
+        device = fb.input_ids.device
+        self.extend_meta = (lens.to(device, non_blocking=True), starts.to(device, non_blocking=True),
+                            max(fb.extend_seq_lens_cpu))
+
+    def _save_kv(self, k, v, layer, fb: "ForwardBatch") -> None:
+        fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc,
+                                          k.view(-1, layer.num_kv_heads, layer.head_dim),
+                                          v.view(-1, layer.num_kv_heads, layer.head_dim))
+
+    def forward_extend(self, q, k, v, layer, fb: "ForwardBatch", save_kv_cache: bool):
+        if save_kv_cache:
+            self._save_kv(k, v, layer, fb)
+        pool = fb.token_to_kv_pool
+        q = q.view(-1, layer.num_heads, layer.head_dim)
+        out = torch.empty_like(q)
+        extend_lens, extend_starts, max_extend_len = self.extend_meta
+        self._extend.extend_attention_fwd(
+            q, out, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
+            fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, extend_lens, extend_starts,
+            max_extend_len, layer.scaling,
+        )
+        return out.view(-1, layer.num_heads * layer.head_dim)
+
+    def forward_decode(self, q, k, v, layer, fb: "ForwardBatch", save_kv_cache: bool):
+        if save_kv_cache:
+            self._save_kv(k, v, layer, fb)
+        pool = fb.token_to_kv_pool
+        q = q.view(-1, layer.num_heads, layer.head_dim)
+        out = torch.empty_like(q)
+        self._decode.decode_attention_fwd(
+            q, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id), out,
+            fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, layer.scaling,
+            self.num_kv_splits, workspace=self._decode_workspace(q.shape[0]),
+        )
+        return out.view(-1, layer.num_heads * layer.head_dim)

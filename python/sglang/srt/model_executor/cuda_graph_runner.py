@@ -1,0 +1,128 @@
+"""CudaGraphRunner: captures a forward shape once per batch-size bucket and replays it.
+
+One runner per (forward mode, tokens per request): plain decode is (DECODE, 1); speculative
+decoding adds its own shapes (verify with k + 1 tokens per request, the draft's steps) through
+the same class. The graphs of all runners share one memory pool. Replay pads the batch to its
+bucket: padded rows write their KV to the padding slot 0 and read a one-token sequence.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from typing import Callable, Optional
+
+import torch
+
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+logger = logging.getLogger(__name__)
+
+
+def default_batch_sizes(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then every 8 up to 64, then every 16 up to max_bs."""
+    sizes = [bs for bs in (1, 2, 4, 8) if bs <= max_bs]
+    sizes += list(range(16, min(max_bs, 64) + 1, 8)) + list(range(80, max_bs + 1, 16))
+    if sizes[-1] != max_bs:
+        sizes.append(max_bs)
+    return sizes
+
+
+_shared_pool = None
+
+
+def graph_memory_pool():
+    global _shared_pool
+    if _shared_pool is None:
+        _shared_pool = torch.cuda.graph_pool_handle()
+    return _shared_pool
+
+
+class CudaGraphRunner:
+    def __init__(self, model_runner, batch_sizes: list[int], forward_mode: ForwardMode = ForwardMode.DECODE,
+                 tokens_per_req: int = 1):
+        self.model_runner = model_runner
+        self.batch_sizes = sorted(batch_sizes)
+        self.max_bs = self.batch_sizes[-1]
+        self.forward_mode = forward_mode
+        self.tokens_per_req = tokens_per_req
+        self.device = model_runner.device
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, LogitsProcessorOutput] = {}
+        self._alloc_buffers()
+
+    def _alloc_buffers(self) -> None:
+        max_tokens = self.max_bs * self.tokens_per_req
+        zeros = lambda n: torch.zeros(n, dtype=torch.int64, device=self.device)  # noqa: E731
+        self.input_ids, self.positions, self.out_cache_loc = zeros(max_tokens), zeros(max_tokens), zeros(max_tokens)
+        self.req_pool_indices = zeros(self.max_bs)
+        self.seq_lens = torch.full((self.max_bs,), self.tokens_per_req, dtype=torch.int64, device=self.device)
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return fb.forward_mode == self.forward_mode and fb.batch_size <= self.max_bs \
+            and fb.num_tokens == fb.batch_size * self.tokens_per_req
+
+    def capture(self) -> None:
+        start = time.perf_counter()
+        self.model_runner.attn_backend.init_cuda_graph_state(self.max_bs)
+        # Largest first: later, smaller graphs reuse the pool memory the first one reserved.
+        for bs in reversed(self.batch_sizes):
+            self._capture_one(bs)
+        logger.info("captured %d CUDA graphs (%s, bs %s) in %.1f s", len(self.graphs), self.forward_mode.name,
+                    self.batch_sizes, time.perf_counter() - start)
+
+    def _static_batch(self, bs: int) -> ForwardBatch:
+        n = bs * self.tokens_per_req
+        return ForwardBatch(
+            forward_mode=self.forward_mode, batch_size=bs, input_ids=self.input_ids[:n],
+            positions=self.positions[:n], req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[:bs], out_cache_loc=self.out_cache_loc[:n],
+            seq_lens_cpu=[self.tokens_per_req] * bs, extend_seq_lens_cpu=[self.tokens_per_req] * bs,
+            extend_prefix_lens_cpu=[0] * bs, return_all_logits=self.forward_mode.is_target_verify(),
+        )
+
+    def _capture_one(self, bs: int) -> None:
+        run: Callable[[], LogitsProcessorOutput] = lambda: self.model_runner.forward_eager(self._static_batch(bs))  # noqa: E731
+        for _ in range(2):  # warm up: lazy initialisation and autotuning happen outside the graph
+            run()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=graph_memory_pool()):
+            self.outputs[bs] = run()
+        self.graphs[bs] = graph
+
+    def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:
+        bs = fb.batch_size
+        graph_bs = self.batch_sizes[bisect.bisect_left(self.batch_sizes, bs)]
+        n, graph_n = fb.num_tokens, graph_bs * self.tokens_per_req
+        if graph_bs != bs:  # padded rows: a one-step sequence writing to the padding slot
+            self.out_cache_loc[n:graph_n].zero_()
+            self.seq_lens[bs:graph_bs].fill_(self.tokens_per_req)
+            self.positions[n:graph_n].zero_()
+        self.input_ids[:n].copy_(fb.input_ids, non_blocking=True)
+        self.positions[:n].copy_(fb.positions, non_blocking=True)
+        self.out_cache_loc[:n].copy_(fb.out_cache_loc, non_blocking=True)
+        self.req_pool_indices[:bs].copy_(fb.req_pool_indices, non_blocking=True)
+        self.seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
+        self.graphs[graph_bs].replay()
+        out = self.outputs[graph_bs]
+        rows = n if fb.return_all_logits or self.forward_mode.is_decode() else bs
+        aux = out.aux_hidden_states[:n] if out.aux_hidden_states is not None else None
+        return LogitsProcessorOutput(next_token_logits=out.next_token_logits[:rows], aux_hidden_states=aux)
+
+
+def maybe_graph_runner(model_runner) -> Optional[CudaGraphRunner]:
+    """The decode graph runner, or None when graphs are off or cannot be used here."""
+    args = model_runner.server_args
+    if model_runner.device != "cuda" or args.disable_cuda_graph:
+        return None
+    if args.attention_backend != "triton":
+        logger.info("CUDA graphs need the triton attention backend; running %s eagerly", args.attention_backend)
+        return None
+    sizes = sorted(set(args.cuda_graph_bs)) if args.cuda_graph_bs else default_batch_sizes(args.cuda_graph_max_bs)
+    sizes = [bs for bs in sizes if bs <= model_runner.memory.max_running_requests] or [1]
+    runner = CudaGraphRunner(model_runner, sizes)
+    runner.capture()
+    return runner

@@ -1,0 +1,257 @@
+"""Gumbel-max sampling in one pass over the logits: the counter-based noise of
+`sglang.srt.sampling.random.uniform` is hashed in the kernel, never stored.
+
+Reference: `sglang.srt.layers.sampler.Sampler` without top-k / top-p / min-p. Token choices
+match it exactly: the same MurmurHash3 words, the same 23-bit floats, IEEE division by the
+temperature, CUDA's `logf` for the two logarithms, and torch.argmax's order (a NaN wins,
+ties go to the lowest index).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+try:
+    from triton.language.extra import libdevice
+except ImportError:  # older Triton layouts; the interpreter never needs it
+    libdevice = None
+
+_MASK32 = 0xFFFFFFFF
+# Enough programs to fill an H200 (132 SMs) a few times over even at batch 1, which would
+# otherwise walk 150k columns in a single program.
+_TARGET_PROGRAMS = 1024
+_MIN_CHUNK = 2048
+
+
+def gumbel_max_sample(
+    logits: torch.Tensor,
+    temperatures: torch.Tensor,
+    seeds: torch.Tensor,
+    offsets: torch.Tensor,
+    greedy_mask: torch.Tensor,
+    stream: int = 0,
+    num_chunks: int | None = None,
+    block_size: int = 1024,
+) -> torch.Tensor:
+    """int64[bs] tokens: argmax(logits / T + gumbel(seed, offset, stream)) per row, or the
+    plain argmax of the logits where greedy_mask is set.
+
+    logits: float[bs, vocab] of any float dtype; temperatures: float32[bs] or [bs, 1];
+    seeds, offsets: int64[bs]; greedy_mask: bool[bs]. The grid depends only on (bs, vocab)
+    and nothing is read back, so the call can be captured in a CUDA graph. `num_chunks`
+    (programs per row) and `block_size` (columns per step, a power of two) are tuning knobs.
+    """
+    batch_size, vocab_size = logits.shape
+    if logits.stride(-1) != 1:
+        logits = logits.contiguous()
+    num_chunks, blocks_per_chunk = _split_vocab(batch_size, vocab_size, num_chunks, block_size)
+    device = logits.device
+    chunk_values = torch.empty(batch_size, num_chunks, dtype=torch.float32, device=device)
+    chunk_tokens = torch.empty(batch_size, num_chunks, dtype=torch.int64, device=device)
+    _gumbel_max_chunk_kernel[(batch_size, num_chunks)](
+        logits, logits.stride(0), temperatures.reshape(batch_size), seeds, offsets,
+        greedy_mask, chunk_values, chunk_tokens, vocab_size, stream & _MASK32,
+        NUM_CHUNKS=num_chunks, BLOCKS_PER_CHUNK=blocks_per_chunk, BLOCK=block_size,
+        CUDA_LOG=_use_cuda_log(device), num_warps=4,
+    )
+    if num_chunks == 1:
+        return chunk_tokens.view(batch_size)
+    tokens = torch.empty(batch_size, dtype=torch.int64, device=device)
+    _reduce_chunks_kernel[(batch_size,)](
+        chunk_values, chunk_tokens, tokens,
+        NUM_CHUNKS=num_chunks, BLOCK=triton.next_power_of_2(num_chunks), num_warps=1,
+    )
+    return tokens
+
+
+def uniform_kernel(
+    seeds: torch.Tensor, offsets: torch.Tensor, width: int, stream: int = 0
+) -> torch.Tensor:
+    """float32[bs, width]: the kernel's uniforms, to check against `random.uniform`."""
+    return _debug_noise(seeds, offsets, width, stream, gumbel=False)
+
+
+def gumbel_noise_kernel(
+    seeds: torch.Tensor, offsets: torch.Tensor, width: int, stream: int = 0
+) -> torch.Tensor:
+    """float32[bs, width]: the kernel's Gumbel noise, to check against `gumbel_noise`."""
+    return _debug_noise(seeds, offsets, width, stream, gumbel=True)
+
+
+def _split_vocab(
+    batch_size: int, vocab_size: int, num_chunks: int | None, block_size: int
+) -> tuple[int, int]:
+    """(chunks per row, blocks per chunk). Blocks per chunk is a power of two, so a few
+    compiled variants serve every batch size."""
+    if num_chunks is None:
+        num_chunks = min(triton.cdiv(_TARGET_PROGRAMS, batch_size), triton.cdiv(vocab_size, _MIN_CHUNK))
+    columns_per_chunk = triton.cdiv(vocab_size, max(num_chunks, 1))
+    blocks_per_chunk = triton.next_power_of_2(triton.cdiv(columns_per_chunk, block_size))
+    return triton.cdiv(vocab_size, blocks_per_chunk * block_size), blocks_per_chunk
+
+
+def _use_cuda_log(device: torch.device) -> bool:
+    # libdevice's logf is what torch's CUDA log calls; the interpreter cannot call it.
+    return device.type == "cuda" and os.environ.get("TRITON_INTERPRET") != "1"
+
+
+def _debug_noise(seeds, offsets, width, stream, gumbel):
+    batch_size = seeds.shape[0]
+    out = torch.empty(batch_size, width, dtype=torch.float32, device=seeds.device)
+    block = min(1024, triton.next_power_of_2(width))
+    _noise_kernel[(batch_size, triton.cdiv(width, block))](
+        seeds, offsets, out, width, stream & _MASK32,
+        GUMBEL=gumbel, BLOCK=block, CUDA_LOG=_use_cuda_log(seeds.device),
+    )
+    return out
+
+
+# ---------------------------------------------------------------- hash and noise, in-kernel
+
+
+@triton.jit
+def _rotl32(x, r: tl.constexpr):
+    return (x << r) | (x >> (32 - r))
+
+
+@triton.jit
+def _mix_block(h, word):
+    """One MurmurHash3 body step on uint32 values; uint32 multiplies wrap mod 2**32."""
+    k = word * 0xCC9E2D51
+    k = _rotl32(k, 15)
+    k = k * 0x1B873593
+    h = _rotl32(h ^ k, 13)
+    return h * 5 + 0xE6546B64
+
+
+@triton.jit
+def _fmix32(h):
+    h = h ^ (h >> 16)
+    h = h * 0x85EBCA6B
+    h = h ^ (h >> 13)
+    h = h * 0xC2B2AE35
+    return h ^ (h >> 16)
+
+
+@triton.jit
+def _row_hash(seeds_ptr, offsets_ptr, row, stream):
+    """The hash state after the five per-row words: seed lo/hi, offset lo/hi, stream."""
+    seed = tl.load(seeds_ptr + row).to(tl.int64)
+    offset = tl.load(offsets_ptr + row).to(tl.int64)
+    h = tl.full((), 0x9747B28C, tl.uint32)
+    h = _mix_block(h, seed.to(tl.uint32))
+    h = _mix_block(h, (seed >> 32).to(tl.uint32))
+    h = _mix_block(h, offset.to(tl.uint32))
+    h = _mix_block(h, (offset >> 32).to(tl.uint32))
+    return _mix_block(h, stream.to(tl.uint32))
+
+
+@triton.jit
+def _uniform(row_hash, columns):
+    """(2k + 1) / 2**24 for the top 23 bits k of the hash: exact in float32, inside (0, 1)."""
+    h = _mix_block(row_hash, columns.to(tl.uint32))
+    h = _fmix32(h ^ 24)  # 24 = the key's length in bytes, as MurmurHash3 appends it
+    bits = h >> 9
+    return (bits * 2 + 1).to(tl.float32) * 5.9604644775390625e-08
+
+
+@triton.jit
+def _log(x, CUDA_LOG: tl.constexpr):
+    if CUDA_LOG:
+        return libdevice.log(x)
+    else:
+        return tl.log(x)
+
+
+@triton.jit
+def _gumbel(u, CUDA_LOG: tl.constexpr):
+    return -_log(-_log(u, CUDA_LOG), CUDA_LOG)
+
+
+@triton.jit
+def _noise_kernel(seeds_ptr, offsets_ptr, out_ptr, width, stream,
+                  GUMBEL: tl.constexpr, BLOCK: tl.constexpr, CUDA_LOG: tl.constexpr):
+    row = tl.program_id(0)
+    columns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    noise = _uniform(_row_hash(seeds_ptr, offsets_ptr, row, stream), columns)
+    if GUMBEL:
+        noise = _gumbel(noise, CUDA_LOG)
+    tl.store(out_ptr + row.to(tl.int64) * width + columns, noise, mask=columns < width)
+
+
+# ---------------------------------------------------------------- argmax, torch.argmax's order
+
+
+@triton.jit
+def _first_argmax(values, indices):
+    """(value, index) of the best entry of 1-D tensors: a NaN beats any number, and equal
+    values go to the lowest index. Built from max / min reductions, which stay vectorised
+    in the interpreter too."""
+    no_index = 2**31 - 1
+    is_nan = values != values
+    nan_index = tl.min(tl.where(is_nan, indices, no_index), axis=0)
+    top = tl.max(tl.where(is_nan, float("-inf"), values), axis=0)
+    top_index = tl.min(tl.where(values == top, indices, no_index), axis=0)
+    has_nan = nan_index != no_index
+    return tl.where(has_nan, float("nan"), top), tl.where(has_nan, nan_index, top_index)
+
+
+@triton.jit
+def _chunk_argmax(row_ptr, start, vocab_size, temperature, row_hash, SAMPLE: tl.constexpr,
+                  BLOCKS_PER_CHUNK: tl.constexpr, BLOCK: tl.constexpr, CUDA_LOG: tl.constexpr):
+    """(value, index) of the best score in the chunk of columns that begins at start."""
+    lanes = tl.arange(0, BLOCK)
+    # Each lane keeps its own best; a lane sees its columns in increasing order, so a
+    # strictly-greater test already keeps the lowest index among equals.
+    best_values = tl.full((BLOCK,), float("-inf"), tl.float32)
+    best_indices = start + lanes
+    for block in range(BLOCKS_PER_CHUNK):  # a constant trip count, also for the interpreter
+        columns = start + block * BLOCK + lanes
+        in_vocab = columns < vocab_size
+        scores = tl.load(row_ptr + columns, mask=in_vocab, other=float("-inf")).to(tl.float32)
+        if SAMPLE:
+            noise = _gumbel(_uniform(row_hash, columns), CUDA_LOG)
+            scores = tl.where(in_vocab, tl.math.div_rn(scores, temperature) + noise, float("-inf"))
+        better = (scores > best_values) | ((scores != scores) & (best_values == best_values))
+        best_values = tl.where(better, scores, best_values)
+        best_indices = tl.where(better, columns, best_indices)
+    return _first_argmax(best_values, best_indices)
+
+
+@triton.jit
+def _gumbel_max_chunk_kernel(
+    logits_ptr, logits_row_stride, temperatures_ptr, seeds_ptr, offsets_ptr, greedy_mask_ptr,
+    chunk_values_ptr, chunk_tokens_ptr, vocab_size, stream, NUM_CHUNKS: tl.constexpr,
+    BLOCKS_PER_CHUNK: tl.constexpr, BLOCK: tl.constexpr, CUDA_LOG: tl.constexpr,
+):
+    row = tl.program_id(0)
+    chunk = tl.program_id(1)
+    start = chunk * (BLOCKS_PER_CHUNK * BLOCK)
+    row_ptr = logits_ptr + row.to(tl.int64) * logits_row_stride
+    if tl.load(greedy_mask_ptr + row):
+        value, index = _chunk_argmax(row_ptr, start, vocab_size, 1.0, 0, False,
+                                     BLOCKS_PER_CHUNK, BLOCK, CUDA_LOG)
+    else:
+        temperature = tl.load(temperatures_ptr + row).to(tl.float32)
+        row_hash = _row_hash(seeds_ptr, offsets_ptr, row, stream)
+        value, index = _chunk_argmax(row_ptr, start, vocab_size, temperature, row_hash, True,
+                                     BLOCKS_PER_CHUNK, BLOCK, CUDA_LOG)
+    tl.store(chunk_values_ptr + row * NUM_CHUNKS + chunk, value)
+    tl.store(chunk_tokens_ptr + row * NUM_CHUNKS + chunk, index.to(tl.int64))
+
+
+@triton.jit
+def _reduce_chunks_kernel(chunk_values_ptr, chunk_tokens_ptr, tokens_ptr,
+                          NUM_CHUNKS: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    chunks = tl.arange(0, BLOCK)
+    valid = chunks < NUM_CHUNKS
+    values = tl.load(chunk_values_ptr + row * NUM_CHUNKS + chunks, mask=valid, other=float("-inf"))
+    # Padding never wins: its index is above every real token's.
+    tokens = tl.load(chunk_tokens_ptr + row * NUM_CHUNKS + chunks, mask=valid, other=2**31 - 1)
+    _, token = _first_argmax(values, tokens)
+    tl.store(tokens_ptr + row, token)
