@@ -50,6 +50,15 @@ class Req:
     def all_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
 
+    def token_slice(self, start: int, end: int) -> list[int]:
+        """prompt + output tokens [start, end), without building the whole list."""
+        prompt_len = len(self.origin_input_ids)
+        if end <= prompt_len:
+            return self.origin_input_ids[start:end]
+        if start >= prompt_len:
+            return self.output_ids[start - prompt_len : end - prompt_len]
+        return self.origin_input_ids[start:] + self.output_ids[: end - prompt_len]
+
     @property
     def seq_len(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
@@ -106,12 +115,15 @@ class ScheduleBatch:
 
     def to_forward_batch(self, device: str) -> ForwardBatch:
         """Inputs of this step: each request's tokens in [kv_len, kv_len + extend_len)."""
-        input_ids, positions = [], []
-        for req in self.reqs:
-            ids = req.all_ids
-            start, end = req.kv_len, req.kv_len + req.extend_len
-            input_ids.extend(ids[start:end])
-            positions.extend(range(start, end))
+        if self.forward_mode.is_decode():
+            input_ids = [req.output_ids[-1] for req in self.reqs]
+            positions = [req.kv_len for req in self.reqs]
+        else:
+            input_ids, positions = [], []
+            for req in self.reqs:
+                start, end = req.kv_len, req.kv_len + req.extend_len
+                input_ids.extend(req.token_slice(start, end))
+                positions.extend(range(start, end))
         prefix_lens = [req.kv_len for req in self.reqs]
         extend_lens = [req.extend_len for req in self.reqs]
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]

@@ -27,6 +27,13 @@ class ReqToTokenPool:
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         self.req_to_token[row, start : start + slots.numel()] = slots.to(torch.int32)
 
+    def write_one_per_row(self, rows: list[int], columns: list[int], slots: torch.Tensor) -> None:
+        """req_to_token[rows[i], columns[i]] = slots[i], in one scatter."""
+        device = self.req_to_token.device
+        index = (torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True),
+                 torch.tensor(columns, dtype=torch.int64).to(device, non_blocking=True))
+        self.req_to_token.index_put_(index, slots.to(torch.int32))
+
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
         return self.req_to_token[row, start:end].to(torch.int64)
 
