@@ -1,15 +1,20 @@
-"""Keeps the kernels runnable under Triton's CPU interpreter (TRITON_INTERPRET=1), which the
-CPU tests use. Nothing here runs on a GPU.
+"""Makes Triton 3.6's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) compute what
+the GPU computes for our kernels. Nothing here runs on a GPU.
 
-Triton 3.6's interpreter turns a tensor into a Python int (as `range` needs for a loop bound
-read from memory) with int(array), which numpy >= 2.4 refuses for the 1-element arrays it
-holds; triton-lang/triton#9171, fixed upstream after 3.6. We wrap its tensor patching so the
-conversion goes through a 0-d view.
+Three gaps, each patched only while interpreting:
+- a loop bound read from memory (`range(start, end)`) becomes a Python int through
+  int(array), which numpy >= 2.4 refuses for the 1-element arrays the interpreter holds
+  (triton-lang/triton#9171, fixed upstream after 3.6): convert through a 0-d view;
+- fp32 -> bf16 casts truncate, where the GPU rounds to nearest even: round;
+- tl.dot on bf16 tiles multiplies their raw uint16 bits: widen them to fp32 first
+  (exact, as on the GPU's tensor cores, which accumulate bf16 products in fp32).
 """
 
 from __future__ import annotations
 
 import os
+
+import numpy as np
 
 _applied = False
 
@@ -22,8 +27,15 @@ def fix_interpreter() -> None:
     global _applied
     if _applied or not interpreting():
         return
+    import triton.language as tl
     import triton.runtime.interpreter as interpreter
 
+    _patch_scalar_index(interpreter)
+    _patch_bf16(interpreter, tl)
+    _applied = True
+
+
+def _patch_scalar_index(interpreter) -> None:
     patch_tensor = interpreter._patch_lang_tensor
 
     def patch_tensor_with_scalar_index(tensor, scope):
@@ -31,4 +43,31 @@ def fix_interpreter() -> None:
         scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(())))
 
     interpreter._patch_lang_tensor = patch_tensor_with_scalar_index
-    _applied = True
+
+
+def _patch_bf16(interpreter, tl) -> None:
+    builder = interpreter.InterpreterBuilder
+    cast_impl, create_dot = builder.cast_impl, builder.create_dot
+
+    def cast_rounding_to_nearest(self, src, dst_type):
+        if src.dtype.scalar == tl.float32 and dst_type.scalar == tl.bfloat16:
+            return interpreter.TensorHandle(_fp32_to_bf16_bits(src.data), tl.bfloat16)
+        return cast_impl(self, src, dst_type)
+
+    def dot_widening_bf16(self, a, b, d, input_precision, max_num_imprecise_acc):
+        a, b = (interpreter.TensorHandle(_bf16_bits_to_fp32(t.data), tl.float32) if t.dtype.scalar == tl.bfloat16 else t
+                for t in (a, b))
+        return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+    builder.cast_impl = cast_rounding_to_nearest
+    builder.create_dot = dot_widening_bf16
+
+
+def _fp32_to_bf16_bits(data: np.ndarray) -> np.ndarray:
+    bits = np.ascontiguousarray(data, dtype=np.float32).view(np.uint32)
+    rounded = ((bits + np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))) >> 16).astype(np.uint16)
+    return np.where(np.isnan(data), np.uint16(0x7FC0), rounded)
+
+
+def _bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
+    return (np.ascontiguousarray(bits).astype(np.uint32) << 16).view(np.float32)

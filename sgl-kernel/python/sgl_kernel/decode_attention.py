@@ -3,7 +3,7 @@ attends to its whole KV history, gathered from the KV pool through `req_to_token
 
 Stage 1 splits each sequence into `num_kv_splits` contiguous chunks and computes, per chunk,
 the softmax-weighted sum of V and the chunk's log-sum-exp; stage 2 merges the chunks. The
-launch grid depends only on shapes, and `seq_lens` is read inside the kernels, so a CUDA
+launch grid depends only on shapes and `seq_lens` is read inside the kernels, so a CUDA
 graph captured once replays for any lengths.
 """
 
@@ -14,10 +14,10 @@ import triton
 import triton.language as tl
 
 from sgl_kernel._interpreter import fix_interpreter
+from sgl_kernel.paged_kv import LOG2E, check_paged_attention_args, dot_precision, gathered_kv
 
 fix_interpreter()
 
-LOG2E = 1.4426950408889634
 BLOCK_N = 64  # KV positions per inner step; a split's chunk is a multiple of it
 
 
@@ -32,13 +32,13 @@ def _split_range(seq_len, split, NUM_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
 @triton.jit
 def _decode_split_kernel(
     q, k_buffer, v_buffer, workspace, req_to_token, req_pool_indices, seq_lens,
-    qk_scale,  # sm_scale * log2(e): the kernel works in base 2
+    qk_scale,  # sm_scale * log2(e)
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     stride_wb, stride_wh, stride_ws, stride_req,
-    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    BLOCK: tl.constexpr, PRECISION: tl.constexpr,
 ):
-    """One program: one request, one KV head with all GROUP query heads that share it, one split."""
+    """One program: one request, one KV head with the GROUP query heads that share it, one split."""
     b, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     seq_len = tl.load(seq_lens + b).to(tl.int32)
     row = tl.load(req_pool_indices + b).to(tl.int64)
@@ -67,11 +67,12 @@ def _decode_split_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
 
-    # Empty splits store nothing; stage 2 derives which splits exist from seq_len.
+    # An empty split stores nothing: stage 2 derives from seq_len which splits exist.
     store_ok = head_ok & (start < end)
-    out = workspace + b * stride_wb + heads * stride_wh + split * stride_ws
-    tl.store(out[:, None] + dims[None, :], acc / l_i[:, None], mask=store_ok[:, None])
-    tl.store(out + HEAD_DIM, m_i + tl.log2(l_i), mask=store_ok)
+    l_i = tl.where(store_ok, l_i, 1.0)
+    part = workspace + b * stride_wb + heads * stride_wh + split * stride_ws
+    tl.store(part[:, None] + dims[None, :], acc / l_i[:, None], mask=store_ok[:, None])
+    tl.store(part + HEAD_DIM, m_i + tl.log2(l_i), mask=store_ok)
 
 
 @triton.jit
@@ -80,7 +81,7 @@ def _decode_merge_kernel(
     stride_wb, stride_wh, stride_ws, stride_ob, stride_oh,
     HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, BLOCK: tl.constexpr,
 ):
-    """One program: one request, one query head; merges the splits by their log-sum-exp."""
+    """One program: one request, one query head; weighs each split by its share of the softmax."""
     b, head = tl.program_id(0), tl.program_id(1)
     seq_len = tl.load(seq_lens + b).to(tl.int32)
     splits = tl.arange(0, SPLITS_POW2)
@@ -91,16 +92,15 @@ def _decode_merge_kernel(
     part = workspace + b * stride_wb + head * stride_wh + splits * stride_ws
     lse = tl.load(part + HEAD_DIM, mask=split_ok, other=float("-inf"))
     values = tl.load(part[:, None] + dims[None, :], mask=split_ok[:, None], other=0.0)
-    # A request with no split (seq_len 0, e.g. CUDA-graph padding) gets zeros, not NaN.
+    # With no split at all (seq_len 0: CUDA-graph padding) the output is zeros, not NaN.
     lse_max = tl.maximum(tl.max(lse, 0), -1e30)
     weights = tl.where(split_ok, tl.exp2(lse - lse_max), 0.0)
-    total = tl.maximum(tl.sum(weights, 0), 1e-30)
-    out = tl.sum(values * weights[:, None], 0) / total
+    out = tl.sum(values * weights[:, None], 0) / tl.maximum(tl.sum(weights, 0), 1e-30)
     tl.store(o + b * stride_ob + head * stride_oh + dims, out.to(o.dtype.element_ty))
 
 
 def decode_workspace(bs: int, num_heads: int, head_dim: int, num_kv_splits: int, device) -> torch.Tensor:
-    """Scratch for stage 1: per split, D partial outputs then the split's log2-sum-exp."""
+    """Stage 1's scratch: per split, D partial outputs then the split's log-sum-exp (base 2)."""
     return torch.empty((bs, num_heads, num_kv_splits, head_dim + 1), dtype=torch.float32, device=device)
 
 
@@ -112,21 +112,21 @@ def decode_attention_fwd(
     """q, o: [bs, H, D]; k_buffer, v_buffer: [slots, KV, D]; writes o and returns it."""
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
-    _check_decode_args(q, k_buffer, v_buffer, o, req_to_token, num_kv_splits)
-    group = num_heads // num_kv_heads
+    _check_args(q, o, k_buffer, v_buffer, req_to_token, num_kv_splits)
     if workspace is None:
         workspace = decode_workspace(bs, num_heads, head_dim, num_kv_splits, q.device)
-    assert workspace.shape[:3] == (bs, num_heads, num_kv_splits) and workspace.shape[3] == head_dim + 1
-    assert workspace.dtype == torch.float32 and workspace.stride(-1) == 1
-
+    if workspace.shape != (bs, num_heads, num_kv_splits, head_dim + 1) or workspace.dtype != torch.float32:
+        raise ValueError(f"workspace {tuple(workspace.shape)} {workspace.dtype} is not decode_workspace's")
+    if bs == 0:
+        return o
+    group = num_heads // num_kv_heads
     _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](
         q, k_buffer, v_buffer, workspace, req_to_token, req_pool_indices, seq_lens,
         sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         workspace.stride(0), workspace.stride(1), workspace.stride(2), req_to_token.stride(0),
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        NUM_SPLITS=num_kv_splits, BLOCK=BLOCK_N, PRECISION=dot_precision(q.dtype),
-        num_warps=4, num_stages=2,
+        NUM_SPLITS=num_kv_splits, BLOCK=BLOCK_N, PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2,
     )
     _decode_merge_kernel[(bs, num_heads)](
         workspace, o, seq_lens,
@@ -137,38 +137,12 @@ def decode_attention_fwd(
     return o
 
 
-def dot_precision(dtype: torch.dtype) -> str:
-    # Full fp32 products for fp32 inputs: TF32 (Triton's default) would miss a 1e-4 tolerance.
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def check_head_dim(head_dim: int) -> None:
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        raise ValueError(f"head_dim must be a power of two >= 16, got {head_dim}")
-
-
-def check_kv_layout(q, k_buffer, v_buffer, req_to_token) -> None:
-    num_heads, head_dim = q.shape[1], q.shape[2]
-    check_head_dim(head_dim)
-    if k_buffer.shape[1:] != (k_buffer.shape[1], head_dim) or v_buffer.shape != k_buffer.shape:
-        raise ValueError(f"K/V buffers {tuple(k_buffer.shape)}, {tuple(v_buffer.shape)} do not match head_dim {head_dim}")
-    if num_heads % k_buffer.shape[1]:
-        raise ValueError(f"{num_heads} query heads are not a multiple of {k_buffer.shape[1]} KV heads")
-    if not (q.dtype == k_buffer.dtype == v_buffer.dtype) or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"q/k/v dtypes must be one of fp32, fp16, bf16 and equal, got {q.dtype}, {k_buffer.dtype}, {v_buffer.dtype}")
-    if any(t.stride(-1) != 1 for t in (q, k_buffer, v_buffer, req_to_token)):
-        raise ValueError("q, K/V buffers and req_to_token need a contiguous last dimension")
-
-
-def _check_decode_args(q, k_buffer, v_buffer, o, req_to_token, num_kv_splits: int) -> None:
-    check_kv_layout(q, k_buffer, v_buffer, req_to_token)
-    if o.shape != q.shape or o.stride(-1) != 1:
-        raise ValueError(f"o {tuple(o.shape)} must match q {tuple(q.shape)} with a contiguous last dimension")
+def _check_args(q, o, k_buffer, v_buffer, req_to_token, num_kv_splits: int) -> None:
+    check_paged_attention_args(q, o, k_buffer, v_buffer, req_to_token)
     if num_kv_splits < 1:
         raise ValueError(f"num_kv_splits must be >= 1, got {num_kv_splits}")
-    group = q.shape[1] // k_buffer.shape[1]
-    if group > 64:
-        raise ValueError(f"GQA group of {group} query heads per KV head is over the supported 64")
+    if q.shape[1] // k_buffer.shape[1] > 64:
+        raise ValueError(f"a GQA group of {q.shape[1] // k_buffer.shape[1]} query heads per KV head is over 64")
 
 
 def decode_attention_ref(
@@ -176,14 +150,10 @@ def decode_attention_ref(
     req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
     sm_scale: float, num_kv_splits: int = 1, workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Torch reference, one request at a time in float32 (num_kv_splits/workspace unused)."""
+    """Torch reference, one request at a time in float32; num_kv_splits and workspace are unused."""
     group = q.shape[1] // k_buffer.shape[1]
     for i in range(q.shape[0]):
-        seq_len = int(seq_lens[i])
-        slots = req_to_token[req_pool_indices[i], :seq_len].long()
-        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [seq, H, D]
-        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,shd->hs", q[i].float(), k) * sm_scale
-        out = torch.einsum("hs,shd->hd", scores.softmax(-1), v) if seq_len else torch.zeros_like(q[i], dtype=torch.float32)
-        o[i] = out.to(o.dtype)
+        k, v = gathered_kv(k_buffer, v_buffer, req_to_token, req_pool_indices[i], int(seq_lens[i]), group)
+        probs = (torch.einsum("hd,shd->hs", q[i].float(), k) * sm_scale).softmax(-1)
+        o[i] = torch.einsum("hs,shd->hd", probs, v).nan_to_num(0.0).to(o.dtype)  # seq_len 0 -> zeros
     return o

@@ -13,7 +13,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel._interpreter import fix_interpreter
-from sgl_kernel.decode_attention import LOG2E, check_kv_layout, dot_precision
+from sgl_kernel.paged_kv import LOG2E, check_paged_attention_args, dot_precision, gathered_kv
 
 fix_interpreter()
 
@@ -77,9 +77,7 @@ def extend_attention_fwd(
     """q, o: [num_tokens, H, D]; k_buffer, v_buffer: [slots, KV, D]; writes o and returns it.
     `max_extend_len` (a host int, at least max(extend_seq_lens)) sizes the grid."""
     num_heads, head_dim = q.shape[1], q.shape[2]
-    check_kv_layout(q, k_buffer, v_buffer, req_to_token)
-    if o.shape != q.shape or o.stride(-1) != 1:
-        raise ValueError(f"o {tuple(o.shape)} must match q {tuple(q.shape)} with a contiguous last dimension")
+    check_paged_attention_args(q, o, k_buffer, v_buffer, req_to_token)
     bs = seq_lens.shape[0]
     if bs == 0 or max_extend_len <= 0:
         return o
@@ -112,9 +110,7 @@ def extend_attention_ref(
     group = q.shape[1] // k_buffer.shape[1]
     for i in range(seq_lens.shape[0]):
         seq_len, new_len, first = int(seq_lens[i]), int(extend_seq_lens[i]), int(extend_start_loc[i])
-        slots = req_to_token[req_pool_indices[i], :seq_len].long()
-        k = k_buffer[slots].float().repeat_interleave(group, dim=1)  # [seq, H, D]
-        v = v_buffer[slots].float().repeat_interleave(group, dim=1)
+        k, v = gathered_kv(k_buffer, v_buffer, req_to_token, req_pool_indices[i], seq_len, group)
         scores = torch.einsum("thd,shd->hts", q[first : first + new_len].float(), k) * sm_scale
         query_pos = torch.arange(seq_len - new_len, seq_len, device=q.device)
         visible = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]

@@ -1,11 +1,20 @@
-"""Test helpers shared by the CPU (interpreter) and GPU kernel tests: a paged KV pool filled
-with random data in the engine's layout, and the error measure the tests compare with."""
+"""Helpers shared by the CPU (interpreter) and GPU kernel tests: a paged KV pool in the
+engine's layout filled with random data, and the error measure and tolerances."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+# Tolerances on relative_error against the float32 torch references.
+TOLERANCE = {torch.float32: 1e-4, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected|, in float32."""
+    diff = (actual.float() - expected.float()).abs().max()
+    return float(diff / expected.float().abs().max().clamp_min(1e-30))
 
 
 @dataclass
@@ -22,25 +31,20 @@ class PagedKV:
 def make_paged_kv(seq_lens: list[int], num_kv_heads: int, head_dim: int, dtype: torch.dtype,
                   device="cpu", seed: int = 0, spare_rows: int = 2) -> PagedKV:
     """Each request gets randomly scattered slots and a shuffled row of req_to_token, so a
-    kernel that assumes contiguous slots or rows == batch index fails."""
+    kernel that assumes contiguous slots, or rows equal to batch positions, fails."""
     gen = torch.Generator().manual_seed(seed)
     num_slots = sum(seq_lens) + 8  # a few slots no request uses
     shape = (num_slots + 1, num_kv_heads, head_dim)
-    k_buffer = torch.randn(shape, generator=gen).to(dtype)
-    v_buffer = torch.randn(shape, generator=gen).to(dtype)
-    bs, max_len = len(seq_lens), max(max(seq_lens), 1) + 3
+    dev_gen = torch.Generator(device=device).manual_seed(seed)
+    k_buffer = torch.randn(shape, generator=dev_gen, device=device).to(dtype)
+    v_buffer = torch.randn(shape, generator=dev_gen, device=device).to(dtype)
+    bs, max_len = len(seq_lens), max(seq_lens, default=0) + 3
     rows = torch.randperm(bs + spare_rows, generator=gen)[:bs]
-    slots = torch.randperm(num_slots, generator=gen) + 1
+    slots = torch.randperm(num_slots, generator=gen).int() + 1
     req_to_token = torch.zeros((bs + spare_rows, max_len), dtype=torch.int32)
     start = 0
     for row, seq_len in zip(rows.tolist(), seq_lens):
-        req_to_token[row, :seq_len] = slots[start : start + seq_len].int()
+        req_to_token[row, :seq_len] = slots[start : start + seq_len]
         start += seq_len
-    return PagedKV(k_buffer.to(device), v_buffer.to(device), req_to_token.to(device),
-                   rows.to(device), torch.tensor(seq_lens, dtype=torch.int64, device=device))
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |actual - expected| / max |expected|, in float32."""
-    diff = (actual.float() - expected.float()).abs().max()
-    return float(diff / expected.float().abs().max().clamp_min(1e-30))
+    return PagedKV(k_buffer, v_buffer, req_to_token.to(device), rows.to(device),
+                   torch.tensor(seq_lens, dtype=torch.int64, device=device))
