@@ -28,7 +28,7 @@ def fix_interpreter() -> None:
     if _applied or not interpreting():
         return
     import triton.language as tl
-    import triton.runtime.interpreter as interpreter
+    from triton.runtime import interpreter
 
     _patch_scalar_index(interpreter)
     _patch_bf16(interpreter, tl)

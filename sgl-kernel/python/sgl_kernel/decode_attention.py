@@ -18,8 +18,6 @@ from sgl_kernel.paged_kv import LOG2E, check_paged_attention_args, dot_precision
 
 fix_interpreter()
 
-BLOCK_N = 64  # KV positions per inner step; a split's chunk is a multiple of it
-
 
 @triton.jit
 def _split_range(seq_len, split, NUM_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
@@ -119,22 +117,30 @@ def decode_attention_fwd(
         raise ValueError(f"workspace {tuple(workspace.shape)} {workspace.dtype} is not decode_workspace's")
     if bs == 0:
         return o
-    group = num_heads // num_kv_heads
+    group, block_n = num_heads // num_kv_heads, kv_block_size(head_dim, q.dtype)
     _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](
         q, k_buffer, v_buffer, workspace, req_to_token, req_pool_indices, seq_lens,
         sm_scale * LOG2E,
         q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
         workspace.stride(0), workspace.stride(1), workspace.stride(2), req_to_token.stride(0),
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        NUM_SPLITS=num_kv_splits, BLOCK=BLOCK_N, PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2,
+        NUM_SPLITS=num_kv_splits, BLOCK=block_n, PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2,
     )
     _decode_merge_kernel[(bs, num_heads)](
         workspace, o, seq_lens,
         workspace.stride(0), workspace.stride(1), workspace.stride(2), o.stride(0), o.stride(1),
         HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits, SPLITS_POW2=triton.next_power_of_2(num_kv_splits),
-        BLOCK=BLOCK_N, num_warps=4,
+        BLOCK=block_n, num_warps=4,
     )
     return o
+
+
+def kv_block_size(head_dim: int, dtype: torch.dtype) -> int:
+    """KV positions per inner step (a split's chunk is a multiple of it): 64 for bf16/fp16 at
+    head_dim 128, fewer as a row of K grows, so that double-buffered K and V tiles fit in
+    shared memory."""
+    row_bytes = head_dim * dtype.itemsize
+    return max(16, min(64, 16384 // row_bytes))
 
 
 def _check_args(q, o, k_buffer, v_buffer, req_to_token, num_kv_splits: int) -> None:
