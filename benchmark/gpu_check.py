@@ -148,7 +148,7 @@ def part_peer(args) -> dict:
     path = ensure_8b(args)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16, device_map="cuda").eval()
     report = {}
-    for cache in ("dynamic", "static"):
+    for cache in args.peer_caches.split(","):
         for bs in BATCH_SIZES:
             report[f"{cache}_bs{bs}"] = _hf_step_time(model, bs, cache)
             print(f"transformers {cache} cache bs {bs}: {report[f'{cache}_bs{bs}'] * 1e3:.2f} ms/step", flush=True)
@@ -183,6 +183,7 @@ def main() -> None:
     parser.add_argument("--parts", default="tests,exactness,floor,bench,peer")
     parser.add_argument("--workdir", default="/tmp/gpu_check")
     parser.add_argument("--bench-args", default="", help="extra flags for bench_one_batch")
+    parser.add_argument("--peer-caches", default="dynamic,static", help="transformers cache implementations")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     os.makedirs(args.workdir, exist_ok=True)
