@@ -51,6 +51,7 @@ class ServerArgs:
     enable_metrics: bool = False
     skip_server_warmup: bool = False
     disable_cuda_graph: bool = False
+    disable_overlap_schedule: bool = False
     cuda_graph_max_bs: int = 256
     cuda_graph_bs: Optional[tuple[int, ...]] = None
 
@@ -151,6 +152,9 @@ class ServerArgs:
                             help="Serve Prometheus metrics at /metrics.")
         parser.add_argument("--skip-server-warmup", action="store_true",
                             help="Report ready without running a warm-up generation first.")
+        parser.add_argument("--disable-overlap-schedule", action="store_true",
+                            help="Process each decode step's results before launching the next (by default "
+                                 "the CPU prepares step N+1 while the device runs step N).")
         parser.add_argument("--disable-cuda-graph", action="store_true",
                             help="Run decode steps eagerly instead of replaying captured CUDA graphs.")
         parser.add_argument("--cuda-graph-max-bs", type=int, default=d["cuda_graph_max_bs"].default,

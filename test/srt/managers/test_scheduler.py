@@ -174,3 +174,44 @@ def test_flush_cache_is_refused_while_requests_run(tiny_model_paths):
     assert scheduler.flush_cache() is True
     assert scheduler.get_internal_state()["cached_slots"] == 0
     assert_accounting(scheduler)
+
+
+def _mixed_workload(scheduler: Scheduler) -> None:
+    ids = prompts(8, 12)
+    for i, prompt in enumerate(ids):
+        params = SamplingParams(max_new_tokens=6 + 5 * i, temperature=0 if i % 2 else 0.9, sampling_seed=i,
+                                ignore_eos=True)
+        if i == 3:
+            params.stop_token_ids = [prompt[0]]  # may or may not be produced: either way both runs agree
+        scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", prompt, params, stream=i % 3 == 0))
+
+
+@pytest.mark.parametrize("max_total_tokens", [None, 160])
+def test_overlap_gives_the_tokens_of_sequential_steps(tiny_model_paths, max_total_tokens):
+    path = tiny_model_paths["llama"]
+    runs = {}
+    for overlap in (False, True):
+        scheduler = make_scheduler(path, disable_overlap_schedule=not overlap, max_total_tokens=max_total_tokens)
+        _mixed_workload(scheduler)
+        pipelined = []
+        results = run_to_completion(scheduler, lambda step, s: pipelined.append(s.in_flight is not None))
+        runs[overlap] = {rid: (r["ids"], r["reason"]) for rid, r in results.items()}
+        assert any(pipelined) == overlap  # overlap really kept a step in flight between steps
+        assert_accounting(scheduler)
+    assert runs[True] == runs[False]
+
+
+def test_abort_while_a_step_is_in_flight_frees_its_kv(tiny_model_paths):
+    scheduler = make_scheduler(tiny_model_paths["llama"])
+    scheduler.add_request(greedy_req("keep", prompts(2)[0], max_new_tokens=20))
+    scheduler.add_request(greedy_req("drop", prompts(2)[1], max_new_tokens=20))
+
+    def abort_when_in_flight(step, sched):
+        if sched.in_flight is not None and not sched.get_internal_state()["num_retractions"] and step == 4:
+            assert "drop" in [r.rid for r in sched.in_flight[0].reqs]
+            sched.abort_request(AbortReq("drop"))
+
+    results = run_to_completion(scheduler, abort_when_in_flight)
+    assert results["drop"]["reason"]["type"] == "abort"
+    assert len(results["keep"]["ids"]) == 20
+    assert_accounting(scheduler)

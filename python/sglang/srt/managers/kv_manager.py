@@ -69,9 +69,13 @@ class KVManager:
         if req.req_pool_idx is None:
             return
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_len)
-        not_taken = self.tree_cache.insert(req.all_ids[: req.kv_len], slots)
+        # Under overlap the last slot can hold the KV of a token whose id is still in flight:
+        # it cannot be cached under a key, so it is freed.
+        cacheable = min(req.kv_len, req.seq_len)
+        not_taken = self.tree_cache.insert(req.all_ids[:cacheable], slots[:cacheable])
         # Slots below cached_len belong to the cache already; the rest of the untaken ones are ours.
         self.allocator.free(slots[req.cached_len : not_taken])
+        self.allocator.free(slots[cacheable:])
         self.tree_cache.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.last_node = None, None

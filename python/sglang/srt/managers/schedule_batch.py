@@ -42,6 +42,7 @@ class Req:
         self.cached_tokens = 0  # prompt tokens served from the cache at first admission
         self.extend_len = 0  # tokens this step's forward adds
         self.sent_len = 0  # output tokens already reported to the detokenizer
+        self.num_pending = 0  # tokens sampled by launched steps, not yet appended (overlap)
         self.admit_time: Optional[float] = None  # wall clock, first admission to a prefill
         self.first_token_time: Optional[float] = None  # wall clock, first output token
         self.to_abort = False
@@ -108,6 +109,8 @@ class ScheduleBatch:
     reqs: list[Req]
     forward_mode: ForwardMode
     out_cache_loc: torch.Tensor  # [num_tokens] slots allocated for this step's new tokens
+    # DECODE under overlap: this step's input tokens, still on the device (set by the scheduler).
+    input_ids_device: Optional[torch.Tensor] = None
 
     @property
     def batch_size(self) -> int:
@@ -116,7 +119,8 @@ class ScheduleBatch:
     def to_forward_batch(self, device: str) -> ForwardBatch:
         """Inputs of this step: each request's tokens in [kv_len, kv_len + extend_len)."""
         if self.forward_mode.is_decode():
-            input_ids = [req.output_ids[-1] for req in self.reqs]
+            # With overlap the last tokens are still on the device: the previous step's output.
+            input_ids = None if self.input_ids_device is not None else [req.output_ids[-1] for req in self.reqs]
             positions = [req.kv_len for req in self.reqs]
         else:
             input_ids, positions = [], []
@@ -130,7 +134,7 @@ class ScheduleBatch:
         return ForwardBatch(
             forward_mode=self.forward_mode,
             batch_size=self.batch_size,
-            input_ids=_to_device(input_ids, device),
+            input_ids=self.input_ids_device if input_ids is None else _to_device(input_ids, device),
             positions=_to_device(positions, device),
             req_pool_indices=_to_device([req.req_pool_idx for req in self.reqs], device),
             seq_lens=_to_device(seq_lens, device),
@@ -141,8 +145,9 @@ class ScheduleBatch:
         )
 
     def sampling_offsets(self, device: str) -> torch.Tensor:
-        """Each request's output position: the random stream of its next token."""
-        return _to_device([len(req.output_ids) for req in self.reqs], device)
+        """Each request's output position: the random stream of its next token (tokens still
+        on their way from an overlapped step count)."""
+        return _to_device([len(req.output_ids) + req.num_pending for req in self.reqs], device)
 
 
 def _to_device(values: list[int], device: str) -> torch.Tensor:

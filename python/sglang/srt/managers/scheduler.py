@@ -13,6 +13,7 @@ from collections import deque
 from typing import Optional
 
 import numpy as np
+import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.hf_transformers_utils import get_tokenizer
@@ -51,6 +52,8 @@ class Scheduler:
         self.last_step_time = time.perf_counter()
         self.last_step_throughput = 0.0
         self.tokenizer = None
+        self.overlap = not server_args.disable_overlap_schedule
+        self.in_flight = None  # (ScheduleBatch, GenerationBatchResult) launched, not yet processed
 
     def model_info(self) -> dict:
         return {
@@ -102,15 +105,45 @@ class Scheduler:
     # ---- one step ----------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return bool(self.waiting_queue or self.running_reqs or self.chunked_req or self.pending_outputs)
+        return bool(self.waiting_queue or self.running_reqs or self.chunked_req or self.pending_outputs
+                    or self.in_flight)
 
     def step(self) -> Optional[BatchTokenIDOut]:
-        """Run at most one forward; return the outputs to report (or None)."""
+        """Launch at most one forward and process what has finished; return the outputs.
+
+        With overlap, consecutive decode steps pipeline: step N is launched from the tokens
+        step N-1 left on the device, then N-1's results are processed while N runs. Anything
+        else (a prefill, a retraction, an idle queue) first processes the step in flight."""
         self._drop_aborted()
+        if self._can_overlap_decode():
+            batch = self._schedule_decode(overlapped=True)
+            if batch is not None:
+                previous = self.in_flight
+                self.in_flight = (batch, self._launch(batch))
+                self._process(*previous)
+                return self._collect_outputs()
+        self._process_in_flight()
         batch = self._schedule_prefill() or self._schedule_decode()
         if batch is not None:
-            self._run(batch)
+            result = self._launch(batch)
+            if self.overlap and batch.forward_mode.is_decode():
+                self.in_flight = (batch, result)
+            else:
+                self._process(batch, result)
         return self._collect_outputs()
+
+    def _can_overlap_decode(self) -> bool:
+        if not self.overlap or self.in_flight is None or not self.in_flight[0].forward_mode.is_decode():
+            return False
+        # Prefill has priority: a request that could be admitted now needs exact state first.
+        could_prefill = self.chunked_req is not None or (self.waiting_queue and self._free_running_slots() > 0)
+        return not could_prefill
+
+    def _process_in_flight(self) -> None:
+        if self.in_flight is not None:
+            batch, result = self.in_flight
+            self.in_flight = None
+            self._process(batch, result)
 
     def _schedule_prefill(self) -> Optional[ScheduleBatch]:
         if not self.waiting_queue and self.chunked_req is None:
@@ -161,15 +194,31 @@ class Scheduler:
             self.kv_manager.release(req)
             self.waiting_queue.appendleft(req)
 
-    def _schedule_decode(self) -> Optional[ScheduleBatch]:
+    def _schedule_decode(self, overlapped: bool = False) -> Optional[ScheduleBatch]:
+        """A decode step over the running requests. Overlapped, their inputs are the step in
+        flight's tokens, and running out of KV returns None (the caller syncs, then retracts)."""
         while self.running_reqs:
             for req in self.running_reqs:
                 req.extend_len = 1
             out_cache_loc = self.kv_manager.alloc_for_step(self.running_reqs)
             if out_cache_loc is not None:
-                return ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE, out_cache_loc)
+                batch = ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE, out_cache_loc)
+                if overlapped:
+                    batch.input_ids_device = self._tokens_in_flight(batch.reqs)
+                return batch
+            if overlapped:
+                return None
             self._retract(self.running_reqs.pop())
         return None
+
+    def _tokens_in_flight(self, reqs: list[Req]) -> torch.Tensor:
+        previous_batch, previous_result = self.in_flight
+        row = {id(req): i for i, req in enumerate(previous_batch.reqs)}
+        rows = [row[id(req)] for req in reqs]
+        if rows == list(range(len(previous_batch.reqs))):
+            return previous_result.next_token_ids
+        index = torch.tensor(rows, dtype=torch.int64).to(previous_result.next_token_ids.device, non_blocking=True)
+        return previous_result.next_token_ids.index_select(0, index)
 
     def _retract(self, req: Req) -> None:
         """Out of KV: put the newest running request back in the queue. Its KV goes to the
@@ -180,17 +229,29 @@ class Scheduler:
         logger.warning("KV cache is full: request %s goes back to the queue (%d retractions so far)",
                        req.rid, self.num_retractions)
 
-    def _run(self, batch: ScheduleBatch) -> None:
+    def _launch(self, batch: ScheduleBatch):
+        """Start the step on the device. The KV of its tokens is being written from now on, so
+        kv_len counts them; a request gets a pending token unless this is a prefill chunk."""
         result = self.tp_worker.forward_batch_generation(batch)
-        next_token_ids = result.next_token_ids.tolist()
-        logprobs = _LogprobRows(result)
+        for req in batch.reqs:
+            req.kv_len += req.extend_len
+            if req.kv_len >= req.seq_len:
+                req.num_pending += 1
+        return result
+
+    def _process(self, batch: ScheduleBatch, result) -> None:
+        host = result.wait_host()
+        next_token_ids = host["next_token_ids"].tolist()
+        logprobs = _LogprobRows(host)
         now = time.perf_counter()
         new_tokens = 0
         for i, (req, token_id) in enumerate(zip(batch.reqs, next_token_ids)):
-            req.kv_len += req.extend_len
+            if req.finished():  # finished (or aborted) while this step was in flight
+                continue
             if req.kv_len < req.seq_len:  # a prefill chunk: more of the prompt to come
                 self.chunked_req = req
                 continue
+            req.num_pending -= 1
             if req is self.chunked_req:
                 self.chunked_req = None
             if batch.forward_mode == ForwardMode.EXTEND:
@@ -287,13 +348,13 @@ class Scheduler:
 
 
 class _LogprobRows:
-    """The step's logprobs, copied to the host once, handed out per request."""
+    """The step's logprobs (host copies), handed out per request."""
 
-    def __init__(self, result):
-        self.token = result.next_token_logprobs.tolist() if result.next_token_logprobs is not None else None
-        has_top = result.top_logprobs is not None
-        self.top = result.top_logprobs.tolist() if has_top else None
-        self.top_ids = result.top_logprob_ids.tolist() if has_top else None
+    def __init__(self, host: dict):
+        self.token = host["next_token_logprobs"].tolist() if "next_token_logprobs" in host else None
+        has_top = "top_logprobs" in host
+        self.top = host["top_logprobs"].tolist() if has_top else None
+        self.top_ids = host["top_logprob_ids"].tolist() if has_top else None
 
     def record(self, req: Req, row: int, token_id: int) -> None:
         req.output_token_logprobs.append((self.token[row], token_id))

@@ -23,6 +23,32 @@ class GenerationBatchResult:
     next_token_logprobs: Optional[torch.Tensor] = None
     top_logprobs: Optional[torch.Tensor] = None
     top_logprob_ids: Optional[torch.Tensor] = None
+    # Host copies, filled by non-blocking copies; `copy_done` fences them (None on CPU).
+    host: dict = dataclasses.field(default_factory=dict)
+    copy_done: Optional[torch.cuda.Event] = None
+
+    _HOST_FIELDS = ("next_token_ids", "next_token_logprobs", "top_logprobs", "top_logprob_ids")
+
+    def start_copy_to_host(self) -> None:
+        """Start copying the small results to pinned host memory without waiting for them."""
+        for name in self._HOST_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value.is_cuda:
+                self.host[name] = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+                self.host[name].copy_(value, non_blocking=True)
+            else:
+                self.host[name] = value
+        if self.next_token_ids.is_cuda:
+            self.copy_done = torch.cuda.Event()
+            self.copy_done.record()
+
+    def wait_host(self) -> dict:
+        """The host copies, once the step that produced them has finished (only that step)."""
+        if self.copy_done is not None:
+            self.copy_done.synchronize()
+        return self.host
 
 
 class TpModelWorker:
@@ -32,6 +58,8 @@ class TpModelWorker:
         self.model_runner = ModelRunner(model_config, server_args)
 
     def forward_batch_generation(self, batch: ScheduleBatch) -> GenerationBatchResult:
+        """Launch the step and return at once; the tokens are on the device and on their way
+        to the host (`wait_host`)."""
         forward_batch = batch.to_forward_batch(self.device)
         logits_output = self.model_runner.forward(forward_batch)
         sampling_info = SamplingBatchInfo.from_params(
@@ -44,6 +72,7 @@ class TpModelWorker:
         result = GenerationBatchResult(logits_output, next_token_ids)
         if any(req.return_logprob for req in batch.reqs):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
+        result.start_copy_to_host()
         return result
 
     @staticmethod

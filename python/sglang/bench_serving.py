@@ -1,0 +1,106 @@
+"""Online serving benchmark: streams requests to a running server and reports throughput,
+TTFT, ITL, TPOT, end-to-end latency and achieved concurrency (docs/bench_serving.md).
+
+    python -m sglang.bench_serving --backend sglang --port 30000 --dataset-name random \\
+        --random-input-len 1024 --random-output-len 128 --num-prompts 200 \\
+        --max-concurrency 1,2,4,8 --output-file results.jsonl
+    python -m sglang.bench_serving plot results.jsonl other.jsonl --output compare.png
+
+Exit status: 0 when every level completed requests, 1 on a clear error (server unreachable or
+gone, bad arguments, a level where nothing completed), 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+from sglang.benchmark.backends import BACKENDS
+
+
+def concurrency_levels(value: str) -> list[int]:
+    try:
+        levels = [int(part) for part in value.replace(" ", ",").split(",") if part]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,2,4; got {value!r}") from None
+    if not levels or min(levels) < 1:
+        raise argparse.ArgumentTypeError(f"concurrency levels must be >= 1; got {value!r}")
+    return levels
+
+
+def positive_float(value: str) -> float:
+    number = float(value)
+    if not number > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0 (inf for all at once); got {value!r}")
+    return number
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m sglang.bench_serving", description=__doc__.split("\n")[0],
+                                     epilog="Plot result files: python -m sglang.bench_serving plot FILE... -o out.png")
+    server = parser.add_argument_group("server")
+    server.add_argument("--backend", choices=BACKENDS, default="sglang",
+                        help="sglang: /generate; sglang-oai: /v1/completions; sglang-oai-chat: /v1/chat/completions")
+    server.add_argument("--base-url", default=None, help="e.g. http://127.0.0.1:30000 (overrides --host/--port)")
+    server.add_argument("--host", default="127.0.0.1")
+    server.add_argument("--port", type=int, default=30000)
+    server.add_argument("--model", default=None, help="model name for OpenAI requests (default: the served one)")
+    server.add_argument("--tokenizer", default=None, help="default: the server's tokenizer path (/get_model_info)")
+    server.add_argument("--api-key", default=None)
+    server.add_argument("--request-timeout", type=float, default=600,
+                        help="seconds a request may go without receiving a byte before it counts as failed")
+    data = parser.add_argument_group("requests")
+    data.add_argument("--dataset-name", choices=("random", "sharegpt"), default="random")
+    data.add_argument("--dataset-path", default=None, help="local ShareGPT-layout JSON or JSONL file")
+    data.add_argument("--sharegpt-output-len", type=int, default=None,
+                      help="output tokens per ShareGPT request (default: the reply's length)")
+    data.add_argument("--random-input-len", type=int, default=1024)
+    data.add_argument("--random-output-len", type=int, default=1024)
+    data.add_argument("--random-range-ratio", type=float, default=0.0,
+                      help="lengths are uniform in [len * ratio, len]; 1 gives fixed lengths")
+    data.add_argument("--num-prompts", type=int, default=1000, help="measured requests per level")
+    data.add_argument("--prompts-per-concurrency", type=int, default=None,
+                      help="at least this many requests per unit of concurrency at each level")
+    data.add_argument("--seed", type=int, default=1)
+    load = parser.add_argument_group("load")
+    load.add_argument("--request-rate", type=positive_float, default=float("inf"),
+                      help="requests per second, Poisson arrivals; inf sends all at once")
+    load.add_argument("--max-concurrency", type=concurrency_levels, default=None,
+                      help="requests in flight at most; a list (1,2,4) runs a sweep, one level after another")
+    load.add_argument("--warmup-requests", type=int, default=1, help="unmeasured requests sent first")
+    load.add_argument("--flush-cache", action="store_true", help="flush the server's prefix cache before each level")
+    out = parser.add_argument_group("output")
+    out.add_argument("--output-file", default=None, help="append one JSON line per level to this file")
+    out.add_argument("--label", default=None, help="name of this configuration in plots (default: backend model)")
+    out.add_argument("--disable-tqdm", action="store_true")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["plot"]:
+        from sglang.benchmark import plot
+
+        return plot.main(argv[1:])
+    args = make_parser().parse_args(argv)
+    from sglang.benchmark.datasets import DatasetError
+    from sglang.benchmark.runner import BenchmarkError, run
+
+    try:
+        lines = asyncio.run(run(args))
+    except (BenchmarkError, DatasetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    empty = [line["max_concurrency"] for line in lines if line["completed"] == 0]
+    if empty:
+        print(f"error: no request completed at concurrency {empty}; see the errors above", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""Benchmark requests: `random` token-id prompts sampled from the server's tokenizer, and
+conversations from a local ShareGPT-layout JSON / JSONL file."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+from collections.abc import Callable
+
+
+class DatasetError(ValueError):
+    """A dataset that cannot give the requests asked for; the message says why."""
+
+
+@dataclasses.dataclass
+class BenchRequest:
+    prompt: str | list[int]  # token ids (random) or text (ShareGPT)
+    prompt_len: int  # tokens in `prompt` by the client's tokenizer
+    output_len: int  # max_new_tokens; ignore_eos makes the server generate exactly this many
+
+
+def sampleable_token_ids(tokenizer, vocab_size: int | None = None) -> list[int]:
+    """Ids a random prompt may use: the tokenizer's vocabulary (capped by the model's, whose
+    embedding may be smaller) without special tokens."""
+    size = len(tokenizer) if vocab_size is None else min(len(tokenizer), vocab_size)
+    special = set(tokenizer.all_special_ids)
+    ids = [i for i in range(size) if i not in special]
+    if not ids:
+        raise DatasetError("the tokenizer has no ordinary tokens to sample prompts from")
+    return ids
+
+
+def length_range(length: int, range_ratio: float) -> tuple[int, int]:
+    """Lengths are drawn uniformly from [length * range_ratio, length] (at least 1)."""
+    if length < 1:
+        raise DatasetError(f"lengths must be at least 1; got {length}")
+    if not 0.0 <= range_ratio <= 1.0:
+        raise DatasetError(f"--random-range-ratio must be in [0, 1]; got {range_ratio}")
+    return max(1, int(length * range_ratio)), length
+
+
+class RandomDataset:
+    """Prompts of uniformly sampled token ids; each call to `sample` draws fresh ones. With
+    `decode` (for chat, whose messages are text) the ids are sent as their decoded text."""
+
+    def __init__(self, token_ids: list[int], input_len: int, output_len: int, range_ratio: float,
+                 decode: Callable[[list[int]], str] | None = None):
+        self.token_ids, self.decode = token_ids, decode
+        self.input_range = length_range(input_len, range_ratio)
+        self.output_range = length_range(output_len, range_ratio)
+
+    def sample(self, num: int, rng: random.Random) -> list[BenchRequest]:
+        requests = []
+        for _ in range(num):
+            prompt_len = rng.randint(*self.input_range)
+            prompt = [rng.choice(self.token_ids) for _ in range(prompt_len)]
+            if self.decode is not None:
+                prompt = self.decode(prompt)
+            requests.append(BenchRequest(prompt, prompt_len, rng.randint(*self.output_range)))
+        return requests
+
+
+class ShareGPTDataset:
+    """The first human turn of each conversation as the prompt; the reply's token count (or
+    `output_len`) as the output length. Rows are shuffled once with the seed."""
+
+    def __init__(self, path: str, tokenizer, rng: random.Random, output_len: int | None = None):
+        pairs = [pair for pair in map(_first_exchange, read_conversations(path)) if pair is not None]
+        if not pairs:
+            raise DatasetError(f"{path} has no conversation with a prompt and a reply")
+        rng.shuffle(pairs)
+        self.requests = [_to_request(tokenizer, prompt, reply, output_len) for prompt, reply in pairs]
+
+    def sample(self, num: int, rng: random.Random) -> list[BenchRequest]:
+        if num > len(self.requests):
+            raise DatasetError(f"the dataset has {len(self.requests)} usable conversations; "
+                               f"lower --num-prompts to at most that")
+        return self.requests[:num]
+
+
+def read_conversations(path: str) -> list[dict]:
+    """Rows of a JSON list or of a JSON-lines file."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise DatasetError(f"cannot read the dataset {path}: {e.strerror}") from None
+    try:
+        rows = json.loads(text)
+    except json.JSONDecodeError:
+        rows = None
+    if rows is None:
+        try:
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+        except json.JSONDecodeError as e:
+            raise DatasetError(f"{path} is neither a JSON list nor JSON lines: {e}") from None
+    if isinstance(rows, dict):
+        rows = [rows]
+    if not isinstance(rows, list):
+        raise DatasetError(f"{path} must hold a list of conversations")
+    return rows
+
+
+def _first_exchange(row) -> tuple[str, str] | None:
+    """(first human message, the reply to it); turns are {"from", "value"} as in ShareGPT, or
+    {"role", "content"}."""
+    turns = row.get("conversations", row.get("conversation")) if isinstance(row, dict) else None
+    if not isinstance(turns, list) or len(turns) < 2:
+        return None
+    texts = [turn.get("value", turn.get("content")) if isinstance(turn, dict) else None for turn in turns[:2]]
+    if not all(isinstance(text, str) and text for text in texts):
+        return None
+    return texts[0], texts[1]
+
+
+def _to_request(tokenizer, prompt: str, reply: str, output_len: int | None) -> BenchRequest:
+    prompt_len = len(tokenizer.encode(prompt, add_special_tokens=False))
+    if output_len is None:
+        output_len = max(1, len(tokenizer.encode(reply, add_special_tokens=False)))
+    return BenchRequest(prompt, prompt_len, output_len)

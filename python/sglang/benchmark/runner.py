@@ -1,0 +1,189 @@
+"""One benchmark invocation against one server: read its model info, load its tokenizer, warm
+up, then run each concurrency level in turn and append one result line per level."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime
+import json
+import math
+import random
+import time
+
+import aiohttp
+
+from sglang.benchmark.backends import BackendClient, RequestResult
+from sglang.benchmark.datasets import (
+    BenchRequest, DatasetError, RandomDataset, ShareGPTDataset, sampleable_token_ids,
+)
+from sglang.benchmark.metrics import format_summary, summarize
+
+CONNECT_TIMEOUT_S = 10
+INFO_TIMEOUT_S = 30
+
+
+class BenchmarkError(Exception):
+    """Ends the benchmark with a one-line message and exit status 1 (so does DatasetError)."""
+
+
+def base_url_of(args) -> str:
+    return (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+
+
+async def run(args) -> list[dict]:
+    """Runs every level of `args.max_concurrency`; returns the result lines written."""
+    base_url = base_url_of(args)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=args.request_timeout)
+    # limit=0: aiohttp's default pool of 100 connections would cap the concurrency.
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+        info = await get_json(session, f"{base_url}/get_model_info")
+        tokenizer = load_tokenizer(args.tokenizer or info.get("tokenizer_path") or info["model_path"])
+        data_rng = random.Random(args.seed)
+        dataset = build_dataset(args, tokenizer, info.get("vocab_size"), data_rng)
+        model = args.model or info.get("served_model_name") or info.get("model_path")
+        client = BackendClient(session, base_url, args.backend, model, args.api_key)
+        await warm_up(client, dataset.sample(args.warmup_requests, data_rng) if args.warmup_requests else [])
+        levels = args.max_concurrency or [None]
+        lines = []
+        for index, level in enumerate(levels):
+            if args.flush_cache:
+                await flush_cache(session, base_url)
+            num_prompts = max(args.num_prompts, (args.prompts_per_concurrency or 0) * (level or 0))
+            requests = dataset.sample(num_prompts, data_rng)
+            desc = f"[{index + 1}/{len(levels)}] concurrency {level or 'unlimited'}"
+            results, start, duration = await run_level(client, requests, level, args.request_rate,
+                                                       random.Random(f"arrivals-{args.seed}"), desc, args.disable_tqdm)
+            line = {**config_fields(args, base_url, model, level, num_prompts), **summarize(results, start, duration)}
+            if line["accept_length"] is None:
+                line["accept_length"] = await server_accept_length(session, base_url)
+            print(format_summary(line), flush=True)
+            if args.output_file:
+                append_line(args.output_file, line)
+            lines.append(line)
+            if line["failed"]:
+                await check_alive(session, base_url, line)
+        return lines
+
+
+async def get_json(session: aiohttp.ClientSession, url: str) -> dict:
+    try:
+        async with session.get(url, timeout=aiohttp.ClientTimeout(total=INFO_TIMEOUT_S)) as response:
+            if response.status != 200:
+                raise BenchmarkError(f"{url} answered HTTP {response.status}; is this an SGLang server?")
+            return await response.json(content_type=None)
+    except (asyncio.TimeoutError, aiohttp.ClientError, ConnectionError, ValueError) as e:
+        reason = "timed out" if isinstance(e, asyncio.TimeoutError) else f"{type(e).__name__}: {e}"
+        raise BenchmarkError(f"cannot reach the server at {url} ({reason}); is it running?") from None
+
+
+def load_tokenizer(path: str):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        raise BenchmarkError(f"cannot load the tokenizer from {path!r} ({type(e).__name__}); "
+                             f"pass --tokenizer with a local copy") from None
+
+
+def build_dataset(args, tokenizer, vocab_size: int | None, rng: random.Random):
+    if args.dataset_name == "random":
+        decode = tokenizer.decode if args.backend == "sglang-oai-chat" else None
+        return RandomDataset(sampleable_token_ids(tokenizer, vocab_size), args.random_input_len,
+                             args.random_output_len, args.random_range_ratio, decode)
+    if not args.dataset_path:
+        raise DatasetError("--dataset-name sharegpt needs --dataset-path (a local JSON or JSONL file)")
+    return ShareGPTDataset(args.dataset_path, tokenizer, rng, args.sharegpt_output_len)
+
+
+async def warm_up(client: BackendClient, requests: list[BenchRequest]) -> None:
+    """Requests that are not measured; one that fails means the server cannot serve the run."""
+    for result in await asyncio.gather(*(client.send(r) for r in requests)):
+        if not result.success:
+            raise BenchmarkError(f"the warm-up request failed: {result.error}")
+
+
+async def run_level(client: BackendClient, requests: list[BenchRequest], max_concurrency: int | None,
+                    request_rate: float, arrival_rng: random.Random, desc: str,
+                    disable_tqdm: bool) -> tuple[list[RequestResult], float, float]:
+    """Sends `requests` with Poisson arrivals at `request_rate` (inf: all at once), at most
+    `max_concurrency` in flight; returns (results, start time, duration)."""
+    from tqdm.asyncio import tqdm
+
+    limit = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
+    progress = tqdm(total=len(requests), desc=desc, disable=disable_tqdm)
+
+    async def one(request: BenchRequest) -> RequestResult:
+        async with limit:
+            result = await client.send(request)
+        progress.update(1)
+        return result
+
+    start = time.perf_counter()
+    tasks = []
+    for request in requests:
+        tasks.append(asyncio.create_task(one(request)))
+        if math.isfinite(request_rate):
+            await asyncio.sleep(arrival_rng.expovariate(request_rate))
+    results = await asyncio.gather(*tasks)
+    duration = time.perf_counter() - start
+    progress.close()
+    return results, start, duration
+
+
+def config_fields(args, base_url: str, model: str, level: int | None, num_prompts: int) -> dict:
+    return {
+        "backend": args.backend,
+        "label": args.label or f"{args.backend} {model}",
+        "base_url": base_url,
+        "model": model,
+        "dataset_name": args.dataset_name,
+        "dataset_path": args.dataset_path,
+        "num_prompts": num_prompts,
+        "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
+        "max_concurrency": level,
+        "random_input_len": args.random_input_len,
+        "random_output_len": args.random_output_len,
+        "random_range_ratio": args.random_range_ratio,
+        "seed": args.seed,
+        "warmup_requests": args.warmup_requests,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+
+
+async def server_accept_length(session: aiohttp.ClientSession, base_url: str) -> float | None:
+    """The scheduler's mean accept length, for backends whose responses do not carry it."""
+    try:
+        state = (await get_json(session, f"{base_url}/get_server_info"))["internal_states"][0]
+    except (BenchmarkError, KeyError, IndexError, TypeError):
+        return None
+    value = state.get("avg_spec_accept_length", state.get("spec_accept_length"))
+    return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+async def flush_cache(session: aiohttp.ClientSession, base_url: str) -> None:
+    try:
+        async with session.post(f"{base_url}/flush_cache") as response:
+            if response.status != 200:
+                raise BenchmarkError(f"/flush_cache answered HTTP {response.status}: {await response.text()}")
+    except (asyncio.TimeoutError, aiohttp.ClientError, ConnectionError) as e:
+        raise BenchmarkError(f"cannot flush the server's cache ({type(e).__name__}: {e})") from None
+
+
+async def check_alive(session: aiohttp.ClientSession, base_url: str, line: dict) -> None:
+    """After failures: a server that no longer answers ends the sweep with an error."""
+    try:
+        async with session.get(f"{base_url}/health", timeout=aiohttp.ClientTimeout(total=10)) as response:
+            if response.status == 200:
+                return
+            reason = f"/health answers HTTP {response.status}"
+    except (asyncio.TimeoutError, aiohttp.ClientError, ConnectionError) as e:
+        reason = f"{type(e).__name__}"
+    raise BenchmarkError(f"the server at {base_url} is down ({reason}); {line['failed']} of "
+                         f"{line['num_prompts']} requests failed at concurrency {line['max_concurrency']}")
+
+
+def append_line(path: str, line: dict) -> None:
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(line) + "\n")
