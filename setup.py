@@ -1,17 +1,11 @@
-from setuptools import setup
+from setuptools import find_packages, setup
 
 setup(
     name="sglang",
     version="0.1.0",
     description="An SGLang-compatible LLM serving engine with per-step dynamic EAGLE-3 speculation",
-    package_dir={"sglang": "python/sglang", "sgl_kernel": "sgl-kernel/python/sgl_kernel"},
-    packages=[
-        "sglang", "sglang.srt", "sglang.srt.configs", "sglang.srt.entrypoints", "sglang.srt.layers",
-        "sglang.srt.layers.attention", "sglang.srt.managers", "sglang.srt.mem_cache",
-        "sglang.srt.model_executor", "sglang.srt.model_loader", "sglang.srt.models",
-        "sglang.srt.sampling", "sglang.srt.entrypoints.openai", "sglang.srt.metrics", "sglang.test",
-        "sgl_kernel",
-    ],
+    package_dir={"": "python", "sgl_kernel": "sgl-kernel/python/sgl_kernel"},
+    packages=find_packages(where="python") + ["sgl_kernel"],
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.9",
@@ -27,7 +21,7 @@ setup(
         "prometheus-client>=0.20",
     ],
     extras_require={
-        "test": ["pytest>=8", "scipy>=1.11", "httpx", "openai>=1.0"],
+        "test": ["pytest>=8", "scipy>=1.11", "httpx", "openai>=1.0", "aiohttp", "matplotlib", "tqdm"],
         "bench": ["matplotlib", "aiohttp", "tqdm"],
     },
 )

@@ -36,6 +36,16 @@ def positive_float(value: str) -> float:
     return number
 
 
+def count(minimum: int):
+    def parse(value: str) -> int:
+        number = int(value)
+        if number < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}; got {value!r}")
+        return number
+
+    return parse
+
+
 def make_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m sglang.bench_serving", description=__doc__.split("\n")[0],
                                      epilog="Plot result files: python -m sglang.bench_serving plot FILE... -o out.png")
@@ -53,14 +63,14 @@ def make_parser() -> argparse.ArgumentParser:
     data = parser.add_argument_group("requests")
     data.add_argument("--dataset-name", choices=("random", "sharegpt"), default="random")
     data.add_argument("--dataset-path", default=None, help="local ShareGPT-layout JSON or JSONL file")
-    data.add_argument("--sharegpt-output-len", type=int, default=None,
+    data.add_argument("--sharegpt-output-len", type=count(1), default=None,
                       help="output tokens per ShareGPT request (default: the reply's length)")
     data.add_argument("--random-input-len", type=int, default=1024)
     data.add_argument("--random-output-len", type=int, default=1024)
     data.add_argument("--random-range-ratio", type=float, default=0.0,
                       help="lengths are uniform in [len * ratio, len]; 1 gives fixed lengths")
-    data.add_argument("--num-prompts", type=int, default=1000, help="measured requests per level")
-    data.add_argument("--prompts-per-concurrency", type=int, default=None,
+    data.add_argument("--num-prompts", type=count(1), default=1000, help="measured requests per level")
+    data.add_argument("--prompts-per-concurrency", type=count(1), default=None,
                       help="at least this many requests per unit of concurrency at each level")
     data.add_argument("--seed", type=int, default=1)
     load = parser.add_argument_group("load")
@@ -68,7 +78,7 @@ def make_parser() -> argparse.ArgumentParser:
                       help="requests per second, Poisson arrivals; inf sends all at once")
     load.add_argument("--max-concurrency", type=concurrency_levels, default=None,
                       help="requests in flight at most; a list (1,2,4) runs a sweep, one level after another")
-    load.add_argument("--warmup-requests", type=int, default=1, help="unmeasured requests sent first")
+    load.add_argument("--warmup-requests", type=count(0), default=1, help="unmeasured requests sent first")
     load.add_argument("--flush-cache", action="store_true", help="flush the server's prefix cache before each level")
     out = parser.add_argument_group("output")
     out.add_argument("--output-file", default=None, help="append one JSON line per level to this file")

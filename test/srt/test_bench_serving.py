@@ -8,6 +8,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 
 import httpx
 import pytest
@@ -145,6 +146,30 @@ def test_unreachable_server_exits_nonzero_with_a_one_line_error(tmp_path):
     [message] = proc.stderr.strip().splitlines()
     assert message.startswith("error: cannot reach the server at http://127.0.0.1:")
     assert not out.exists()
+
+
+def test_server_stopped_mid_run_fails_its_requests_and_exits_nonzero(tiny_model_paths, tmp_path):
+    doomed = ServerProcess(tiny_model_paths["llama"])
+    out = tmp_path / "result.jsonl"
+    bench = subprocess.Popen([
+        sys.executable, "-m", "sglang.bench_serving", "--base-url", doomed.base_url, "--num-prompts", "6",
+        "--random-input-len", "16", "--random-output-len", "400", "--random-range-ratio", "1",
+        "--max-concurrency", "2", "--warmup-requests", "0", "--disable-tqdm", "--output-file", str(out),
+    ], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while server_state(doomed)["num_running_reqs"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        doomed.stop()
+    _, stderr = bench.communicate(timeout=60)
+    assert bench.returncode == 1
+    assert "Traceback" not in stderr
+    [message] = stderr.strip().splitlines()
+    assert message.startswith(f"error: the server at {doomed.base_url} is down")
+    [line] = [json.loads(row) for row in out.read_text().splitlines()]
+    assert line["failed"] >= 2 and line["completed"] + line["failed"] == 6
+    assert sum(error["count"] for error in line["errors"]) == line["failed"]
 
 
 def test_sharegpt_json_and_jsonl_files_give_the_same_requests(tiny_model_paths, tmp_path):

@@ -45,12 +45,15 @@ def plot(paths: list[str], output: str, title: str | None = None):
     import matplotlib.pyplot as plt
 
     lines = series(paths)
+    levels = sorted({concurrency_of(row) for rows in lines.values() for row in rows})
     fig, axes = plt.subplots(1, len(PANELS), figsize=(6 * len(PANELS), 4.5))
     for ax, (field, ylabel) in zip(axes, PANELS):
         for label, rows in lines.items():
             points = [(concurrency_of(r), r[field]) for r in rows if r.get(field) is not None]
             ax.plot([x for x, _ in points], [y for _, y in points], marker="o", label=label)
         ax.set_xscale("log", base=2)
+        ax.set_xticks(levels, [f"{x:g}" for x in levels])
+        ax.set_ylim(bottom=0)
         ax.set_xlabel("Concurrency")
         ax.set_ylabel(ylabel)
         ax.grid(True, which="both", alpha=0.3)

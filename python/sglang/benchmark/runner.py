@@ -3,8 +3,10 @@ up, then run each concurrency level in turn and append one result line per level
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
+import dataclasses
 import datetime
 import json
 import math
@@ -27,43 +29,67 @@ class BenchmarkError(Exception):
     """Ends the benchmark with a one-line message and exit status 1 (so does DatasetError)."""
 
 
-def base_url_of(args) -> str:
-    return (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+@dataclasses.dataclass
+class Bench:
+    """What every level of one invocation shares."""
+
+    args: argparse.Namespace
+    session: aiohttp.ClientSession
+    base_url: str
+    model: str
+    client: BackendClient
+    dataset: RandomDataset | ShareGPTDataset
+    data_rng: random.Random  # draws the prompts of the warm-up and of each level in turn
 
 
-async def run(args) -> list[dict]:
+async def run(args: argparse.Namespace) -> list[dict]:
     """Runs every level of `args.max_concurrency`; returns the result lines written."""
-    base_url = base_url_of(args)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=args.request_timeout)
     # limit=0: aiohttp's default pool of 100 connections would cap the concurrency.
     async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
-        info = await get_json(session, f"{base_url}/get_model_info")
-        tokenizer = load_tokenizer(args.tokenizer or info.get("tokenizer_path") or info["model_path"])
-        data_rng = random.Random(args.seed)
-        dataset = build_dataset(args, tokenizer, info.get("vocab_size"), data_rng)
-        model = args.model or info.get("served_model_name") or info.get("model_path")
-        client = BackendClient(session, base_url, args.backend, model, args.api_key)
-        await warm_up(client, dataset.sample(args.warmup_requests, data_rng) if args.warmup_requests else [])
+        bench = await connect(args, session)
+        await warm_up(bench.client, bench.dataset.sample(args.warmup_requests, bench.data_rng))
         levels = args.max_concurrency or [None]
         lines = []
         for index, level in enumerate(levels):
-            if args.flush_cache:
-                await flush_cache(session, base_url)
-            num_prompts = max(args.num_prompts, (args.prompts_per_concurrency or 0) * (level or 0))
-            requests = dataset.sample(num_prompts, data_rng)
-            desc = f"[{index + 1}/{len(levels)}] concurrency {level or 'unlimited'}"
-            results, start, duration = await run_level(client, requests, level, args.request_rate,
-                                                       random.Random(f"arrivals-{args.seed}"), desc, args.disable_tqdm)
-            line = {**config_fields(args, base_url, model, level, num_prompts), **summarize(results, start, duration)}
-            if line["accept_length"] is None:
-                line["accept_length"] = await server_accept_length(session, base_url)
-            print(format_summary(line), flush=True)
-            if args.output_file:
-                append_line(args.output_file, line)
+            line = await measure_level(bench, level, f"[{index + 1}/{len(levels)}] concurrency {level or 'unlimited'}")
             lines.append(line)
             if line["failed"]:
-                await check_alive(session, base_url, line)
+                await check_alive(session, bench.base_url, line)
         return lines
+
+
+async def connect(args: argparse.Namespace, session: aiohttp.ClientSession) -> Bench:
+    """Reads the server's model info and loads its tokenizer to build the dataset."""
+    base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
+    info = await get_json(session, f"{base_url}/get_model_info")
+    tokenizer = load_tokenizer(args.tokenizer or info.get("tokenizer_path") or info["model_path"])
+    data_rng = random.Random(args.seed)
+    dataset = build_dataset(args, tokenizer, info.get("vocab_size"), data_rng)
+    model = args.model or info.get("served_model_name") or info.get("model_path")
+    client = BackendClient(session, base_url, args.backend, model, args.api_key)
+    return Bench(args, session, base_url, model, client, dataset, data_rng)
+
+
+async def measure_level(bench: Bench, level: int | None, desc: str) -> dict:
+    """One run at concurrency `level`: its result line, printed and appended to the output file."""
+    args = bench.args
+    if args.flush_cache:
+        await flush_cache(bench.session, bench.base_url)
+    num_prompts = max(args.num_prompts, (args.prompts_per_concurrency or 0) * (level or 0))
+    requests = bench.dataset.sample(num_prompts, bench.data_rng)
+    # The same arrival times at every level, so levels differ only in their concurrency.
+    arrival_rng = random.Random(f"arrivals-{args.seed}")
+    results, start, duration = await run_level(bench.client, requests, level, args.request_rate, arrival_rng,
+                                               desc, args.disable_tqdm)
+    line = {**config_fields(args, bench.base_url, bench.model, level, num_prompts),
+            **summarize(results, start, duration)}
+    if line["accept_length"] is None:
+        line["accept_length"] = await server_accept_length(bench.session, bench.base_url)
+    print(format_summary(line), flush=True)
+    if args.output_file:
+        append_line(args.output_file, line)
+    return line
 
 
 async def get_json(session: aiohttp.ClientSession, url: str) -> dict:
