@@ -4,7 +4,7 @@
 
 - tests:     pytest test/gpu (kernels against their torch references at real shapes, sampling)
 - exactness: greedy float32 tokens of the tiny models with triton / torch_native attention,
-             CUDA graphs on / off, must all be identical
+             CUDA graphs on / off, overlap on / off, must all be identical
 - floor:     device-to-device copy bandwidth, and per batch size the memory floor of a decode
              step = (weight bytes + KV bytes read) / bandwidth
 - bench:     bench_one_batch on Llama-3.1-8B shapes (random bf16 weights, made here), input 1024,
@@ -46,9 +46,11 @@ def part_exactness(args) -> dict:
     prompts = ["def add(a, b):", "The quick brown fox jumps over", "Hello", "import torch\nx = torch.zeros(3)"]
     params = {"temperature": 0, "max_new_tokens": 48, "ignore_eos": True}
     configs = {
-        "torch_native": dict(attention_backend="torch_native"),
+        "torch_native": dict(attention_backend="torch_native", disable_overlap_schedule=True),
+        "torch_native_overlap": dict(attention_backend="torch_native"),
         "triton_eager": dict(attention_backend="triton", disable_cuda_graph=True),
         "triton_graph": dict(attention_backend="triton"),
+        "triton_graph_no_overlap": dict(attention_backend="triton", disable_overlap_schedule=True),
     }
     report = {}
     for arch in ("llama", "qwen2", "qwen3"):
