@@ -3,8 +3,14 @@ session and shared by tests, and the KV accounting check after every test."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+if not torch.cuda.is_available():
+    # Triton reads this when a kernel module is imported, whichever test imports one first.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sglang.test.tiny_models import ARCHITECTURES, make_tiny_model
 

@@ -12,17 +12,41 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-PIPELINE_DIR = os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts", "demo_models")
-sys.path.insert(0, os.path.abspath(PIPELINE_DIR))
+PIPELINE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts", "demo_models"))
+_SCRIPT_MODULES = ("pipeline", "corpus", "draft_model", "evaluate", "readme", "tokenizer", "train_draft",
+                   "train_target")
 
-import pipeline  # noqa: E402
-from draft_model import Eagle3Draft, chain_attention, unroll  # noqa: E402
+
+def _import_pipeline():
+    """Import the pipeline's script modules, then take their generic names (`tokenizer`,
+    `evaluate`, ...) back out of sys.path and sys.modules so no other test sees them."""
+    sys.path.insert(0, PIPELINE_DIR)
+    try:
+        import draft_model
+        import pipeline
+
+        return pipeline, draft_model
+    finally:
+        sys.path.remove(PIPELINE_DIR)
+        for name in _SCRIPT_MODULES:
+            sys.modules.pop(name, None)
+
+
+pipeline, _draft_model = _import_pipeline()
+Eagle3Draft, chain_attention, unroll = _draft_model.Eagle3Draft, _draft_model.chain_attention, _draft_model.unroll
 
 SEED = 3
 
 
 def run_toy(out) -> dict:
     return pipeline.run(pipeline.parse_args(["--toy", "--out", str(out), "--seed", str(SEED), "--device", "cpu"]))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def restore_torch_determinism():
+    # The pipeline turns on deterministic algorithms for the whole process; put it back.
+    yield
+    torch.use_deterministic_algorithms(False)
 
 
 @pytest.fixture(scope="module")
