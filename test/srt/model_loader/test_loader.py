@@ -9,12 +9,9 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.model_loader.loader import INDEX_FILE, load_model, safetensors_files
-from sglang.srt.server_args import ServerArgs
+from sglang.test.runner_utils import make_cpu_runner, prefill
 from sglang.test.tiny_models import make_tiny_model
 
 PROMPT = [5, 17, 200, 3, 99, 42, 7, 311, 128, 64, 1, 250]
@@ -60,20 +57,7 @@ def edit_checkpoint(path, edit):
 
 def prefill_logits(path, token_ids):
     """Logits at every prompt position from one EXTEND forward through a real ModelRunner."""
-    args = ServerArgs(model_path=path, dtype="float32", device="cpu", max_total_tokens=64)
-    runner = ModelRunner(ModelConfig.from_path(path, dtype="float32", device="cpu"), args)
-    num_tokens = len(token_ids)
-    slots = runner.token_to_kv_pool_allocator.alloc(num_tokens)
-    row = runner.req_to_token_pool.alloc()
-    runner.req_to_token_pool.write(row, 0, slots)
-    batch = ForwardBatch(
-        forward_mode=ForwardMode.EXTEND, batch_size=1,
-        input_ids=torch.tensor(token_ids), positions=torch.arange(num_tokens),
-        req_pool_indices=torch.tensor([row]), seq_lens=torch.tensor([num_tokens]), out_cache_loc=slots,
-        seq_lens_cpu=[num_tokens], extend_seq_lens_cpu=[num_tokens], extend_prefix_lens_cpu=[0],
-        return_all_logits=True,
-    )
-    return runner.forward(batch).next_token_logits
+    return prefill(make_cpu_runner(path, max_total_tokens=64), token_ids).next_token_logits
 
 
 def test_sharded_checkpoint_reads_every_shard_named_in_the_index(sharded_llama):

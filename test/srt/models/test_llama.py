@@ -9,13 +9,9 @@ hidden_states entry is after the final norm, while a captured layer is the raw r
 import pytest
 import torch
 from safetensors import safe_open
-from transformers import AutoConfig, AutoModelForCausalLM
-
-from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.server_args import ServerArgs
+from sglang.test.runner_utils import make_cpu_runner, prefill
 from sglang.test.tiny_models import make_tiny_model
+from transformers import AutoConfig, AutoModelForCausalLM
 
 ARCHS = ("llama", "qwen2", "qwen3")
 NUM_LAYERS = 4
@@ -49,30 +45,7 @@ def hf_models(model_dirs):
 
 
 def make_runner(path):
-    args = ServerArgs(model_path=path, dtype="float32", device="cpu", max_total_tokens=1024)
-    return ModelRunner(ModelConfig.from_path(path, dtype="float32", device="cpu"), args)
-
-
-def prefill(runner, token_ids, capture_layers=None):
-    """One EXTEND forward of a fresh request; logits at every position (and the aux states)."""
-    if capture_layers is not None:
-        runner.model.set_eagle3_layers_to_capture(capture_layers)
-    num_tokens = len(token_ids)
-    slots = runner.token_to_kv_pool_allocator.alloc(num_tokens)
-    row = runner.req_to_token_pool.alloc()
-    runner.req_to_token_pool.write(row, 0, slots)
-    batch = ForwardBatch(
-        forward_mode=ForwardMode.EXTEND, batch_size=1,
-        input_ids=torch.tensor(token_ids), positions=torch.arange(num_tokens),
-        req_pool_indices=torch.tensor([row]), seq_lens=torch.tensor([num_tokens]), out_cache_loc=slots,
-        seq_lens_cpu=[num_tokens], extend_seq_lens_cpu=[num_tokens], extend_prefix_lens_cpu=[0],
-        return_all_logits=True, capture_aux_hidden_states=capture_layers is not None,
-    )
-    try:
-        return runner.forward(batch)
-    finally:
-        runner.req_to_token_pool.free(row)
-        runner.token_to_kv_pool_allocator.free(slots)
+    return make_cpu_runner(path)
 
 
 @torch.no_grad()

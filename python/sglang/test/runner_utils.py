@@ -1,0 +1,39 @@
+"""Driving a real ModelRunner directly in tests: one fresh request, one EXTEND forward."""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.server_args import ServerArgs
+
+
+def make_cpu_runner(path: str, max_total_tokens: int = 1024) -> ModelRunner:
+    args = ServerArgs(model_path=path, dtype="float32", device="cpu", max_total_tokens=max_total_tokens)
+    return ModelRunner(ModelConfig.from_path(path, dtype="float32", device="cpu"), args)
+
+
+def prefill(runner: ModelRunner, token_ids: list[int], capture_layers=None) -> LogitsProcessorOutput:
+    """Logits at every position of a fresh request (and the aux states of `capture_layers`);
+    its KV slots and table row are freed again afterwards."""
+    if capture_layers is not None:
+        runner.model.set_eagle3_layers_to_capture(capture_layers)
+    num_tokens = len(token_ids)
+    slots = runner.token_to_kv_pool_allocator.alloc(num_tokens)
+    row = runner.req_to_token_pool.alloc()
+    runner.req_to_token_pool.write(row, 0, slots)
+    batch = ForwardBatch(
+        forward_mode=ForwardMode.EXTEND, batch_size=1,
+        input_ids=torch.tensor(token_ids), positions=torch.arange(num_tokens),
+        req_pool_indices=torch.tensor([row]), seq_lens=torch.tensor([num_tokens]), out_cache_loc=slots,
+        seq_lens_cpu=[num_tokens], extend_seq_lens_cpu=[num_tokens], extend_prefix_lens_cpu=[0],
+        return_all_logits=True, capture_aux_hidden_states=capture_layers is not None,
+    )
+    try:
+        return runner.forward(batch)
+    finally:
+        runner.req_to_token_pool.free(row)
+        runner.token_to_kv_pool_allocator.free(slots)
