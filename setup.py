@@ -6,6 +6,8 @@ setup(
     description="An SGLang-compatible LLM serving engine with per-step dynamic EAGLE-3 speculation",
     package_dir={"": "python", "sgl_kernel": "sgl-kernel/python/sgl_kernel"},
     packages=find_packages(where="python") + ["sgl_kernel"],
+    # The demo model pair ships inside the package (python/sglang/demo, < 32 MB).
+    package_data={"sglang.demo": ["*.md", "*.json", "target/*", "draft/*"]},
     python_requires=">=3.10",
     install_requires=[
         "torch>=2.9",

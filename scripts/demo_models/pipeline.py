@@ -33,12 +33,13 @@ from train_draft import DraftSpec, pick_draft_vocab, train_draft  # noqa: E402
 from train_target import (TargetSpec, build_target, heldout_loss, round_to_bfloat16,  # noqa: E402
                           save_target, train_target)
 
-# Sized for one H200 (see the README written next to this file for the time per stage).
+# Sized for one H200 and for the 32 MB the committed pair may take: an 11.7M-parameter target
+# (23 MB in bf16) and a ~2M-parameter draft (see the README next to this file for stage times).
 DEFAULTS = dict(
-    sources="stdlib,torch,transformers", max_files=None, heldout_fraction=0.05, vocab_size=8192,
-    hidden_size=384, num_layers=10, num_heads=6, intermediate_size=1024,
+    sources="stdlib,torch,transformers", max_files=None, heldout_fraction=0.05, vocab_size=6144,
+    hidden_size=256, num_layers=10, num_heads=4, intermediate_size=768,
     seq_len=512, batch_size=64, target_steps=4000, target_lr=2e-3, target_warmup=200,
-    draft_vocab_size=4096, unroll_steps=6, step_weight_decay=0.8, draft_seq_len=512,
+    draft_vocab_size=3072, unroll_steps=6, step_weight_decay=0.8, draft_seq_len=512,
     draft_batch_size=32, draft_steps=3000, draft_lr=1e-3, draft_warmup=100,
     draft_generated_fraction=0.5, draft_pool_size=2048,
     eval_windows=256, eval_prompts=64, prompt_len=128, gen_len=128, log_every=100,

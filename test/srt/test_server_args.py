@@ -176,8 +176,8 @@ def test_model_and_tensor_parallel_size_aliases_parse():
     assert (args.model_path, args.tp_size) == ("m", 1)
 
 
-def test_missing_model_path_exits_2_naming_it(capsys):
-    with pytest.raises(SystemExit) as exc:
-        prepare_server_args([])
-    assert exc.value.code == 2
-    assert "--model-path" in capsys.readouterr().err
+def test_no_model_path_means_the_shipped_demo_model():
+    from sglang import demo
+
+    args = prepare_server_args([])
+    assert args.model_path == demo.TARGET_PATH and args.served_model_name == demo.SERVED_MODEL_NAME

@@ -28,7 +28,7 @@ def _default_device() -> str:
 
 @dataclasses.dataclass(frozen=True)
 class ServerArgs:
-    model_path: str
+    model_path: Optional[str] = None  # None: the demo code model shipped in sglang/demo
     tokenizer_path: Optional[str] = None
     dtype: str = "auto"
     device: Optional[str] = None
@@ -57,6 +57,12 @@ class ServerArgs:
 
     def __post_init__(self):
         # Fill the defaults that depend on the machine or on other fields, once.
+        if self.model_path is None:
+            from sglang import demo
+
+            object.__setattr__(self, "model_path", demo.TARGET_PATH)
+            if self.served_model_name is None:
+                object.__setattr__(self, "served_model_name", demo.SERVED_MODEL_NAME)
         if self.tokenizer_path is None:
             object.__setattr__(self, "tokenizer_path", self.model_path)
         if self.device is None:
@@ -106,8 +112,10 @@ class ServerArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         d = ServerArgs.__dataclass_fields__
-        parser.add_argument("--model-path", "--model", type=str, required=True,
-                            help="Hugging Face model directory (config.json, *.safetensors, tokenizer).")
+        parser.add_argument("--model-path", "--model", type=str, default=None,
+                            help="Hugging Face model directory (config.json, *.safetensors, tokenizer). "
+                                 "Default: the small Python code model shipped in sglang/demo, served "
+                                 "as 'sglang-demo-code'.")
         parser.add_argument("--tokenizer-path", type=str, default=None,
                             help="Tokenizer directory; defaults to --model-path.")
         parser.add_argument("--dtype", type=str, default=d["dtype"].default, choices=DTYPE_CHOICES,
