@@ -13,6 +13,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from sglang.test.tiny_models import ARCHITECTURES, make_tiny_model
+from sglang.test.server_fixture import assert_engine_kv_accounting
 
 
 @pytest.fixture(scope="session")
@@ -49,12 +50,7 @@ def engine_pool(tiny_model_paths):
     pool.shutdown()
 
 
-def assert_kv_accounting(engine) -> None:
-    """DESIGN.md section 4: with nothing running, free + cached slots == total slots."""
-    state = engine.get_server_info()["internal_state"]
-    assert state["num_running_reqs"] == 0 and state["num_queue_reqs"] == 0, state
-    assert state["request_slots"] == 0, state
-    assert state["free_slots"] + state["cached_slots"] == state["total_slots"], state
+assert_kv_accounting = assert_engine_kv_accounting  # DESIGN.md section 4, after every engine test
 
 
 @pytest.fixture(autouse=True)

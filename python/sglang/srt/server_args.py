@@ -7,6 +7,7 @@ from them (pool sizes, the resolved dtype) live in their own objects, never writ
 from __future__ import annotations
 
 import argparse
+import os
 import dataclasses
 from typing import Optional
 
@@ -54,6 +55,13 @@ class ServerArgs:
     disable_overlap_schedule: bool = False
     cuda_graph_max_bs: int = 256
     cuda_graph_bs: Optional[tuple[int, ...]] = None
+    # Speculative decoding (EAGLE-3, chain drafting).
+    speculative_algorithm: Optional[str] = None
+    speculative_draft_model_path: Optional[str] = None
+    speculative_num_steps: Optional[int] = None
+    speculative_eagle_topk: Optional[int] = None
+    speculative_num_draft_tokens: Optional[int] = None
+    speculative_token_map: Optional[str] = None
 
     def __post_init__(self):
         # Fill the defaults that depend on the machine or on other fields, once.
@@ -65,6 +73,7 @@ class ServerArgs:
                 object.__setattr__(self, "served_model_name", demo.SERVED_MODEL_NAME)
         if self.tokenizer_path is None:
             object.__setattr__(self, "tokenizer_path", self.model_path)
+        self._fill_speculative_defaults()
         if self.device is None:
             object.__setattr__(self, "device", _default_device())
         if self.attention_backend is None:
@@ -74,6 +83,29 @@ class ServerArgs:
         if self.served_model_name is None:
             object.__setattr__(self, "served_model_name", self.model_path)
         self.check()
+
+    def _fill_speculative_defaults(self) -> None:
+        if self.speculative_algorithm is None:
+            return
+        _check_choice("--speculative-algorithm", self.speculative_algorithm, SPECULATIVE_ALGORITHM_CHOICES)
+        if self.speculative_draft_model_path is None:
+            from sglang import demo
+
+            if os.path.abspath(self.model_path) != demo.TARGET_PATH:
+                raise ValueError("--speculative-algorithm needs --speculative-draft-model-path (an EAGLE-3 "
+                                 "draft checkpoint for the target model)")
+            object.__setattr__(self, "speculative_draft_model_path", demo.DRAFT_PATH)
+        if self.speculative_eagle_topk is None:
+            object.__setattr__(self, "speculative_eagle_topk", 1)
+        if self.speculative_num_steps is None:
+            steps = (self.speculative_num_draft_tokens - 1) if self.speculative_num_draft_tokens else 3
+            object.__setattr__(self, "speculative_num_steps", steps)
+        if self.speculative_num_draft_tokens is None:
+            object.__setattr__(self, "speculative_num_draft_tokens", self.speculative_num_steps + 1)
+
+    @property
+    def speculative_enabled(self) -> bool:
+        return self.speculative_algorithm is not None
 
     def check(self) -> None:
         _check_choice("--dtype", self.dtype, DTYPE_CHOICES)
@@ -95,6 +127,7 @@ class ServerArgs:
             _check_positive("--cuda-graph-bs", bs)
         if self.attention_backend == "triton" and self.device != "cuda":
             raise ValueError("--attention-backend triton needs --device cuda; use torch_native on the CPU")
+        self._check_speculative()
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
         if not 0 < self.port < 65536:
@@ -108,6 +141,36 @@ class ServerArgs:
 
             if not torch.cuda.is_available():
                 raise ValueError("--device cuda was asked for, but no CUDA device is available")
+
+    def _check_speculative(self) -> None:
+        if self.speculative_algorithm is None:
+            given = [flag for flag, value in (
+                ("--speculative-draft-model-path", self.speculative_draft_model_path),
+                ("--speculative-num-steps", self.speculative_num_steps),
+                ("--speculative-eagle-topk", self.speculative_eagle_topk),
+                ("--speculative-num-draft-tokens", self.speculative_num_draft_tokens),
+                ("--speculative-token-map", self.speculative_token_map)) if value is not None]
+            if given:
+                raise ValueError(f"{given[0]} needs --speculative-algorithm EAGLE3")
+            return
+        if self.speculative_eagle_topk != 1:
+            raise ValueError(f"--speculative-eagle-topk must be 1: only chain drafting is supported "
+                             f"(got {self.speculative_eagle_topk})")
+        if not 1 <= self.speculative_num_steps <= MAX_SPECULATIVE_STEPS:
+            raise ValueError(f"--speculative-num-steps must be in [1, {MAX_SPECULATIVE_STEPS}], "
+                             f"got {self.speculative_num_steps}")
+        if self.speculative_num_draft_tokens != self.speculative_num_steps + 1:
+            raise ValueError(
+                f"--speculative-num-draft-tokens must be --speculative-num-steps + 1 with chain drafting "
+                f"({self.speculative_num_steps + 1}), got {self.speculative_num_draft_tokens}")
+        if self.speculative_token_map is not None:
+            raise ValueError("--speculative-token-map is not supported: EAGLE-3 checkpoints carry their "
+                             "reduced vocabulary as d2t")
+        if not os.path.isdir(self.speculative_draft_model_path):
+            raise ValueError(f"--speculative-draft-model-path {self.speculative_draft_model_path!r} is not "
+                             "a directory")
+        if self.tp_size != 1:
+            raise ValueError("speculative decoding runs with --tp-size 1 only")
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -170,6 +233,22 @@ class ServerArgs:
                                  "every 8 to 64 and every 16 beyond); larger batches run eagerly.")
         parser.add_argument("--cuda-graph-bs", type=int, nargs="+", default=None,
                             help="Explicit list of batch sizes to capture (overrides --cuda-graph-max-bs).")
+        spec = parser.add_argument_group("speculative decoding")
+        spec.add_argument("--speculative-algorithm", type=str, default=None, choices=SPECULATIVE_ALGORITHM_CHOICES,
+                          help="EAGLE3 (EAGLE is accepted as the same): a one-layer draft proposes "
+                               "--speculative-num-steps tokens per step and the target verifies them at once. "
+                               "Off by default.")
+        spec.add_argument("--speculative-draft-model-path", "--speculative-draft-model", type=str, default=None,
+                          help="EAGLE-3 draft checkpoint (LlamaForCausalLMEagle3). Defaults to the demo draft "
+                               "when the target is the demo model.")
+        spec.add_argument("--speculative-num-steps", type=int, default=None,
+                          help=f"Draft tokens per step, k (default 3; at most {MAX_SPECULATIVE_STEPS}).")
+        spec.add_argument("--speculative-eagle-topk", type=int, default=None,
+                          help="Draft branching; must be 1 (chain drafting).")
+        spec.add_argument("--speculative-num-draft-tokens", type=int, default=None,
+                          help="Tokens verified per step; must be k + 1 (derived when omitted).")
+        spec.add_argument("--speculative-token-map", type=str, default=None,
+                          help="Not supported: EAGLE-3 checkpoints carry their reduced vocabulary (d2t).")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
@@ -183,6 +262,10 @@ class ServerArgs:
         if unknown:
             raise TypeError(f"unknown server argument(s): {', '.join(unknown)}")
         return cls(**kwargs)
+
+
+SPECULATIVE_ALGORITHM_CHOICES = ["EAGLE3", "EAGLE"]
+MAX_SPECULATIVE_STEPS = 16
 
 
 def _check_choice(flag: str, value, choices) -> None:

@@ -85,7 +85,15 @@ def server_state(server: ServerProcess) -> dict:
 
 def assert_server_kv_accounting(server: ServerProcess) -> None:
     """DESIGN.md section 4 through /get_server_info: idle means free + cached == total."""
-    state = server_state(server)
+    assert_idle_kv_accounting(server_state(server))
+
+
+def assert_engine_kv_accounting(engine) -> None:
+    """The same for an in-process `sglang.Engine`."""
+    assert_idle_kv_accounting(engine.get_server_info()["internal_state"])
+
+
+def assert_idle_kv_accounting(state: dict) -> None:
     assert state["num_running_reqs"] == 0 and state["num_queue_reqs"] == 0, state
     assert state["request_slots"] == 0, state
     assert state["free_slots"] + state["cached_slots"] == state["total_slots"], state

@@ -88,6 +88,66 @@ def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, max_shard_siz
     return path
 
 
+def make_tiny_eagle3_draft(path: str, target_path: str, draft_vocab_size: int | None = None, seed: int = 0,
+                           aux_layer_ids: list[int] | None = None) -> str:
+    # Aux layers default to first / middle / last: tiny targets are too shallow for [1, L//2-1, L-4].
+    """Writes a random EAGLE-3 draft (LlamaForCausalLMEagle3, float32) for the target at
+    `target_path`: `midlayer.*`, `fc`, `norm`, `lm_head` and, with a reduced vocabulary of the
+    `draft_vocab_size` lowest target ids shifted by one, `d2t` / `t2d`. Returns `path`."""
+    import json
+
+    from safetensors.torch import save_file
+    from transformers import AutoConfig
+
+    target = AutoConfig.from_pretrained(target_path)
+    hidden, inter = target.hidden_size, target.intermediate_size
+    heads, kv_heads = target.num_attention_heads, target.num_key_value_heads
+    head_dim = getattr(target, "head_dim", None) or hidden // heads
+    vocab = target.vocab_size
+    draft_vocab = draft_vocab_size or vocab
+    gen = torch.Generator().manual_seed(seed)
+
+    def weight(*shape, scale=0.1):
+        return scale * torch.randn(*shape, generator=gen)
+
+    tensors = {
+        "fc.weight": weight(hidden, 3 * hidden),
+        "midlayer.self_attn.q_proj.weight": weight(heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.k_proj.weight": weight(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.v_proj.weight": weight(kv_heads * head_dim, 2 * hidden),
+        "midlayer.self_attn.o_proj.weight": weight(hidden, heads * head_dim),
+        "midlayer.mlp.gate_proj.weight": weight(inter, hidden),
+        "midlayer.mlp.up_proj.weight": weight(inter, hidden),
+        "midlayer.mlp.down_proj.weight": weight(hidden, inter),
+        "midlayer.input_layernorm.weight": 1 + weight(hidden),
+        "midlayer.hidden_norm.weight": 1 + weight(hidden),
+        "midlayer.post_attention_layernorm.weight": 1 + weight(hidden),
+        "norm.weight": 1 + weight(hidden),
+        "lm_head.weight": weight(draft_vocab, hidden, scale=0.5),
+    }
+    if draft_vocab != vocab:  # draft id i is target id i + 1 (id 0 is left out)
+        tensors["d2t"] = torch.ones(draft_vocab, dtype=torch.int64)
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[1:draft_vocab + 1] = True
+        tensors["t2d"] = t2d
+    os.makedirs(path, exist_ok=True)
+    save_file({name: t.contiguous() for name, t in tensors.items()}, os.path.join(path, "model.safetensors"))
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
+        "intermediate_size": inter, "num_hidden_layers": 1, "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads, "head_dim": head_dim, "hidden_act": "silu",
+        "rms_norm_eps": target.rms_norm_eps, "max_position_embeddings": target.max_position_embeddings,
+        "rope_theta": 10000.0, "vocab_size": vocab, "draft_vocab_size": draft_vocab,
+        "target_hidden_size": hidden, "torch_dtype": "float32",
+    }
+    layers = target.num_hidden_layers
+    aux = aux_layer_ids if aux_layer_ids is not None else sorted({0, layers // 2, layers - 1})
+    config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux}
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return path
+
+
 def _spread_norm_weights(model, seed: int) -> None:
     # Norm weights start at exactly 1; perturb them so a loader that drops one is caught.
     gen = torch.Generator().manual_seed(seed + 1)

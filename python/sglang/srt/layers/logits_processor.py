@@ -18,6 +18,9 @@ class LogitsProcessorOutput:
     next_token_logits: torch.Tensor
     # The captured layers' outputs concatenated: [num_tokens, len(layers) * hidden], or None.
     aux_hidden_states: Optional[torch.Tensor] = None
+    # EAGLE-3 draft only: its output before the final norm for every token, [num_tokens, hidden]
+    # (the next chain step's hidden input).
+    hidden_states: Optional[torch.Tensor] = None
 
 
 class LogitsProcessor(nn.Module):

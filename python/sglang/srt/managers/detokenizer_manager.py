@@ -50,6 +50,7 @@ class DetokenizerManager:
             completion_tokens=out.completion_tokens, cached_tokens=out.cached_tokens,
             new_token_logprobs=out.new_token_logprobs, new_top_logprobs=out.new_top_logprobs,
             admit_times=out.admit_times, first_token_times=out.first_token_times,
+            spec_verify_ct=out.spec_verify_ct,
         )
 
     def _decode(self, ids: list[int], skip: bool) -> str:

@@ -65,6 +65,8 @@ class BatchTokenIDOut:
     # Wall-clock times (time.time()) of the first prefill admission and the first output token.
     admit_times: list[Optional[float]]
     first_token_times: list[Optional[float]]
+    # With speculative decoding: verify steps each request took so far; None without.
+    spec_verify_ct: Optional[list[int]] = None
 
 
 @dataclasses.dataclass
@@ -82,6 +84,7 @@ class BatchStrOut:
     new_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
     admit_times: list[Optional[float]]
     first_token_times: list[Optional[float]]
+    spec_verify_ct: Optional[list[int]] = None
 
 
 @dataclasses.dataclass

@@ -17,7 +17,10 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 
 class KVManager:
     def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator,
-                 disable_radix_cache: bool):
+                 disable_radix_cache: bool, speculative: bool = False):
+        # With an EAGLE-3 draft, a position's draft KV depends on the token after it, so the last
+        # position of a cached prefix is recomputed (its next token may differ for this request).
+        self.speculative = speculative
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
         self.tree_cache = RadixCache(allocator, disable=disable_radix_cache)
@@ -38,9 +41,10 @@ class KVManager:
         match = self.tree_cache.match_prefix(_matchable_ids(req))
         self.tree_cache.inc_lock_ref(match.last_node)
         req.req_pool_idx, req.last_node = row, match.last_node
-        req.kv_len = req.cached_len = len(match.indices)
+        indices = match.indices[:-1] if self.speculative else match.indices
+        req.kv_len = req.cached_len = len(indices)
         if req.kv_len:
-            self.req_to_token_pool.write(row, 0, match.indices)
+            self.req_to_token_pool.write(row, 0, indices)
         return True
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:

@@ -46,6 +46,7 @@ class Req:
         self.admit_time: Optional[float] = None  # wall clock, first admission to a prefill
         self.first_token_time: Optional[float] = None  # wall clock, first output token
         self.to_abort = False
+        self.spec_verify_ct = 0  # speculative verify steps this request took
 
     @property
     def all_ids(self) -> list[int]:

@@ -28,6 +28,9 @@ from sglang.srt.utils import eos_token_ids
 
 logger = logging.getLogger(__name__)
 
+# A "Decode batch" log line every this many decode steps.
+DECODE_LOG_INTERVAL = 40
+
 
 class Scheduler:
     def __init__(self, server_args: ServerArgs):
@@ -35,11 +38,17 @@ class Scheduler:
         self.model_config = ModelConfig.from_path(
             server_args.model_path, server_args.dtype, server_args.device, server_args.context_length
         )
-        self.tp_worker = TpModelWorker(server_args, self.model_config)
+        self.spec_k = server_args.speculative_num_steps if server_args.speculative_enabled else 0
+        if self.spec_k:
+            from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+            self.tp_worker = EAGLEWorkerV2(server_args, self.model_config)
+        else:
+            self.tp_worker = TpModelWorker(server_args, self.model_config)
         runner = self.tp_worker.model_runner
         self.memory = runner.memory
         self.kv_manager = KVManager(runner.req_to_token_pool, runner.token_to_kv_pool_allocator,
-                                    server_args.disable_radix_cache)
+                                    server_args.disable_radix_cache, speculative=bool(self.spec_k))
         self.policy = SchedulePolicy(server_args.schedule_policy, self.kv_manager)
         self.eos_token_ids = eos_token_ids(server_args.model_path, server_args.tokenizer_path)
         self.seed_rng = np.random.default_rng(server_args.random_seed)
@@ -52,7 +61,9 @@ class Scheduler:
         self.last_step_time = time.perf_counter()
         self.last_step_throughput = 0.0
         self.tokenizer = None
-        self.overlap = not server_args.disable_overlap_schedule
+        # Speculative steps are not overlapped yet: each one is processed before the next.
+        self.overlap = not server_args.disable_overlap_schedule and not self.spec_k
+        self.num_decode_steps = 0
         self.in_flight = None  # (ScheduleBatch, GenerationBatchResult) launched, not yet processed
 
     def model_info(self) -> dict:
@@ -199,7 +210,7 @@ class Scheduler:
         flight's tokens, and running out of KV returns None (the caller syncs, then retracts)."""
         while self.running_reqs:
             for req in self.running_reqs:
-                req.extend_len = 1
+                req.extend_len = self.spec_k + 1  # a speculative step verifies k + 1 tokens
             out_cache_loc = self.kv_manager.alloc_for_step(self.running_reqs)
             if out_cache_loc is not None:
                 batch = ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE, out_cache_loc)
@@ -240,10 +251,12 @@ class Scheduler:
         return result
 
     def _process(self, batch: ScheduleBatch, result) -> None:
+        if self.spec_k and batch.forward_mode.is_decode():
+            self._process_spec(batch, result)
+            return
         host = result.wait_host()
         next_token_ids = host["next_token_ids"].tolist()
         logprobs = _LogprobRows(host)
-        now = time.perf_counter()
         new_tokens = 0
         for i, (req, token_id) in enumerate(zip(batch.reqs, next_token_ids)):
             if req.finished():  # finished (or aborted) while this step was in flight
@@ -260,9 +273,57 @@ class Scheduler:
                 logprobs.record(req, i, token_id)
             self._append(req, token_id)
             new_tokens += 1
+        self._count_step(new_tokens, batch.forward_mode.is_decode())
+
+    def _process_spec(self, batch: ScheduleBatch, result) -> None:
+        """Each request gets 1 .. k + 1 tokens; the KV slots of the rejected positions are freed."""
+        host = result.wait_host()
+        width = self.spec_k + 1
+        tokens, num_out = host["tokens"].tolist(), host["num_out"].tolist()
+        rejected = torch.arange(width) >= host["num_out"].reshape(-1, 1)
+        self.kv_manager.allocator.free(batch.out_cache_loc.view(-1, width).cpu()[rejected])
+        token_logprobs = host["token_logprobs"].tolist() if "token_logprobs" in host else None
+        top = (host["top_logprobs"].tolist(), host["top_logprob_ids"].tolist()) if "top_logprobs" in host else None
+        new_tokens = 0
+        for i, req in enumerate(batch.reqs):
+            req.kv_len -= width - num_out[i]
+            req.num_pending -= 1
+            if req.finished():  # aborted while the step ran: its tokens are dropped
+                continue
+            req.spec_verify_ct += 1
+            for j, token_id in enumerate(tokens[i][: num_out[i]]):
+                if req.return_logprob:
+                    req.output_token_logprobs.append((token_logprobs[i][j], token_id))
+                    if req.top_logprobs_num:
+                        n = req.top_logprobs_num
+                        req.output_top_logprobs.append(list(zip(top[0][i][j][:n], top[1][i][j][:n])))
+                self._append(req, token_id)
+                new_tokens += 1
+                if req.finished():
+                    break
+        self.tp_worker.stats.record_step(num_out, result.timer.seconds())
+        self._count_step(new_tokens, is_decode=True)
+
+    def _count_step(self, new_tokens: int, is_decode: bool) -> None:
+        now = time.perf_counter()
         self.num_generated_tokens += new_tokens
         self.last_step_throughput = new_tokens / max(now - self.last_step_time, 1e-9)
         self.last_step_time = now
+        if not is_decode:
+            return
+        self.num_decode_steps += 1
+        if self.num_decode_steps % DECODE_LOG_INTERVAL == 0:
+            self._log_decode()
+
+    def _log_decode(self) -> None:
+        state = self.kv_manager.accounting(0)
+        line = (f"Decode batch. #running-req: {len(self.running_reqs)}, "
+                f"#token: {state['total_slots'] - state['free_slots']}, "
+                f"token usage: {1 - state['free_slots'] / state['total_slots']:.2f}, ")
+        if self.spec_k:
+            line += f"accept len: {self.tp_worker.stats.take_window_accept_length():.2f}, "
+        line += f"gen throughput (token/s): {self.last_step_throughput:.2f}, #queue-req: {len(self.waiting_queue)}"
+        logger.info(line)
 
     def _append(self, req: Req, token_id: int) -> None:
         if req.sampling_params.max_new_tokens == 0:
@@ -318,6 +379,7 @@ class Scheduler:
                               for req in reqs],
             admit_times=[req.admit_time for req in reqs],
             first_token_times=[req.first_token_time for req in reqs],
+            spec_verify_ct=[req.spec_verify_ct for req in reqs] if self.spec_k else None,
         )
         for req in reqs:
             req.sent_len = len(req.output_ids)
@@ -344,6 +406,8 @@ class Scheduler:
             num_retractions=self.num_retractions,
             last_step_throughput=self.last_step_throughput,
         )
+        if self.spec_k:
+            state.update(self.tp_worker.stats.summary())
         return state
 
 

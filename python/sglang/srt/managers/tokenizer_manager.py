@@ -229,6 +229,11 @@ class TokenizerManager:
                 completion_tokens=out.completion_tokens[i],
                 cached_tokens=out.cached_tokens[i],
             )
+            if out.spec_verify_ct is not None:
+                verifies = out.spec_verify_ct[i]
+                state.meta["spec_verify_ct"] = verifies
+                if verifies:
+                    state.meta["spec_accept_length"] = out.completion_tokens[i] / verifies
             if out.new_token_logprobs[i] is not None:
                 state.meta.setdefault("output_token_logprobs", []).extend(
                     (logprob, token_id, None) for logprob, token_id in out.new_token_logprobs[i])

@@ -57,6 +57,10 @@ class ForwardBatch:
     return_all_logits: bool = False
     # Return the hidden states of the layers the model was asked to capture (EAGLE-3 aux).
     capture_aux_hidden_states: bool = False
+    # EAGLE-3 draft only: the hidden input of each token, [num_tokens, 3 * target_hidden] (the
+    # target's aux hidden states, DRAFT_EXTEND) or [num_tokens, hidden] (the draft's own previous
+    # output, a chain step).
+    spec_hidden_states: Optional[torch.Tensor] = None
     # Set by the ModelRunner before the forward.
     req_to_token_pool: Optional["ReqToTokenPool"] = None
     token_to_kv_pool: Optional["MHATokenToKVPool"] = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Optional
 
 import torch
 
@@ -39,24 +40,41 @@ class MemoryConfig:
 
 
 class ModelRunner:
-    def __init__(self, model_config: ModelConfig, server_args: ServerArgs):
+    """With `target` given, this runs an EAGLE-3 draft model: it shares the target's request
+    table and slot allocator (one allocation serves both models) and owns a KV pool of its own
+    layers indexed by the same slots. The speculative worker captures the draft's graphs."""
+
+    def __init__(self, model_config: ModelConfig, server_args: ServerArgs,
+                 target: Optional["ModelRunner"] = None, draft_kv_bytes_per_token: int = 0,
+                 extra_positions: int = 0):
+        """draft_kv_bytes_per_token: KV memory a draft model will need per slot (planned here,
+        since the pools share slots). extra_positions: table columns beyond the context length
+        (a verify step writes up to k positions past a request's last kept token)."""
         self.model_config = model_config
         self.server_args = server_args
         self.device = server_args.device
+        self.is_draft = target is not None
+        self.draft_kv_bytes_per_token = draft_kv_bytes_per_token
+        self.extra_positions = extra_positions
         torch.manual_seed(server_args.random_seed)
         self.model = load_model(model_config, self.device)
-        self.memory = self._plan_memory()
-        self._init_pools()
+        if target is None:
+            self.memory = self._plan_memory()
+            self._init_pools()
+        else:
+            self.memory = target.memory
+            self._init_draft_pools(target)
         self.attn_backend = create_attention_backend(server_args.attention_backend, self)
         self.sampler = Sampler()
         self.graph_runner = None
-        self.graph_runner = maybe_graph_runner(self)
+        if target is None:
+            self.graph_runner = maybe_graph_runner(self)
 
     def _plan_memory(self) -> MemoryConfig:
         cfg, args = self.model_config, self.server_args
         per_token = MHATokenToKVPool.bytes_per_token(
             cfg.dtype, cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
-        )
+        ) + self.draft_kv_bytes_per_token
         if self.device == "cuda":
             free, total = torch.cuda.mem_get_info()
             budget = free - total * (1 - args.mem_fraction_static)
@@ -77,7 +95,8 @@ class ModelRunner:
     def _init_pools(self) -> None:
         cfg, mem = self.model_config, self.memory
         # One spare row beyond the running limit for a request being chunk-prefilled.
-        self.req_to_token_pool = ReqToTokenPool(mem.max_running_requests + 1, mem.context_len, self.device)
+        self.req_to_token_pool = ReqToTokenPool(mem.max_running_requests + 1, mem.context_len + self.extra_positions,
+                                                self.device)
         self.token_to_kv_pool = MHATokenToKVPool(
             mem.max_total_num_tokens, cfg.dtype, cfg.num_key_value_heads, cfg.head_dim,
             cfg.num_hidden_layers, self.device,
@@ -85,6 +104,15 @@ class ModelRunner:
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(mem.max_total_num_tokens, self.device)
         logger.info("KV cache: %d tokens; max running requests %d; context length %d",
                     mem.max_total_num_tokens, mem.max_running_requests, mem.context_len)
+
+    def _init_draft_pools(self, target: "ModelRunner") -> None:
+        cfg = self.model_config
+        self.req_to_token_pool = target.req_to_token_pool
+        self.token_to_kv_pool_allocator = target.token_to_kv_pool_allocator
+        self.token_to_kv_pool = MHATokenToKVPool(
+            self.memory.max_total_num_tokens, cfg.dtype, cfg.num_key_value_heads, cfg.head_dim,
+            cfg.num_hidden_layers, self.device,
+        )
 
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:

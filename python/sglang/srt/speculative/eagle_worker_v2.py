@@ -1,0 +1,297 @@
+"""EAGLEWorkerV2: EAGLE-3 speculative decoding with chain drafting (topk = 1).
+
+Per-request state between steps, kept on the device in rows indexed like the request table:
+the draft's guess d_1 for the token after the last verified one, the distribution it was drawn
+from, and the draft's hidden output at the last verified position. With it, a decode step is
+
+    draft chain   k - 1 draft forwards (DECODE, one token per request), d_2 .. d_k
+    verify        the target over [x, d_1 .. d_k] (TARGET_VERIFY, k + 1 tokens per request)
+    accept        greedy or chain rejection sampling (spec_sampling.py): 1 .. k + 1 tokens
+    draft extend  the draft over the same k + 1 positions with the verified tokens shifted by
+                  one and the target's aux hidden states (DRAFT_EXTEND); its output at the last
+                  accepted position gives the next step's d_1 and hidden state.
+
+Positions: the step starts with the target's KV covering 0 .. m - 1 and x (the last output
+token) at position m. The scheduler allocates slots for m .. m + k; the chain writes its draft
+KV at m .. m + k - 2, the verify writes target KV at m .. m + k, the extend overwrites the draft
+KV at m .. m + k with its step-0 entries. After acceptance of num_out tokens, the slots of
+positions m + num_out .. m + k are freed by the scheduler (their entries are never read: every
+later read is causal and stops at the last kept position).
+
+A prefill (EXTEND) runs the target with aux capture, samples the first token, then extends the
+draft over the same positions with the tokens shifted by one (the last one is the next prompt
+token for a chunk, the sampled token otherwise).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from typing import Optional
+
+import torch
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.tp_worker import GenerationBatchResult, TpModelWorker
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.models.llama_eagle3 import default_aux_layer_ids
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
+from sglang.srt.speculative.spec_sampling import draw_draft, filtered_probs, verify_greedy, verify_sampled
+from sglang.srt.speculative.spec_stats import SpecStats
+
+logger = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class SpecStepResult:
+    """A speculative decode step's outcome; `wait_host` gives host copies of tokens and counts."""
+
+    tokens: torch.Tensor  # int64[bs, k + 1], the first num_out of each row are the output
+    num_out: torch.Tensor  # int64[bs]
+    token_logprobs: Optional[torch.Tensor] = None  # float32[bs, k + 1]
+    top_logprobs: Optional[torch.Tensor] = None  # float32[bs, k + 1, N]
+    top_logprob_ids: Optional[torch.Tensor] = None
+    timer: Optional["_StepTimer"] = None
+    host: dict = dataclasses.field(default_factory=dict)
+    copy_done: Optional[torch.cuda.Event] = None
+
+    _HOST_FIELDS = ("tokens", "num_out", "token_logprobs", "top_logprobs", "top_logprob_ids")
+
+    def start_copy_to_host(self) -> None:
+        for name in self._HOST_FIELDS:
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value.is_cuda:
+                self.host[name] = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
+                self.host[name].copy_(value, non_blocking=True)
+            else:
+                self.host[name] = value
+        if self.tokens.is_cuda:
+            self.copy_done = torch.cuda.Event()
+            self.copy_done.record()
+
+    def wait_host(self) -> dict:
+        if self.copy_done is not None:
+            self.copy_done.synchronize()
+        return self.host
+
+
+class EAGLEWorkerV2(TpModelWorker):
+    def __init__(self, server_args: ServerArgs, model_config: ModelConfig):
+        self.device = server_args.device
+        self.model_config = model_config
+        self.k = server_args.speculative_num_steps
+        draft_config = ModelConfig.from_path(server_args.speculative_draft_model_path, server_args.dtype,
+                                             self.device)
+        _check_pair(model_config, draft_config)
+        # Verify and chain positions can run up to k past a request's last kept token: give both
+        # rotary tables and the request table that margin.
+        margin = MAX_SPECULATIVE_STEPS + 1
+        model_config.hf_config.max_position_embeddings = model_config.context_len + margin
+        draft_config.hf_config.max_position_embeddings = model_config.context_len + margin
+        draft_kv = MHATokenToKVPool.bytes_per_token(draft_config.dtype, draft_config.num_key_value_heads,
+                                                    draft_config.head_dim, draft_config.num_hidden_layers)
+        self.model_runner = ModelRunner(model_config, server_args, draft_kv_bytes_per_token=draft_kv,
+                                        extra_positions=margin)
+        self.draft_runner = ModelRunner(draft_config, server_args, target=self.model_runner)
+        self.draft_model = self.draft_runner.model
+        self.draft_model.share_target_weights(self.model_runner.model)
+        num_layers = model_config.num_hidden_layers
+        aux_ids = self.draft_model.aux_layer_ids or default_aux_layer_ids(num_layers)
+        if any(not 0 <= i < num_layers for i in aux_ids):
+            raise ValueError(f"the draft's aux layer ids {aux_ids} are outside the target's {num_layers} layers")
+        self.model_runner.model.set_eagle3_layers_to_capture(list(aux_ids))
+        rows = self.model_runner.req_to_token_pool.size
+        hidden = draft_config.hidden_size
+        self.vocab_size = model_config.vocab_size
+        self.draft_vocab_size = self.draft_model.draft_vocab_size
+        zeros = dict(device=self.device)
+        self.next_draft = torch.zeros(rows, dtype=torch.int64, **zeros)  # d_1, target ids
+        self.next_draft_probs = torch.zeros(rows, self.draft_vocab_size, dtype=torch.float32, **zeros)
+        self.next_hidden = torch.zeros(rows, hidden, dtype=draft_config.dtype, **zeros)
+        self.stats = SpecStats(self.k)
+        logger.info("EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s",
+                    server_args.speculative_draft_model_path, draft_config.num_hidden_layers,
+                    self.draft_vocab_size, self.k, list(aux_ids))
+
+    # ---- entry ---------------------------------------------------------------------------
+
+    def forward_batch_generation(self, batch: ScheduleBatch):
+        if batch.forward_mode.is_decode():
+            return self.forward_spec_step(batch)
+        return self.forward_prefill(batch)
+
+    def sampling_info(self, batch: ScheduleBatch, vocab_size: int) -> SamplingBatchInfo:
+        return SamplingBatchInfo.from_params([r.sampling_params for r in batch.reqs], [r.seed for r in batch.reqs],
+                                             vocab_size, self.device)
+
+    # ---- prefill -------------------------------------------------------------------------
+
+    def forward_prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
+        fb = batch.to_forward_batch(self.device)
+        fb.capture_aux_hidden_states = True
+        out = self.model_runner.forward(fb)
+        info = self.sampling_info(batch, self.vocab_size)
+        offsets = batch.sampling_offsets(self.device)
+        next_ids = self.model_runner.sample(out.next_token_logits, info, offsets)
+        result = GenerationBatchResult(out, next_ids)
+        if any(req.return_logprob for req in batch.reqs):
+            self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
+        # The draft over the same positions, each fed the token after it.
+        shifted, finals = [], []
+        for i, req in enumerate(batch.reqs):
+            end = req.kv_len + req.extend_len
+            shifted.extend(req.token_slice(req.kv_len + 1, end))
+            if end < req.seq_len:  # a chunk: the next prompt token follows
+                shifted.extend(req.token_slice(end, end + 1))
+            else:
+                finals.append(i)
+                shifted.append(0)  # the sampled token, filled in on the device below
+        input_ids = _to_device(shifted, self.device)
+        last = fb.last_token_indices()
+        if finals:
+            rows = torch.tensor(finals, dtype=torch.int64).to(self.device)
+            input_ids[last[rows]] = next_ids[rows]
+        draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=input_ids,
+                                       capture_aux_hidden_states=False, spec_hidden_states=out.aux_hidden_states)
+        draft_out = self.draft_runner.forward(draft_fb)
+        self._store_next_draft(fb.req_pool_indices, draft_out.next_token_logits, draft_out.hidden_states[last],
+                               info, offsets + 1)
+        result.start_copy_to_host()
+        return result
+
+    # ---- one speculative step ------------------------------------------------------------
+
+    def forward_spec_step(self, batch: ScheduleBatch) -> SpecStepResult:
+        k, bs, device = self.k, batch.batch_size, self.device
+        width = k + 1
+        timer = _StepTimer(device)
+        rows = _to_device([req.req_pool_idx for req in batch.reqs], device)
+        starts = [req.kv_len for req in batch.reqs]  # m: position of each request's input token
+        slots = batch.out_cache_loc.view(bs, width)
+        info = self.sampling_info(batch, self.vocab_size)
+        offsets = batch.sampling_offsets(device)  # output index of each row's first token now
+
+        # Draft chain: d_1 is stored; each draft forward proposes the next.
+        drafts = [self.next_draft[rows]]
+        draft_probs = [self.next_draft_probs[rows]]
+        hidden = self.next_hidden[rows]
+        for j in range(1, k):
+            fb = ForwardBatch(
+                forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=drafts[-1],
+                positions=_to_device([m + j - 1 for m in starts], device), req_pool_indices=rows,
+                seq_lens=_to_device([m + j for m in starts], device), out_cache_loc=slots[:, j - 1].contiguous(),
+                seq_lens_cpu=[m + j for m in starts], extend_seq_lens_cpu=[1] * bs,
+                extend_prefix_lens_cpu=[m + j - 1 for m in starts], spec_hidden_states=hidden)
+            out = self.draft_runner.forward(fb)
+            draft_ids = draw_draft(out.next_token_logits, info, offsets + j)
+            drafts.append(self.draft_model.to_target_ids(draft_ids))
+            draft_probs.append(filtered_probs(out.next_token_logits, info))
+            hidden = out.hidden_states
+        timer.mark("draft")
+
+        # Verify [x, d_1 .. d_k] at positions m .. m + k.
+        last_tokens = batch.input_ids_device if batch.input_ids_device is not None else _to_device(
+            [req.output_ids[-1] for req in batch.reqs], device)
+        verify_ids = torch.cat([last_tokens[:, None], torch.stack(drafts, dim=1)], dim=1).reshape(-1)
+        positions = [m + i for m in starts for i in range(width)]
+        verify_fb = ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=verify_ids,
+            positions=_to_device(positions, device), req_pool_indices=rows,
+            seq_lens=_to_device([m + width for m in starts], device), out_cache_loc=batch.out_cache_loc,
+            seq_lens_cpu=[m + width for m in starts], extend_seq_lens_cpu=[width] * bs,
+            extend_prefix_lens_cpu=list(starts), return_all_logits=True, capture_aux_hidden_states=True)
+        verify_out = self.model_runner.forward(verify_fb)
+        target_logits = verify_out.next_token_logits.view(bs, width, -1)
+        draft_tokens = torch.stack(drafts[:k], dim=1)
+        if info.is_all_greedy:
+            verdict = verify_greedy(target_logits, draft_tokens)
+        else:
+            q = torch.stack(draft_probs, dim=1)  # [bs, k, draft vocab]
+            q_full = torch.zeros(bs, k, self.vocab_size, dtype=torch.float32, device=device)
+            q_full.index_add_(2, self.draft_model.to_target_ids(torch.arange(self.draft_vocab_size, device=device)), q)
+            verdict = verify_sampled(target_logits, draft_tokens, q_full, info, offsets)
+        timer.mark("verify")
+
+        # Draft extend over the verified positions, fed the output tokens (shifted by one).
+        extend_fb = dataclasses.replace(
+            verify_fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=verdict.tokens.reshape(-1),
+            capture_aux_hidden_states=False, spec_hidden_states=verify_out.aux_hidden_states)
+        extend_out = self.draft_runner.forward(extend_fb)
+        last_kept = torch.arange(bs, device=device) * width + verdict.num_out - 1
+        extend_logits = extend_out.next_token_logits[last_kept]
+        self._store_next_draft(rows, extend_logits, extend_out.hidden_states[last_kept], info,
+                               offsets + verdict.num_out)
+        timer.mark("extend")
+
+        result = SpecStepResult(tokens=verdict.tokens, num_out=verdict.num_out, timer=timer)
+        if any(req.return_logprob for req in batch.reqs):
+            self._add_step_logprobs(result, target_logits, max(req.top_logprobs_num for req in batch.reqs))
+        result.start_copy_to_host()
+        return result
+
+    def _store_next_draft(self, rows, logits, hidden, info: SamplingBatchInfo, offsets) -> None:
+        """Draw d_1 for the step after this one and keep it with q and the hidden state."""
+        draft_ids = draw_draft(logits, info, offsets)
+        self.next_draft[rows] = self.draft_model.to_target_ids(draft_ids)
+        self.next_draft_probs[rows] = filtered_probs(logits, info)
+        self.next_hidden[rows] = hidden.to(self.next_hidden.dtype)
+
+    @staticmethod
+    def _add_step_logprobs(result: SpecStepResult, target_logits: torch.Tensor, top_n: int) -> None:
+        # From the raw logits (before temperature and filters), as the plain worker reports them.
+        logprobs = torch.log_softmax(target_logits.float(), dim=-1)
+        result.token_logprobs = logprobs.gather(2, result.tokens[:, :, None]).squeeze(2)
+        if top_n > 0:
+            result.top_logprobs, result.top_logprob_ids = logprobs.topk(top_n, dim=-1)
+
+
+def _check_pair(target: ModelConfig, draft: ModelConfig) -> None:
+    if draft.architecture != "LlamaForCausalLMEagle3":
+        raise ValueError(f"--speculative-draft-model-path {draft.path} is a {draft.architecture}; EAGLE-3 "
+                         "needs a LlamaForCausalLMEagle3 checkpoint")
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(f"the draft's vocab_size ({draft.vocab_size}) differs from the target's "
+                         f"({target.vocab_size}): it was made for another model")
+    target_hidden = getattr(draft.hf_config, "target_hidden_size", None) or draft.hidden_size
+    if target_hidden != target.hidden_size:
+        raise ValueError(f"the draft expects target hidden size {target_hidden}, the target has "
+                         f"{target.hidden_size}: it was made for another model")
+
+
+def _to_device(values: list[int], device: str) -> torch.Tensor:
+    tensor = torch.tensor(values, dtype=torch.int64)
+    if device != "cpu":
+        tensor = tensor.pin_memory().to(device, non_blocking=True)
+    return tensor
+
+
+class _StepTimer:
+    """Wall time of the phases of one step (CUDA events on the GPU, read when the step is done)."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+        self.marks: list[tuple[str, object]] = [("start", self._now())]
+
+    def _now(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, self._now()))
+
+    def seconds(self) -> dict[str, float]:
+        """Phase -> seconds; on the GPU only once the step has finished."""
+        out = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            out[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+        return out

@@ -1,0 +1,63 @@
+"""Speculative decoding statistics: tokens per verify step (mean and histogram) and the time of
+each phase of a step, for the periodic log line, /get_server_info and /metrics."""
+
+from __future__ import annotations
+
+from collections import deque
+
+# Phase times are averaged over this many recent steps.
+RECENT_STEPS = 256
+
+
+class SpecStats:
+    def __init__(self, k: int):
+        self.k = k
+        self.num_steps = 0  # speculative steps (one verify each, over a batch)
+        self.num_verifies = 0  # request-verifies: sum of batch sizes over those steps
+        self.num_tokens = 0  # output tokens they produced (accepted drafts + bonus)
+        self.histogram = [0] * (k + 1)  # [i]: request-verifies that produced i + 1 tokens
+        self.recent_phase_s: deque[dict[str, float]] = deque(maxlen=RECENT_STEPS)
+        # Since the last log line.
+        self.window_verifies = 0
+        self.window_tokens = 0
+
+    def record_step(self, num_out: list[int], phase_seconds: dict[str, float]) -> None:
+        self.num_steps += 1
+        self.num_verifies += len(num_out)
+        self.num_tokens += sum(num_out)
+        self.window_verifies += len(num_out)
+        self.window_tokens += sum(num_out)
+        for n in num_out:
+            self.histogram[n - 1] += 1
+        self.recent_phase_s.append(phase_seconds)
+
+    @property
+    def mean_accept_length(self) -> float:
+        """Tokens per verify, bonus included (upstream's `accept len`)."""
+        return self.num_tokens / self.num_verifies if self.num_verifies else 0.0
+
+    def take_window_accept_length(self) -> float:
+        """Mean tokens per verify since the last call (for the periodic log line)."""
+        mean = self.window_tokens / self.window_verifies if self.window_verifies else 0.0
+        self.window_verifies = self.window_tokens = 0
+        return mean
+
+    def mean_phase_ms(self) -> dict[str, float]:
+        if not self.recent_phase_s:
+            return {}
+        names = self.recent_phase_s[-1].keys()
+        n = len(self.recent_phase_s)
+        return {name: 1e3 * sum(s.get(name, 0.0) for s in self.recent_phase_s) / n for name in names}
+
+    def summary(self) -> dict:
+        return {
+            "speculative_num_steps": self.k,
+            "spec_steps": self.num_steps,
+            "spec_verifies": self.num_verifies,
+            "spec_tokens": self.num_tokens,
+            "avg_spec_accept_length": self.mean_accept_length,
+            "spec_accept_rate": ((self.num_tokens - self.num_verifies) / (self.k * self.num_verifies)
+                                 if self.num_verifies else 0.0),
+            "spec_accept_length_histogram": list(self.histogram),
+            "spec_phase_ms": self.mean_phase_ms(),
+        }

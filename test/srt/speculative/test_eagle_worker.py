@@ -1,0 +1,203 @@
+"""EAGLE-3 speculative decoding (chain drafting) through the real engine, on the CPU in float32:
+greedy output is token-identical to plain decoding (tiny random pair and the shipped demo pair;
+single requests, mixed batches, radix-cache hits, requests that finish inside the accepted
+tokens); sampled output follows the target's distribution (chi-square against the exact
+distribution); KV accounting holds after every test, aborts included; stats are reported."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+import sglang
+from sglang import demo
+from sglang.test.tiny_models import make_tiny_eagle3_draft
+
+from sglang.test.server_fixture import assert_engine_kv_accounting as assert_kv_accounting
+
+CODE_PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\nimport sys\n",
+                "for i in range(10):\n    print(", "x = [1, 2, 3]\ny = "]
+
+
+def engine(**kwargs):
+    args = dict(dtype="float32", device="cpu", log_level="warning", disable_overlap_schedule=True)
+    return sglang.Engine(**{**args, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tiny_model_paths, tmp_path_factory):
+    target = tiny_model_paths["llama"]
+    draft = make_tiny_eagle3_draft(str(tmp_path_factory.mktemp("tiny_draft")), target, draft_vocab_size=200)
+    plain = engine(model_path=target)
+    spec = engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
+                  speculative_num_steps=3)
+    yield plain, spec
+    plain.shutdown()
+    spec.shutdown()
+
+
+@pytest.fixture(scope="module")
+def demo_pair():
+    plain = engine()
+    spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=4)
+    yield plain, spec
+    plain.shutdown()
+    spec.shutdown()
+
+
+def ids(outputs):
+    return [o["output_ids"] for o in outputs]
+
+
+def test_tiny_random_pair_greedy_is_plain_decoding(tiny_pair):
+    plain, spec = tiny_pair
+    prompts = ["Hello", "The quick brown fox", "a b c d e f g", "def add(a, b):", "1 2 3"]
+    # Lengths that end inside a chain (k = 3: steps give 1..4 tokens) and beyond.
+    params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in (1, 2, 5, 17, 40)]
+    assert ids(spec.generate(prompts, params)) == ids(plain.generate(prompts, params))
+    for prompt, p in zip(prompts, params):  # one at a time == in a batch
+        assert spec.generate(prompt, p)["output_ids"] == plain.generate(prompt, p)["output_ids"]
+    assert_kv_accounting(spec)
+
+
+def test_demo_pair_greedy_is_plain_decoding_and_accepts_drafts(demo_pair):
+    plain, spec = demo_pair
+    params = {"temperature": 0, "max_new_tokens": 64}
+    expected = ids(plain.generate(CODE_PROMPTS, params))
+    outputs = spec.generate(CODE_PROMPTS, params)
+    assert ids(outputs) == expected
+    for out in outputs:
+        meta = out["meta_info"]
+        assert 1 <= meta["spec_verify_ct"] < meta["completion_tokens"]
+        assert meta["spec_accept_length"] == pytest.approx(meta["completion_tokens"] / meta["spec_verify_ct"])
+    state = spec.get_server_info()["internal_state"]
+    # The demo draft predicts its target: well over one token per verify on code.
+    assert state["avg_spec_accept_length"] > 1.8, state
+    assert sum(state["spec_accept_length_histogram"]) == state["spec_verifies"]
+    assert set(state["spec_phase_ms"]) == {"draft", "verify", "extend"}
+    assert_kv_accounting(spec)
+
+
+def test_radix_cache_hits_keep_output_identical(demo_pair):
+    plain, spec = demo_pair
+    params = {"temperature": 0, "max_new_tokens": 40}
+    prefix = "import json\n\n\ndef load(path):\n    with open(path) as f:\n"
+    prompts = [prefix + "        return json.load(f)\n", prefix + "        data = f.read()\n", prefix]
+    expected = ids(plain.generate(prompts, params))
+    first = spec.generate(prompts[0], params)
+    assert first["output_ids"] == expected[0]
+    again = spec.generate(prompts, params)  # shared prefix and a full repeat: radix hits
+    assert ids(again) == expected
+    assert all(o["meta_info"]["cached_tokens"] > 0 for o in again)
+    assert_kv_accounting(spec)
+
+
+def test_requests_finishing_inside_the_accepted_tokens(demo_pair):
+    plain, spec = demo_pair
+    base = plain.generate(CODE_PROMPTS[0], {"temperature": 0, "max_new_tokens": 48})["output_ids"]
+    # A stop token that occurs mid-output, a stop string, and short max_new_tokens.
+    stop_id = base[len(base) // 2]
+    cases = [{"stop_token_ids": [stop_id]}, {"stop": ["_fp"]}, {"max_new_tokens": 3}, {"max_new_tokens": 6}]
+    for extra in cases:
+        params = {"temperature": 0, "max_new_tokens": 48, **extra}
+        want, got = plain.generate(CODE_PROMPTS[0], params), spec.generate(CODE_PROMPTS[0], params)
+        assert got["output_ids"] == want["output_ids"], extra
+        assert got["text"] == want["text"]
+        assert got["meta_info"]["finish_reason"] == want["meta_info"]["finish_reason"]
+    assert_kv_accounting(spec)
+
+
+def test_mixed_greedy_and_sampled_batch_keeps_greedy_rows_exact(demo_pair):
+    plain, spec = demo_pair
+    greedy = {"temperature": 0, "max_new_tokens": 32}
+    sampled = {"temperature": 0.9, "top_p": 0.95, "max_new_tokens": 32, "sampling_seed": 7}
+    outputs = spec.generate(CODE_PROMPTS[:4], [greedy, sampled, greedy, sampled])
+    expected = ids(plain.generate([CODE_PROMPTS[0], CODE_PROMPTS[2]], greedy))
+    assert [outputs[0]["output_ids"], outputs[2]["output_ids"]] == expected
+    assert all(len(o["output_ids"]) == 32 or o["meta_info"]["finish_reason"]["type"] == "stop" for o in outputs)
+    # Seeded sampling is reproducible with speculation too.
+    assert spec.generate(CODE_PROMPTS[1], sampled)["output_ids"] == outputs[1]["output_ids"]
+    assert_kv_accounting(spec)
+
+
+def test_logprobs_of_speculative_tokens_match_plain(demo_pair):
+    plain, spec = demo_pair
+    params = {"temperature": 0, "max_new_tokens": 12}
+    want = plain.generate(CODE_PROMPTS[1], params, return_logprob=True, top_logprobs_num=2)
+    got = spec.generate(CODE_PROMPTS[1], params, return_logprob=True, top_logprobs_num=2)
+    assert got["output_ids"] == want["output_ids"]
+    for (a, ta, _), (b, tb, _) in zip(got["meta_info"]["output_token_logprobs"],
+                                      want["meta_info"]["output_token_logprobs"]):
+        assert ta == tb and a == pytest.approx(b, abs=1e-4)
+    assert len(got["meta_info"]["output_top_logprobs"]) == 12
+
+
+def test_abort_during_speculative_decoding_frees_everything(demo_pair):
+    _, spec = demo_pair
+    stream = spec.generate("def main():", {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True},
+                           stream=True)
+    chunks = [next(stream) for _ in range(3)]
+    stream.close()  # the client goes away mid-generation: the request is aborted
+    assert 0 < len(chunks[-1]["output_ids"]) < 400
+    deadline = time.time() + 30
+    while spec.get_server_info()["internal_state"]["num_running_reqs"] and time.time() < deadline:
+        time.sleep(0.05)  # the abort reaches the scheduler between two of its steps
+    assert_kv_accounting(spec)
+    # The engine keeps serving, with the same greedy output as before.
+    params = {"temperature": 0, "max_new_tokens": 16}
+    assert spec.generate(CODE_PROMPTS[0], params)["output_ids"] == spec.generate(CODE_PROMPTS[0], params)["output_ids"]
+
+
+def test_sampled_tokens_follow_the_target_distribution():
+    """Chi-square of the 2nd and 3rd output tokens (produced by verify steps: accepted drafts
+    or resampled) against their exact distribution under the target, top-k 6, temperature 1."""
+    from scipy.stats import chisquare
+    from transformers import LlamaForCausalLM
+
+    prompt, top_k, num_samples = "def add(a, b):\n", 6, 1500
+    spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=2, disable_radix_cache=True)
+    try:
+        prompt_ids = spec.tokenizer_manager.tokenizer.encode(prompt) if hasattr(spec, "tokenizer_manager") else None
+        params = [{"temperature": 1.0, "top_k": top_k, "max_new_tokens": 3, "ignore_eos": True,
+                   "sampling_seed": seed} for seed in range(num_samples)]
+        outputs = spec.generate([prompt] * num_samples, params)
+        state = spec.get_server_info()["internal_state"]
+        assert_kv_accounting(spec)
+    finally:
+        spec.shutdown()
+    # Both paths of the chain test ran: drafts were accepted and rejected.
+    assert 0 < state["spec_accept_rate"] < 1, state
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(demo.TARGET_PATH)
+    prompt_ids = prompt_ids or tokenizer(prompt).input_ids
+    model = LlamaForCausalLM.from_pretrained(demo.TARGET_PATH, dtype=torch.float32).eval()
+
+    def next_probs(seqs: list[list[int]]) -> torch.Tensor:
+        with torch.no_grad():
+            logits = model(torch.tensor(seqs)).logits[:, -1].float()
+        top = logits.topk(top_k, dim=-1)
+        probs = torch.zeros_like(logits)
+        return probs.scatter_(1, top.indices, torch.softmax(top.values, dim=-1))
+
+    p1 = next_probs([prompt_ids])[0]
+    firsts = p1.nonzero().flatten().tolist()
+    p2_given = next_probs([prompt_ids + [t] for t in firsts])
+    p2 = (p1[firsts, None] * p2_given).sum(0)
+    pairs = [(a, b) for a in firsts for b in p2_given[firsts.index(a)].nonzero().flatten().tolist()]
+    p3_given = next_probs([prompt_ids + [a, b] for a, b in pairs])
+    weights = torch.tensor([p1[a] * p2_given[firsts.index(a), b] for a, b in pairs])
+    p3 = (weights[:, None] * p3_given).sum(0)
+    for position, exact in ((1, p2), (2, p3)):
+        observed = np.bincount([o["output_ids"][position] for o in outputs], minlength=len(exact))
+        support = exact.nonzero().flatten().numpy()
+        assert observed.sum() == observed[support].sum(), f"token {position} outside the target's top-k support"
+        expected = exact[support].double().numpy() * num_samples
+        keep = expected >= 5  # pool the rare tokens into one bin
+        obs = np.append(observed[support][keep], observed[support][~keep].sum())
+        exp = np.append(expected[keep], expected[~keep].sum())
+        obs, exp = (obs[:-1], exp[:-1]) if exp[-1] == 0 else (obs, exp)
+        assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3, (position, obs, exp)
