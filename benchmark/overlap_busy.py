@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
 import time
 
 import torch
@@ -104,9 +106,22 @@ def main() -> None:
     parser.add_argument("--input-len", type=int, default=1024)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--only", choices=["on", "off"], default=None,
+                        help="one setting in this process (the default runs each in its own process, so the "
+                             "first one's KV pool and graphs are gone before the second plans its memory)")
     args = parser.parse_args()
-    results = [run(args.model_path, overlap, args.batch_size, args.input_len, args.output_len)
-               for overlap in (True, False)]
+    if args.only is not None:
+        result = run(args.model_path, args.only == "on", args.batch_size, args.input_len, args.output_len)
+        print(json.dumps(result), flush=True)
+        return
+    results = []
+    for setting in ("on", "off"):
+        proc = subprocess.run([sys.executable, __file__, "--model-path", args.model_path, "--batch-size",
+                               str(args.batch_size), "--input-len", str(args.input_len), "--output-len",
+                               str(args.output_len), "--only", setting], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise SystemExit(f"overlap {setting} failed:\n{proc.stderr[-3000:]}")
+        results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
     for r in results:
         print(f"overlap={r['overlap']}: {r['mean_step_ms']:.2f} ms/step in the loop, {r['device_step_ms']:.2f} ms "
               f"of device work: GPU busy {r['busy_share'] * 100:.1f}% (bracketed {r['bracket_share'] * 100:.1f}%) "

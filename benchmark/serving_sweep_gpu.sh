@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# The recorded serving sweep (docs/bench_serving.md, "The recorded GPU run"), on the GPU machine:
+#
+#   bash benchmark/serving_sweep_gpu.sh OUT_DIR [MODEL_DIR]
+#
+# Serves MODEL_DIR (default /tmp/gpu_check/llama-3.1-8b; made with random Llama-3.1-8B weights when
+# missing) with --max-running-requests 256, waits for /health (deadline: HEALTH_DEADLINE_S, 300 s),
+# sweeps --max-concurrency 1..256 at input 1024 / output 128 into OUT_DIR/$NAME.jsonl, plots
+# OUT_DIR/$NAME.png, and stops the server (also on error). The plot is drawn from whatever levels
+# were written, also when the sweep stopped early (SWEEP_TIMEOUT_S bounds the sweep; 0 = none).
+# Env: NAME (bench_serving_8b), PORT (30000), LABEL, HEALTH_DEADLINE_S, SWEEP_TIMEOUT_S,
+# SERVER_ARGS (extra launch_server flags).
+set -u -o pipefail
+
+OUT_DIR=${1:?usage: serving_sweep_gpu.sh OUT_DIR [MODEL_DIR]}
+MODEL=${2:-/tmp/gpu_check/llama-3.1-8b}
+NAME=${NAME:-bench_serving_8b}
+PORT=${PORT:-30000}
+LABEL=${LABEL:-ours, llama-3.1-8b shapes}
+HEALTH_DEADLINE_S=${HEALTH_DEADLINE_S:-300}
+SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-0}
+D=$OUT_DIR/$NAME
+mkdir -p "$OUT_DIR"
+
+if [ ! -f "$MODEL/model.safetensors.index.json" ]; then
+  echo "== making $MODEL (random Llama-3.1-8B weights)"
+  python -m sglang.tools.make_random_model "$MODEL" --config llama-3.1-8b --device cuda || exit 1
+fi
+
+healthy() {
+  python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=5).status != 200)" 2>/dev/null
+}
+
+echo "== $(date +%T) starting the server on $MODEL"
+python -m sglang.launch_server --model-path "$MODEL" --port "$PORT" --max-running-requests 256 \
+  ${SERVER_ARGS:-} > "$D.server.log" 2>&1 &
+SERVER=$!
+trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
+
+start=$SECONDS
+until healthy; do
+  if ! kill -0 $SERVER 2>/dev/null; then
+    echo "server exited before /health answered; its log:"; tail -50 "$D.server.log"; exit 1
+  fi
+  if (( SECONDS - start > HEALTH_DEADLINE_S )); then
+    echo "no /health within ${HEALTH_DEADLINE_S} s; server log:"; tail -50 "$D.server.log"; exit 1
+  fi
+  sleep 2
+done
+echo "== $(date +%T) server healthy after $((SECONDS - start)) s"
+
+sweep=(python -m sglang.bench_serving --backend sglang --port "$PORT" --dataset-name random
+  --random-input-len 1024 --random-output-len 128 --random-range-ratio 1
+  --num-prompts 64 --prompts-per-concurrency 4 --max-concurrency 1,2,4,8,16,32,64,128,256
+  --warmup-requests 8 --flush-cache --disable-tqdm --label "$LABEL" --output-file "$D.jsonl")
+if (( SWEEP_TIMEOUT_S > 0 )); then sweep=(timeout "$SWEEP_TIMEOUT_S" "${sweep[@]}"); fi
+t0=$SECONDS
+"${sweep[@]}"
+rc=$?
+echo "== $(date +%T) sweep exit $rc after $((SECONDS - t0)) s; $( [ -f "$D.jsonl" ] && wc -l < "$D.jsonl" || echo 0) levels written"
+
+python -m sglang.bench_serving plot "$D.jsonl" --output "$D.png" --title "bench_serving, Llama-3.1-8B shapes, 1 x H200" \
+  || echo "plot failed"
+exit $rc
