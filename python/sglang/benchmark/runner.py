@@ -29,6 +29,9 @@ class BenchmarkError(Exception):
     """Ends the benchmark with a one-line message and exit status 1 (so does DatasetError)."""
 
 
+CLIENT_KEEPALIVE_S = 2.0
+
+
 @dataclasses.dataclass
 class Bench:
     """What every level of one invocation shares."""
@@ -46,7 +49,11 @@ async def run(args: argparse.Namespace) -> list[dict]:
     """Runs every level of `args.max_concurrency`; returns the result lines written."""
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S, sock_read=args.request_timeout)
     # limit=0: aiohttp's default pool of 100 connections would cap the concurrency.
-    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=0)) as session:
+    # An idle kept-alive connection is dropped after CLIENT_KEEPALIVE_S, well before any server
+    # closes it (ours after 30 s): reusing one the server is closing at that moment
+    # fails the request with ServerDisconnectedError.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=CLIENT_KEEPALIVE_S)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         bench = await connect(args, session)
         await warm_up(bench.client, bench.dataset.sample(args.warmup_requests, bench.data_rng))
         levels = args.max_concurrency or [None]

@@ -39,6 +39,9 @@ SHUTDOWN_TIMEOUT_S = 5
 READY_MESSAGE = "The server is fired up and ready to roll!"
 # Routes that answer without an API key (probes and scrapers).
 OPEN_ROUTES = {"/health", "/metrics"}
+# Idle HTTP keep-alive connections are closed after this long (clients that reuse one later than
+# this race the close; 30 s covers the usual client pools, which drop idle ones sooner).
+SERVER_KEEPALIVE_S = 30
 
 
 class GenerateRequest(BaseModel):
@@ -292,7 +295,7 @@ def launch_server(server_args: ServerArgs) -> int:
     try:
         config = uvicorn.Config(
             create_app(state), host=server_args.host, port=server_args.port, loop=_event_loop(),
-            log_level=server_args.log_level, timeout_keep_alive=5,
+            log_level=server_args.log_level, timeout_keep_alive=SERVER_KEEPALIVE_S,
             timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S,
         )
         state.uvicorn_server = uvicorn.Server(config)

@@ -75,17 +75,22 @@ class ModelRunner:
         per_token = MHATokenToKVPool.bytes_per_token(
             cfg.dtype, cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
         ) + self.draft_kv_bytes_per_token
+        detail = ""
         if self.device == "cuda":
             free, total = torch.cuda.mem_get_info()
             budget = free - total * (1 - args.mem_fraction_static)
             tokens = int(budget // per_token)
+            gib = 1 << 30
+            detail = (f": after loading the model {free / gib:.1f} GiB of {total / gib:.1f} GiB are free, and "
+                      f"--mem-fraction-static {args.mem_fraction_static} keeps {total * (1 - args.mem_fraction_static) / gib:.1f} "
+                      f"GiB back (is another process using the GPU?)")
         else:
             tokens = min(CPU_MAX_TOTAL_TOKENS, CPU_KV_BUDGET_BYTES // per_token)
         if args.max_total_tokens is not None:
             tokens = args.max_total_tokens if self.device != "cuda" else min(tokens, args.max_total_tokens)
         if tokens < 2:
             raise RuntimeError(
-                f"not enough memory for the KV cache ({tokens} tokens); raise --mem-fraction-static "
+                f"not enough memory for the KV cache ({tokens} tokens){detail}; raise --mem-fraction-static "
                 "or use a smaller model"
             )
         rows_cap = max(1, REQ_TO_TOKEN_BUDGET_BYTES // (4 * cfg.context_len))
