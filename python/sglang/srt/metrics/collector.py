@@ -42,6 +42,10 @@ class MetricsCollector:
         self.token_usage = gauge("token_usage", "Share of KV slots in use (requests and cache).")
         self.gen_throughput = gauge("gen_throughput", "Generation throughput of the last step (token/s).")
         self.cache_hit_rate = gauge("cache_hit_rate", "Share of prompt tokens served from the prefix cache.")
+        self.spec_accept_length = gauge("spec_accept_length", "Speculative decoding: mean tokens per verify step.")
+        self.spec_accept_rate = gauge("spec_accept_rate", "Speculative decoding: accepted / proposed draft tokens.")
+        self.spec_num_steps = gauge("spec_num_steps", "Speculative decoding: draft tokens per step (k).")
+        self.spec_num_draft_tokens = gauge("spec_num_draft_tokens", "Speculative decoding: tokens verified per step.")
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -72,6 +76,11 @@ class MetricsCollector:
         self.gen_throughput.set(state["last_step_throughput"])
         if self._prompt_total:
             self.cache_hit_rate.set(self._cached_total / self._prompt_total)
+        if "speculative_num_steps" in state:
+            self.spec_accept_length.set(state["avg_spec_accept_length"])
+            self.spec_accept_rate.set(state["spec_accept_rate"])
+            self.spec_num_steps.set(state["speculative_num_steps"])
+            self.spec_num_draft_tokens.set(state["speculative_num_steps"] + 1)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -1,0 +1,54 @@
+"""Speculative decoding through the HTTP server: the demo pair served with --speculative-algorithm
+EAGLE3 reports spec_verify_ct in meta_info, accept-length stats in /get_server_info and /metrics,
+and the periodic decode log line with `accept len`."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from sglang import demo
+from sglang.test.server_fixture import ServerProcess, assert_server_kv_accounting, server_state
+
+
+@pytest.fixture(scope="module")
+def spec_server():
+    server = ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+                           "--enable-metrics", "--log-level", "info", "--skip-server-warmup")
+    yield server
+    server.stop()
+
+
+def test_generate_reports_verify_steps_and_stats_are_exposed(spec_server):
+    body = {"text": "def fibonacci(n):", "sampling_params": {"temperature": 0, "max_new_tokens": 160,
+                                                              "ignore_eos": True}}
+    out = httpx.post(f"{spec_server.base_url}/generate", json=body, timeout=120).json()
+    meta = out["meta_info"]
+    assert meta["completion_tokens"] == 160
+    assert 160 / 4 <= meta["spec_verify_ct"] < 160  # at most k + 1 = 4 tokens per verify
+    assert meta["spec_accept_length"] == pytest.approx(160 / meta["spec_verify_ct"])
+    state = server_state(spec_server)
+    assert state["speculative_num_steps"] == 3 and state["avg_spec_accept_length"] > 1
+    metrics = httpx.get(f"{spec_server.base_url}/metrics", timeout=10).text
+    accept = [line for line in metrics.splitlines() if line.startswith("sglang:spec_accept_length{")]
+    assert accept and float(accept[0].split()[-1]) == pytest.approx(state["avg_spec_accept_length"])
+    draft_tokens = [line for line in metrics.splitlines() if line.startswith("sglang:spec_num_draft_tokens{")]
+    assert draft_tokens and float(draft_tokens[0].split()[-1]) == 4
+    assert_server_kv_accounting(spec_server)
+
+
+def test_bad_speculative_flags_fail_naming_the_flag():
+    for args, flag in ((["--speculative-eagle-topk", "2"], "--speculative-eagle-topk"),
+                       (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "9"],
+                        "--speculative-num-draft-tokens")):
+        with pytest.raises(RuntimeError, match=flag):
+            ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", *args, startup_timeout=60)
+
+
+def test_decode_log_line_reports_accept_length(spec_server):
+    body = {"text": "class Stack:", "sampling_params": {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True}}
+    httpx.post(f"{spec_server.base_url}/generate", json=body, timeout=120)
+    spec_server.stop()
+    log = spec_server.proc.stdout.read()
+    lines = [line for line in log.splitlines() if "Decode batch." in line]
+    assert lines and all("accept len: " in line for line in lines), log[-2000:]
