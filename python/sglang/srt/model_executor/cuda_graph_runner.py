@@ -41,13 +41,19 @@ def graph_memory_pool():
 
 
 class CudaGraphRunner:
+    """`spec_hidden_width` > 0 gives the graph a hidden-state input of that width (an EAGLE-3
+    draft's `spec_hidden_states`); `capture_aux` makes the target write its aux hidden states
+    into the graph's output (TARGET_VERIFY); extend-shaped modes return every token's logits."""
+
     def __init__(self, model_runner, batch_sizes: list[int], forward_mode: ForwardMode = ForwardMode.DECODE,
-                 tokens_per_req: int = 1):
+                 tokens_per_req: int = 1, spec_hidden_width: int = 0, capture_aux: bool = False):
         self.model_runner = model_runner
         self.batch_sizes = sorted(batch_sizes)
         self.max_bs = self.batch_sizes[-1]
         self.forward_mode = forward_mode
         self.tokens_per_req = tokens_per_req
+        self.spec_hidden_width = spec_hidden_width
+        self.capture_aux = capture_aux
         self.device = model_runner.device
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, LogitsProcessorOutput] = {}
@@ -59,10 +65,17 @@ class CudaGraphRunner:
         self.input_ids, self.positions, self.out_cache_loc = zeros(max_tokens), zeros(max_tokens), zeros(max_tokens)
         self.req_pool_indices = zeros(self.max_bs)
         self.seq_lens = torch.full((self.max_bs,), self.tokens_per_req, dtype=torch.int64, device=self.device)
+        self.spec_hidden = None
+        if self.spec_hidden_width:
+            self.spec_hidden = torch.zeros(max_tokens, self.spec_hidden_width, device=self.device,
+                                           dtype=self.model_runner.model_config.dtype)
 
     def can_run(self, fb: ForwardBatch) -> bool:
+        hidden = fb.spec_hidden_states
         return fb.forward_mode == self.forward_mode and fb.batch_size <= self.max_bs \
-            and fb.num_tokens == fb.batch_size * self.tokens_per_req
+            and fb.num_tokens == fb.batch_size * self.tokens_per_req \
+            and fb.capture_aux_hidden_states == self.capture_aux \
+            and (hidden.shape[-1] if hidden is not None else 0) == self.spec_hidden_width
 
     def capture(self) -> None:
         start = time.perf_counter()
@@ -80,7 +93,9 @@ class CudaGraphRunner:
             positions=self.positions[:n], req_pool_indices=self.req_pool_indices[:bs],
             seq_lens=self.seq_lens[:bs], out_cache_loc=self.out_cache_loc[:n],
             seq_lens_cpu=[self.tokens_per_req] * bs, extend_seq_lens_cpu=[self.tokens_per_req] * bs,
-            extend_prefix_lens_cpu=[0] * bs, return_all_logits=self.forward_mode.is_target_verify(),
+            extend_prefix_lens_cpu=[0] * bs, return_all_logits=self.forward_mode.is_extend(),
+            capture_aux_hidden_states=self.capture_aux,
+            spec_hidden_states=self.spec_hidden[:n] if self.spec_hidden is not None else None,
         )
 
     def _capture_one(self, bs: int) -> None:
@@ -106,15 +121,22 @@ class CudaGraphRunner:
         self.out_cache_loc[:n].copy_(fb.out_cache_loc, non_blocking=True)
         self.req_pool_indices[:bs].copy_(fb.req_pool_indices, non_blocking=True)
         self.seq_lens[:bs].copy_(fb.seq_lens, non_blocking=True)
+        if self.spec_hidden is not None:
+            self.spec_hidden[:n].copy_(fb.spec_hidden_states, non_blocking=True)
         self.graphs[graph_bs].replay()
         out = self.outputs[graph_bs]
-        rows = n if fb.return_all_logits or self.forward_mode.is_decode() else bs
+        if self.forward_mode.is_extend() and not fb.return_all_logits:  # the graph scored every token
+            logits = out.next_token_logits[torch.arange(bs, device=self.device) * self.tokens_per_req
+                                           + self.tokens_per_req - 1]
+        else:
+            logits = out.next_token_logits[:n]
         aux = out.aux_hidden_states[:n] if out.aux_hidden_states is not None else None
-        return LogitsProcessorOutput(next_token_logits=out.next_token_logits[:rows], aux_hidden_states=aux)
+        hidden = out.hidden_states[:n] if out.hidden_states is not None else None
+        return LogitsProcessorOutput(next_token_logits=logits, aux_hidden_states=aux, hidden_states=hidden)
 
 
-def maybe_graph_runner(model_runner) -> Optional[CudaGraphRunner]:
-    """The decode graph runner, or None when graphs are off or cannot be used here."""
+def graph_batch_sizes(model_runner) -> Optional[list[int]]:
+    """The batch-size buckets to capture, or None when graphs are off or cannot be used here."""
     args = model_runner.server_args
     if model_runner.device != "cuda" or args.disable_cuda_graph:
         return None
@@ -122,7 +144,14 @@ def maybe_graph_runner(model_runner) -> Optional[CudaGraphRunner]:
         logger.info("CUDA graphs need the triton attention backend; running %s eagerly", args.attention_backend)
         return None
     sizes = sorted(set(args.cuda_graph_bs)) if args.cuda_graph_bs else default_batch_sizes(args.cuda_graph_max_bs)
-    sizes = [bs for bs in sizes if bs <= model_runner.memory.max_running_requests] or [1]
+    return [bs for bs in sizes if bs <= model_runner.memory.max_running_requests] or [1]
+
+
+def maybe_graph_runner(model_runner) -> Optional[CudaGraphRunner]:
+    """The decode graph runner, or None when graphs are off or cannot be used here."""
+    sizes = graph_batch_sizes(model_runner)
+    if sizes is None:
+        return None
     runner = CudaGraphRunner(model_runner, sizes)
     runner.capture()
     return runner

@@ -66,9 +66,11 @@ class ModelRunner:
             self._init_draft_pools(target)
         self.attn_backend = create_attention_backend(server_args.attention_backend, self)
         self.sampler = Sampler()
-        self.graph_runner = None
+        # Plain decode's graphs; a speculative worker adds its own shapes to `graph_runners`.
+        self.graph_runners: list = []
         if target is None:
-            self.graph_runner = maybe_graph_runner(self)
+            runner = maybe_graph_runner(self)
+            self.graph_runners += [runner] if runner is not None else []
 
     def _plan_memory(self) -> MemoryConfig:
         cfg, args = self.model_config, self.server_args
@@ -121,9 +123,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        if self.graph_runner is not None and self.graph_runner.can_run(forward_batch):
-            return self.graph_runner.replay(forward_batch)
+        for runner in self.graph_runners:
+            if runner.can_run(forward_batch):
+                return runner.replay(forward_batch)
         return self.forward_eager(forward_batch)
+
+    @property
+    def graph_runner(self):
+        """Plain decode's graph runner (None without graphs)."""
+        return self.graph_runners[0] if self.graph_runners else None
 
     @torch.inference_mode()
     def forward_eager(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:

@@ -36,6 +36,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.llama_eagle3 import default_aux_layer_ids
@@ -116,9 +117,28 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_draft_probs = torch.zeros(rows, self.draft_vocab_size, dtype=torch.float32, **zeros)
         self.next_hidden = torch.zeros(rows, hidden, dtype=draft_config.dtype, **zeros)
         self.stats = SpecStats(self.k)
+        self._capture_graphs(draft_config, model_config)
         logger.info("EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s",
                     server_args.speculative_draft_model_path, draft_config.num_hidden_layers,
                     self.draft_vocab_size, self.k, list(aux_ids))
+
+    def _capture_graphs(self, draft_config: ModelConfig, target_config: ModelConfig) -> None:
+        """Graphs for the speculative shapes at every batch-size bucket of plain decode: the
+        target's verify (k + 1 tokens per request, aux captured), the draft's chain step (one
+        token, its own hidden state as input) and the draft extend (k + 1 tokens, aux input)."""
+        sizes = graph_batch_sizes(self.model_runner)
+        if sizes is None:
+            return
+        width = self.k + 1
+        verify = CudaGraphRunner(self.model_runner, sizes, ForwardMode.TARGET_VERIFY, width, capture_aux=True)
+        chain = CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DECODE, 1,
+                                spec_hidden_width=draft_config.hidden_size)
+        extend = CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, width,
+                                 spec_hidden_width=3 * target_config.hidden_size)
+        for runner in (verify, chain, extend):
+            runner.capture()
+        self.model_runner.graph_runners.append(verify)
+        self.draft_runner.graph_runners += [chain, extend]
 
     # ---- entry ---------------------------------------------------------------------------
 

@@ -2,7 +2,8 @@
 attention over a cached prefix, both reading KV through req_to_token. Default on CUDA.
 
 Decode needs no per-batch metadata beyond the batch's own tensors, so a CUDA graph replays
-it with only its input buffers refreshed."""
+it with only its input buffers refreshed; graphs of extend-shaped modes (verify, draft extend)
+build their constant per-row lengths on the device during capture."""
 
 from __future__ import annotations
 
@@ -45,6 +46,17 @@ class TritonAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, fb: "ForwardBatch") -> None:
         if fb.forward_mode.is_decode():
+            return
+        if fb.input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+            # A graph of an extend-shaped mode (verify, draft extend) has the same number of new
+            # tokens in every row; build the metadata on the device, inside the graph, since a
+            # host-to-device copy captured from a temporary pinned buffer would dangle.
+            per_req = fb.extend_seq_lens_cpu[0]
+            assert all(n == per_req for n in fb.extend_seq_lens_cpu), "graphs need equal extend lengths"
+            device = fb.input_ids.device
+            lens = torch.full((fb.batch_size,), per_req, dtype=torch.int64, device=device)
+            starts = torch.arange(0, fb.batch_size * per_req, per_req, dtype=torch.int64, device=device)
+            self.extend_meta = (lens, starts, per_req)
             return
         lens = torch.tensor(fb.extend_seq_lens_cpu, dtype=torch.int64)
         starts = torch.cumsum(lens, 0) - lens
