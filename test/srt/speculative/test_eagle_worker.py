@@ -23,7 +23,11 @@ CODE_PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "i
 
 
 def engine(**kwargs):
-    args = dict(dtype="float32", device="cpu", log_level="warning", disable_overlap_schedule=True)
+    """Speculative engines overlap by default (the scheduler launches step N + 1 before it has
+    step N's accepted lengths); plain reference engines run without overlap."""
+    args = dict(dtype="float32", device="cpu", log_level="warning")
+    if "speculative_algorithm" not in kwargs:
+        args["disable_overlap_schedule"] = True
     return sglang.Engine(**{**args, **kwargs})
 
 
@@ -34,9 +38,11 @@ def tiny_pair(tiny_model_paths, tmp_path_factory):
     plain = engine(model_path=target)
     spec = engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
                   speculative_num_steps=3)
-    yield plain, spec
-    plain.shutdown()
-    spec.shutdown()
+    spec_serial = engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
+                         speculative_num_steps=3, disable_overlap_schedule=True)
+    yield plain, spec, spec_serial
+    for e in (plain, spec, spec_serial):
+        e.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -52,8 +58,10 @@ def ids(outputs):
     return [o["output_ids"] for o in outputs]
 
 
-def test_tiny_random_pair_greedy_is_plain_decoding(tiny_pair):
-    plain, spec = tiny_pair
+@pytest.mark.parametrize("overlap", [True, False])
+def test_tiny_random_pair_greedy_is_plain_decoding(tiny_pair, overlap):
+    plain, spec_overlap, spec_serial = tiny_pair
+    spec = spec_overlap if overlap else spec_serial
     prompts = ["Hello", "The quick brown fox", "a b c d e f g", "def add(a, b):", "1 2 3"]
     # Lengths that end inside a chain (k = 3: steps give 1..4 tokens) and beyond.
     params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in (1, 2, 5, 17, 40)]

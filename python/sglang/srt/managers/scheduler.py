@@ -61,8 +61,7 @@ class Scheduler:
         self.last_step_time = time.perf_counter()
         self.last_step_throughput = 0.0
         self.tokenizer = None
-        # Speculative steps are not overlapped yet: each one is processed before the next.
-        self.overlap = not server_args.disable_overlap_schedule and not self.spec_k
+        self.overlap = not server_args.disable_overlap_schedule
         self.num_decode_steps = 0
         self.in_flight = None  # (ScheduleBatch, GenerationBatchResult) launched, not yet processed
 
@@ -124,7 +123,12 @@ class Scheduler:
 
         With overlap, consecutive decode steps pipeline: step N is launched from the tokens
         step N-1 left on the device, then N-1's results are processed while N runs. Anything
-        else (a prefill, a retraction, an idle queue) first processes the step in flight."""
+        else (a prefill, a retraction, an idle queue) first processes the step in flight.
+        Speculative steps pipeline the same way: step N reads its inputs from the device rows
+        step N-1 updated, so it does not wait for N-1's accepted lengths."""
+        if self.spec_k and self.in_flight is not None and self._any_abort():
+            # A request's KV extent is exact only once no speculative step of it is in flight.
+            self._process_in_flight()
         self._drop_aborted()
         if self._can_overlap_decode():
             batch = self._schedule_decode(overlapped=True)
@@ -142,6 +146,9 @@ class Scheduler:
             else:
                 self._process(batch, result)
         return self._collect_outputs()
+
+    def _any_abort(self) -> bool:
+        return any(r.to_abort for r in self.running_reqs) or (self.chunked_req is not None and self.chunked_req.to_abort)
 
     def _can_overlap_decode(self) -> bool:
         if not self.overlap or self.in_flight is None or not self.in_flight[0].forward_mode.is_decode():
@@ -211,10 +218,13 @@ class Scheduler:
         while self.running_reqs:
             for req in self.running_reqs:
                 req.extend_len = self.spec_k + 1  # a speculative step verifies k + 1 tokens
-            out_cache_loc = self.kv_manager.alloc_for_step(self.running_reqs)
+            if self.spec_k:  # the worker records the slots, at positions only the device knows
+                out_cache_loc = self.kv_manager.alloc(len(self.running_reqs) * (self.spec_k + 1))
+            else:
+                out_cache_loc = self.kv_manager.alloc_for_step(self.running_reqs)
             if out_cache_loc is not None:
                 batch = ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE, out_cache_loc)
-                if overlapped:
+                if overlapped and not self.spec_k:
                     batch.input_ids_device = self._tokens_in_flight(batch.reqs)
                 return batch
             if overlapped:
@@ -280,16 +290,18 @@ class Scheduler:
         host = result.wait_host()
         width = self.spec_k + 1
         tokens, num_out = host["tokens"].tolist(), host["num_out"].tolist()
-        rejected = torch.arange(width) >= host["num_out"].reshape(-1, 1)
+        # A request that finished while this step was in flight gave all its slots back then.
+        live = torch.tensor([not req.finished() for req in batch.reqs], dtype=torch.bool)
+        rejected = (torch.arange(width) >= host["num_out"].reshape(-1, 1)) & live[:, None]
         self.kv_manager.allocator.free(batch.out_cache_loc.view(-1, width).cpu()[rejected])
         token_logprobs = host["token_logprobs"].tolist() if "token_logprobs" in host else None
         top = (host["top_logprobs"].tolist(), host["top_logprob_ids"].tolist()) if "top_logprobs" in host else None
         new_tokens = 0
         for i, req in enumerate(batch.reqs):
+            if req.finished():  # finished while this step was in flight: its tokens are dropped
+                continue
             req.kv_len -= width - num_out[i]
             req.num_pending -= 1
-            if req.finished():  # aborted while the step ran: its tokens are dropped
-                continue
             req.spec_verify_ct += 1
             for j, token_id in enumerate(tokens[i][: num_out[i]]):
                 if req.return_logprob:

@@ -50,9 +50,11 @@ class ForwardBatch:
     req_pool_indices: torch.Tensor  # [bs] int64, rows of ReqToTokenPool
     seq_lens: torch.Tensor  # [bs] int64, KV length after this forward (prefix + new tokens)
     out_cache_loc: torch.Tensor  # [num_tokens] int64, KV slots the new tokens write to
-    seq_lens_cpu: list[int]
+    # None where the host does not know them yet (a speculative step launched before the
+    # previous one's accepted lengths came back); read `seq_lens` then.
+    seq_lens_cpu: Optional[list[int]]
     extend_seq_lens_cpu: list[int]  # new tokens per request (1 per request in DECODE)
-    extend_prefix_lens_cpu: list[int]  # KV already present per request
+    extend_prefix_lens_cpu: Optional[list[int]]  # KV already present per request
     # Logits of every new token (TARGET_VERIFY needs them) instead of the last one per request.
     return_all_logits: bool = False
     # Return the hidden states of the layers the model was asked to capture (EAGLE-3 aux).

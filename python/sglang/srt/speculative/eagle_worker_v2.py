@@ -116,6 +116,11 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_draft = torch.zeros(rows, dtype=torch.int64, **zeros)  # d_1, target ids
         self.next_draft_probs = torch.zeros(rows, self.draft_vocab_size, dtype=torch.float32, **zeros)
         self.next_hidden = torch.zeros(rows, hidden, dtype=draft_config.dtype, **zeros)
+        # The next step's input token x (verified, no KV yet), its position m, and its output
+        # index + 1 (the random stream of the step's first new token).
+        self.next_input = torch.zeros(rows, dtype=torch.int64, **zeros)
+        self.next_start = torch.zeros(rows, dtype=torch.int64, **zeros)
+        self.next_offset = torch.zeros(rows, dtype=torch.int64, **zeros)
         self.stats = SpecStats(self.k)
         self._capture_graphs(draft_config, model_config)
         logger.info("EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s",
@@ -183,20 +188,31 @@ class EAGLEWorkerV2(TpModelWorker):
         draft_out = self.draft_runner.forward(draft_fb)
         self._store_next_draft(fb.req_pool_indices, draft_out.next_token_logits, draft_out.hidden_states[last],
                                info, offsets + 1)
+        # For a request whose prompt is done, the sampled token is the first step's input.
+        self.next_input[fb.req_pool_indices] = next_ids
+        self.next_start[fb.req_pool_indices] = fb.seq_lens
+        self.next_offset[fb.req_pool_indices] = offsets + 1
         result.start_copy_to_host()
         return result
 
     # ---- one speculative step ------------------------------------------------------------
 
     def forward_spec_step(self, batch: ScheduleBatch) -> SpecStepResult:
+        """Reads each request's input token, position and output index from the device rows,
+        so it can be launched before the previous step's accepted lengths reach the host."""
         k, bs, device = self.k, batch.batch_size, self.device
         width = k + 1
         timer = _StepTimer(device)
         rows = _to_device([req.req_pool_idx for req in batch.reqs], device)
-        starts = [req.kv_len for req in batch.reqs]  # m: position of each request's input token
+        starts = self.next_start[rows]  # m: position of each request's input token
+        offsets = self.next_offset[rows]  # output index of each row's first token this step
         slots = batch.out_cache_loc.view(bs, width)
+        # The step's slots hold positions m .. m + k: record them in the request table here,
+        # on the device, since the host may not know m yet.
+        steps = torch.arange(width, device=device)
+        table = self.model_runner.req_to_token_pool.req_to_token
+        table[rows[:, None], starts[:, None] + steps] = slots.to(table.dtype)
         info = self.sampling_info(batch, self.vocab_size)
-        offsets = batch.sampling_offsets(device)  # output index of each row's first token now
 
         # Draft chain: d_1 is stored; each draft forward proposes the next.
         drafts = [self.next_draft[rows]]
@@ -204,11 +220,10 @@ class EAGLEWorkerV2(TpModelWorker):
         hidden = self.next_hidden[rows]
         for j in range(1, k):
             fb = ForwardBatch(
-                forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=drafts[-1],
-                positions=_to_device([m + j - 1 for m in starts], device), req_pool_indices=rows,
-                seq_lens=_to_device([m + j for m in starts], device), out_cache_loc=slots[:, j - 1].contiguous(),
-                seq_lens_cpu=[m + j for m in starts], extend_seq_lens_cpu=[1] * bs,
-                extend_prefix_lens_cpu=[m + j - 1 for m in starts], spec_hidden_states=hidden)
+                forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=drafts[-1], positions=starts + j - 1,
+                req_pool_indices=rows, seq_lens=starts + j, out_cache_loc=slots[:, j - 1].contiguous(),
+                seq_lens_cpu=None, extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None,
+                spec_hidden_states=hidden)
             out = self.draft_runner.forward(fb)
             draft_ids = draw_draft(out.next_token_logits, info, offsets + j)
             drafts.append(self.draft_model.to_target_ids(draft_ids))
@@ -217,16 +232,12 @@ class EAGLEWorkerV2(TpModelWorker):
         timer.mark("draft")
 
         # Verify [x, d_1 .. d_k] at positions m .. m + k.
-        last_tokens = batch.input_ids_device if batch.input_ids_device is not None else _to_device(
-            [req.output_ids[-1] for req in batch.reqs], device)
-        verify_ids = torch.cat([last_tokens[:, None], torch.stack(drafts, dim=1)], dim=1).reshape(-1)
-        positions = [m + i for m in starts for i in range(width)]
+        verify_ids = torch.cat([self.next_input[rows][:, None], torch.stack(drafts, dim=1)], dim=1).reshape(-1)
         verify_fb = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=verify_ids,
-            positions=_to_device(positions, device), req_pool_indices=rows,
-            seq_lens=_to_device([m + width for m in starts], device), out_cache_loc=batch.out_cache_loc,
-            seq_lens_cpu=[m + width for m in starts], extend_seq_lens_cpu=[width] * bs,
-            extend_prefix_lens_cpu=list(starts), return_all_logits=True, capture_aux_hidden_states=True)
+            positions=(starts[:, None] + steps).reshape(-1), req_pool_indices=rows, seq_lens=starts + width,
+            out_cache_loc=batch.out_cache_loc, seq_lens_cpu=None, extend_seq_lens_cpu=[width] * bs,
+            extend_prefix_lens_cpu=None, return_all_logits=True, capture_aux_hidden_states=True)
         verify_out = self.model_runner.forward(verify_fb)
         target_logits = verify_out.next_token_logits.view(bs, width, -1)
         draft_tokens = torch.stack(drafts[:k], dim=1)
@@ -248,6 +259,10 @@ class EAGLEWorkerV2(TpModelWorker):
         extend_logits = extend_out.next_token_logits[last_kept]
         self._store_next_draft(rows, extend_logits, extend_out.hidden_states[last_kept], info,
                                offsets + verdict.num_out)
+        # The next step starts from the last output token (the bonus or the resampled one).
+        self.next_input[rows] = verdict.tokens.gather(1, (verdict.num_out - 1)[:, None]).squeeze(1)
+        self.next_start[rows] = starts + verdict.num_out
+        self.next_offset[rows] = offsets + verdict.num_out
         timer.mark("extend")
 
         result = SpecStepResult(tokens=verdict.tokens, num_out=verdict.num_out, timer=timer)
