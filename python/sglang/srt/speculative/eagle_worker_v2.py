@@ -216,7 +216,7 @@ class EAGLEWorkerV2(TpModelWorker):
 
         # Draft chain: d_1 is stored; each draft forward proposes the next.
         drafts = [self.next_draft[rows]]
-        draft_probs = [self.next_draft_probs[rows]]
+        draft_probs = [] if info.is_all_greedy else [self.next_draft_probs[rows]]
         hidden = self.next_hidden[rows]
         for j in range(1, k):
             fb = ForwardBatch(
@@ -227,7 +227,8 @@ class EAGLEWorkerV2(TpModelWorker):
             out = self.draft_runner.forward(fb)
             draft_ids = draw_draft(out.next_token_logits, info, offsets + j)
             drafts.append(self.draft_model.to_target_ids(draft_ids))
-            draft_probs.append(filtered_probs(out.next_token_logits, info))
+            if not info.is_all_greedy:  # q is only read by rejection sampling
+                draft_probs.append(filtered_probs(out.next_token_logits, info))
             hidden = out.hidden_states
         timer.mark("draft")
 
@@ -275,7 +276,8 @@ class EAGLEWorkerV2(TpModelWorker):
         """Draw d_1 for the step after this one and keep it with q and the hidden state."""
         draft_ids = draw_draft(logits, info, offsets)
         self.next_draft[rows] = self.draft_model.to_target_ids(draft_ids)
-        self.next_draft_probs[rows] = filtered_probs(logits, info)
+        if not info.is_all_greedy:  # a greedy request never reads its q
+            self.next_draft_probs[rows] = filtered_probs(logits, info)
         self.next_hidden[rows] = hidden.to(self.next_hidden.dtype)
 
     @staticmethod

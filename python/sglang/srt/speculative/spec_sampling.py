@@ -32,7 +32,8 @@ def filtered_probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tenso
     """float32[rows, V]: the distribution each row samples from (one-hot at the argmax for
     greedy rows). `info` has one row per logits row."""
     logits = logits.float()
-    greedy = torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    # scatter rather than one_hot, which checks its indices on the host (a device sync).
+    greedy = torch.zeros_like(logits).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
     if info.is_all_greedy:
         return greedy
     probs = torch.softmax(apply_top_k_top_p_min_p(logits / info.temperatures, info), dim=-1)
@@ -89,7 +90,11 @@ def verify_sampled(target_logits: torch.Tensor, drafts: torch.Tensor, draft_prob
     resampled = (torch.log(stop) + noise).argmax(-1)
     tokens = torch.cat([drafts, drafts[:, :1]], dim=1)
     tokens.scatter_(1, num_accepted[:, None], resampled[:, None])
-    return ChainVerdict(tokens=tokens, num_out=num_accepted + 1)
+    # Greedy rows of a mixed batch take the exact greedy rule (their q is never used).
+    greedy = verify_greedy(target_logits, drafts)
+    mask = info.greedy_mask
+    return ChainVerdict(tokens=torch.where(mask[:, None], greedy.tokens, tokens),
+                        num_out=torch.where(mask, greedy.num_out, num_accepted + 1))
 
 
 def _repeat(t: torch.Tensor, n: int) -> torch.Tensor:
