@@ -89,11 +89,12 @@ def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, max_shard_siz
 
 
 def make_tiny_eagle3_draft(path: str, target_path: str, draft_vocab_size: int | None = None, seed: int = 0,
-                           aux_layer_ids: list[int] | None = None) -> str:
+                           aux_layer_ids: list[int] | None = None, dtype: torch.dtype = torch.float32) -> str:
     # Aux layers default to first / middle / last: tiny targets are too shallow for [1, L//2-1, L-4].
     """Writes a random EAGLE-3 draft (LlamaForCausalLMEagle3, float32) for the target at
     `target_path`: `midlayer.*`, `fc`, `norm`, `lm_head` and, with a reduced vocabulary of the
-    `draft_vocab_size` lowest target ids shifted by one, `d2t` / `t2d`. Returns `path`."""
+    `draft_vocab_size` lowest target ids shifted by one, `d2t` / `t2d`. Works for any target
+    size (benchmarks make random drafts for 8B shapes with dtype bfloat16). Returns `path`."""
     import json
 
     from safetensors.torch import save_file
@@ -108,7 +109,7 @@ def make_tiny_eagle3_draft(path: str, target_path: str, draft_vocab_size: int | 
     gen = torch.Generator().manual_seed(seed)
 
     def weight(*shape, scale=0.1):
-        return scale * torch.randn(*shape, generator=gen)
+        return (scale * torch.randn(*shape, generator=gen)).to(dtype)
 
     tensors = {
         "fc.weight": weight(hidden, 3 * hidden),
@@ -138,7 +139,7 @@ def make_tiny_eagle3_draft(path: str, target_path: str, draft_vocab_size: int | 
         "num_key_value_heads": kv_heads, "head_dim": head_dim, "hidden_act": "silu",
         "rms_norm_eps": target.rms_norm_eps, "max_position_embeddings": target.max_position_embeddings,
         "rope_theta": 10000.0, "vocab_size": vocab, "draft_vocab_size": draft_vocab,
-        "target_hidden_size": hidden, "torch_dtype": "float32",
+        "target_hidden_size": hidden, "torch_dtype": str(dtype).removeprefix("torch."),
     }
     layers = target.num_hidden_layers
     aux = aux_layer_ids if aux_layer_ids is not None else sorted({0, layers // 2, layers - 1})

@@ -1,0 +1,152 @@
+"""Speculative decoding speed against plain decoding, through the real Scheduler (issue 6).
+
+    python benchmark/spec_speed.py --out result.json [--pair demo|8b] [--batch-sizes 1,2,4,...]
+        [--steps 3] [--input-len 128] [--output-len 128]
+
+For each batch size: plain decoding and EAGLE-3 with k = --steps (a list sweeps k), same
+prompts (random token ids), greedy, ignore_eos. Measured from the moment every request has its
+first token (prefill done) to the end: decode tokens per second; for speculation also the mean
+accept length (tokens per verify, bonus included) and the mean device time of its phases
+(draft chain, verify, draft extend) from the worker's stats.
+`--pair demo` is the shipped demo target + draft, prompted with Python standard-library code
+(its domain; distinct files per request); `--pair 8b` makes Llama-3.1-8B shapes with
+random weights and a random EAGLE-3 draft for them (acceptance ~0: that run measures cost).
+Each configuration runs in its own process, so one's KV pool and graphs never shape another's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def random_prompts(vocab: int, n: int, length: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(10, vocab, (length,), generator=gen).tolist() for _ in range(n)]
+
+
+def code_prompts(model: str, n: int, length: int) -> list[list[int]]:
+    """`length` tokens from each of n Python standard-library files (the demo model's domain)."""
+    import glob
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    files = sorted(glob.glob(os.path.join(os.path.dirname(os.__file__), "*.py")))
+    prompts = []
+    for path in files:
+        with open(path, errors="replace") as f:
+            ids = tokenizer(f.read()[:20000]).input_ids
+        if len(ids) >= 2 * length:
+            prompts.append(ids[length:2 * length])  # past the license header
+        if len(prompts) == n:
+            return prompts
+    return [prompts[i % len(prompts)] for i in range(n)]
+
+
+def measure(model: str, draft: str | None, k: int, bs: int, input_len: int, output_len: int, device: str,
+            prompt_kind: str = "random") -> dict:
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=k) if draft else {}
+    args = ServerArgs(model_path=model, device=device, max_running_requests=max(bs, 1),
+                      cuda_graph_max_bs=max(bs, 1), log_level="warning", **spec)
+    scheduler = Scheduler(args)
+    prompts = code_prompts(model, bs, input_len) if prompt_kind == "code" else random_prompts(
+        scheduler.model_config.vocab_size, bs, input_len)
+    for i, ids in enumerate(prompts):
+        params = SamplingParams(max_new_tokens=output_len, temperature=0, ignore_eos=True)
+        scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
+    while scheduler.waiting_queue or scheduler.chunked_req is not None or len(scheduler.running_reqs) < bs:
+        scheduler.step()
+    first_tokens = sum(len(r.output_ids) for r in scheduler.running_reqs)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    total = 0
+    while scheduler.has_work():
+        out = scheduler.step()
+        total += sum(len(ids) for ids in out.new_token_ids) if out else 0
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    state = scheduler.get_internal_state()
+    decode_tokens = bs * output_len - first_tokens
+    result = {"batch_size": bs, "k": k if draft else 0, "decode_tokens": decode_tokens, "seconds": seconds,
+              "tokens_per_s": decode_tokens / seconds, "ms_per_step": None}
+    if draft:
+        result.update(accept_length=state["avg_spec_accept_length"], phase_ms=state["spec_phase_ms"],
+                      ms_per_step=1e3 * seconds / max(state["spec_steps"], 1))
+    else:
+        result["ms_per_step"] = 1e3 * seconds / max(output_len - 1, 1)
+    return result
+
+
+def make_pair(kind: str, workdir: str) -> tuple[str, str]:
+    if kind == "demo":
+        from sglang import demo
+
+        return demo.TARGET_PATH, demo.DRAFT_PATH
+    from sglang.test.tiny_models import make_tiny_eagle3_draft
+
+    target = os.path.join(workdir, "llama-3.1-8b")
+    if not os.path.isfile(os.path.join(target, "config.json")):
+        subprocess.run([sys.executable, "-m", "sglang.tools.make_random_model", target, "--config", "llama-3.1-8b"],
+                       check=True)
+    draft = os.path.join(workdir, "llama-3.1-8b-eagle3")
+    if not os.path.isfile(os.path.join(draft, "config.json")):
+        make_tiny_eagle3_draft(draft, target, draft_vocab_size=32000, dtype=torch.bfloat16,
+                               aux_layer_ids=[1, 15, 28])
+    return target, draft
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--pair", choices=["demo", "8b"], default="demo")
+    parser.add_argument("--batch-sizes", default="1,2,4,8,16,32,64,128,256")
+    parser.add_argument("--steps", default="3", help="k, or a comma list to sweep")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--workdir", default="/tmp/spec_speed")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: k,bs in this process
+    args = parser.parse_args()
+    target, draft = make_pair(args.pair, args.workdir)
+    if args.one:
+        k, bs = map(int, args.one.split(","))
+        print(json.dumps(measure(target, draft if k else None, k, bs, args.input_len, args.output_len,
+                                 args.device, "code" if args.pair == "demo" else "random")), flush=True)
+        return
+    results = []
+    for bs in map(int, args.batch_sizes.split(",")):
+        for k in [0] + [int(x) for x in args.steps.split(",")]:
+            cmd = [sys.executable, __file__, "--out", args.out, "--pair", args.pair, "--input-len",
+                   str(args.input_len), "--output-len", str(args.output_len), "--device", args.device,
+                   "--workdir", args.workdir, "--one", f"{k},{bs}"]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                results.append({"batch_size": bs, "k": k, "error": proc.stderr[-2000:]})
+                print(f"bs {bs} k {k}: failed\n{proc.stderr[-2000:]}", flush=True)
+            else:
+                results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+                r = results[-1]
+                print(f"bs {bs} k {k}: {r['tokens_per_s']:.1f} tok/s, {r['ms_per_step']:.2f} ms/step"
+                      + (f", accept {r['accept_length']:.2f}, phases {r['phase_ms']}" if k else ""), flush=True)
+            with open(args.out, "w") as f:  # after every point: a cut-short run keeps what it measured
+                json.dump({"pair": args.pair, "input_len": args.input_len, "output_len": args.output_len,
+                           "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                           "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
