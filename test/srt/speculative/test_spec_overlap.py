@@ -62,3 +62,48 @@ def test_abort_while_a_speculative_step_is_in_flight_keeps_the_accounting():
     assert overlapped["r2"]["reason"]["type"] == "abort"
     for rid in ("r0", "r1", "r3"):  # the others are untouched
         assert overlapped[rid] == serial[rid]
+
+
+def run_switching(overlap: bool, choose):
+    """Like `run`, with the scheduler's per-step choice of draft tokens replaced by `choose`."""
+    args = ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3", speculative_num_steps=3,
+                      disable_overlap_schedule=not overlap)
+    scheduler = Scheduler(args)
+    steps = []
+
+    def chosen(batch_size):
+        steps.append(choose(len(steps)))
+        return steps[-1]
+
+    scheduler.spec_steps_for = chosen
+    for i, ids in enumerate(PROMPTS):
+        params = SamplingParams(max_new_tokens=[7, 30, 45, 2][i], temperature=0, ignore_eos=True)
+        scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
+    outputs = {}
+    while scheduler.has_work():
+        out = scheduler.step()
+        for rid, ids in zip(out.rids, out.new_token_ids) if out else ():
+            outputs.setdefault(rid, []).extend(ids)
+    state = scheduler.get_internal_state()
+    assert_idle_kv_accounting(state)
+    return outputs, steps, state
+
+
+def test_switching_between_plain_and_speculative_steps_keeps_the_output():
+    """Every step may be plain (k = 0) or speculate with any k up to the maximum: the draft's
+    state after a plain step is the state after a speculative one, so greedy output is plain
+    decoding's whatever the sequence of choices."""
+    reference, _ = run(overlap=False)
+    expected = {rid: out["ids"] for rid, out in reference.items()}
+    patterns = {"alternate": lambda i: 3 * (i % 2), "plain_runs": lambda i: 0 if i % 5 < 3 else 3,
+                "every_k": lambda i: [0, 1, 2, 3][i % 4]}
+    for name, choose in patterns.items():
+        for overlap in (False, True):
+            outputs, steps, state = run_switching(overlap, choose)
+            assert outputs == expected, (name, overlap)
+            assert 0 in steps and 3 in steps
+            assert state["spec_plain_steps"] > 0 and state["spec_steps"] > 0
+    # After plain steps the draft still predicts as well as in steady speculation.
+    _, _, always = run_switching(False, lambda i: 3)
+    _, _, alternating = run_switching(False, patterns["alternate"])
+    assert alternating["avg_spec_accept_length"] > 0.8 * always["avg_spec_accept_length"]

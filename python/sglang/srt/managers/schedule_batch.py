@@ -112,6 +112,9 @@ class ScheduleBatch:
     out_cache_loc: torch.Tensor  # [num_tokens] slots allocated for this step's new tokens
     # DECODE under overlap: this step's input tokens, still on the device (set by the scheduler).
     input_ids_device: Optional[torch.Tensor] = None
+    # With a draft model: draft tokens this decode step verifies (0: a plain step); None: the
+    # worker's --speculative-num-steps.
+    spec_steps: Optional[int] = None
 
     @property
     def batch_size(self) -> int:

@@ -147,6 +147,11 @@ class Scheduler:
                 self._process(batch, result)
         return self._collect_outputs()
 
+    def spec_steps_for(self, batch_size: int) -> int:
+        """Draft tokens for the next decode step (0: plain decoding). Always k for now; the
+        per-step mode switch (issue 8) replaces this choice."""
+        return self.spec_k
+
     def _any_abort(self) -> bool:
         return any(r.to_abort for r in self.running_reqs) or (self.chunked_req is not None and self.chunked_req.to_abort)
 
@@ -216,14 +221,17 @@ class Scheduler:
         """A decode step over the running requests. Overlapped, their inputs are the step in
         flight's tokens, and running out of KV returns None (the caller syncs, then retracts)."""
         while self.running_reqs:
+            # With a draft: this step verifies k_step drafts (0: a plain step), k_step + 1 slots each.
+            k_step = self.spec_steps_for(len(self.running_reqs)) if self.spec_k else 0
             for req in self.running_reqs:
-                req.extend_len = self.spec_k + 1  # a speculative step verifies k + 1 tokens
+                req.extend_len = k_step + 1
             if self.spec_k:  # the worker records the slots, at positions only the device knows
-                out_cache_loc = self.kv_manager.alloc(len(self.running_reqs) * (self.spec_k + 1))
+                out_cache_loc = self.kv_manager.alloc(len(self.running_reqs) * (k_step + 1))
             else:
                 out_cache_loc = self.kv_manager.alloc_for_step(self.running_reqs)
             if out_cache_loc is not None:
                 batch = ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE, out_cache_loc)
+                batch.spec_steps = k_step if self.spec_k else None
                 if overlapped and not self.spec_k:
                     batch.input_ids_device = self._tokens_in_flight(batch.reqs)
                 return batch
@@ -288,7 +296,7 @@ class Scheduler:
     def _process_spec(self, batch: ScheduleBatch, result) -> None:
         """Each request gets 1 .. k + 1 tokens; the KV slots of the rejected positions are freed."""
         host = result.wait_host()
-        width = self.spec_k + 1
+        width = batch.out_cache_loc.numel() // batch.batch_size  # k_step + 1
         tokens, num_out = host["tokens"].tolist(), host["num_out"].tolist()
         # A request that finished while this step was in flight gave all its slots back then.
         live = torch.tensor([not req.finished() for req in batch.reqs], dtype=torch.bool)
@@ -302,7 +310,7 @@ class Scheduler:
                 continue
             req.kv_len -= width - num_out[i]
             req.num_pending -= 1
-            req.spec_verify_ct += 1
+            req.spec_verify_ct += width > 1  # a plain step verifies nothing
             for j, token_id in enumerate(tokens[i][: num_out[i]]):
                 if req.return_logprob:
                     req.output_token_logprobs.append((token_logprobs[i][j], token_id))
@@ -313,7 +321,10 @@ class Scheduler:
                 new_tokens += 1
                 if req.finished():
                     break
-        self.tp_worker.stats.record_step(num_out, result.timer.seconds())
+        if width > 1:
+            self.tp_worker.stats.record_step(num_out, result.timer.seconds())
+        else:
+            self.tp_worker.stats.num_plain_steps += 1
         self._count_step(new_tokens, is_decode=True)
 
     def _count_step(self, new_tokens: int, is_decode: bool) -> None:

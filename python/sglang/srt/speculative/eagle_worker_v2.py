@@ -140,17 +140,23 @@ class EAGLEWorkerV2(TpModelWorker):
                                 spec_hidden_width=draft_config.hidden_size)
         extend = CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, width,
                                  spec_hidden_width=3 * target_config.hidden_size)
-        for runner in (verify, chain, extend):
+        # A plain step of this worker: the target decodes with aux capture, the draft extends by one.
+        plain = CudaGraphRunner(self.model_runner, sizes, ForwardMode.DECODE, 1, capture_aux=True)
+        plain_extend = CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, 1,
+                                       spec_hidden_width=3 * target_config.hidden_size)
+        for runner in (verify, chain, extend, plain, plain_extend):
             runner.capture()
-        self.model_runner.graph_runners.append(verify)
-        self.draft_runner.graph_runners += [chain, extend]
+        self.model_runner.graph_runners += [verify, plain]
+        self.draft_runner.graph_runners += [chain, extend, plain_extend]
 
     # ---- entry ---------------------------------------------------------------------------
 
     def forward_batch_generation(self, batch: ScheduleBatch):
-        if batch.forward_mode.is_decode():
-            return self.forward_spec_step(batch)
-        return self.forward_prefill(batch)
+        if not batch.forward_mode.is_decode():
+            return self.forward_prefill(batch)
+        if batch.spec_steps == 0:
+            return self.forward_plain_step(batch)
+        return self.forward_spec_step(batch)
 
     def sampling_info(self, batch: ScheduleBatch, vocab_size: int) -> SamplingBatchInfo:
         return SamplingBatchInfo.from_params([r.sampling_params for r in batch.reqs], [r.seed for r in batch.reqs],
@@ -200,7 +206,8 @@ class EAGLEWorkerV2(TpModelWorker):
     def forward_spec_step(self, batch: ScheduleBatch) -> SpecStepResult:
         """Reads each request's input token, position and output index from the device rows,
         so it can be launched before the previous step's accepted lengths reach the host."""
-        k, bs, device = self.k, batch.batch_size, self.device
+        k = self.k if batch.spec_steps is None else batch.spec_steps
+        bs, device = batch.batch_size, self.device
         width = k + 1
         timer = _StepTimer(device)
         rows = _to_device([req.req_pool_idx for req in batch.reqs], device)
@@ -269,6 +276,39 @@ class EAGLEWorkerV2(TpModelWorker):
         result = SpecStepResult(tokens=verdict.tokens, num_out=verdict.num_out, timer=timer)
         if any(req.return_logprob for req in batch.reqs):
             self._add_step_logprobs(result, target_logits, max(req.top_logprobs_num for req in batch.reqs))
+        result.start_copy_to_host()
+        return result
+
+    def forward_plain_step(self, batch: ScheduleBatch) -> SpecStepResult:
+        """A decode step without speculation that leaves the same state a speculative step would:
+        the target decodes one token (capturing its aux states), and a one-token draft extend at
+        the same position keeps the draft's KV, hidden state and next guess current. So the next
+        step can speculate again with no catch-up, and the output is plain decoding's."""
+        bs, device = batch.batch_size, self.device
+        timer = _StepTimer(device)
+        rows = _to_device([req.req_pool_idx for req in batch.reqs], device)
+        starts, offsets = self.next_start[rows], self.next_offset[rows]
+        table = self.model_runner.req_to_token_pool.req_to_token
+        table[rows, starts] = batch.out_cache_loc.to(table.dtype)
+        info = self.sampling_info(batch, self.vocab_size)
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.next_input[rows], positions=starts,
+            req_pool_indices=rows, seq_lens=starts + 1, out_cache_loc=batch.out_cache_loc, seq_lens_cpu=None,
+            extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None, capture_aux_hidden_states=True)
+        out = self.model_runner.forward(fb)
+        next_ids = self.model_runner.sample(out.next_token_logits, info, offsets)
+        timer.mark("verify")
+        draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=next_ids,
+                                       capture_aux_hidden_states=False, spec_hidden_states=out.aux_hidden_states)
+        draft_out = self.draft_runner.forward(draft_fb)
+        self._store_next_draft(rows, draft_out.next_token_logits, draft_out.hidden_states, info, offsets + 1)
+        self.next_input[rows] = next_ids
+        self.next_start[rows] = starts + 1
+        self.next_offset[rows] = offsets + 1
+        timer.mark("extend")
+        result = SpecStepResult(tokens=next_ids[:, None], num_out=torch.ones_like(next_ids), timer=timer)
+        if any(req.return_logprob for req in batch.reqs):
+            self._add_step_logprobs(result, out.next_token_logits[:, None], max(r.top_logprobs_num for r in batch.reqs))
         result.start_copy_to_host()
         return result
 

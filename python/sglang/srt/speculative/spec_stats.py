@@ -13,6 +13,7 @@ class SpecStats:
     def __init__(self, k: int):
         self.k = k
         self.num_steps = 0  # speculative steps (one verify each, over a batch)
+        self.num_plain_steps = 0  # decode steps that did not speculate
         self.num_verifies = 0  # request-verifies: sum of batch sizes over those steps
         self.num_tokens = 0  # output tokens they produced (accepted drafts + bonus)
         self.histogram = [0] * (k + 1)  # [i]: request-verifies that produced i + 1 tokens
@@ -53,6 +54,7 @@ class SpecStats:
         return {
             "speculative_num_steps": self.k,
             "spec_steps": self.num_steps,
+            "spec_plain_steps": self.num_plain_steps,
             "spec_verifies": self.num_verifies,
             "spec_tokens": self.num_tokens,
             "avg_spec_accept_length": self.mean_accept_length,
