@@ -11,7 +11,8 @@ accept length (tokens per verify, bonus included) and the mean device time of it
 `--pair demo` is the shipped demo target + draft, prompted with Python standard-library code
 (its domain; distinct files per request); `--pair 8b` makes Llama-3.1-8B shapes with
 random weights and a random EAGLE-3 draft for them (acceptance ~0: that run measures cost).
-Each configuration runs in its own process, so one's KV pool and graphs never shape another's.
+Each k (0 = plain) runs in its own process with one Scheduler sized for the largest batch, which
+runs the batch sizes in turn (so a model loads and captures its graphs once per k).
 """
 
 from __future__ import annotations
@@ -50,45 +51,52 @@ def code_prompts(model: str, n: int, length: int) -> list[list[int]]:
     return [prompts[i % len(prompts)] for i in range(n)]
 
 
-def measure(model: str, draft: str | None, k: int, bs: int, input_len: int, output_len: int, device: str,
-            prompt_kind: str = "random") -> dict:
+def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input_len: int, output_len: int,
+            device: str, prompt_kind: str = "random") -> list[dict]:
+    """One Scheduler (KV pool and graphs sized for the largest batch) runs every level in turn."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
+    from sglang.srt.speculative.spec_stats import SpecStats
 
     spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=k) if draft else {}
-    args = ServerArgs(model_path=model, device=device, max_running_requests=max(bs, 1),
-                      cuda_graph_max_bs=max(bs, 1), log_level="warning", **spec)
+    max_bs = max(batch_sizes)
+    args = ServerArgs(model_path=model, device=device, max_running_requests=max_bs, cuda_graph_max_bs=max_bs,
+                      log_level="warning", **spec)
     scheduler = Scheduler(args)
-    prompts = code_prompts(model, bs, input_len) if prompt_kind == "code" else random_prompts(
-        scheduler.model_config.vocab_size, bs, input_len)
-    for i, ids in enumerate(prompts):
-        params = SamplingParams(max_new_tokens=output_len, temperature=0, ignore_eos=True)
-        scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
-    while scheduler.waiting_queue or scheduler.chunked_req is not None or len(scheduler.running_reqs) < bs:
-        scheduler.step()
-    first_tokens = sum(len(r.output_ids) for r in scheduler.running_reqs)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    total = 0
-    while scheduler.has_work():
-        out = scheduler.step()
-        total += sum(len(ids) for ids in out.new_token_ids) if out else 0
-    if device == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    state = scheduler.get_internal_state()
-    decode_tokens = bs * output_len - first_tokens
-    result = {"batch_size": bs, "k": k if draft else 0, "decode_tokens": decode_tokens, "seconds": seconds,
-              "tokens_per_s": decode_tokens / seconds, "ms_per_step": None}
-    if draft:
-        result.update(accept_length=state["avg_spec_accept_length"], phase_ms=state["spec_phase_ms"],
-                      ms_per_step=1e3 * seconds / max(state["spec_steps"], 1))
-    else:
-        result["ms_per_step"] = 1e3 * seconds / max(output_len - 1, 1)
-    return result
+    results = []
+    for bs in batch_sizes:
+        scheduler.flush_cache()  # every level prefills its prompts afresh
+        if draft:
+            scheduler.tp_worker.stats = SpecStats(k)
+        prompts = code_prompts(model, bs, input_len) if prompt_kind == "code" else random_prompts(
+            scheduler.model_config.vocab_size, bs, input_len)
+        for i, ids in enumerate(prompts):
+            params = SamplingParams(max_new_tokens=output_len, temperature=0, ignore_eos=True)
+            scheduler.add_request(TokenizedGenerateReqInput(f"bs{bs}-r{i}", ids, params, stream=False))
+        while scheduler.waiting_queue or scheduler.chunked_req is not None or len(scheduler.running_reqs) < bs:
+            scheduler.step()
+        first_tokens = sum(len(r.output_ids) + r.num_pending for r in scheduler.running_reqs)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        while scheduler.has_work():
+            scheduler.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        decode_tokens = bs * output_len - first_tokens
+        result = {"batch_size": bs, "k": k if draft else 0, "decode_tokens": decode_tokens, "seconds": seconds,
+                  "tokens_per_s": decode_tokens / seconds}
+        if draft:
+            state = scheduler.get_internal_state()
+            result.update(accept_length=state["avg_spec_accept_length"], phase_ms=state["spec_phase_ms"],
+                          ms_per_step=1e3 * seconds / max(state["spec_steps"], 1))
+        else:
+            result["ms_per_step"] = 1e3 * seconds / max(decode_tokens / bs, 1)
+        results.append(result)
+    return results
 
 
 def make_pair(kind: str, workdir: str) -> tuple[str, str]:
@@ -119,33 +127,33 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--workdir", default="/tmp/spec_speed")
-    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: k,bs in this process
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one k in this process
     args = parser.parse_args()
     target, draft = make_pair(args.pair, args.workdir)
-    if args.one:
-        k, bs = map(int, args.one.split(","))
-        print(json.dumps(measure(target, draft if k else None, k, bs, args.input_len, args.output_len,
+    batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
+    if args.one is not None:
+        k = int(args.one)
+        print(json.dumps(measure(target, draft if k else None, k, batch_sizes, args.input_len, args.output_len,
                                  args.device, "code" if args.pair == "demo" else "random")), flush=True)
         return
     results = []
-    for bs in map(int, args.batch_sizes.split(",")):
-        for k in [0] + [int(x) for x in args.steps.split(",")]:
-            cmd = [sys.executable, __file__, "--out", args.out, "--pair", args.pair, "--input-len",
-                   str(args.input_len), "--output-len", str(args.output_len), "--device", args.device,
-                   "--workdir", args.workdir, "--one", f"{k},{bs}"]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                results.append({"batch_size": bs, "k": k, "error": proc.stderr[-2000:]})
-                print(f"bs {bs} k {k}: failed\n{proc.stderr[-2000:]}", flush=True)
-            else:
-                results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
-                r = results[-1]
-                print(f"bs {bs} k {k}: {r['tokens_per_s']:.1f} tok/s, {r['ms_per_step']:.2f} ms/step"
+    for k in [0] + [int(x) for x in args.steps.split(",")]:
+        cmd = [sys.executable, __file__, "--out", args.out, "--pair", args.pair, "--input-len", str(args.input_len),
+               "--output-len", str(args.output_len), "--device", args.device, "--workdir", args.workdir,
+               "--batch-sizes", args.batch_sizes, "--one", str(k)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            results.append({"k": k, "error": proc.stderr[-2000:]})
+            print(f"k {k}: failed\n{proc.stderr[-2000:]}", flush=True)
+        else:
+            for r in json.loads(proc.stdout.strip().splitlines()[-1]):
+                results.append(r)
+                print(f"bs {r['batch_size']} k {k}: {r['tokens_per_s']:.1f} tok/s, {r['ms_per_step']:.2f} ms/step"
                       + (f", accept {r['accept_length']:.2f}, phases {r['phase_ms']}" if k else ""), flush=True)
-            with open(args.out, "w") as f:  # after every point: a cut-short run keeps what it measured
-                json.dump({"pair": args.pair, "input_len": args.input_len, "output_len": args.output_len,
-                           "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                           "results": results}, f, indent=1)
+        with open(args.out, "w") as f:  # after every k: a cut-short run keeps what it measured
+            json.dump({"pair": args.pair, "input_len": args.input_len, "output_len": args.output_len,
+                       "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                       "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":
