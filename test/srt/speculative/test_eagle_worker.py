@@ -209,3 +209,32 @@ def test_sampled_tokens_follow_the_target_distribution():
         exp = np.append(expected[keep], expected[~keep].sum())
         obs, exp = (obs[:-1], exp[:-1]) if exp[-1] == 0 else (obs, exp)
         assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3, (position, obs, exp)
+
+
+@pytest.mark.parametrize("extra", [
+    {"chunked_prefill_size": 7},  # the draft extends chunk by chunk, fed the next chunk's first token
+    {"max_total_tokens": 160, "max_running_requests": 8},  # KV pressure: retraction and re-prefill
+    {"context_length": 48},  # requests run into the context limit inside a chain
+], ids=["chunked_prefill", "retraction", "context_limit"])
+def test_speculation_under_chunking_memory_pressure_and_context_limit(extra):
+    prompts = ["def fibonacci(n):\n    if n < 2:\n        return n\n", "class Stack:\n    def push(self, x):",
+               "import os\nimport sys\nimport json\n", "x = 1\ny = 2\nz = x + y\nprint(z)\n"]
+    params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    if "context_length" in extra:  # each request fills the context exactly: its last chains overhang it
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(demo.TARGET_PATH)
+        params = [{"temperature": 0, "ignore_eos": True,
+                   "max_new_tokens": extra["context_length"] - len(tokenizer(p).input_ids)} for p in prompts]
+    plain = engine(**extra)
+    spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=4, **extra)
+    try:
+        expected, got = ids(plain.generate(prompts, params)), ids(spec.generate(prompts, params))
+        state = spec.get_server_info()["internal_state"]
+        assert_kv_accounting(spec)
+    finally:
+        plain.shutdown()
+        spec.shutdown()
+    assert got == expected
+    if "max_total_tokens" in extra:
+        assert state["num_retractions"] > 0, state

@@ -45,7 +45,24 @@ def test_bad_speculative_flags_fail_naming_the_flag():
             ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", *args, startup_timeout=60)
 
 
-def test_decode_log_line_reports_accept_length(spec_server):
+@pytest.mark.parametrize("backend", ["sglang", "sglang-oai"])
+def test_bench_serving_reports_the_accept_length(spec_server, tmp_path, backend):
+    """From meta_info's spec_verify_ct (native route), or from /get_server_info (OpenAI route)."""
+    import json
+
+    from sglang import bench_serving
+
+    out = tmp_path / "spec.jsonl"
+    rc = bench_serving.main([
+        "--base-url", spec_server.base_url, "--backend", backend, "--num-prompts", "6", "--random-input-len", "24",
+        "--random-output-len", "24", "--max-concurrency", "3", "--disable-tqdm", "--warmup-requests", "0",
+        "--output-file", str(out)])
+    line = json.loads(out.read_text().splitlines()[-1])
+    assert rc == 0 and line["completed"] == 6
+    assert 1 <= line["accept_length"] <= 4  # tokens per verify with k = 3
+
+
+def test_decode_log_line_reports_accept_length(spec_server):  # last in this file: it stops the server
     body = {"text": "class Stack:", "sampling_params": {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True}}
     httpx.post(f"{spec_server.base_url}/generate", json=body, timeout=120)
     spec_server.stop()
