@@ -46,16 +46,18 @@ class ModelRunner:
 
     def __init__(self, model_config: ModelConfig, server_args: ServerArgs,
                  target: Optional["ModelRunner"] = None, draft_kv_bytes_per_token: int = 0,
-                 extra_positions: int = 0):
+                 extra_positions: int = 0, reserve_bytes: int = 0):
         """draft_kv_bytes_per_token: KV memory a draft model will need per slot (planned here,
         since the pools share slots). extra_positions: table columns beyond the context length
-        (a verify step writes up to k positions past a request's last kept token)."""
+        (a verify step writes up to k positions past a request's last kept token). reserve_bytes:
+        device memory kept out of the KV plan (a draft model loaded after it)."""
         self.model_config = model_config
         self.server_args = server_args
         self.device = server_args.device
         self.is_draft = target is not None
         self.draft_kv_bytes_per_token = draft_kv_bytes_per_token
         self.extra_positions = extra_positions
+        self.reserve_bytes = reserve_bytes
         torch.manual_seed(server_args.random_seed)
         self.model = load_model(model_config, self.device)
         if target is None:
@@ -80,7 +82,7 @@ class ModelRunner:
         detail = ""
         if self.device == "cuda":
             free, total = torch.cuda.mem_get_info()
-            budget = free - total * (1 - args.mem_fraction_static)
+            budget = free - total * (1 - args.mem_fraction_static) - self.reserve_bytes
             tokens = int(budget // per_token)
             gib = 1 << 30
             detail = (f": after loading the model {free / gib:.1f} GiB of {total / gib:.1f} GiB are free, and "

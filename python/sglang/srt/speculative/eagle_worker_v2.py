@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 from typing import Optional
 
@@ -36,6 +37,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.model_loader.loader import safetensors_files
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -98,8 +100,9 @@ class EAGLEWorkerV2(TpModelWorker):
         draft_config.hf_config.max_position_embeddings = model_config.context_len + margin
         draft_kv = MHATokenToKVPool.bytes_per_token(draft_config.dtype, draft_config.num_key_value_heads,
                                                     draft_config.head_dim, draft_config.num_hidden_layers)
+        draft_weights = sum(os.path.getsize(f) for f in safetensors_files(draft_config.path))
         self.model_runner = ModelRunner(model_config, server_args, draft_kv_bytes_per_token=draft_kv,
-                                        extra_positions=margin)
+                                        extra_positions=margin, reserve_bytes=draft_weights)
         self.draft_runner = ModelRunner(draft_config, server_args, target=self.model_runner)
         self.draft_model = self.draft_runner.model
         self.draft_model.share_target_weights(self.model_runner.model)
