@@ -142,7 +142,7 @@ def make_tiny_eagle3_draft(path: str, target_path: str, draft_vocab_size: int | 
         "target_hidden_size": hidden, "torch_dtype": str(dtype).removeprefix("torch."),
     }
     layers = target.num_hidden_layers
-    aux = aux_layer_ids if aux_layer_ids is not None else sorted({0, layers // 2, layers - 1})
+    aux = aux_layer_ids if aux_layer_ids is not None else [0, layers // 2, layers - 1]
     config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux}
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(config, f, indent=2)

@@ -103,14 +103,15 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids, positions, forward_batch: ForwardBatch):
         hidden, residual = self.embed_tokens(input_ids), None
-        aux_hidden_states = []
+        captured = {}
         capture = forward_batch.capture_aux_hidden_states and self.layers_to_capture
         for i, layer in enumerate(self.layers):
             hidden, residual = layer(positions, hidden, forward_batch, residual)
             if capture and i in self.layers_to_capture:
-                aux_hidden_states.append(hidden + residual)
+                captured[i] = hidden + residual
         hidden, _ = self.norm(hidden, residual)
-        return hidden, aux_hidden_states
+        # In the order the draft lists them (a layer may be listed twice in a shallow model).
+        return hidden, [captured[i] for i in self.layers_to_capture] if capture else []
 
 
 class LlamaForCausalLM(nn.Module):

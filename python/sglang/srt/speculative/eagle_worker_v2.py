@@ -108,8 +108,9 @@ class EAGLEWorkerV2(TpModelWorker):
         self.draft_model.share_target_weights(self.model_runner.model)
         num_layers = model_config.num_hidden_layers
         aux_ids = self.draft_model.aux_layer_ids or default_aux_layer_ids(num_layers)
-        if any(not 0 <= i < num_layers for i in aux_ids):
-            raise ValueError(f"the draft's aux layer ids {aux_ids} are outside the target's {num_layers} layers")
+        if len(aux_ids) != 3 or any(not 0 <= i < num_layers for i in aux_ids):
+            raise ValueError(f"the draft's aux layer ids {list(aux_ids)} must be 3 layers of the target's "
+                             f"{num_layers} (eagle_config.eagle_aux_hidden_state_layer_ids)")
         self.model_runner.model.set_eagle3_layers_to_capture(list(aux_ids))
         rows = self.model_runner.req_to_token_pool.size
         hidden = draft_config.hidden_size
