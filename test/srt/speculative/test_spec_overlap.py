@@ -5,6 +5,8 @@ are aborted while a step is in flight."""
 
 from __future__ import annotations
 
+import pytest
+
 from sglang import demo
 from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
@@ -12,6 +14,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.test.server_fixture import assert_idle_kv_accounting
+from sglang.test.tiny_models import make_tiny_eagle3_draft
 
 PROMPTS = [[5, 17, 300, 41, 9, 77], [12, 13, 14], list(range(100, 140)), [2000, 1999, 7, 7, 7]]
 
@@ -107,3 +110,18 @@ def test_switching_between_plain_and_speculative_steps_keeps_the_output():
     _, _, always = run_switching(False, lambda i: 3)
     _, _, alternating = run_switching(False, patterns["alternate"])
     assert alternating["avg_spec_accept_length"] > 0.8 * always["avg_spec_accept_length"]
+
+
+def test_a_draft_that_does_not_fit_the_target_is_refused_clearly(tiny_model_paths, tmp_path):
+    target = tiny_model_paths["llama"]
+    cases = [
+        (make_tiny_eagle3_draft(str(tmp_path / "two_aux"), target, aux_layer_ids=[0, 1]), "must be 3 layers"),
+        (make_tiny_eagle3_draft(str(tmp_path / "deep_aux"), target, aux_layer_ids=[0, 1, 9]), "must be 3 layers"),
+        (demo.DRAFT_PATH, "vocab_size"),  # made for another model
+        (target, "LlamaForCausalLMEagle3"),  # not a draft at all
+    ]
+    for draft, message in cases:
+        args = ServerArgs(model_path=target, dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
+                          speculative_draft_model_path=draft)
+        with pytest.raises(ValueError, match=message):
+            Scheduler(args)
