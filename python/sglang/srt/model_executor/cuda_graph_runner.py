@@ -92,8 +92,9 @@ class CudaGraphRunner:
             forward_mode=self.forward_mode, batch_size=bs, input_ids=self.input_ids[:n],
             positions=self.positions[:n], req_pool_indices=self.req_pool_indices[:bs],
             seq_lens=self.seq_lens[:bs], out_cache_loc=self.out_cache_loc[:n],
-            seq_lens_cpu=[self.tokens_per_req] * bs, extend_seq_lens_cpu=[self.tokens_per_req] * bs,
-            extend_prefix_lens_cpu=[0] * bs, return_all_logits=self.forward_mode.is_extend(),
+            # Sequence lengths vary from replay to replay: only the device tensor holds them.
+            seq_lens_cpu=None, extend_seq_lens_cpu=[self.tokens_per_req] * bs,
+            extend_prefix_lens_cpu=None, return_all_logits=self.forward_mode.is_extend(),
             capture_aux_hidden_states=self.capture_aux,
             spec_hidden_states=self.spec_hidden[:n] if self.spec_hidden is not None else None,
         )

@@ -15,6 +15,9 @@ class AttentionBackend(ABC):
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         """Build whatever per-batch metadata the kernels need, once per forward."""
 
+    def init_cuda_graph_state(self, max_bs: int) -> None:
+        """Allocate what graphs of up to max_bs requests need before they are captured."""
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer, forward_batch: ForwardBatch,
                 save_kv_cache: bool = True) -> torch.Tensor:
         """q: [tokens, heads * head_dim]; k, v: [tokens, kv_heads * head_dim]. Returns

@@ -1,0 +1,99 @@
+"""The CUDA graph runners' bookkeeping, on the CPU: a stand-in for graph capture re-runs the
+captured forward on the runner's static buffers at every replay, so everything around the graph
+(bucket choice, padding rows, copying inputs into the static buffers, the hidden-state input of
+the draft's graphs, slicing logits / aux / hidden outputs, the extend-shaped modes' per-row
+logits) is exercised without a GPU. Plain and speculative decoding (with every shape it
+captures: verify, draft chain step, draft extend, and the plain step's two) must give the
+eager output, batch sizes on and between buckets."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.model_executor import cuda_graph_runner
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative import eagle_worker_v2
+
+BUCKETS = [1, 2, 4, 8]
+
+
+class RerunGraph:
+    """Replays by running the captured forward again and writing its results into the tensors
+    the capture returned, as a CUDA graph replay writes into its output memory."""
+
+    def __init__(self, run, outputs):
+        self.run, self.outputs = run, outputs
+
+    def replay(self):
+        fresh = self.run()
+        for name in ("next_token_logits", "aux_hidden_states", "hidden_states"):
+            target = getattr(self.outputs, name)
+            if target is not None:
+                target.copy_(getattr(fresh, name))
+
+
+def fake_capture_one(self, bs):
+    run = lambda: self.model_runner.forward_eager(self._static_batch(bs))  # noqa: E731
+    self.outputs[bs] = run()
+    self.graphs[bs] = RerunGraph(run, self.outputs[bs])
+
+
+@pytest.fixture
+def rerun_graphs(monkeypatch):
+    replays = []
+    monkeypatch.setattr(CudaGraphRunner, "_capture_one", fake_capture_one)
+    for module in (cuda_graph_runner, eagle_worker_v2):  # graphs "on" whatever the device
+        monkeypatch.setattr(module, "graph_batch_sizes", lambda runner: BUCKETS)
+    original = CudaGraphRunner.replay
+
+    def counted(self, fb):
+        replays.append((self.forward_mode.name, self.tokens_per_req, fb.batch_size))
+        return original(self, fb)
+
+    monkeypatch.setattr(CudaGraphRunner, "replay", counted)
+    return replays
+
+
+def generate(spec: bool, choose=None, num_reqs: int = 3) -> dict:
+    kwargs = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3) if spec else {}
+    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=True, **kwargs))
+    if choose is not None:
+        steps = []
+        scheduler.spec_steps_for = lambda bs: steps.append(choose(len(steps))) or steps[-1]
+    prompts = [[5, 17, 300, 41, 9, 77], [12, 13, 14, 15], list(range(100, 130)), [2000, 7, 7]][:num_reqs]
+    for i, ids in enumerate(prompts):
+        params = SamplingParams(max_new_tokens=[9, 30, 22, 5][i], temperature=0, ignore_eos=True)
+        scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
+    outputs = {}
+    while scheduler.has_work():
+        out = scheduler.step()
+        for rid, ids in zip(out.rids, out.new_token_ids) if out else ():
+            outputs.setdefault(rid, []).extend(ids)
+    return outputs
+
+
+@pytest.fixture(scope="module")
+def eager_outputs():
+    return {"plain": generate(False), "spec": generate(True)}
+
+
+def test_plain_decode_graphs_replay_like_eager(rerun_graphs, eager_outputs):
+    assert generate(False) == eager_outputs["plain"]
+    assert {shape[:2] for shape in rerun_graphs} == {("DECODE", 1)}
+    assert {bs for _, _, bs in rerun_graphs} >= {3, 2, 1}  # 3 runs padded to the bucket of 4
+
+
+def test_speculative_graphs_replay_like_eager(rerun_graphs, eager_outputs):
+    assert generate(True) == eager_outputs["plain"] == eager_outputs["spec"]
+    shapes = {shape[:2] for shape in rerun_graphs}
+    assert shapes == {("TARGET_VERIFY", 4), ("DECODE", 1), ("DRAFT_EXTEND", 4)}
+
+
+def test_plain_steps_of_the_speculative_worker_replay_their_graphs(rerun_graphs, eager_outputs):
+    assert generate(True, choose=lambda i: 3 * (i % 2)) == eager_outputs["plain"]
+    shapes = {shape[:2] for shape in rerun_graphs}
+    assert {("DECODE", 1), ("DRAFT_EXTEND", 1), ("TARGET_VERIFY", 4), ("DRAFT_EXTEND", 4)} <= shapes
