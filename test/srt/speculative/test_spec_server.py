@@ -34,6 +34,9 @@ def test_generate_reports_verify_steps_and_stats_are_exposed(spec_server):
     assert accept and float(accept[0].split()[-1]) == pytest.approx(state["avg_spec_accept_length"])
     draft_tokens = [line for line in metrics.splitlines() if line.startswith("sglang:spec_num_draft_tokens{")]
     assert draft_tokens and float(draft_tokens[0].split()[-1]) == 4
+    for phase in ("draft", "verify", "extend"):  # mean phase times of recent steps
+        line = next(line for line in metrics.splitlines() if line.startswith(f"sglang:spec_{phase}_ms{{"))
+        assert float(line.split()[-1]) > 0
     assert_server_kv_accounting(spec_server)
 
 

@@ -46,6 +46,9 @@ class MetricsCollector:
         self.spec_accept_rate = gauge("spec_accept_rate", "Speculative decoding: accepted / proposed draft tokens.")
         self.spec_num_steps = gauge("spec_num_steps", "Speculative decoding: draft tokens per step (k).")
         self.spec_num_draft_tokens = gauge("spec_num_draft_tokens", "Speculative decoding: tokens verified per step.")
+        self.spec_phase_ms = {phase: gauge(f"spec_{phase}_ms", f"Speculative decoding: mean {what} time per step (ms).")
+                              for phase, what in (("draft", "draft chain"), ("verify", "target verify"),
+                                                  ("extend", "draft extend"))}
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -81,6 +84,9 @@ class MetricsCollector:
             self.spec_accept_rate.set(state["spec_accept_rate"])
             self.spec_num_steps.set(state["speculative_num_steps"])
             self.spec_num_draft_tokens.set(state["speculative_num_steps"] + 1)
+            for phase, value in state["spec_phase_ms"].items():
+                if phase in self.spec_phase_ms:
+                    self.spec_phase_ms[phase].set(value)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
