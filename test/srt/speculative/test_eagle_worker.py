@@ -238,3 +238,22 @@ def test_speculation_under_chunking_memory_pressure_and_context_limit(extra):
     assert got == expected
     if "max_total_tokens" in extra:
         assert state["num_retractions"] > 0, state
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_other_target_architectures_speculate_losslessly(tiny_model_paths, tmp_path, arch):
+    """Qwen2 (qkv bias, tied embeddings) and Qwen3 (q/k norm, explicit head_dim) targets with
+    a random EAGLE-3 draft of the full vocabulary (no d2t)."""
+    target = tiny_model_paths[arch]
+    draft = make_tiny_eagle3_draft(str(tmp_path / "draft"), target)
+    prompts = ["Hello", "The quick brown fox", "def add(a, b):"]
+    params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in (3, 12, 25)]
+    plain = engine(model_path=target)
+    spec = engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
+                  speculative_num_steps=2)
+    try:
+        assert ids(spec.generate(prompts, params)) == ids(plain.generate(prompts, params))
+        assert_kv_accounting(spec)
+    finally:
+        plain.shutdown()
+        spec.shutdown()
