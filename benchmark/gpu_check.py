@@ -10,6 +10,8 @@
 - bench:     bench_one_batch on Llama-3.1-8B shapes (random bf16 weights, made here), input 1024,
              output 128, batch sizes 1 / 8 / 64; each step as a ratio to its floor
 - peer:      transformers generate() on the same directory (dynamic and static cache)
+- profile:   where a decode step's device time goes at batch 1 and 8 (kernels summed by name and
+             by kind: GEMM, attention, norm, rotary, KV store, ...), to aim the work on the floor
 
 Writes one JSON per part to --out and prints a summary.
 """
@@ -144,6 +146,65 @@ def part_bench(args) -> dict:
     return {"results": results}
 
 
+def part_profile(args) -> dict:
+    """Where a batch-1 decode step's device time goes: the step's kernels (profiled over graph
+    replays, which the CUDA profiler sees kernel by kernel), summed per kernel name and per kind
+    (GEMM, attention, norm, rotary, KV store, elementwise, other), against the memory floor."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from sglang import bench_one_batch
+    from sglang.srt.server_args import ServerArgs
+
+    path = ensure_8b(args)
+    runner = bench_one_batch.make_runner(ServerArgs(model_path=path, cuda_graph_max_bs=8, max_running_requests=8))
+    report = {}
+    for bs in (1, 8):
+        batch = bench_one_batch.StaticBatch(runner, bs, INPUT_LEN, 64, 0)
+        try:
+            tokens = batch.prefill()
+            for _ in range(8):  # warm up
+                tokens = batch.decode(tokens)
+            torch.cuda.synchronize()
+            steps = 20
+            start = time.perf_counter()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(steps):
+                    tokens = batch.decode(tokens)
+                torch.cuda.synchronize()
+            wall = (time.perf_counter() - start) / steps
+        finally:
+            batch.release()
+        kernels: dict[str, float] = {}
+        for event in prof.events():
+            if event.device_type == torch.autograd.DeviceType.CUDA:
+                kernels[event.name] = kernels.get(event.name, 0.0) + event.device_time_total / 1e3 / steps
+        kinds: dict[str, float] = {}
+        for name, ms in kernels.items():
+            kinds[_kernel_kind(name)] = kinds.get(_kernel_kind(name), 0.0) + ms
+        top = sorted(kernels.items(), key=lambda kv: -kv[1])[:25]
+        report[f"bs{bs}"] = {"wall_ms_per_step_profiled": wall * 1e3, "device_ms_per_step": sum(kernels.values()),
+                             "kernel_launches_per_step": sum(1 for e in prof.events()
+                                                             if e.device_type == torch.autograd.DeviceType.CUDA) / steps,
+                             "by_kind_ms": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+                             "top_kernels_ms": dict(top)}
+        print(f"profile bs {bs}: device {sum(kernels.values()):.2f} ms/step of {wall * 1e3:.2f} wall; by kind "
+              + ", ".join(f"{k} {v:.2f}" for k, v in report[f'bs{bs}']['by_kind_ms'].items()), flush=True)
+    return report
+
+
+def _kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    for kind, keys in (("gemm", ("gemm", "gemv", "cutlass", "sm90", "xmma", "ampere_", "cublas")),
+                       ("attention", ("_decode_split", "_decode_merge", "_extend_kernel", "attention", "attn")),
+                       ("norm", ("norm",)), ("rotary", ("rotary", "rope")),
+                       ("kv_store", ("index_put", "scatter", "indexing_backward")),
+                       ("sampling", ("argmax", "gumbel", "_reduce_chunks")),
+                       ("elementwise", ("elementwise", "vectorized", "silu", "act_and_mul", "copy"))):
+        if any(key in lowered for key in keys):
+            return kind
+    return "other"
+
+
 def part_peer(args) -> dict:
     from transformers import AutoModelForCausalLM
 
@@ -176,13 +237,14 @@ def _hf_step_time(model, bs: int, cache: str) -> float:
 
 
 PARTS = {"tests": part_tests, "exactness": part_exactness, "floor": part_floor, "bench": part_bench,
-         "peer": part_peer}
+         "peer": part_peer, "profile": part_profile}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", required=True)
-    parser.add_argument("--parts", default="tests,exactness,floor,bench,peer")
+    parser.add_argument("--parts", default="tests,exactness,floor,bench,peer",
+                        help="also: profile (where a decode step's device time goes, by kernel)")
     parser.add_argument("--workdir", default="/tmp/gpu_check")
     parser.add_argument("--bench-args", default="", help="extra flags for bench_one_batch")
     parser.add_argument("--peer-caches", default="dynamic,static", help="transformers cache implementations")
