@@ -62,6 +62,7 @@ class ServerArgs:
     speculative_eagle_topk: Optional[int] = None
     speculative_num_draft_tokens: Optional[int] = None
     speculative_token_map: Optional[str] = None
+    disable_speculative_step_graph: bool = False
 
     def __post_init__(self):
         # Fill the defaults that depend on the machine or on other fields, once.
@@ -249,6 +250,9 @@ class ServerArgs:
                           help="Tokens verified per step; must be k + 1 (derived when omitted).")
         spec.add_argument("--speculative-token-map", type=str, default=None,
                           help="Not supported: EAGLE-3 checkpoints carry their reduced vocabulary (d2t).")
+        spec.add_argument("--disable-speculative-step-graph", action="store_true",
+                          help="Replay one graph per forward of a greedy speculative step (draft chain steps, "
+                               "verify, draft extend) instead of one graph for the whole step.")
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":

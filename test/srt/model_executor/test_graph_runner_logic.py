@@ -42,10 +42,32 @@ def fake_capture_one(self, bs):
     self.graphs[bs] = RerunGraph(run, self.outputs[bs])
 
 
+class RerunStepGraph:
+    def __init__(self, run, outputs):
+        self.run, self.outputs = run, outputs
+
+    def replay(self):
+        for target, fresh in zip(self.outputs, self.run()):
+            target.copy_(fresh)
+
+
+def fake_step_capture_one(self, bs):
+    self.outputs[bs] = self._run(bs)
+    self.graphs[bs] = RerunStepGraph(lambda: self._run(bs), self.outputs[bs])
+
+
 @pytest.fixture
 def rerun_graphs(monkeypatch):
     replays = []
     monkeypatch.setattr(CudaGraphRunner, "_capture_one", fake_capture_one)
+    monkeypatch.setattr(eagle_worker_v2.SpecStepGraphs, "_capture_one", fake_step_capture_one)
+    step_replay = eagle_worker_v2.SpecStepGraphs.replay
+
+    def counted_step(self, rows, out_cache_loc):
+        replays.append(("STEP", self.width, rows.shape[0]))
+        return step_replay(self, rows, out_cache_loc)
+
+    monkeypatch.setattr(eagle_worker_v2.SpecStepGraphs, "replay", counted_step)
     for module in (cuda_graph_runner, eagle_worker_v2):  # graphs "on" whatever the device
         monkeypatch.setattr(module, "graph_batch_sizes", lambda runner: BUCKETS)
     original = CudaGraphRunner.replay
@@ -58,15 +80,17 @@ def rerun_graphs(monkeypatch):
     return replays
 
 
-def generate(spec: bool, choose=None, num_reqs: int = 3) -> dict:
-    kwargs = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3) if spec else {}
+def generate(spec: bool, choose=None, num_reqs: int = 3, step_graph: bool = False, sampled: bool = False) -> dict:
+    kwargs = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3,
+                  disable_speculative_step_graph=not step_graph) if spec else {}
     scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=True, **kwargs))
     if choose is not None:
         steps = []
         scheduler.spec_steps_for = lambda bs: steps.append(choose(len(steps))) or steps[-1]
     prompts = [[5, 17, 300, 41, 9, 77], [12, 13, 14, 15], list(range(100, 130)), [2000, 7, 7]][:num_reqs]
     for i, ids in enumerate(prompts):
-        params = SamplingParams(max_new_tokens=[9, 30, 22, 5][i], temperature=0, ignore_eos=True)
+        params = SamplingParams(max_new_tokens=[9, 30, 22, 5][i], temperature=0.7 if sampled else 0,
+                                ignore_eos=True, sampling_seed=i)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
     outputs = {}
     while scheduler.has_work():
@@ -91,6 +115,21 @@ def test_speculative_graphs_replay_like_eager(rerun_graphs, eager_outputs):
     assert generate(True) == eager_outputs["plain"] == eager_outputs["spec"]
     shapes = {shape[:2] for shape in rerun_graphs}
     assert shapes == {("TARGET_VERIFY", 4), ("DECODE", 1), ("DRAFT_EXTEND", 4)}
+
+
+def test_whole_step_graphs_replay_like_eager(rerun_graphs, eager_outputs):
+    assert generate(True, step_graph=True) == eager_outputs["plain"]
+    shapes = {shape[:2] for shape in rerun_graphs}
+    assert ("STEP", 4) in shapes and ("TARGET_VERIFY", 4) not in shapes  # verify ran inside the step graph
+    assert {bs for kind, _, bs in rerun_graphs if kind == "STEP"} >= {3, 2}  # 3 padded to the bucket of 4
+
+
+def test_sampled_steps_skip_the_whole_step_graph(rerun_graphs):
+    eager = generate(True, sampled=True)
+    rerun_graphs.clear()
+    assert generate(True, step_graph=True, sampled=True) == eager  # seeded: the same samples
+    kinds = {kind for kind, _, _ in rerun_graphs}
+    assert "STEP" not in kinds and "TARGET_VERIFY" in kinds
 
 
 def test_plain_steps_of_the_speculative_worker_replay_their_graphs(rerun_graphs, eager_outputs):

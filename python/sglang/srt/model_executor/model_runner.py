@@ -46,11 +46,12 @@ class ModelRunner:
 
     def __init__(self, model_config: ModelConfig, server_args: ServerArgs,
                  target: Optional["ModelRunner"] = None, draft_kv_bytes_per_token: int = 0,
-                 extra_positions: int = 0, reserve_bytes: int = 0):
+                 extra_positions: int = 0, reserve_bytes: int = 0, extra_rows: int = 0):
         """draft_kv_bytes_per_token: KV memory a draft model will need per slot (planned here,
         since the pools share slots). extra_positions: table columns beyond the context length
         (a verify step writes up to k positions past a request's last kept token). reserve_bytes:
-        device memory kept out of the KV plan (a draft model loaded after it)."""
+        device memory kept out of the KV plan (a draft model loaded after it). extra_rows: request
+        table rows beyond the running limit (a speculative worker's padding row)."""
         self.model_config = model_config
         self.server_args = server_args
         self.device = server_args.device
@@ -58,6 +59,7 @@ class ModelRunner:
         self.draft_kv_bytes_per_token = draft_kv_bytes_per_token
         self.extra_positions = extra_positions
         self.reserve_bytes = reserve_bytes
+        self.extra_rows = extra_rows
         torch.manual_seed(server_args.random_seed)
         self.model = load_model(model_config, self.device)
         if target is None:
@@ -104,8 +106,8 @@ class ModelRunner:
     def _init_pools(self) -> None:
         cfg, mem = self.model_config, self.memory
         # One spare row beyond the running limit for a request being chunk-prefilled.
-        self.req_to_token_pool = ReqToTokenPool(mem.max_running_requests + 1, mem.context_len + self.extra_positions,
-                                                self.device)
+        self.req_to_token_pool = ReqToTokenPool(mem.max_running_requests + 1 + self.extra_rows,
+                                                mem.context_len + self.extra_positions, self.device)
         self.token_to_kv_pool = MHATokenToKVPool(
             mem.max_total_num_tokens, cfg.dtype, cfg.num_key_value_heads, cfg.head_dim,
             cfg.num_hidden_layers, self.device,

@@ -38,11 +38,12 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import GenerationBatchResult, TpModelWorker
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_loader.loader import safetensors_files
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes, graph_memory_pool
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.llama_eagle3 import default_aux_layer_ids
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
 from sglang.srt.speculative.spec_sampling import draw_draft, filtered_probs, verify_greedy, verify_sampled
 from sglang.srt.speculative.spec_stats import SpecStats
@@ -102,7 +103,9 @@ class EAGLEWorkerV2(TpModelWorker):
                                                     draft_config.head_dim, draft_config.num_hidden_layers)
         draft_weights = sum(os.path.getsize(f) for f in safetensors_files(draft_config.path))
         self.model_runner = ModelRunner(model_config, server_args, draft_kv_bytes_per_token=draft_kv,
-                                        extra_positions=margin, reserve_bytes=draft_weights)
+                                        extra_positions=margin, reserve_bytes=draft_weights, extra_rows=1)
+        # A request-table row no request gets: the padding rows of the step graphs point at it.
+        self.scratch_row = self.model_runner.req_to_token_pool.alloc()
         self.draft_runner = ModelRunner(draft_config, server_args, target=self.model_runner)
         self.draft_model = self.draft_runner.model
         self.draft_model.share_target_weights(self.model_runner.model)
@@ -126,12 +129,13 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_start = torch.zeros(rows, dtype=torch.int64, **zeros)
         self.next_offset = torch.zeros(rows, dtype=torch.int64, **zeros)
         self.stats = SpecStats(self.k)
-        self._capture_graphs(draft_config, model_config)
+        self.step_graphs: Optional[SpecStepGraphs] = None
+        self._capture_graphs(draft_config, model_config, server_args)
         logger.info("EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s",
                     server_args.speculative_draft_model_path, draft_config.num_hidden_layers,
                     self.draft_vocab_size, self.k, list(aux_ids))
 
-    def _capture_graphs(self, draft_config: ModelConfig, target_config: ModelConfig) -> None:
+    def _capture_graphs(self, draft_config: ModelConfig, target_config: ModelConfig, server_args: ServerArgs) -> None:
         """Graphs for the speculative shapes at every batch-size bucket of plain decode: the
         target's verify (k + 1 tokens per request, aux captured), the draft's chain step (one
         token, its own hidden state as input) and the draft extend (k + 1 tokens, aux input)."""
@@ -152,6 +156,9 @@ class EAGLEWorkerV2(TpModelWorker):
             runner.capture()
         self.model_runner.graph_runners += [verify, plain]
         self.draft_runner.graph_runners += [chain, extend, plain_extend]
+        if not server_args.disable_speculative_step_graph:
+            self.step_graphs = SpecStepGraphs(self, sizes)
+            self.step_graphs.capture()
 
     # ---- entry ---------------------------------------------------------------------------
 
@@ -209,21 +216,43 @@ class EAGLEWorkerV2(TpModelWorker):
 
     def forward_spec_step(self, batch: ScheduleBatch) -> SpecStepResult:
         """Reads each request's input token, position and output index from the device rows,
-        so it can be launched before the previous step's accepted lengths reach the host."""
+        so it can be launched before the previous step's accepted lengths reach the host. A
+        greedy step without logprobs replays one graph for the whole step when one is captured."""
         k = self.k if batch.spec_steps is None else batch.spec_steps
-        bs, device = batch.batch_size, self.device
-        width = k + 1
-        timer = _StepTimer(device)
-        rows = _to_device([req.req_pool_idx for req in batch.reqs], device)
+        bs = batch.batch_size
+        timer = _StepTimer(self.device)
+        rows = _to_device([req.req_pool_idx for req in batch.reqs], self.device)
+        info = self.sampling_info(batch, self.vocab_size)
+        logprobs = any(req.return_logprob for req in batch.reqs)
+        if self.step_graphs is not None and self.step_graphs.can_run(k, bs, info, logprobs):
+            tokens, num_out = self.step_graphs.replay(rows, batch.out_cache_loc)
+            timer.mark("step")
+            result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
+        else:
+            tokens, num_out, target_logits = self._spec_body(rows, batch.out_cache_loc, k, info, timer)
+            result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
+            if logprobs:
+                self._add_step_logprobs(result, target_logits, max(req.top_logprobs_num for req in batch.reqs))
+        result.start_copy_to_host()
+        return result
+
+    def _spec_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, k: int, info: SamplingBatchInfo,
+                   timer: Optional["_StepTimer"] = None, capturing: bool = False):
+        """One speculative step of the requests in `rows` over the slots `out_cache_loc`
+        ([bs * (k + 1)]); returns (tokens [bs, k + 1], num_out [bs], target logits). Everything
+        else it reads and writes is device state, so the whole step can be captured in a graph
+        (`capturing`: sub-forwards run eagerly, inside the capture)."""
+        bs, device, width = rows.shape[0], self.device, k + 1
+        forward_target = self.model_runner.forward_eager if capturing else self.model_runner.forward
+        forward_draft = self.draft_runner.forward_eager if capturing else self.draft_runner.forward
         starts = self.next_start[rows]  # m: position of each request's input token
         offsets = self.next_offset[rows]  # output index of each row's first token this step
-        slots = batch.out_cache_loc.view(bs, width)
+        slots = out_cache_loc.view(bs, width)
         # The step's slots hold positions m .. m + k: record them in the request table here,
         # on the device, since the host may not know m yet.
         steps = torch.arange(width, device=device)
         table = self.model_runner.req_to_token_pool.req_to_token
         table[rows[:, None], starts[:, None] + steps] = slots.to(table.dtype)
-        info = self.sampling_info(batch, self.vocab_size)
 
         # Draft chain: d_1 is stored; each draft forward proposes the next.
         drafts = [self.next_draft[rows]]
@@ -235,22 +264,23 @@ class EAGLEWorkerV2(TpModelWorker):
                 req_pool_indices=rows, seq_lens=starts + j, out_cache_loc=slots[:, j - 1].contiguous(),
                 seq_lens_cpu=None, extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None,
                 spec_hidden_states=hidden)
-            out = self.draft_runner.forward(fb)
+            out = forward_draft(fb)
             draft_ids = draw_draft(out.next_token_logits, info, offsets + j)
             drafts.append(self.draft_model.to_target_ids(draft_ids))
             if not info.is_all_greedy:  # q is only read by rejection sampling
                 draft_probs.append(filtered_probs(out.next_token_logits, info))
             hidden = out.hidden_states
-        timer.mark("draft")
+        if timer is not None:
+            timer.mark("draft")
 
         # Verify [x, d_1 .. d_k] at positions m .. m + k.
         verify_ids = torch.cat([self.next_input[rows][:, None], torch.stack(drafts, dim=1)], dim=1).reshape(-1)
         verify_fb = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=verify_ids,
             positions=(starts[:, None] + steps).reshape(-1), req_pool_indices=rows, seq_lens=starts + width,
-            out_cache_loc=batch.out_cache_loc, seq_lens_cpu=None, extend_seq_lens_cpu=[width] * bs,
+            out_cache_loc=out_cache_loc, seq_lens_cpu=None, extend_seq_lens_cpu=[width] * bs,
             extend_prefix_lens_cpu=None, return_all_logits=True, capture_aux_hidden_states=True)
-        verify_out = self.model_runner.forward(verify_fb)
+        verify_out = forward_target(verify_fb)
         target_logits = verify_out.next_token_logits.view(bs, width, -1)
         draft_tokens = torch.stack(drafts[:k], dim=1)
         if info.is_all_greedy:
@@ -260,13 +290,14 @@ class EAGLEWorkerV2(TpModelWorker):
             q_full = torch.zeros(bs, k, self.vocab_size, dtype=torch.float32, device=device)
             q_full.index_add_(2, self.draft_model.to_target_ids(torch.arange(self.draft_vocab_size, device=device)), q)
             verdict = verify_sampled(target_logits, draft_tokens, q_full, info, offsets)
-        timer.mark("verify")
+        if timer is not None:
+            timer.mark("verify")
 
         # Draft extend over the verified positions, fed the output tokens (shifted by one).
         extend_fb = dataclasses.replace(
             verify_fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=verdict.tokens.reshape(-1),
             capture_aux_hidden_states=False, spec_hidden_states=verify_out.aux_hidden_states)
-        extend_out = self.draft_runner.forward(extend_fb)
+        extend_out = forward_draft(extend_fb)
         last_kept = torch.arange(bs, device=device) * width + verdict.num_out - 1
         extend_logits = extend_out.next_token_logits[last_kept]
         self._store_next_draft(rows, extend_logits, extend_out.hidden_states[last_kept], info,
@@ -275,13 +306,9 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_input[rows] = verdict.tokens.gather(1, (verdict.num_out - 1)[:, None]).squeeze(1)
         self.next_start[rows] = starts + verdict.num_out
         self.next_offset[rows] = offsets + verdict.num_out
-        timer.mark("extend")
-
-        result = SpecStepResult(tokens=verdict.tokens, num_out=verdict.num_out, timer=timer)
-        if any(req.return_logprob for req in batch.reqs):
-            self._add_step_logprobs(result, target_logits, max(req.top_logprobs_num for req in batch.reqs))
-        result.start_copy_to_host()
-        return result
+        if timer is not None:
+            timer.mark("extend")
+        return verdict.tokens, verdict.num_out, target_logits
 
     def forward_plain_step(self, batch: ScheduleBatch) -> SpecStepResult:
         """A decode step without speculation that leaves the same state a speculative step would:
@@ -331,6 +358,70 @@ class EAGLEWorkerV2(TpModelWorker):
         result.token_logprobs = logprobs.gather(2, result.tokens[:, :, None]).squeeze(2)
         if top_n > 0:
             result.top_logprobs, result.top_logprob_ids = logprobs.topk(top_n, dim=-1)
+
+
+class SpecStepGraphs:
+    """One CUDA graph per batch-size bucket for a whole greedy speculative step with k drafts
+    (chain, verify, acceptance, draft extend, row updates): a step then costs the host one
+    replay instead of ~5 replays and ~50 small launches. Padding rows point at the worker's
+    scratch row (whose position is reset inside the graph) and write their KV to slot 0."""
+
+    def __init__(self, worker: "EAGLEWorkerV2", batch_sizes: list[int]):
+        self.worker = worker
+        self.k, self.width = worker.k, worker.k + 1
+        self.batch_sizes = sorted(batch_sizes)
+        self.max_bs = self.batch_sizes[-1]
+        device = worker.device
+        self.scratch = torch.tensor([worker.scratch_row], dtype=torch.int64, device=device)
+        self.rows = torch.full((self.max_bs,), worker.scratch_row, dtype=torch.int64, device=device)
+        self.slots = torch.zeros(self.max_bs * self.width, dtype=torch.int64, device=device)
+        self.graphs: dict = {}
+        self.outputs: dict = {}
+
+    def can_run(self, k: int, bs: int, info: SamplingBatchInfo, logprobs: bool) -> bool:
+        return k == self.k and bs <= self.max_bs and info.is_all_greedy and not logprobs
+
+    def _run(self, bs: int):
+        """The captured work: the whole step over the static rows and slots of bucket bs."""
+        self.worker.next_start.index_fill_(0, self.scratch, 0)  # padding rows start at position 0
+        tokens, num_out, _ = self.worker._spec_body(self.rows[:bs], self.slots[:bs * self.width], self.k,
+                                                   self.greedy_info[bs], capturing=True)
+        return tokens, num_out
+
+    def capture(self) -> None:
+        start = time.perf_counter()
+        runners = (self.worker.model_runner, self.worker.draft_runner)
+        for runner in runners:
+            runner.attn_backend.init_cuda_graph_state(self.max_bs * self.width)
+        # Built before capture: a host-to-device copy inside a graph would read a freed buffer.
+        self.greedy_info = {bs: SamplingBatchInfo.from_params([SamplingParams(temperature=0)] * bs, [0] * bs,
+                                                              self.worker.vocab_size, self.worker.device)
+                            for bs in self.batch_sizes}
+        for bs in reversed(self.batch_sizes):
+            self._capture_one(bs)
+        logger.info("captured %d whole-step speculative graphs (k = %d, bs %s) in %.1f s", len(self.graphs), self.k,
+                    self.batch_sizes, time.perf_counter() - start)
+
+    def _capture_one(self, bs: int) -> None:
+        for _ in range(2):  # warm up outside the graph
+            self._run(bs)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=graph_memory_pool()):
+            self.outputs[bs] = self._run(bs)
+        self.graphs[bs] = graph
+
+    def replay(self, rows: torch.Tensor, out_cache_loc: torch.Tensor):
+        bs = rows.shape[0]
+        graph_bs = next(b for b in self.batch_sizes if b >= bs)
+        self.rows[:bs].copy_(rows, non_blocking=True)
+        self.slots[:bs * self.width].copy_(out_cache_loc, non_blocking=True)
+        if graph_bs != bs:
+            self.rows[bs:graph_bs].fill_(self.worker.scratch_row)
+            self.slots[bs * self.width:graph_bs * self.width].zero_()
+        self.graphs[graph_bs].replay()
+        tokens, num_out = self.outputs[graph_bs]
+        return tokens[:bs], num_out[:bs]
 
 
 def _check_pair(target: ModelConfig, draft: ModelConfig) -> None:

@@ -44,11 +44,13 @@ class SpecStats:
         return mean
 
     def mean_phase_ms(self) -> dict[str, float]:
-        if not self.recent_phase_s:
-            return {}
-        names = self.recent_phase_s[-1].keys()
-        n = len(self.recent_phase_s)
-        return {name: 1e3 * sum(s.get(name, 0.0) for s in self.recent_phase_s) / n for name in names}
+        """Mean ms per recent step of each phase: draft / verify / extend for steps run forward
+        by forward, `step` for steps replayed as one graph."""
+        totals: dict[str, list[float]] = {}
+        for phases in self.recent_phase_s:
+            for name, seconds in phases.items():
+                totals.setdefault(name, []).append(seconds)
+        return {name: 1e3 * sum(values) / len(values) for name, values in totals.items()}
 
     def summary(self) -> dict:
         return {
