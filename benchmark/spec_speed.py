@@ -52,7 +52,7 @@ def code_prompts(model: str, n: int, length: int) -> list[list[int]]:
 
 
 def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input_len: int, output_len: int,
-            device: str, prompt_kind: str = "random") -> list[dict]:
+            device: str, prompt_kind: str = "random", step_graph: bool = True) -> list[dict]:
     """One Scheduler (KV pool and graphs sized for the largest batch) runs every level in turn."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
@@ -60,7 +60,8 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative.spec_stats import SpecStats
 
-    spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=k) if draft else {}
+    spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=k,
+                disable_speculative_step_graph=not step_graph) if draft else {}
     max_bs = max(batch_sizes)
     args = ServerArgs(model_path=model, device=device, max_running_requests=max_bs, cuda_graph_max_bs=max_bs,
                       log_level="warning", **spec)
@@ -87,7 +88,8 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         decode_tokens = bs * output_len - first_tokens
-        result = {"batch_size": bs, "k": k if draft else 0, "decode_tokens": decode_tokens, "seconds": seconds,
+        result = {"batch_size": bs, "k": k if draft else 0, "step_graph": bool(draft) and step_graph,
+                  "decode_tokens": decode_tokens, "seconds": seconds,
                   "tokens_per_s": decode_tokens / seconds}
         if draft:
             state = scheduler.get_internal_state()
@@ -127,6 +129,8 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--workdir", default="/tmp/spec_speed")
+    parser.add_argument("--disable-step-graph", action="store_true",
+                        help="speculative steps replay a graph per forward, not one per step")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one k in this process
     args = parser.parse_args()
     target, draft = make_pair(args.pair, args.workdir)
@@ -134,13 +138,15 @@ def main() -> None:
     if args.one is not None:
         k = int(args.one)
         print(json.dumps(measure(target, draft if k else None, k, batch_sizes, args.input_len, args.output_len,
-                                 args.device, "code" if args.pair == "demo" else "random")), flush=True)
+                                 args.device, "code" if args.pair == "demo" else "random",
+                                 not args.disable_step_graph)), flush=True)
         return
     results = []
     for k in [0] + [int(x) for x in args.steps.split(",")]:
         cmd = [sys.executable, __file__, "--out", args.out, "--pair", args.pair, "--input-len", str(args.input_len),
                "--output-len", str(args.output_len), "--device", args.device, "--workdir", args.workdir,
-               "--batch-sizes", args.batch_sizes, "--one", str(k)]
+               "--batch-sizes", args.batch_sizes, "--one", str(k)] + (["--disable-step-graph"] if args.disable_step_graph
+                                                                      else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
             results.append({"k": k, "error": proc.stderr[-2000:]})

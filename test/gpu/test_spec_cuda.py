@@ -50,14 +50,17 @@ def test_speculative_graphs_replay_and_match_eager_and_plain(num_reqs):
     spec = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3)
     plain, _ = run(num_reqs)
     eager, _ = run(num_reqs, disable_cuda_graph=True, **spec)
-    graphed, _ = run(num_reqs, **spec)
+    per_forward, _ = run(num_reqs, disable_speculative_step_graph=True, **spec)
+    whole_step, scheduler = run(num_reqs, **spec)
     assert eager == plain
-    assert graphed == plain
-    assert all(n == 40 for n in map(len, graphed))
+    assert per_forward == plain
+    assert whole_step == plain
+    assert scheduler.tp_worker.step_graphs is not None and scheduler.tp_worker.step_graphs.graphs
+    assert all(n == 40 for n in map(len, whole_step))
 
 
 def test_speculative_graph_runners_are_used():
-    spec = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3)
+    spec = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, disable_speculative_step_graph=True)
     args = ServerArgs(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
                       cuda_graph_max_bs=8, disable_overlap_schedule=True, **spec)
     scheduler = Scheduler(args)
