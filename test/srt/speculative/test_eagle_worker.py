@@ -257,3 +257,15 @@ def test_other_target_architectures_speculate_losslessly(tiny_model_paths, tmp_p
     finally:
         plain.shutdown()
         spec.shutdown()
+
+
+def test_streaming_delivers_several_tokens_per_step_and_the_same_text(demo_pair):
+    plain, spec = demo_pair
+    params = {"temperature": 0, "max_new_tokens": 48, "stop": ["\n\n\n"]}
+    want = plain.generate(CODE_PROMPTS[2], params)
+    chunks = list(spec.generate(CODE_PROMPTS[2], params, stream=True))
+    final = chunks[-1]
+    assert final["text"] == want["text"] and final["output_ids"] == want["output_ids"]
+    growth = [len(b["output_ids"]) - len(a["output_ids"]) for a, b in zip(chunks, chunks[1:])]
+    assert max(growth) > 1  # a verify step delivers its accepted tokens together
+    assert all(later["text"].startswith(earlier["text"]) for earlier, later in zip(chunks, chunks[1:]))
