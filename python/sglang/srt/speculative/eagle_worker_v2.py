@@ -136,9 +136,10 @@ class EAGLEWorkerV2(TpModelWorker):
                     self.draft_vocab_size, self.k, list(aux_ids))
 
     def _capture_graphs(self, draft_config: ModelConfig, target_config: ModelConfig, server_args: ServerArgs) -> None:
-        """Graphs for the speculative shapes at every batch-size bucket of plain decode: the
-        target's verify (k + 1 tokens per request, aux captured), the draft's chain step (one
-        token, its own hidden state as input) and the draft extend (k + 1 tokens, aux input)."""
+        """Graphs at every batch-size bucket of plain decode: the target's verify (k + 1 tokens per
+        request, aux captured), the draft's chain step (one token, its own hidden state as input),
+        the draft extend (k + 1 tokens, aux input), the plain step's two forwards, and (unless
+        disabled) one graph for a whole greedy step."""
         sizes = graph_batch_sizes(self.model_runner)
         if sizes is None:
             return
