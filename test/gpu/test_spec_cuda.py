@@ -13,6 +13,7 @@ from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
+from sglang.test.runner_utils import run_to_completion
 
 
 def run(num_reqs: int, max_new: int = 40, **kwargs) -> tuple[list[list[int]], Scheduler]:
@@ -24,12 +25,8 @@ def run(num_reqs: int, max_new: int = 40, **kwargs) -> tuple[list[list[int]], Sc
         ids = torch.randint(10, scheduler.model_config.vocab_size, (8 + 3 * i,), generator=gen).tolist()
         params = SamplingParams(max_new_tokens=max_new, temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
-    finished = {}
-    while scheduler.has_work():
-        out = scheduler.step()
-        for rid, reason, ids in zip(out.rids, out.finished_reasons, out.new_token_ids) if out else ():
-            finished.setdefault(rid, []).extend(ids)
-    return [finished[f"r{i}"] for i in range(num_reqs)], scheduler
+    finished = run_to_completion(scheduler)
+    return [finished[f"r{i}"]["ids"] for i in range(num_reqs)], scheduler
 
 
 def count_replays(runners) -> list[int]:

@@ -51,3 +51,14 @@ def configure_logger(log_level: str, prefix: str = "") -> None:
         datefmt="%Y-%m-%d %H:%M:%S",
         force=True,
     )
+
+
+def host_to_device(values: list, device, dtype=None):
+    """A tensor of `values` (int64 unless `dtype`) on `device`; from pinned memory on CUDA, so
+    the copy is truly asynchronous instead of a hidden sync."""
+    import torch
+
+    tensor = torch.tensor(values, dtype=dtype or torch.int64)
+    if torch.device(device).type == "cuda":
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)

@@ -37,3 +37,19 @@ def prefill(runner: ModelRunner, token_ids: list[int], capture_layers=None) -> L
     finally:
         runner.req_to_token_pool.free(row)
         runner.token_to_kv_pool_allocator.free(slots)
+
+
+def run_to_completion(scheduler, on_step=None) -> dict[str, dict]:
+    """Steps an in-process Scheduler until it has no work; returns each request's output token
+    ids and finish reason, {rid: {"ids": [...], "reason": ...}}. `on_step(i)` runs before step i."""
+    outputs, step = {}, 0
+    while scheduler.has_work():
+        if on_step is not None:
+            on_step(step)
+        out = scheduler.step()
+        step += 1
+        for rid, ids, reason in zip(out.rids, out.new_token_ids, out.finished_reasons) if out else ():
+            entry = outputs.setdefault(rid, {"ids": [], "reason": None})
+            entry["ids"].extend(ids)
+            entry["reason"] = reason
+    return outputs

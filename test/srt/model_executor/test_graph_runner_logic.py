@@ -17,6 +17,7 @@ from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import eagle_worker_v2
+from sglang.test.runner_utils import run_to_completion
 
 BUCKETS = [1, 2, 4, 8]
 
@@ -92,12 +93,7 @@ def generate(spec: bool, choose=None, num_reqs: int = 3, step_graph: bool = Fals
         params = SamplingParams(max_new_tokens=[9, 30, 22, 5][i], temperature=0.7 if sampled else 0,
                                 ignore_eos=True, sampling_seed=i)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
-    outputs = {}
-    while scheduler.has_work():
-        out = scheduler.step()
-        for rid, ids in zip(out.rids, out.new_token_ids) if out else ():
-            outputs.setdefault(rid, []).extend(ids)
-    return outputs
+    return {rid: out["ids"] for rid, out in run_to_completion(scheduler).items()}
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
+from sglang.test.runner_utils import run_to_completion
 from sglang.test.server_fixture import assert_idle_kv_accounting
 from sglang.test.tiny_models import make_tiny_eagle3_draft
 
@@ -35,15 +36,11 @@ def run(overlap: bool, abort_at_step: int | None = None):
     for i, ids in enumerate(PROMPTS):
         params = SamplingParams(max_new_tokens=[7, 30, 45, 2][i], temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
-    outputs, step = {}, 0
-    while scheduler.has_work():
+    def abort(step):
         if step == abort_at_step:
             scheduler.abort_request(AbortReq("r2"))
-        out = scheduler.step()
-        step += 1
-        for rid, ids, reason in zip(out.rids, out.new_token_ids, out.finished_reasons) if out else ():
-            outputs.setdefault(rid, {"ids": [], "reason": None})["ids"].extend(ids)
-            outputs[rid]["reason"] = reason
+
+    outputs = run_to_completion(scheduler, abort)
     assert_idle_kv_accounting(scheduler.get_internal_state())
     return outputs, events
 
@@ -82,11 +79,7 @@ def run_switching(overlap: bool, choose):
     for i, ids in enumerate(PROMPTS):
         params = SamplingParams(max_new_tokens=[7, 30, 45, 2][i], temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
-    outputs = {}
-    while scheduler.has_work():
-        out = scheduler.step()
-        for rid, ids in zip(out.rids, out.new_token_ids) if out else ():
-            outputs.setdefault(rid, []).extend(ids)
+    outputs = {rid: out["ids"] for rid, out in run_to_completion(scheduler).items()}
     state = scheduler.get_internal_state()
     assert_idle_kv_accounting(state)
     return outputs, steps, state

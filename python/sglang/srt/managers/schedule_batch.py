@@ -12,6 +12,7 @@ import torch
 from sglang.srt.managers.io_struct import finish_length, finish_matched
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.utils import host_to_device
 
 
 class Req:
@@ -138,10 +139,10 @@ class ScheduleBatch:
         return ForwardBatch(
             forward_mode=self.forward_mode,
             batch_size=self.batch_size,
-            input_ids=self.input_ids_device if input_ids is None else _to_device(input_ids, device),
-            positions=_to_device(positions, device),
-            req_pool_indices=_to_device([req.req_pool_idx for req in self.reqs], device),
-            seq_lens=_to_device(seq_lens, device),
+            input_ids=self.input_ids_device if input_ids is None else host_to_device(input_ids, device),
+            positions=host_to_device(positions, device),
+            req_pool_indices=host_to_device([req.req_pool_idx for req in self.reqs], device),
+            seq_lens=host_to_device(seq_lens, device),
             out_cache_loc=self.out_cache_loc,
             seq_lens_cpu=seq_lens,
             extend_seq_lens_cpu=extend_lens,
@@ -151,11 +152,4 @@ class ScheduleBatch:
     def sampling_offsets(self, device: str) -> torch.Tensor:
         """Each request's output position: the random stream of its next token (tokens still
         on their way from an overlapped step count)."""
-        return _to_device([len(req.output_ids) + req.num_pending for req in self.reqs], device)
-
-
-def _to_device(values: list[int], device: str) -> torch.Tensor:
-    tensor = torch.tensor(values, dtype=torch.int64)
-    if device != "cpu":
-        tensor = tensor.pin_memory().to(device, non_blocking=True)
-    return tensor
+        return host_to_device([len(req.output_ids) + req.num_pending for req in self.reqs], device)

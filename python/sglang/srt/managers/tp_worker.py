@@ -15,22 +15,15 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.server_args import ServerArgs
 
 
-@dataclasses.dataclass
-class GenerationBatchResult:
-    logits_output: LogitsProcessorOutput
-    next_token_ids: torch.Tensor  # [bs] int64, on the device
-    # With logprobs asked for: [bs] logprob of each chosen token, [bs, N] top logprobs and ids.
-    next_token_logprobs: Optional[torch.Tensor] = None
-    top_logprobs: Optional[torch.Tensor] = None
-    top_logprob_ids: Optional[torch.Tensor] = None
-    # Host copies, filled by non-blocking copies; `copy_done` fences them (None on CPU).
-    host: dict = dataclasses.field(default_factory=dict)
-    copy_done: Optional[torch.cuda.Event] = None
+class HostCopies:
+    """Small step results copied to pinned host memory without waiting: `start_copy_to_host`
+    after launching the step, `wait_host` (which waits for this step only) when processing it.
+    Subclasses name their tensor fields in `_HOST_FIELDS`; the first one is always set."""
 
-    _HOST_FIELDS = ("next_token_ids", "next_token_logprobs", "top_logprobs", "top_logprob_ids")
+    _HOST_FIELDS: tuple[str, ...] = ()
 
     def start_copy_to_host(self) -> None:
-        """Start copying the small results to pinned host memory without waiting for them."""
+        self.host, self.copy_done = {}, None
         for name in self._HOST_FIELDS:
             value = getattr(self, name)
             if value is None:
@@ -40,15 +33,26 @@ class GenerationBatchResult:
                 self.host[name].copy_(value, non_blocking=True)
             else:
                 self.host[name] = value
-        if self.next_token_ids.is_cuda:
+        if getattr(self, self._HOST_FIELDS[0]).is_cuda:
             self.copy_done = torch.cuda.Event()
             self.copy_done.record()
 
     def wait_host(self) -> dict:
-        """The host copies, once the step that produced them has finished (only that step)."""
         if self.copy_done is not None:
             self.copy_done.synchronize()
         return self.host
+
+
+@dataclasses.dataclass
+class GenerationBatchResult(HostCopies):
+    logits_output: LogitsProcessorOutput
+    next_token_ids: torch.Tensor  # [bs] int64, on the device
+    # With logprobs asked for: [bs] logprob of each chosen token, [bs, N] top logprobs and ids.
+    next_token_logprobs: Optional[torch.Tensor] = None
+    top_logprobs: Optional[torch.Tensor] = None
+    top_logprob_ids: Optional[torch.Tensor] = None
+
+    _HOST_FIELDS = ("next_token_ids", "next_token_logprobs", "top_logprobs", "top_logprob_ids")
 
 
 class TpModelWorker:

@@ -17,7 +17,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorO
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.models.weight_loading import FusedShard, load_named_weights
+from sglang.srt.models.weight_loading import FusedShard, llama_fused_shards, load_named_weights
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,16 +141,8 @@ class LlamaForCausalLM(nn.Module):
         self.model.layers_to_capture = list(layer_ids)
 
     def fused_shards(self) -> dict[str, FusedShard]:
-        attn = self.model.layers[0].self_attn
-        q, kv = attn.q_size, attn.kv_size
-        inter = self.model.layers[0].mlp.intermediate_size
-        return {
-            "q_proj": FusedShard("qkv_proj", 0, q),
-            "k_proj": FusedShard("qkv_proj", q, kv),
-            "v_proj": FusedShard("qkv_proj", q + kv, kv),
-            "gate_proj": FusedShard("gate_up_proj", 0, inter),
-            "up_proj": FusedShard("gate_up_proj", inter, inter),
-        }
+        layer = self.model.layers[0]
+        return llama_fused_shards(layer.self_attn.q_size, layer.self_attn.kv_size, layer.mlp.intermediate_size)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         skip = {"lm_head.weight"} if self.tie_word_embeddings else set()

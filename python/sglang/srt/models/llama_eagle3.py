@@ -20,7 +20,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorO
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.models.llama import ArchOptions, LlamaAttention, LlamaMLP
-from sglang.srt.models.weight_loading import FusedShard, load_named_weights
+from sglang.srt.models.weight_loading import FusedShard, llama_fused_shards, load_named_weights
 
 # Loaded outside load_named_weights: the vocabulary map, and the weights a checkpoint may lack
 # because the target's are shared.
@@ -135,15 +135,8 @@ class LlamaForCausalLMEagle3(nn.Module):
             self.lm_head = target_model.lm_head
 
     def fused_shards(self) -> dict[str, FusedShard]:
-        attn, inter = self.midlayer.self_attn, self.midlayer.mlp.intermediate_size
-        q, kv = attn.q_size, attn.kv_size
-        return {
-            "q_proj": FusedShard("qkv_proj", 0, q),
-            "k_proj": FusedShard("qkv_proj", q, kv),
-            "v_proj": FusedShard("qkv_proj", q + kv, kv),
-            "gate_proj": FusedShard("gate_up_proj", 0, inter),
-            "up_proj": FusedShard("gate_up_proj", inter, inter),
-        }
+        attn = self.midlayer.self_attn
+        return llama_fused_shards(attn.q_size, attn.kv_size, self.midlayer.mlp.intermediate_size)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Layer weights under `midlayer.` or `layers.0.` (either with or without `model.`);

@@ -22,6 +22,19 @@ class FusedShard:
     size: int  # output rows of this shard
 
 
+def llama_fused_shards(q_size: int, kv_size: int, intermediate_size: int) -> dict[str, FusedShard]:
+    """Where a Llama-style layer's q/k/v and gate/up checkpoint weights land in its fused
+    `qkv_proj` and `gate_up_proj` (the target models and the EAGLE-3 draft layer)."""
+    q, kv, inter = q_size, kv_size, intermediate_size
+    return {
+        "q_proj": FusedShard("qkv_proj", 0, q),
+        "k_proj": FusedShard("qkv_proj", q, kv),
+        "v_proj": FusedShard("qkv_proj", q + kv, kv),
+        "gate_proj": FusedShard("gate_up_proj", 0, inter),
+        "up_proj": FusedShard("gate_up_proj", inter, inter),
+    }
+
+
 def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                        fused: dict[str, FusedShard], skip: set[str] = frozenset()) -> None:
     params = dict(model.named_parameters())

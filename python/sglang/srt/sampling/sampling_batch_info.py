@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.utils import host_to_device
 
 
 @dataclass
@@ -49,12 +50,12 @@ class SamplingBatchInfo:
         ]
         min_ps = [0.0 if g else p.min_p for p, g in zip(params, greedy)]
         return cls(
-            temperatures=_to_device(temperatures, torch.float32, device).view(-1, 1),
-            top_ps=_to_device(top_ps, torch.float32, device),
-            top_ks=_to_device(top_ks, torch.int64, device),
-            min_ps=_to_device(min_ps, torch.float32, device),
-            seeds=_to_device(seeds, torch.int64, device),
-            greedy_mask=_to_device(greedy, torch.bool, device),
+            temperatures=host_to_device(temperatures, device, torch.float32).view(-1, 1),
+            top_ps=host_to_device(top_ps, device, torch.float32),
+            top_ks=host_to_device(top_ks, device, torch.int64),
+            min_ps=host_to_device(min_ps, device, torch.float32),
+            seeds=host_to_device(seeds, device, torch.int64),
+            greedy_mask=host_to_device(greedy, device, torch.bool),
             is_all_greedy=all(greedy),
             need_top_p_sampling=any(p < 1.0 for p in top_ps),
             need_top_k_sampling=any(k < vocab_size for k in top_ks),
@@ -67,11 +68,3 @@ class SamplingBatchInfo:
 
 def _clamp_top_k(top_k: int, vocab_size: int) -> int:
     return vocab_size if top_k == -1 else min(top_k, vocab_size)
-
-
-def _to_device(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    cpu = torch.tensor(values, dtype=dtype)
-    if torch.device(device).type == "cuda":
-        # Pinned memory makes the copy truly asynchronous instead of a hidden sync.
-        cpu = cpu.pin_memory()
-    return cpu.to(device, non_blocking=True)

@@ -35,7 +35,7 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.managers.schedule_batch import ScheduleBatch
-from sglang.srt.managers.tp_worker import GenerationBatchResult, TpModelWorker
+from sglang.srt.managers.tp_worker import GenerationBatchResult, HostCopies, TpModelWorker
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_loader.loader import safetensors_files
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes, graph_memory_pool
@@ -47,12 +47,13 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
 from sglang.srt.speculative.spec_sampling import draw_draft, filtered_probs, verify_greedy, verify_sampled
 from sglang.srt.speculative.spec_stats import SpecStats
+from sglang.srt.utils import host_to_device
 
 logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
-class SpecStepResult:
+class SpecStepResult(HostCopies):
     """A speculative decode step's outcome; `wait_host` gives host copies of tokens and counts."""
 
     tokens: torch.Tensor  # int64[bs, k + 1], the first num_out of each row are the output
@@ -61,29 +62,8 @@ class SpecStepResult:
     top_logprobs: Optional[torch.Tensor] = None  # float32[bs, k + 1, N]
     top_logprob_ids: Optional[torch.Tensor] = None
     timer: Optional["_StepTimer"] = None
-    host: dict = dataclasses.field(default_factory=dict)
-    copy_done: Optional[torch.cuda.Event] = None
 
     _HOST_FIELDS = ("tokens", "num_out", "token_logprobs", "top_logprobs", "top_logprob_ids")
-
-    def start_copy_to_host(self) -> None:
-        for name in self._HOST_FIELDS:
-            value = getattr(self, name)
-            if value is None:
-                continue
-            if value.is_cuda:
-                self.host[name] = torch.empty(value.shape, dtype=value.dtype, pin_memory=True)
-                self.host[name].copy_(value, non_blocking=True)
-            else:
-                self.host[name] = value
-        if self.tokens.is_cuda:
-            self.copy_done = torch.cuda.Event()
-            self.copy_done.record()
-
-    def wait_host(self) -> dict:
-        if self.copy_done is not None:
-            self.copy_done.synchronize()
-        return self.host
 
 
 class EAGLEWorkerV2(TpModelWorker):
@@ -196,7 +176,7 @@ class EAGLEWorkerV2(TpModelWorker):
             else:
                 finals.append(i)
                 shifted.append(0)  # the sampled token, filled in on the device below
-        input_ids = _to_device(shifted, self.device)
+        input_ids = host_to_device(shifted, self.device)
         last = fb.last_token_indices()
         if finals:
             rows = torch.tensor(finals, dtype=torch.int64).to(self.device)
@@ -222,14 +202,15 @@ class EAGLEWorkerV2(TpModelWorker):
         k = self.k if batch.spec_steps is None else batch.spec_steps
         bs = batch.batch_size
         timer = _StepTimer(self.device)
-        rows = _to_device([req.req_pool_idx for req in batch.reqs], self.device)
-        info = self.sampling_info(batch, self.vocab_size)
+        rows = host_to_device([req.req_pool_idx for req in batch.reqs], self.device)
         logprobs = any(req.return_logprob for req in batch.reqs)
-        if self.step_graphs is not None and self.step_graphs.can_run(k, bs, info, logprobs):
+        greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
+        if self.step_graphs is not None and self.step_graphs.can_run(k, bs, greedy, logprobs):
             tokens, num_out = self.step_graphs.replay(rows, batch.out_cache_loc)
             timer.mark("step")
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
         else:
+            info = self.sampling_info(batch, self.vocab_size)
             tokens, num_out, target_logits = self._spec_body(rows, batch.out_cache_loc, k, info, timer)
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
             if logprobs:
@@ -318,7 +299,7 @@ class EAGLEWorkerV2(TpModelWorker):
         step can speculate again with no catch-up, and the output is plain decoding's."""
         bs, device = batch.batch_size, self.device
         timer = _StepTimer(device)
-        rows = _to_device([req.req_pool_idx for req in batch.reqs], device)
+        rows = host_to_device([req.req_pool_idx for req in batch.reqs], device)
         starts, offsets = self.next_start[rows], self.next_offset[rows]
         table = self.model_runner.req_to_token_pool.req_to_token
         table[rows, starts] = batch.out_cache_loc.to(table.dtype)
@@ -379,8 +360,8 @@ class SpecStepGraphs:
         self.graphs: dict = {}
         self.outputs: dict = {}
 
-    def can_run(self, k: int, bs: int, info: SamplingBatchInfo, logprobs: bool) -> bool:
-        return k == self.k and bs <= self.max_bs and info.is_all_greedy and not logprobs
+    def can_run(self, k: int, bs: int, all_greedy: bool, logprobs: bool) -> bool:
+        return k == self.k and bs <= self.max_bs and all_greedy and not logprobs
 
     def _run(self, bs: int):
         """The captured work: the whole step over the static rows and slots of bucket bs."""
@@ -437,12 +418,6 @@ def _check_pair(target: ModelConfig, draft: ModelConfig) -> None:
         raise ValueError(f"the draft expects target hidden size {target_hidden}, the target has "
                          f"{target.hidden_size}: it was made for another model")
 
-
-def _to_device(values: list[int], device: str) -> torch.Tensor:
-    tensor = torch.tensor(values, dtype=torch.int64)
-    if device != "cpu":
-        tensor = tensor.pin_memory().to(device, non_blocking=True)
-    return tensor
 
 
 class _StepTimer:
