@@ -21,6 +21,7 @@ PART=${1:?usage: gpu_session.sh PART OUT}
 OUT=${2:?usage: gpu_session.sh PART OUT}
 WORK=/tmp/gpu_session
 mkdir -p "$OUT" "$WORK"
+{ git rev-parse HEAD 2>/dev/null || cat .commit 2>/dev/null; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; date -u +%FT%TZ; } > "$OUT/run_info_$PART.txt"
 MODEL_8B=/tmp/gpu_check/llama-3.1-8b
 
 ensure_8b() {
@@ -49,6 +50,15 @@ case "$PART" in
     timeout 120 python benchmark/overlap_busy.py --model-path "$MODEL_8B" --out "$OUT/overlap_busy.json" 2>&1 | tail -4
     timeout 120 python benchmark/gpu_check.py --out "$OUT" --parts floor,bench,profile 2>&1 | tail -12
     ;;
+  serving_collect)
+    # The serving sweep has no speed goal (#7 asks for one recorded run), so it may share the GPU
+    # with the pipeline started by `correctness`; then the pipeline's results are collected.
+    ensure_8b
+    SWEEP_TIMEOUT_S=300 timeout 400 bash benchmark/serving_sweep_gpu.sh "$OUT" "$MODEL_8B" 2>&1 | tail -30
+    for _ in $(seq 1 150); do [ -f /tmp/demo_runs/done ] && break; sleep 1; done
+    grep -h "\[pipeline\]" /tmp/demo_runs/a.log /tmp/demo_runs/b.log | tail -30
+    cp /tmp/demo_runs/ret/* "$OUT"/ 2>/dev/null || echo "pipeline not done yet"
+    ;;
   serving)
     ensure_8b
     SWEEP_TIMEOUT_S=300 timeout 400 bash benchmark/serving_sweep_gpu.sh "$OUT" "$MODEL_8B" 2>&1 | tail -30
@@ -60,5 +70,5 @@ case "$PART" in
       --steps 128 --out "$OUT/peer_gpt_fast_bs8.json" 2>&1 | tail -10
     ;;
   *)
-    echo "unknown part $PART (correctness, collect, timing, serving, gptfast)"; exit 2 ;;
+    echo "unknown part $PART (correctness, collect, timing, serving, serving_collect, gptfast)"; exit 2 ;;
 esac
