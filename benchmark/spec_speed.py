@@ -81,12 +81,28 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
         first_tokens = sum(len(r.output_ids) + r.num_pending for r in scheduler.running_reqs)
         if device == "cuda":
             torch.cuda.synchronize()
+        profiler = None
+        if os.environ.get("SPEC_SPEED_PROFILE"):  # a directory: host-side profile of each level's decode
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
         start = time.perf_counter()
         while scheduler.has_work():
             scheduler.step()
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
+        if profiler is not None:
+            import io
+            import pstats
+
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
+            path = os.path.join(os.environ["SPEC_SPEED_PROFILE"], f"host_profile_bs{bs}_k{k if draft else 0}.txt")
+            with open(path, "w") as f:
+                f.write(text.getvalue())
         decode_tokens = bs * output_len - first_tokens
         result = {"batch_size": bs, "k": k if draft else 0, "step_graph": bool(draft) and step_graph,
                   "decode_tokens": decode_tokens, "seconds": seconds,

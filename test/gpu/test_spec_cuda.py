@@ -16,9 +16,13 @@ from sglang.srt.server_args import ServerArgs
 from sglang.test.runner_utils import run_to_completion
 
 
+# Several schedulers live in one test process: small KV pools, or the first takes the GPU's memory.
+POOL_TOKENS = 1 << 15
+
+
 def run(num_reqs: int, max_new: int = 40, **kwargs) -> tuple[list[list[int]], Scheduler]:
     args = ServerArgs(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
-                      cuda_graph_max_bs=16, disable_overlap_schedule=True, **kwargs)
+                      cuda_graph_max_bs=16, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS, **kwargs)
     scheduler = Scheduler(args)
     gen = torch.Generator().manual_seed(0)
     for i in range(num_reqs):
@@ -59,7 +63,7 @@ def test_speculative_graphs_replay_and_match_eager_and_plain(num_reqs):
 def test_speculative_graph_runners_are_used():
     spec = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, disable_speculative_step_graph=True)
     args = ServerArgs(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
-                      cuda_graph_max_bs=8, disable_overlap_schedule=True, **spec)
+                      cuda_graph_max_bs=8, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS, **spec)
     scheduler = Scheduler(args)
     worker = scheduler.tp_worker
     runners = worker.model_runner.graph_runners[1:] + worker.draft_runner.graph_runners

@@ -48,10 +48,16 @@ class KVManager:
         return True
 
     def alloc(self, num_tokens: int) -> torch.Tensor | None:
+        """`num_tokens` slots on the device (evicting cached prefixes if needed), or None."""
+        slots = self.alloc_host(num_tokens)
+        return None if slots is None else slots.to(self.allocator.device, non_blocking=True)
+
+    def alloc_host(self, num_tokens: int) -> torch.Tensor | None:
+        """`num_tokens` slots on the host (evicting cached prefixes if needed), or None."""
         shortfall = num_tokens - self.allocator.available_size()
         if shortfall > 0:
             self.tree_cache.evict(shortfall)
-        return self.allocator.alloc(num_tokens)
+        return self.allocator.alloc_host(num_tokens)
 
     def alloc_for_step(self, reqs: list[Req]) -> torch.Tensor | None:
         """Slots for each request's `extend_len` new tokens, recorded in its table row."""

@@ -116,6 +116,8 @@ class ScheduleBatch:
     # With a draft model: draft tokens this decode step verifies (0: a plain step); None: the
     # worker's --speculative-num-steps.
     spec_steps: Optional[int] = None
+    # With a draft model: out_cache_loc's host copy (the scheduler frees rejected slots from it).
+    out_cache_loc_host: Optional[torch.Tensor] = None
 
     @property
     def batch_size(self) -> int:

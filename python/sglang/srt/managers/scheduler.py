@@ -225,13 +225,16 @@ class Scheduler:
             k_step = self.spec_steps_for(len(self.running_reqs)) if self.spec_k else 0
             for req in self.running_reqs:
                 req.extend_len = k_step + 1
+            slots_host = None
             if self.spec_k:  # the worker records the slots, at positions only the device knows
-                out_cache_loc = self.kv_manager.alloc(len(self.running_reqs) * (k_step + 1))
+                slots_host = self.kv_manager.alloc_host(len(self.running_reqs) * (k_step + 1))
+                out_cache_loc = None if slots_host is None else slots_host.to(self.kv_manager.allocator.device, non_blocking=True)
             else:
                 out_cache_loc = self.kv_manager.alloc_for_step(self.running_reqs)
             if out_cache_loc is not None:
                 batch = ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE, out_cache_loc)
                 batch.spec_steps = k_step if self.spec_k else None
+                batch.out_cache_loc_host = slots_host
                 if overlapped and not self.spec_k:
                     batch.input_ids_device = self._tokens_in_flight(batch.reqs)
                 return batch
@@ -301,7 +304,8 @@ class Scheduler:
         # A request that finished while this step was in flight gave all its slots back then.
         live = torch.tensor([not req.finished() for req in batch.reqs], dtype=torch.bool)
         rejected = (torch.arange(width) >= host["num_out"].reshape(-1, 1)) & live[:, None]
-        self.kv_manager.allocator.free(batch.out_cache_loc.view(-1, width).cpu()[rejected])
+        # The host copy of the slots: reading the device's would wait for the step launched after this one.
+        self.kv_manager.allocator.free(batch.out_cache_loc_host.view(-1, width)[rejected])
         token_logprobs = host["token_logprobs"].tolist() if "token_logprobs" in host else None
         top = (host["top_logprobs"].tolist(), host["top_logprob_ids"].tolist()) if "top_logprobs" in host else None
         new_tokens = 0
