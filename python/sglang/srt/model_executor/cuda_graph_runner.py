@@ -30,16 +30,6 @@ def default_batch_sizes(max_bs: int) -> list[int]:
     return sizes
 
 
-_shared_pool = None
-
-
-def graph_memory_pool():
-    global _shared_pool
-    if _shared_pool is None:
-        _shared_pool = torch.cuda.graph_pool_handle()
-    return _shared_pool
-
-
 class CudaGraphRunner:
     """`spec_hidden_width` > 0 gives the graph a hidden-state input of that width (an EAGLE-3
     draft's `spec_hidden_states`); `capture_aux` makes the target write its aux hidden states
@@ -105,7 +95,7 @@ class CudaGraphRunner:
             run()
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=graph_memory_pool()):
+        with torch.cuda.graph(graph, pool=self.model_runner.graph_memory_pool()):
             self.outputs[bs] = run()
         self.graphs[bs] = graph
 

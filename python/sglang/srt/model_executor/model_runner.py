@@ -70,11 +70,22 @@ class ModelRunner:
             self._init_draft_pools(target)
         self.attn_backend = create_attention_backend(server_args.attention_backend, self)
         self.sampler = Sampler()
+        # One CUDA graph memory pool per engine: a draft's graphs share its target's.
+        self._graph_pool_owner = target if target is not None else self
+        self._graph_pool = None
         # Plain decode's graphs; a speculative worker adds its own shapes to `graph_runners`.
         self.graph_runners: list = []
         if target is None:
             runner = maybe_graph_runner(self)
             self.graph_runners += [runner] if runner is not None else []
+
+    def graph_memory_pool(self):
+        """The memory pool every CUDA graph of this engine is captured into (made on first use).
+        Owned by the engine, not the process: a pool whose graphs are all gone cannot be reused."""
+        owner = self._graph_pool_owner
+        if owner._graph_pool is None:
+            owner._graph_pool = torch.cuda.graph_pool_handle()
+        return owner._graph_pool
 
     def _plan_memory(self) -> MemoryConfig:
         cfg, args = self.model_config, self.server_args

@@ -38,7 +38,7 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import GenerationBatchResult, HostCopies, TpModelWorker
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_loader.loader import safetensors_files
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes, graph_memory_pool
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.llama_eagle3 import default_aux_layer_ids
@@ -389,7 +389,7 @@ class SpecStepGraphs:
             self._run(bs)
         torch.cuda.synchronize()
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=graph_memory_pool()):
+        with torch.cuda.graph(graph, pool=self.worker.model_runner.graph_memory_pool()):
             self.outputs[bs] = self._run(bs)
         self.graphs[bs] = graph
 
