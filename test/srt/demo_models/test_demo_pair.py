@@ -2,8 +2,9 @@
 its greedy text looks like Python.
 
 The check: for prompts that open a Python block (`def fibonacci(n):`, `class Stack:`, a `for`
-loop), the greedy continuation's first line break is followed by an indented line, and the first
-64 tokens contain a Python keyword that belongs inside a body (`return`, `self`, `if`, ...). It
+loop), the greedy continuation's first line break is followed by an indented line, and that line
+opens a docstring or the first 64 tokens contain a Python keyword that belongs inside a body
+(`return`, `self`, `if`, ...); a docstring is how most standard-library classes begin. It
 is not trivially true: the same architecture and tokenizer with random weights (checked below,
 same prompts) emits an unstructured byte soup that fails it, so passing needs a trained model."""
 
@@ -26,8 +27,12 @@ MAX_NEW = 64
 
 
 def looks_like_python_block(text: str) -> bool:
-    """A newline, then a line indented by spaces, and a body keyword somewhere in the text."""
-    return re.match(r"\s*\n( {2,}|\t)\S", text) is not None and BODY_WORDS.search(text) is not None
+    """A newline, then a line indented by spaces that opens a docstring, or any indented line and
+    a body keyword somewhere in the text."""
+    first_body_line = re.match(r"\s*\n( {2,}|\t)(\S.*)", text)
+    if first_body_line is None:
+        return False
+    return first_body_line.group(2).startswith(('"""', "'''")) or BODY_WORDS.search(text) is not None
 
 
 def test_demo_pair_is_within_the_size_budget_and_documented():
