@@ -11,6 +11,7 @@ import torch
 from sglang import demo
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.test.runner_utils import run_to_completion
@@ -66,7 +67,16 @@ def test_speculative_graph_runners_are_used():
                       cuda_graph_max_bs=8, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS, **spec)
     scheduler = Scheduler(args)
     worker = scheduler.tp_worker
-    runners = worker.model_runner.graph_runners[1:] + worker.draft_runner.graph_runners
+    width = worker.k + 1
+
+    def runner(model_runner, mode, tokens_per_req):
+        (found,) = [r for r in model_runner.graph_runners
+                    if r.forward_mode == mode and r.tokens_per_req == tokens_per_req]
+        return found
+
+    runners = [runner(worker.model_runner, ForwardMode.TARGET_VERIFY, width),
+               runner(worker.draft_runner, ForwardMode.DECODE, 1),
+               runner(worker.draft_runner, ForwardMode.DRAFT_EXTEND, width)]
     counts = count_replays(runners)
     params = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True)
     for i in range(3):
