@@ -57,7 +57,7 @@ def test_speculative_graphs_replay_and_match_eager_and_plain(num_reqs):
     assert eager == plain
     assert per_forward == plain
     assert whole_step == plain
-    assert scheduler.tp_worker.step_graphs is not None and scheduler.tp_worker.step_graphs.graphs
+    assert scheduler.tp_worker.step_graphs[3].graphs
     assert all(n == 40 for n in map(len, whole_step))
 
 

@@ -63,6 +63,12 @@ class ServerArgs:
     speculative_num_draft_tokens: Optional[int] = None
     speculative_token_map: Optional[str] = None
     disable_speculative_step_graph: bool = False
+    # The per-step mode switch (docs/speculative_decoding.md, "Dynamic speculation").
+    speculative_adaptive: bool = False
+    speculative_adaptive_config: Optional[str] = None
+    speculative_policy: Optional[str] = None
+    speculative_threshold: Optional[int] = None
+    speculative_candidate_steps: Optional[list[int]] = None
 
     def __post_init__(self):
         # Fill the defaults that depend on the machine or on other fields, once.
@@ -103,6 +109,9 @@ class ServerArgs:
             object.__setattr__(self, "speculative_num_steps", steps)
         if self.speculative_num_draft_tokens is None:
             object.__setattr__(self, "speculative_num_draft_tokens", self.speculative_num_steps + 1)
+        if self.speculative_policy is None:
+            dynamic = self.speculative_adaptive or self.speculative_adaptive_config is not None
+            object.__setattr__(self, "speculative_policy", "cost" if dynamic else "always")
 
     @property
     def speculative_enabled(self) -> bool:
@@ -150,7 +159,12 @@ class ServerArgs:
                 ("--speculative-num-steps", self.speculative_num_steps),
                 ("--speculative-eagle-topk", self.speculative_eagle_topk),
                 ("--speculative-num-draft-tokens", self.speculative_num_draft_tokens),
-                ("--speculative-token-map", self.speculative_token_map)) if value is not None]
+                ("--speculative-token-map", self.speculative_token_map),
+                ("--speculative-adaptive", self.speculative_adaptive or None),
+                ("--speculative-adaptive-config", self.speculative_adaptive_config),
+                ("--speculative-policy", self.speculative_policy),
+                ("--speculative-threshold", self.speculative_threshold),
+                ("--speculative-candidate-steps", self.speculative_candidate_steps)) if value is not None]
             if given:
                 raise ValueError(f"{given[0]} needs --speculative-algorithm EAGLE3")
             return
@@ -172,6 +186,46 @@ class ServerArgs:
                              "a directory")
         if self.tp_size != 1:
             raise ValueError("speculative decoding runs with --tp-size 1 only")
+        self._check_spec_policy()
+
+    def _check_spec_policy(self) -> None:
+        from sglang.srt.speculative.spec_policy import POLICY_NAMES, parse_adaptive_config
+
+        _check_choice("--speculative-policy", self.speculative_policy, POLICY_NAMES)
+        if self.speculative_policy == "threshold":
+            if self.speculative_threshold is None or self.speculative_threshold < 0:
+                raise ValueError("--speculative-policy threshold needs --speculative-threshold N >= 0 (speculate "
+                                 f"while the decode batch has at most N requests), got {self.speculative_threshold}")
+        elif self.speculative_threshold is not None:
+            raise ValueError("--speculative-threshold applies to --speculative-policy threshold only "
+                             f"(the policy is {self.speculative_policy})")
+        k_max = self.speculative_num_steps
+        for k in self.speculative_candidate_steps or ():
+            if not 0 <= k <= k_max:
+                raise ValueError(f"--speculative-candidate-steps: {k} is outside 0..{k_max} "
+                                 "(--speculative-num-steps is the largest k)")
+        if self.speculative_adaptive_config is not None:
+            config = parse_adaptive_config(self.speculative_adaptive_config)
+            for bucket, steps in config["candidates_by_bs"].items():
+                if max(steps) > k_max:
+                    raise ValueError(f"--speculative-adaptive-config {self.speculative_adaptive_config}: batch "
+                                     f"size {bucket} lists {max(steps)} steps, more than --speculative-num-steps "
+                                     f"({k_max})")
+
+    def speculative_reachable_steps(self) -> list[int]:
+        """Every k > 0 the speculation policy can choose: the worker captures graphs for these."""
+        k_max = self.speculative_num_steps
+        if self.speculative_policy in ("always", "threshold"):
+            return [k_max]
+        if self.speculative_policy == "never":
+            return []
+        steps = set(self.speculative_candidate_steps or (0, 1, k_max))
+        if self.speculative_adaptive_config is not None:
+            from sglang.srt.speculative.spec_policy import parse_adaptive_config
+
+            for bucket_steps in parse_adaptive_config(self.speculative_adaptive_config)["candidates_by_bs"].values():
+                steps.update(bucket_steps)
+        return sorted(k for k in steps if k > 0)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
@@ -250,6 +304,24 @@ class ServerArgs:
                           help="Tokens verified per step; must be k + 1 (derived when omitted).")
         spec.add_argument("--speculative-token-map", type=str, default=None,
                           help="Not supported: EAGLE-3 checkpoints carry their reduced vocabulary (d2t).")
+        spec.add_argument("--speculative-adaptive", action="store_true",
+                          help="Dynamic speculation: each decode step either speculates with one of the "
+                               "candidate k or decodes plainly, whichever the policy expects to give more tokens "
+                               "per second (default policy: cost).")
+        spec.add_argument("--speculative-adaptive-config", type=str, default=None,
+                          help="JSON file in upstream's format: batch-size lower bounds (integer keys) to candidate "
+                               "steps, e.g. {\"1\": [0, 1, 3], \"64\": [0]}; implies --speculative-adaptive.")
+        spec.add_argument("--speculative-policy", type=str, default=None,
+                          help="How each decode step chooses k: always (k = --speculative-num-steps; the default "
+                               "without --speculative-adaptive), never (plain steps, the draft kept warm), threshold "
+                               "(speculate while the decode batch has at most --speculative-threshold requests), "
+                               "cost (the k with the most expected tokens per second from measured step times and "
+                               "observed acceptance; the default with --speculative-adaptive).")
+        spec.add_argument("--speculative-threshold", type=int, default=None,
+                          help="For --speculative-policy threshold: the largest decode batch that speculates.")
+        spec.add_argument("--speculative-candidate-steps", type=_int_list, default=None,
+                          help="For --speculative-policy cost: the k it chooses from, comma separated, 0 = a plain "
+                               "step (default: 0, 1 and --speculative-num-steps).")
         spec.add_argument("--disable-speculative-step-graph", action="store_true",
                           help="Replay one graph per forward of a greedy speculative step (draft chain steps, "
                                "verify, draft extend) instead of one graph for the whole step.")
@@ -275,6 +347,13 @@ MAX_SPECULATIVE_STEPS = 16
 def _check_choice(flag: str, value, choices) -> None:
     if value not in choices:
         raise ValueError(f"{flag} must be one of {', '.join(choices)}; got {value!r}")
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def _check_positive(flag: str, value) -> None:

@@ -81,9 +81,10 @@ def rerun_graphs(monkeypatch):
     return replays
 
 
-def generate(spec: bool, choose=None, num_reqs: int = 3, step_graph: bool = False, sampled: bool = False) -> dict:
+def generate(spec: bool, choose=None, num_reqs: int = 3, step_graph: bool = False, sampled: bool = False,
+             **spec_kwargs) -> dict:
     kwargs = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3,
-                  disable_speculative_step_graph=not step_graph) if spec else {}
+                  disable_speculative_step_graph=not step_graph, **spec_kwargs) if spec else {}
     scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=True, **kwargs))
     if choose is not None:
         steps = []
@@ -132,3 +133,17 @@ def test_plain_steps_of_the_speculative_worker_replay_their_graphs(rerun_graphs,
     assert generate(True, choose=lambda i: 3 * (i % 2)) == eager_outputs["plain"]
     shapes = {shape[:2] for shape in rerun_graphs}
     assert {("DECODE", 1), ("DRAFT_EXTEND", 1), ("TARGET_VERIFY", 4), ("DRAFT_EXTEND", 4)} <= shapes
+
+
+def test_every_k_the_policy_can_reach_has_its_graphs(rerun_graphs, eager_outputs):
+    """With candidates 0, 1 and 3, steps of k = 1 and k = 3 replay whole-step graphs of their
+    own width and plain steps replay the plain step's graphs; the output stays plain decoding's."""
+    choose = lambda i: [0, 1, 3][i % 3]  # noqa: E731
+    spec = dict(speculative_policy="cost", speculative_candidate_steps=[0, 1, 3])
+    assert generate(True, choose=choose, step_graph=True, **spec) == eager_outputs["plain"]
+    shapes = {shape[:2] for shape in rerun_graphs}
+    assert {("STEP", 2), ("STEP", 4), ("DECODE", 1), ("DRAFT_EXTEND", 1)} <= shapes
+    rerun_graphs.clear()
+    assert generate(True, choose=choose, **spec) == eager_outputs["plain"]  # graph per forward
+    shapes = {shape[:2] for shape in rerun_graphs}
+    assert {("TARGET_VERIFY", 2), ("TARGET_VERIFY", 4), ("DRAFT_EXTEND", 2), ("DRAFT_EXTEND", 4)} <= shapes

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
-import torch
 
 import sglang
 from sglang import demo
+from sglang.test.sampling_checks import chi_square_pvalue, exact_token_distributions
 from sglang.test.tiny_models import make_tiny_eagle3_draft
 
 from sglang.test.server_fixture import assert_engine_kv_accounting as assert_kv_accounting
@@ -162,9 +161,6 @@ def test_abort_during_speculative_decoding_frees_everything(demo_pair):
 def test_sampled_tokens_follow_the_target_distribution():
     """Chi-square of the 2nd and 3rd output tokens (produced by verify steps: accepted drafts
     or resampled) against their exact distribution under the target, top-k 6, temperature 1."""
-    from scipy.stats import chisquare
-    from transformers import LlamaForCausalLM
-
     prompt, top_k, num_samples = "def add(a, b):\n", 6, 1500
     spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=2, disable_radix_cache=True)
     try:
@@ -180,35 +176,11 @@ def test_sampled_tokens_follow_the_target_distribution():
     assert 0 < state["spec_accept_rate"] < 1, state
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(demo.TARGET_PATH)
-    prompt_ids = prompt_ids or tokenizer(prompt).input_ids
-    model = LlamaForCausalLM.from_pretrained(demo.TARGET_PATH, dtype=torch.float32).eval()
-
-    def next_probs(seqs: list[list[int]]) -> torch.Tensor:
-        with torch.no_grad():
-            logits = model(torch.tensor(seqs)).logits[:, -1].float()
-        top = logits.topk(top_k, dim=-1)
-        probs = torch.zeros_like(logits)
-        return probs.scatter_(1, top.indices, torch.softmax(top.values, dim=-1))
-
-    p1 = next_probs([prompt_ids])[0]
-    firsts = p1.nonzero().flatten().tolist()
-    p2_given = next_probs([prompt_ids + [t] for t in firsts])
-    p2 = (p1[firsts, None] * p2_given).sum(0)
-    pairs = [(a, b) for a in firsts for b in p2_given[firsts.index(a)].nonzero().flatten().tolist()]
-    p3_given = next_probs([prompt_ids + [a, b] for a, b in pairs])
-    weights = torch.tensor([p1[a] * p2_given[firsts.index(a), b] for a, b in pairs])
-    p3 = (weights[:, None] * p3_given).sum(0)
-    for position, exact in ((1, p2), (2, p3)):
-        observed = np.bincount([o["output_ids"][position] for o in outputs], minlength=len(exact))
-        support = exact.nonzero().flatten().numpy()
-        assert observed.sum() == observed[support].sum(), f"token {position} outside the target's top-k support"
-        expected = exact[support].double().numpy() * num_samples
-        keep = expected >= 5  # pool the rare tokens into one bin
-        obs = np.append(observed[support][keep], observed[support][~keep].sum())
-        exp = np.append(expected[keep], expected[~keep].sum())
-        obs, exp = (obs[:-1], exp[:-1]) if exp[-1] == 0 else (obs, exp)
-        assert chisquare(obs, exp * obs.sum() / exp.sum()).pvalue > 1e-3, (position, obs, exp)
+    prompt_ids = prompt_ids or AutoTokenizer.from_pretrained(demo.TARGET_PATH)(prompt).input_ids
+    exact = exact_token_distributions(demo.TARGET_PATH, prompt_ids, top_k)
+    for position in (1, 2):
+        samples = [o["output_ids"][position] for o in outputs]
+        assert chi_square_pvalue(samples, exact[position]) > 1e-3, position
 
 
 @pytest.mark.parametrize("extra", [

@@ -45,6 +45,7 @@ class Scheduler:
             self.tp_worker = EAGLEWorkerV2(server_args, self.model_config)
         else:
             self.tp_worker = TpModelWorker(server_args, self.model_config)
+        self.spec_policy = self._make_spec_policy(server_args) if self.spec_k else None
         runner = self.tp_worker.model_runner
         self.memory = runner.memory
         self.kv_manager = KVManager(runner.req_to_token_pool, runner.token_to_kv_pool_allocator,
@@ -148,9 +149,23 @@ class Scheduler:
         return self._collect_outputs()
 
     def spec_steps_for(self, batch_size: int) -> int:
-        """Draft tokens for the next decode step (0: plain decoding). Always k for now; the
-        per-step mode switch (issue 8) replaces this choice."""
-        return self.spec_k
+        """Draft tokens for the next decode step of the running requests (0: a plain step), as
+        the speculation policy chooses (--speculative-policy)."""
+        return self.spec_policy.choose([req.rid for req in self.running_reqs])
+
+    def _make_spec_policy(self, args: ServerArgs):
+        from sglang.srt.speculative.spec_policy import CostTable, make_policy, parse_adaptive_config
+
+        config = parse_adaptive_config(args.speculative_adaptive_config) if args.speculative_adaptive_config else {}
+        cost = None
+        if args.speculative_policy == "cost":
+            measured = self.tp_worker.measure_step_costs()
+            cost = CostTable(measured["plain"], measured["spec"])
+            logger.info("speculation cost table (ms per decode step, measured at start-up): %s", cost.summary())
+        return make_policy(args.speculative_policy, self.spec_k, threshold=args.speculative_threshold,
+                           candidates=args.speculative_candidate_steps,
+                           candidates_by_bs=config.get("candidates_by_bs"), cost=cost,
+                           ema_alpha=config.get("ema_alpha"))
 
     def _any_abort(self) -> bool:
         return any(r.to_abort for r in self.running_reqs) or (self.chunked_req is not None and self.chunked_req.to_abort)
@@ -308,6 +323,16 @@ class Scheduler:
         self.kv_manager.allocator.free(batch.out_cache_loc_host.view(-1, width)[rejected])
         token_logprobs = host["token_logprobs"].tolist() if "token_logprobs" in host else None
         top = (host["top_logprobs"].tolist(), host["top_logprob_ids"].tolist()) if "top_logprobs" in host else None
+        # What this step says about acceptance, before any request finishes (and is forgotten).
+        live_rows = [i for i, req in enumerate(batch.reqs) if not req.finished()]
+        rids = [batch.reqs[i].rid for i in live_rows]
+        if width > 1:
+            self.tp_worker.stats.record_step([num_out[i] for i in live_rows], result.timer.seconds(), width - 1)
+            self.spec_policy.observe_verify(rids, [num_out[i] for i in live_rows], width - 1)
+        else:
+            self.tp_worker.stats.record_plain_step()
+            hits = host["probe_hits"].tolist()
+            self.spec_policy.observe_probe(rids, [bool(hits[i]) for i in live_rows])
         new_tokens = 0
         for i, req in enumerate(batch.reqs):
             if req.finished():  # finished while this step was in flight: its tokens are dropped
@@ -325,10 +350,6 @@ class Scheduler:
                 new_tokens += 1
                 if req.finished():
                     break
-        if width > 1:
-            self.tp_worker.stats.record_step(num_out, result.timer.seconds())
-        else:
-            self.tp_worker.stats.num_plain_steps += 1
         self._count_step(new_tokens, is_decode=True)
 
     def _count_step(self, new_tokens: int, is_decode: bool) -> None:
@@ -348,7 +369,8 @@ class Scheduler:
                 f"#token: {state['total_slots'] - state['free_slots']}, "
                 f"token usage: {1 - state['free_slots'] / state['total_slots']:.2f}, ")
         if self.spec_k:
-            line += f"accept len: {self.tp_worker.stats.take_window_accept_length():.2f}, "
+            line += (f"accept len: {self.tp_worker.stats.take_window_accept_length():.2f}, "
+                     f"spec k: {self.spec_policy.current_k}, ")
         line += f"gen throughput (token/s): {self.last_step_throughput:.2f}, #queue-req: {len(self.waiting_queue)}"
         logger.info(line)
 
@@ -373,6 +395,8 @@ class Scheduler:
         return self.tokenizer.decode(token_ids)
 
     def _finish(self, req: Req, reason: dict) -> None:
+        if self.spec_policy is not None:
+            self.spec_policy.forget(req.rid)
         req.finished_reason = reason
         self.kv_manager.release(req)
         self.pending_outputs.append(req)
@@ -435,6 +459,7 @@ class Scheduler:
         )
         if self.spec_k:
             state.update(self.tp_worker.stats.summary())
+            state["spec_policy"] = self.spec_policy.summary()
         return state
 
 

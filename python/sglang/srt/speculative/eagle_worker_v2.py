@@ -62,8 +62,10 @@ class SpecStepResult(HostCopies):
     top_logprobs: Optional[torch.Tensor] = None  # float32[bs, k + 1, N]
     top_logprob_ids: Optional[torch.Tensor] = None
     timer: Optional["_StepTimer"] = None
+    # A plain step's free probe: whether the draft's guess d_1 was the target's token (bool[bs]).
+    probe_hits: Optional[torch.Tensor] = None
 
-    _HOST_FIELDS = ("tokens", "num_out", "token_logprobs", "top_logprobs", "top_logprob_ids")
+    _HOST_FIELDS = ("tokens", "num_out", "token_logprobs", "top_logprobs", "top_logprob_ids", "probe_hits")
 
 
 class EAGLEWorkerV2(TpModelWorker):
@@ -109,37 +111,42 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_start = torch.zeros(rows, dtype=torch.int64, **zeros)
         self.next_offset = torch.zeros(rows, dtype=torch.int64, **zeros)
         self.stats = SpecStats(self.k)
-        self.step_graphs: Optional[SpecStepGraphs] = None
+        # Every k > 0 the speculation policy can choose; graphs are captured for each.
+        self.reachable_steps = server_args.speculative_reachable_steps()
+        self.step_graphs: dict[int, SpecStepGraphs] = {}
         self._capture_graphs(draft_config, model_config, server_args)
         logger.info("EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s",
                     server_args.speculative_draft_model_path, draft_config.num_hidden_layers,
                     self.draft_vocab_size, self.k, list(aux_ids))
 
     def _capture_graphs(self, draft_config: ModelConfig, target_config: ModelConfig, server_args: ServerArgs) -> None:
-        """Graphs at every batch-size bucket of plain decode: the target's verify (k + 1 tokens per
-        request, aux captured), the draft's chain step (one token, its own hidden state as input),
-        the draft extend (k + 1 tokens, aux input), the plain step's two forwards, and (unless
-        disabled) one graph for a whole greedy step."""
+        """Graphs at every batch-size bucket of plain decode, for every k the policy can reach:
+        the target's verify (k + 1 tokens per request, aux captured) and the draft extend (k + 1
+        tokens, aux input); the draft's chain step (one token, its own hidden state as input); the
+        plain step's two forwards; and (unless disabled) one graph per k for a whole greedy step."""
         sizes = graph_batch_sizes(self.model_runner)
         if sizes is None:
             return
-        width = self.k + 1
-        verify = CudaGraphRunner(self.model_runner, sizes, ForwardMode.TARGET_VERIFY, width, capture_aux=True)
-        chain = CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DECODE, 1,
-                                spec_hidden_width=draft_config.hidden_size)
-        extend = CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, width,
-                                 spec_hidden_width=3 * target_config.hidden_size)
+        aux_width = 3 * target_config.hidden_size
+        target_runners = [CudaGraphRunner(self.model_runner, sizes, ForwardMode.TARGET_VERIFY, k + 1, capture_aux=True)
+                          for k in self.reachable_steps]
+        draft_runners = [CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, k + 1,
+                                         spec_hidden_width=aux_width) for k in self.reachable_steps]
+        if any(k > 1 for k in self.reachable_steps):
+            draft_runners.append(CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DECODE, 1,
+                                                 spec_hidden_width=draft_config.hidden_size))
         # A plain step of this worker: the target decodes with aux capture, the draft extends by one.
-        plain = CudaGraphRunner(self.model_runner, sizes, ForwardMode.DECODE, 1, capture_aux=True)
-        plain_extend = CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, 1,
-                                       spec_hidden_width=3 * target_config.hidden_size)
-        for runner in (verify, chain, extend, plain, plain_extend):
+        target_runners.append(CudaGraphRunner(self.model_runner, sizes, ForwardMode.DECODE, 1, capture_aux=True))
+        draft_runners.append(CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, 1,
+                                             spec_hidden_width=aux_width))
+        for runner in target_runners + draft_runners:
             runner.capture()
-        self.model_runner.graph_runners += [verify, plain]
-        self.draft_runner.graph_runners += [chain, extend, plain_extend]
+        self.model_runner.graph_runners += target_runners
+        self.draft_runner.graph_runners += draft_runners
         if not server_args.disable_speculative_step_graph:
-            self.step_graphs = SpecStepGraphs(self, sizes)
-            self.step_graphs.capture()
+            for k in self.reachable_steps:
+                self.step_graphs[k] = SpecStepGraphs(self, sizes, k)
+                self.step_graphs[k].capture()
 
     # ---- entry ---------------------------------------------------------------------------
 
@@ -205,8 +212,9 @@ class EAGLEWorkerV2(TpModelWorker):
         rows = host_to_device([req.req_pool_idx for req in batch.reqs], self.device)
         logprobs = any(req.return_logprob for req in batch.reqs)
         greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
-        if self.step_graphs is not None and self.step_graphs.can_run(k, bs, greedy, logprobs):
-            tokens, num_out = self.step_graphs.replay(rows, batch.out_cache_loc)
+        graphs = self.step_graphs.get(k)
+        if graphs is not None and graphs.can_run(bs, greedy, logprobs):
+            tokens, num_out = graphs.replay(rows, batch.out_cache_loc)
             timer.mark("step")
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
         else:
@@ -297,20 +305,33 @@ class EAGLEWorkerV2(TpModelWorker):
         the target decodes one token (capturing its aux states), and a one-token draft extend at
         the same position keeps the draft's KV, hidden state and next guess current. So the next
         step can speculate again with no catch-up, and the output is plain decoding's."""
-        bs, device = batch.batch_size, self.device
-        timer = _StepTimer(device)
-        rows = host_to_device([req.req_pool_idx for req in batch.reqs], device)
+        timer = _StepTimer(self.device)
+        rows = host_to_device([req.req_pool_idx for req in batch.reqs], self.device)
+        next_ids, target_logits, hits = self._plain_body(rows, batch.out_cache_loc,
+                                                         self.sampling_info(batch, self.vocab_size))
+        timer.mark("plain")
+        result = SpecStepResult(tokens=next_ids[:, None], num_out=torch.ones_like(next_ids), timer=timer,
+                                probe_hits=hits)
+        if any(req.return_logprob for req in batch.reqs):
+            self._add_step_logprobs(result, target_logits[:, None], max(r.top_logprobs_num for r in batch.reqs))
+        result.start_copy_to_host()
+        return result
+
+    def _plain_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, info: SamplingBatchInfo):
+        """The plain step of the requests in `rows` over the slots `out_cache_loc` ([bs]); returns
+        (tokens [bs], target logits, probe hits [bs]: whether the draft's stored guess d_1 was
+        the target's token, an acceptance sample that costs nothing)."""
+        bs = rows.shape[0]
         starts, offsets = self.next_start[rows], self.next_offset[rows]
         table = self.model_runner.req_to_token_pool.req_to_token
-        table[rows, starts] = batch.out_cache_loc.to(table.dtype)
-        info = self.sampling_info(batch, self.vocab_size)
+        table[rows, starts] = out_cache_loc.to(table.dtype)
         fb = ForwardBatch(
             forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.next_input[rows], positions=starts,
-            req_pool_indices=rows, seq_lens=starts + 1, out_cache_loc=batch.out_cache_loc, seq_lens_cpu=None,
+            req_pool_indices=rows, seq_lens=starts + 1, out_cache_loc=out_cache_loc, seq_lens_cpu=None,
             extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None, capture_aux_hidden_states=True)
         out = self.model_runner.forward(fb)
         next_ids = self.model_runner.sample(out.next_token_logits, info, offsets)
-        timer.mark("verify")
+        hits = self.next_draft[rows] == next_ids
         draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=next_ids,
                                        capture_aux_hidden_states=False, spec_hidden_states=out.aux_hidden_states)
         draft_out = self.draft_runner.forward(draft_fb)
@@ -318,12 +339,52 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_input[rows] = next_ids
         self.next_start[rows] = starts + 1
         self.next_offset[rows] = offsets + 1
-        timer.mark("extend")
-        result = SpecStepResult(tokens=next_ids[:, None], num_out=torch.ones_like(next_ids), timer=timer)
-        if any(req.return_logprob for req in batch.reqs):
-            self._add_step_logprobs(result, out.next_token_logits[:, None], max(r.top_logprobs_num for r in batch.reqs))
-        result.start_copy_to_host()
-        return result
+        return next_ids, out.next_token_logits, hits
+
+    # ---- step costs, for the speculation policy -------------------------------------------
+
+    def measure_step_costs(self, repeats: int = 3) -> dict:
+        """Seconds per decode step of a plain step and of each reachable k, at every graph
+        bucket (replaying the graphs a real step replays), or eagerly at batch size 1 without
+        graphs. Every row of these steps is the scratch row and every slot the padding slot 0,
+        so no request's state is touched. Returns {"plain": {bs: s}, "spec": {(bs, k): s}}."""
+        sizes = graph_batch_sizes(self.model_runner) or [1]
+        plain: dict[int, float] = {}
+        spec: dict[tuple[int, int], float] = {}
+        for bs in sizes:
+            rows = torch.full((bs,), self.scratch_row, dtype=torch.int64, device=self.device)
+            info = SamplingBatchInfo.from_params([SamplingParams(temperature=0)] * bs, [0] * bs, self.vocab_size,
+                                                 self.device)
+            plain[bs] = self._seconds_per_call(lambda: self._plain_body(rows, self._pad_slots(bs), info), repeats)
+            for k in self.reachable_steps:
+                slots = self._pad_slots(bs * (k + 1))
+                graphs = self.step_graphs.get(k)
+                if graphs is not None and graphs.can_run(bs, True, False):
+                    run = lambda: graphs.replay(rows, slots)  # noqa: E731
+                else:
+                    run = lambda: self._spec_body(rows, slots, k, info)  # noqa: E731
+                spec[(bs, k)] = self._seconds_per_call(run, repeats)
+        return {"plain": plain, "spec": spec}
+
+    def _pad_slots(self, n: int) -> torch.Tensor:
+        return torch.zeros(n, dtype=torch.int64, device=self.device)
+
+    def _seconds_per_call(self, run, repeats: int) -> float:
+        scratch = torch.tensor([self.scratch_row], device=self.device)
+
+        def once():
+            self.next_start.index_fill_(0, scratch, 0)  # the scratch row's steps start at position 0
+            run()
+
+        once()  # warm-up
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            once()
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        return (time.perf_counter() - start) / repeats
 
     def _store_next_draft(self, rows, logits, hidden, info: SamplingBatchInfo, offsets) -> None:
         """Draw d_1 for the step after this one and keep it with q and the hidden state."""
@@ -348,9 +409,9 @@ class SpecStepGraphs:
     replay instead of ~5 replays and ~50 small launches. Padding rows point at the worker's
     scratch row (whose position is reset inside the graph) and write their KV to slot 0."""
 
-    def __init__(self, worker: "EAGLEWorkerV2", batch_sizes: list[int]):
+    def __init__(self, worker: "EAGLEWorkerV2", batch_sizes: list[int], k: int):
         self.worker = worker
-        self.k, self.width = worker.k, worker.k + 1
+        self.k, self.width = k, k + 1
         self.batch_sizes = sorted(batch_sizes)
         self.max_bs = self.batch_sizes[-1]
         device = worker.device
@@ -360,8 +421,8 @@ class SpecStepGraphs:
         self.graphs: dict = {}
         self.outputs: dict = {}
 
-    def can_run(self, k: int, bs: int, all_greedy: bool, logprobs: bool) -> bool:
-        return k == self.k and bs <= self.max_bs and all_greedy and not logprobs
+    def can_run(self, bs: int, all_greedy: bool, logprobs: bool) -> bool:
+        return bs <= self.max_bs and all_greedy and not logprobs
 
     def _run(self, bs: int):
         """The captured work: the whole step over the static rows and slots of bucket bs."""

@@ -16,14 +16,18 @@ class SpecStats:
         self.num_plain_steps = 0  # decode steps that did not speculate
         self.num_verifies = 0  # request-verifies: sum of batch sizes over those steps
         self.num_tokens = 0  # output tokens they produced (accepted drafts + bonus)
+        self.num_drafts = 0  # draft tokens they verified (k of each request-verify)
+        self.steps_by_k: dict[int, int] = {}  # decode steps per chosen k (0: plain)
         self.histogram = [0] * (k + 1)  # [i]: request-verifies that produced i + 1 tokens
         self.recent_phase_s: deque[dict[str, float]] = deque(maxlen=RECENT_STEPS)
         # Since the last log line.
         self.window_verifies = 0
         self.window_tokens = 0
 
-    def record_step(self, num_out: list[int], phase_seconds: dict[str, float]) -> None:
+    def record_step(self, num_out: list[int], phase_seconds: dict[str, float], k_step: int) -> None:
+        self.steps_by_k[k_step] = self.steps_by_k.get(k_step, 0) + 1
         self.num_steps += 1
+        self.num_drafts += k_step * len(num_out)
         self.num_verifies += len(num_out)
         self.num_tokens += sum(num_out)
         self.window_verifies += len(num_out)
@@ -31,6 +35,10 @@ class SpecStats:
         for n in num_out:
             self.histogram[n - 1] += 1
         self.recent_phase_s.append(phase_seconds)
+
+    def record_plain_step(self) -> None:
+        self.steps_by_k[0] = self.steps_by_k.get(0, 0) + 1
+        self.num_plain_steps += 1
 
     @property
     def mean_accept_length(self) -> float:
@@ -60,8 +68,9 @@ class SpecStats:
             "spec_verifies": self.num_verifies,
             "spec_tokens": self.num_tokens,
             "avg_spec_accept_length": self.mean_accept_length,
-            "spec_accept_rate": ((self.num_tokens - self.num_verifies) / (self.k * self.num_verifies)
-                                 if self.num_verifies else 0.0),
+            "spec_accept_rate": ((self.num_tokens - self.num_verifies) / self.num_drafts
+                                 if self.num_drafts else 0.0),
+            "spec_steps_by_k": {str(k): n for k, n in sorted(self.steps_by_k.items())},
             "spec_accept_length_histogram": list(self.histogram),
             "spec_phase_ms": self.mean_phase_ms(),
         }

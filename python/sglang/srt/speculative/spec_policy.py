@@ -1,0 +1,583 @@
+"""The per-step mode switch of speculative decoding: before each decode step the scheduler asks a
+policy how many draft tokens k to verify (k = 0 is PLAIN, a target-only decode step).
+
+Speculation pays off when the expected tokens per verify outweigh the extra cost of drafting and
+verifying k + 1 positions. At small batches the target step is memory bound and verifying extra
+positions is nearly free; at large batches it is compute bound and the same step costs several
+times a plain one. The cost policy compares both with measured step times and the acceptance
+observed so far; the simpler policies (always, never, a batch-size threshold) are there for
+baselines and for users who know their load.
+
+Everything here is pure Python: it runs on the scheduler's CPU once per decode step, so it must
+not touch the device or sync with it."""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from bisect import bisect_left, bisect_right
+from typing import Optional
+
+POLICY_NAMES = ("always", "never", "threshold", "cost")
+
+# Upstream's default --speculative-adaptive-config (batch-size lower bound -> candidate steps),
+# kept for reference in the docs. Our default candidate set is {0, 1, k_max} at every batch size:
+# the cost model itself decides where each candidate stops paying off.
+DEFAULT_ADAPTIVE_CONFIG = {"1": [1, 3, 5, 7], "8": [0, 1, 3], "32": [0, 1], "64": [0]}
+
+# Global (non-bucket) keys of an adaptive config file, with their checks.
+_GLOBAL_KEYS = ("ema_alpha", "warmup_batches", "update_interval")
+_BUCKET_OBJECT_KEYS = ("candidate_steps", "up_hysteresis", "down_hysteresis")
+
+# A new request's estimates start from the pooled ones, weighted as this many observations of
+# its own: its first verifies move it quickly (running mean), later ones at request_alpha.
+_REQUEST_PRIOR_WEIGHT = 4
+
+
+class _RequestEstimate:
+    """One request's a_1..a_kmax and how many times each position was observed for it."""
+
+    __slots__ = ("rates", "seen")
+
+    def __init__(self, pooled: list[float]):
+        self.rates = list(pooled)
+        self.seen = [0] * len(pooled)
+
+
+class AcceptanceEstimator:
+    """Per-position acceptance estimates a_1..a_kmax, where a_i = P(draft token i is accepted |
+    drafts 1..i-1 were accepted).
+
+    Conditional per-position rates (rather than one mean accept length) are what let the cost
+    policy price every k from the same statistics: E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j,
+    even for a k that has not run lately. The pooled estimate is an EMA over recent verifications
+    of all requests; per-request estimates capture that some requests (code, repetition) are much
+    easier to draft for than others. A request's estimate starts at the pooled one and follows a
+    running mean (the pooled value weighted as _REQUEST_PRIOR_WEIGHT observations) until that is
+    slower than request_alpha, then an EMA at request_alpha: quick to tell a new request apart,
+    yet not so noisy that one request's luck flips the decision (an EMA at 0.2 over one
+    request's 0/1 outcomes moves by +-0.17 at a_i = 0.5, which at batch 1 swung the choice
+    between k = 0, 1 and k_max every few dozen steps)."""
+
+    def __init__(self, k_max: int, alpha: float = 0.05, prior: float = 0.5, request_alpha: float = 0.05):
+        if k_max < 1:
+            raise ValueError(f"k_max must be >= 1, got {k_max}")
+        for label, value in (("alpha", alpha), ("request_alpha", request_alpha)):
+            if not 0.0 < value <= 1.0:
+                raise ValueError(f"{label} must be in (0, 1], got {value}")
+        if not 0.0 <= prior <= 1.0:
+            raise ValueError(f"prior must be in [0, 1], got {prior}")
+        self.k_max = k_max
+        self.alpha = alpha
+        self.request_alpha = request_alpha
+        self._pooled = [float(prior)] * k_max
+        # Created when a request is first observed: from then on its own data refine the pool's
+        # guess.
+        self._per_request: dict[str, _RequestEstimate] = {}
+
+    @property
+    def tracked_requests(self) -> int:
+        """Requests with per-request state (should return to 0 once all have been forgotten)."""
+        return len(self._per_request)
+
+    def _observe(self, rid: str, outcomes: int, accepted: int) -> None:
+        """Fold one request's outcomes at 0-based positions 0..outcomes-1 into its estimate: the
+        first `accepted` of them were accepted, the rest (at most one) rejected. One call per
+        request, not per position: this runs for every request on every step."""
+        state = self._per_request.get(rid)
+        if state is None:
+            state = self._per_request[rid] = _RequestEstimate(self._pooled)
+        rates, seen, floor = state.rates, state.seen, self.request_alpha
+        for i in range(outcomes):
+            n = seen[i] = seen[i] + 1
+            weight = 1.0 / (n + _REQUEST_PRIOR_WEIGHT)
+            if weight < floor:
+                weight = floor
+            rates[i] += weight * ((1.0 if i < accepted else 0.0) - rates[i])
+
+    def record_verify(self, rids: list[str], num_out: list[int], k_step: int) -> None:
+        """One speculative step with k_step drafts: request rids[r] produced num_out[r] tokens
+        (1..k_step + 1). Position i was observed iff num_out >= i (every earlier draft was
+        accepted) and accepted iff num_out >= i + 1; unobserved positions say nothing.
+
+        The pooled EMA takes the whole batch as one observation per position (accepted / observed
+        in this batch), so one 256-request step moves it as much as a 1-request step does: the
+        estimate's memory is in steps, independent of the batch size."""
+        if len(rids) != len(num_out):
+            raise ValueError(f"record_verify: {len(rids)} request ids but {len(num_out)} output counts")
+        if not 0 <= k_step <= self.k_max:
+            raise ValueError(f"record_verify: k_step {k_step} is outside 0..{self.k_max}")
+        if k_step == 0 or not rids:
+            return
+        # count[m]: requests that produced exactly m tokens (m = 1..k_step + 1).
+        count = [0] * (k_step + 2)
+        for rid, n in zip(rids, num_out):
+            if not 1 <= n <= k_step + 1:
+                raise ValueError(f"record_verify: request {rid!r} produced {n} tokens from {k_step} drafts "
+                                 f"(expected 1..{k_step + 1})")
+            count[n] += 1
+            # Positions 1..min(n, k_step) were observed; the first n - 1 of them were accepted.
+            self._observe(rid, n if n <= k_step else k_step, n - 1)
+        # In place, into "at least" counts: at_least[m] = requests with num_out >= m. Position i is
+        # observed by at_least[i] requests and accepted by at_least[i + 1].
+        at_least = count
+        for m in range(k_step, 0, -1):
+            at_least[m] += at_least[m + 1]
+        for i in range(1, k_step + 1):
+            observed, accepted = at_least[i], at_least[i + 1]
+            if observed:
+                self._pooled[i - 1] += self.alpha * (accepted / observed - self._pooled[i - 1])
+
+    def record_probe(self, rids: list[str], hits: list[bool]) -> None:
+        """A PLAIN step's free probe: whether the draft's top-1 proposal equalled the target's
+        token. It observes position 1 only, and keeps a_1 current while speculation is off, which
+        is what tells the cost policy when turning it back on would pay."""
+        if len(rids) != len(hits):
+            raise ValueError(f"record_probe: {len(rids)} request ids but {len(hits)} probe results")
+        if not rids:
+            return
+        for rid, hit in zip(rids, hits):
+            self._observe(rid, 1, 1 if hit else 0)
+        rate = sum(1 for hit in hits if hit) / len(hits)
+        self._pooled[0] += self.alpha * (rate - self._pooled[0])
+
+    def rates(self, rid: Optional[str] = None) -> list[float]:
+        """a_1..a_kmax for the request, or the pooled rates for None or an unknown request."""
+        return list(self._rates_ref(rid))
+
+    def expected_tokens(self, k: int, rid: Optional[str] = None) -> float:
+        """Expected tokens one verify of k drafts yields: 1 + sum_{i<=k} prod_{j<=i} a_j (the
+        bonus token plus each draft, which counts only if all before it were accepted)."""
+        if not 0 <= k <= self.k_max:
+            raise ValueError(f"expected_tokens: k {k} is outside 0..{self.k_max}")
+        return self._expected_upto(self._rates_ref(rid), k)[k]
+
+    def _rates_ref(self, rid: Optional[str]) -> list[float]:
+        """The stored rates without a copy (read-only use in the per-step loop)."""
+        state = self._per_request.get(rid) if rid is not None else None
+        return state.rates if state is not None else self._pooled
+
+    @staticmethod
+    def _expected_upto(rates: list[float], k: int) -> list[float]:
+        """Expected tokens for every k' in 0..k, in one pass over the rates."""
+        out = [1.0]
+        prod = 1.0
+        for i in range(k):
+            prod *= rates[i]
+            out.append(out[-1] + prod)
+        return out
+
+    def batch_expected_tokens(self, rids: list[str], k: int) -> list[float]:
+        """Sum over the batch of expected_tokens(k', rid) for every k' in 0..k: what the cost
+        policy needs each step, computed in one pass per request."""
+        totals = [0.0] * (k + 1)
+        for rid in rids:
+            rates = self._rates_ref(rid)
+            prod = expected = 1.0
+            totals[0] += 1.0
+            for i in range(k):
+                prod *= rates[i]
+                expected += prod
+                totals[i + 1] += expected
+        return totals
+
+    def forget(self, rid: str) -> None:
+        """The request finished: drop its state, so long-running servers do not leak."""
+        self._per_request.pop(rid, None)
+
+    def summary(self) -> dict:
+        return {
+            "acceptance_rates": [round(a, 4) for a in self._pooled],
+            "expected_tokens": {k: round(self.expected_tokens(k), 4) for k in range(self.k_max + 1)},
+            "tracked_requests": len(self._per_request),
+        }
+
+
+class CostTable:
+    """Measured seconds per decode step: plain[bs] for a PLAIN step and spec[(bs, k)] for a
+    speculative step of k drafts (draft + verify + draft extend), at the captured batch-size
+    buckets. Measured by replaying the captured graphs at start-up, since the ratio of the two
+    depends on model, GPU and batch size in ways no formula gets right."""
+
+    def __init__(self, plain: dict[int, float], spec: dict[tuple[int, int], float]):
+        by_k: dict[int, dict[int, float]] = {0: dict(plain)} if plain else {}
+        for (bs, k), seconds in spec.items():
+            if k < 1:
+                raise ValueError(f"CostTable: spec entry ({bs}, {k}) must have k >= 1 (k = 0 is the plain table)")
+            by_k.setdefault(k, {})[bs] = seconds
+        for k, table in by_k.items():
+            for bs, seconds in table.items():
+                if bs < 1 or not seconds > 0:
+                    raise ValueError(f"CostTable: k={k} batch size {bs}: need batch size >= 1 and seconds > 0, "
+                                     f"got {seconds}")
+        # k -> (sorted bucket sizes, their seconds), for a bisect per lookup.
+        self._buckets = {k: (sorted(table), [table[bs] for bs in sorted(table)]) for k, table in by_k.items()}
+
+    @property
+    def measured_steps(self) -> tuple[int, ...]:
+        """Every k with at least one measurement (0 = plain)."""
+        return tuple(sorted(self._buckets))
+
+    def seconds(self, batch_size: int, k: int) -> float:
+        """Seconds of one step of k drafts (0 = plain) at this batch size: the smallest measured
+        bucket >= batch_size (the graph that would be replayed, padded). Beyond the largest
+        bucket there is no graph; the largest bucket's time is scaled by batch_size / largest,
+        an extrapolation that assumes compute-bound steps there (linear in tokens)."""
+        entry = self._buckets.get(k)
+        if entry is None:
+            raise ValueError(f"CostTable: no measured step time for k={k} "
+                             f"(measured k: {list(self.measured_steps)})")
+        if batch_size < 1:
+            raise ValueError(f"CostTable: batch size must be >= 1, got {batch_size}")
+        sizes, times = entry
+        i = bisect_left(sizes, batch_size)
+        if i < len(sizes):
+            return times[i]
+        return times[-1] * batch_size / sizes[-1]
+
+    def summary(self) -> dict:
+        """{"plain_ms": {bs: ms}, "spec_ms": {k: {bs: ms}}} for logs and /get_server_info."""
+        def ms(k: int) -> dict[int, float]:
+            sizes, times = self._buckets[k]
+            return {bs: round(1e3 * t, 4) for bs, t in zip(sizes, times)}
+
+        return {"plain_ms": ms(0) if 0 in self._buckets else {},
+                "spec_ms": {k: ms(k) for k in self.measured_steps if k > 0}}
+
+
+class SpecPolicy(ABC):
+    """Base policy. choose() is the template: subclasses decide in _choose(); the base counts
+    steps per k and switches (a step whose k differs from the previous step's; the first step
+    is not a switch), which is what the logs and /metrics report."""
+
+    name = "base"
+
+    def __init__(self, k_max: int, estimator: Optional[AcceptanceEstimator] = None):
+        self.k_max = k_max
+        self.estimator = estimator
+        self.current_k: Optional[int] = None
+        self.num_switches = 0
+        self.steps_per_k: dict[int, int] = {}
+        # Steps run in a row with current_k, the step that chose it included (for dwell).
+        self.steps_in_current = 0
+
+    def choose(self, rids: list[str]) -> int:
+        """k for the next decode step of this batch (rids: its decode requests); 0 = PLAIN."""
+        k = self._choose(rids)
+        if k == self.current_k:
+            self.steps_in_current += 1
+        else:
+            if self.current_k is not None:
+                self.num_switches += 1
+            self.current_k = k
+            self.steps_in_current = 1
+        self.steps_per_k[k] = self.steps_per_k.get(k, 0) + 1
+        return k
+
+    @abstractmethod
+    def _choose(self, rids: list[str]) -> int:
+        """The policy's k for this batch; current_k and steps_in_current describe the steps so far."""
+
+    def observe_verify(self, rids: list[str], num_out: list[int], k_step: int) -> None:
+        if self.estimator is not None:
+            self.estimator.record_verify(rids, num_out, k_step)
+
+    def observe_probe(self, rids: list[str], hits: list[bool]) -> None:
+        if self.estimator is not None:
+            self.estimator.record_probe(rids, hits)
+
+    def forget(self, rid: str) -> None:
+        if self.estimator is not None:
+            self.estimator.forget(rid)
+
+    def summary(self) -> dict:
+        out: dict = {
+            "name": self.name,
+            "k": self.current_k,
+            "switches": self.num_switches,
+            "steps_per_k": dict(sorted(self.steps_per_k.items())),
+        }
+        if self.estimator is not None:
+            out.update(self.estimator.summary())
+        return out
+
+
+class AlwaysPolicy(SpecPolicy):
+    """Speculate with k_max on every step (the classic static EAGLE setup)."""
+
+    name = "always"
+
+    def _choose(self, rids: list[str]) -> int:
+        return self.k_max
+
+
+class NeverPolicy(SpecPolicy):
+    """Never speculate: the baseline, with the draft loaded (its probe still measures a_1)."""
+
+    name = "never"
+
+    def _choose(self, rids: list[str]) -> int:
+        return 0
+
+
+class ThresholdPolicy(SpecPolicy):
+    """Speculate with k_max while the decode batch has at most `threshold` requests: the simple
+    rule for users who have measured where speculation stops paying on their hardware."""
+
+    name = "threshold"
+
+    def __init__(self, k_max: int, threshold: int, estimator: Optional[AcceptanceEstimator] = None):
+        super().__init__(k_max, estimator)
+        if threshold < 0:
+            raise ValueError(f"threshold must be >= 0, got {threshold}")
+        self.threshold = threshold
+
+    def _choose(self, rids: list[str]) -> int:
+        return self.k_max if len(rids) <= self.threshold else 0
+
+    def summary(self) -> dict:
+        return {**super().summary(), "threshold": self.threshold}
+
+
+def _bucket_lookup(keys: list[int], table: dict, batch_size: int, default):
+    """The entry with the largest key <= batch_size (keys sorted), else default."""
+    i = bisect_right(keys, batch_size)
+    return table[keys[i - 1]] if i else default
+
+
+class CostPolicy(SpecPolicy):
+    """Pick the k with the most expected tokens per second at this batch:
+    sum over requests of expected_tokens(k, rid) / seconds(batch size, k).
+
+    Two guards keep it from flapping on noise, since each switch can cost a draft catch-up:
+    - hysteresis: leave the current k only if the best candidate beats it by more than this
+      fraction (relative);
+    - min_dwell: a newly chosen k is held for at least min_dwell steps (the step that chose it
+      included), whatever the objective says meanwhile. The one exception is a batch size whose
+      candidate set excludes the current k: then the policy moves at once.
+
+    candidates_by_bs (keys are batch-size lower bounds) restricts the candidates per batch size,
+    as upstream's --speculative-adaptive-config does; hysteresis_by_bs may likewise give
+    {"up": x, "down": y} margins per bucket for moves to a larger / smaller k, each falling back
+    to `hysteresis`."""
+
+    name = "cost"
+
+    def __init__(self, candidates: list[int], cost: CostTable, estimator: AcceptanceEstimator,
+                 hysteresis: float = 0.05, min_dwell: int = 8,
+                 candidates_by_bs: Optional[dict[int, list[int]]] = None,
+                 hysteresis_by_bs: Optional[dict[int, dict[str, float]]] = None):
+        super().__init__(estimator.k_max, estimator)
+        if hysteresis < 0:
+            raise ValueError(f"hysteresis must be >= 0, got {hysteresis}")
+        if min_dwell < 1:
+            raise ValueError(f"min_dwell must be >= 1, got {min_dwell}")
+        self.candidates = _checked_candidates(candidates, estimator.k_max, "candidates")
+        self.candidates_by_bs = {bs: _checked_candidates(steps, estimator.k_max, f"candidates_by_bs[{bs}]")
+                                 for bs, steps in sorted((candidates_by_bs or {}).items())}
+        self._bs_keys = list(self.candidates_by_bs)
+        self.hysteresis = hysteresis
+        self.hysteresis_by_bs = dict(sorted((hysteresis_by_bs or {}).items()))
+        self._hyst_keys = list(self.hysteresis_by_bs)
+        self.min_dwell = min_dwell
+        self.cost = cost
+        # Fail at start-up, not at the first decode step that would reach a missing k.
+        needed = set(self.candidates).union(*self.candidates_by_bs.values())
+        missing = sorted(needed - set(cost.measured_steps))
+        if missing:
+            raise ValueError(f"CostPolicy: the cost table has no step time for k in {missing} "
+                             f"(measured k: {list(cost.measured_steps)})")
+        # The objective at the last step that evaluated it (steps held by dwell do not), for
+        # logs and tests.
+        self.last_objective: dict[int, float] = {}
+
+    def candidates_for(self, batch_size: int) -> list[int]:
+        return _bucket_lookup(self._bs_keys, self.candidates_by_bs, batch_size, self.candidates)
+
+    def objective(self, rids: list[str], candidates: list[int]) -> dict[int, float]:
+        """Expected tokens per second of each candidate for this batch."""
+        bs = len(rids)
+        totals = self.estimator.batch_expected_tokens(rids, max(candidates))
+        return {k: totals[k] / self.cost.seconds(bs, k) for k in candidates}
+
+    def _margin(self, batch_size: int, current: int, best: int) -> float:
+        margins = _bucket_lookup(self._hyst_keys, self.hysteresis_by_bs, batch_size, {})
+        return margins.get("up" if best > current else "down", self.hysteresis)
+
+    def _choose(self, rids: list[str]) -> int:
+        cur = self.current_k
+        if not rids:  # nothing to decode: no evidence either way
+            return cur if cur is not None else self.candidates[0]
+        bs = len(rids)
+        candidates = self.candidates_for(bs)
+        if cur is not None and cur in candidates and self.steps_in_current < self.min_dwell:
+            return cur
+        obj = self.objective(rids, candidates)
+        self.last_objective = obj
+        best = max(candidates, key=lambda k: obj[k])  # ties: the first (smallest k)
+        if cur is None or cur not in candidates:
+            return best
+        if best != cur and obj[best] > obj[cur] * (1.0 + self._margin(bs, cur, best)):
+            return best
+        return cur
+
+    def summary(self) -> dict:
+        return {**super().summary(), "candidates": self.candidates,
+                "candidates_by_bs": self.candidates_by_bs, "hysteresis": self.hysteresis,
+                "min_dwell": self.min_dwell, "cost": self.cost.summary()}
+
+
+def _checked_candidates(steps: list[int], k_max: int, label: str) -> list[int]:
+    steps = sorted(set(steps))
+    if not steps:
+        raise ValueError(f"{label}: the candidate list is empty")
+    bad = [k for k in steps if not 0 <= k <= k_max]
+    if bad:
+        raise ValueError(f"{label}: {bad} outside 0..{k_max}")
+    return steps
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _parse_steps(path: str, key: str, steps) -> list[int]:
+    where = f"--speculative-adaptive-config {path}: batch size {key!r}"
+    if not isinstance(steps, list):
+        raise ValueError(f"{where}: candidate steps must be a list of integers, got {steps!r}")
+    if not steps:
+        raise ValueError(f"{where}: the candidate step list is empty")
+    for k in steps:
+        if not _is_int(k) or k < 0:
+            raise ValueError(f"{where}: candidate step {k!r} is not a non-negative integer")
+    return sorted(set(steps))
+
+
+def _parse_bucket(path: str, key: str, value) -> tuple[list[int], dict[str, float]]:
+    """A bucket's value: a list of steps, or {"candidate_steps": [...], "up_hysteresis": x,
+    "down_hysteresis": y} with the margins optional."""
+    if not isinstance(value, dict):
+        return _parse_steps(path, key, value), {}
+    where = f"--speculative-adaptive-config {path}: batch size {key!r}"
+    unknown = sorted(set(value) - set(_BUCKET_OBJECT_KEYS))
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown} (allowed: {list(_BUCKET_OBJECT_KEYS)})")
+    if "candidate_steps" not in value:
+        raise ValueError(f"{where}: the object needs \"candidate_steps\"")
+    margins = {}
+    for name in ("up_hysteresis", "down_hysteresis"):
+        if name in value:
+            margin = value[name]
+            if not isinstance(margin, (int, float)) or isinstance(margin, bool) or margin < 0:
+                raise ValueError(f"{where}: {name} must be a number >= 0, got {margin!r}")
+            margins[name.split("_")[0]] = float(margin)
+    return _parse_steps(path, key, value["candidate_steps"]), margins
+
+
+def _parse_global(path: str, key: str, value):
+    where = f"--speculative-adaptive-config {path}: {key}"
+    if key == "ema_alpha":
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
+            raise ValueError(f"{where} must be a number in (0, 1], got {value!r}")
+        return float(value)
+    lowest = 0 if key == "warmup_batches" else 1
+    if not _is_int(value) or value < lowest:
+        raise ValueError(f"{where} must be an integer >= {lowest}, got {value!r}")
+    return value
+
+
+def parse_adaptive_config(path: str) -> dict:
+    """Read an upstream-style --speculative-adaptive-config JSON file.
+
+    Integer-string keys are batch-size lower bounds, each mapping to a list of candidate steps
+    or to {"candidate_steps": [...], "up_hysteresis": x, "down_hysteresis": y}; the other keys
+    are global settings (ema_alpha, warmup_batches, update_interval). The margins are relative
+    objective gains needed to move to a larger ("up") or smaller ("down") k at that batch size. Returns
+    {"candidates_by_bs": {bs: [k, ...]}, "hysteresis_by_bs": {bs: {"up": x, "down": y}} (only
+    buckets that set a margin), "ema_alpha", "warmup_batches", "update_interval" (None when
+    absent)}. ema_alpha feeds the estimator; warmup_batches and update_interval are validated and
+    returned for the caller, since upstream configs carry them. Every problem is a ValueError
+    naming the file and the offending key or value, because the file is read at start-up and a
+    vague error there costs a restart."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise ValueError(f"--speculative-adaptive-config {path}: cannot read the file ({e})") from None
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"--speculative-adaptive-config {path}: invalid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"--speculative-adaptive-config {path}: expected a JSON object, got "
+                         f"{type(raw).__name__}")
+    out: dict = {"candidates_by_bs": {}, "hysteresis_by_bs": {},
+                 **{key: None for key in _GLOBAL_KEYS}}
+    for key, value in raw.items():
+        if key in _GLOBAL_KEYS:
+            out[key] = _parse_global(path, key, value)
+            continue
+        try:
+            bs = int(key)
+        except ValueError:
+            try:
+                float(key)
+            except ValueError:
+                raise ValueError(f"--speculative-adaptive-config {path}: unknown key {key!r} (batch-size "
+                                 f"keys are positive integers; global keys: {list(_GLOBAL_KEYS)})") from None
+            bs = None
+        if bs is None or bs < 1:
+            raise ValueError(f"--speculative-adaptive-config {path}: batch-size key {key!r} is not a "
+                             "positive integer")
+        steps, margins = _parse_bucket(path, key, value)
+        out["candidates_by_bs"][bs] = steps
+        if margins:
+            out["hysteresis_by_bs"][bs] = margins
+    if not out["candidates_by_bs"]:
+        raise ValueError(f"--speculative-adaptive-config {path}: no batch-size keys (e.g. \"1\": [0, 1, 3])")
+    out["candidates_by_bs"] = dict(sorted(out["candidates_by_bs"].items()))
+    return out
+
+
+def make_policy(name: str, k_max: int, *, threshold: Optional[int] = None,
+                candidates: Optional[list[int]] = None,
+                candidates_by_bs: Optional[dict[int, list[int]]] = None,
+                cost: Optional[CostTable] = None, ema_alpha: Optional[float] = None,
+                hysteresis: float = 0.05, min_dwell: int = 8,
+                hysteresis_by_bs: Optional[dict[int, dict[str, float]]] = None) -> SpecPolicy:
+    """The policy named by --speculative-policy, with an acceptance estimator for every policy
+    (so acceptance is reported even when it does not drive the choice). Errors name the flag."""
+    if name not in POLICY_NAMES:
+        raise ValueError(f"--speculative-policy: unknown policy {name!r} (choose from {', '.join(POLICY_NAMES)})")
+    if not _is_int(k_max) or k_max < 1:
+        raise ValueError(f"--speculative-num-steps (k_max) must be an integer >= 1, got {k_max!r}")
+    if ema_alpha is not None and not 0 < ema_alpha <= 1:
+        raise ValueError(f"--speculative-adaptive-config: ema_alpha must be in (0, 1], got {ema_alpha}")
+    estimator = AcceptanceEstimator(k_max, alpha=ema_alpha if ema_alpha is not None else 0.05)
+    if name == "always":
+        return AlwaysPolicy(k_max, estimator)
+    if name == "never":
+        return NeverPolicy(k_max, estimator)
+    if name == "threshold":
+        if threshold is None or threshold < 0:
+            raise ValueError("--speculative-policy threshold needs --speculative-threshold N >= 0 "
+                             f"(speculate while the decode batch has at most N requests), got {threshold}")
+        return ThresholdPolicy(k_max, threshold, estimator)
+    if cost is None:
+        raise ValueError("--speculative-policy cost needs a measured cost table (step times of the "
+                         "captured graphs); none was given")
+    if candidates is None:
+        candidates = sorted({0, 1, k_max})
+    if not candidates:
+        raise ValueError("--speculative-candidate-steps: the list is empty")
+    for k in candidates:
+        if not _is_int(k) or not 0 <= k <= k_max:
+            raise ValueError(f"--speculative-candidate-steps: {k!r} is outside 0..{k_max} "
+                             f"(k_max = --speculative-num-steps = {k_max})")
+    for bs, steps in (candidates_by_bs or {}).items():
+        for k in steps:
+            if not _is_int(k) or not 0 <= k <= k_max:
+                raise ValueError(f"--speculative-adaptive-config: batch size {bs} lists step {k!r}, outside "
+                                 f"0..{k_max} (k_max = --speculative-num-steps = {k_max})")
+    return CostPolicy(candidates, cost, estimator, hysteresis=hysteresis, min_dwell=min_dwell,
+                      candidates_by_bs=candidates_by_bs, hysteresis_by_bs=hysteresis_by_bs)

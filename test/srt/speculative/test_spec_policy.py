@@ -1,0 +1,397 @@
+"""The speculation policy (speculative/spec_policy.py), pure Python: acceptance estimates per
+draft position (pooled and per request, probes, no leak), the measured cost table (bucket
+rounding, extrapolation), the threshold and cost policies (the cost policy maximizes expected
+tokens per second, speculates at small batches and not at large ones, does not flap under
+hysteresis and dwell), the adaptive-config parser and make_policy's errors, and the summary."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import pytest
+
+from sglang.srt.speculative.spec_policy import (
+    DEFAULT_ADAPTIVE_CONFIG,
+    POLICY_NAMES,
+    AcceptanceEstimator,
+    CostPolicy,
+    CostTable,
+    ThresholdPolicy,
+    make_policy,
+    parse_adaptive_config,
+)
+
+K_MAX = 3
+BUCKETS = (1, 8, 32, 64, 128, 256)
+
+
+def spec_factor(bs: int) -> float:
+    """Spec step cost relative to plain: 1.2x at batch 1, rising (in log2 bs) to 3x at 256."""
+    return 1.2 + 1.8 * math.log2(bs) / 8
+
+
+def make_cost(k_max: int = K_MAX) -> CostTable:
+    """Plain grows with the batch; a spec step costs spec_factor(bs) times plain for k = 1 and a
+    little more per extra draft."""
+    plain = {bs: 0.010 + 0.0002 * bs for bs in BUCKETS}
+    spec = {(bs, k): plain[bs] * spec_factor(bs) * (1 + 0.05 * (k - 1))
+            for bs in BUCKETS for k in range(1, k_max + 1)}
+    return CostTable(plain, spec)
+
+
+def sample_num_out(rng: random.Random, k: int, rate: float) -> int:
+    """Tokens from one verify of k drafts, each accepted with `rate` given the previous were."""
+    n = 1
+    while n <= k and rng.random() < rate:
+        n += 1
+    return n
+
+
+def feed(policy, rids: list[str], k: int, rate: float, rng: random.Random) -> None:
+    """What the scheduler reports after a step of k: a verify, or a PLAIN step's probe."""
+    if k > 0:
+        policy.observe_verify(rids, [sample_num_out(rng, k, rate) for _ in rids], k)
+    else:
+        policy.observe_probe(rids, [rng.random() < rate for _ in rids])
+
+
+def independent_objective(est: AcceptanceEstimator, cost: CostTable, rids: list[str], k: int) -> float:
+    """Expected tokens per second of k for the batch, written out from the definition."""
+    tokens = 0.0
+    for rid in rids:
+        a = est.rates(rid)
+        tokens += 1 + sum(math.prod(a[:i]) for i in range(1, k + 1))
+    return tokens / cost.seconds(len(rids), k)
+
+
+# --- AcceptanceEstimator ---------------------------------------------------------------------
+
+
+def test_estimator_learns_per_position_rates():
+    est = AcceptanceEstimator(K_MAX)
+    for _ in range(300):  # draft 1 always accepted, draft 2 never: every verify yields 2 tokens
+        est.record_verify(["a", "b"], [2, 2], K_MAX)
+    a = est.rates()
+    assert a[0] > 0.99 and a[1] < 0.01
+    assert a[2] == 0.5, "position 3 was never observed, so it keeps the prior"
+    assert est.expected_tokens(3) == pytest.approx(2.0, abs=0.02)
+    assert est.expected_tokens(0) == 1.0
+
+
+def test_estimator_batch_is_one_observation_per_position():
+    """A 256-request batch moves the pooled estimate as much as a 1-request batch would."""
+    big, small = AcceptanceEstimator(K_MAX, alpha=0.1), AcceptanceEstimator(K_MAX, alpha=0.1)
+    big.record_verify([f"r{i}" for i in range(256)], [2] * 256, 1)
+    small.record_verify(["r"], [2], 1)
+    assert big.rates()[0] == pytest.approx(0.5 + 0.1 * 0.5)
+    assert big.rates() == pytest.approx(small.rates())
+    # Mixed batch: position 1 observed by 4, accepted by 3; position 2 observed by 3, accepted by 1.
+    est = AcceptanceEstimator(K_MAX, alpha=1.0)
+    est.record_verify(["a", "b", "c", "d"], [1, 2, 2, 3], 2)
+    assert est.rates()[:2] == pytest.approx([3 / 4, 1 / 3])
+
+
+def test_probe_moves_only_a1():
+    est = AcceptanceEstimator(K_MAX)
+    for _ in range(200):
+        est.record_probe(["a", "b"], [True, True])
+    assert est.rates()[0] > 0.99
+    assert est.rates()[1:] == [0.5, 0.5]
+    assert est.rates("a")[0] > 0.99 and est.rates("a")[1:] == [0.5, 0.5]
+
+
+def test_per_request_estimates_differ():
+    est = AcceptanceEstimator(K_MAX)
+    for step in range(100):
+        est.record_verify(["good", "bad"], [K_MAX + 1, 1], K_MAX)
+        if step == 9:  # ten verifies already tell them apart
+            assert est.expected_tokens(K_MAX, "good") > 2.5 > 1.3 > est.expected_tokens(K_MAX, "bad")
+    assert est.expected_tokens(K_MAX, "good") > 3.8
+    assert est.expected_tokens(K_MAX, "bad") < 1.05
+    assert est.rates("stranger") == est.rates(), "an unknown request gets the pooled rates"
+    assert 1.05 < est.expected_tokens(K_MAX) < 3.8
+
+
+def test_settled_request_estimate_is_not_swung_by_one_outcome():
+    """Once a request has history, one unlucky verify moves its a_1 by request_alpha at most, so
+    a single request's luck does not flip the policy's choice."""
+    est = AcceptanceEstimator(K_MAX, request_alpha=0.05)
+    for _ in range(40):
+        est.record_verify(["a"], [K_MAX + 1], K_MAX)
+    before = est.rates("a")[0]
+    est.record_verify(["a"], [1], K_MAX)
+    assert 0 < before - est.rates("a")[0] <= 0.05 * before + 1e-12
+
+
+def test_forget_drops_request_state():
+    est = AcceptanceEstimator(K_MAX)
+    rids = [f"r{i}" for i in range(100)]
+    est.record_verify(rids, [2] * 100, K_MAX)
+    est.record_probe(["extra"], [False])
+    assert est.tracked_requests == 101
+    for rid in rids + ["extra"]:
+        est.forget(rid)
+    assert est.tracked_requests == 0 and len(est._per_request) == 0
+    est.forget("never-seen")  # finishing a request that never speculated is fine
+
+
+def test_estimator_rejects_impossible_verify():
+    est = AcceptanceEstimator(K_MAX)
+    with pytest.raises(ValueError, match="produced 5 tokens from 3 drafts"):
+        est.record_verify(["a"], [5], 3)
+    with pytest.raises(ValueError, match="k_step 4"):
+        est.record_verify(["a"], [1], 4)
+
+
+# --- CostTable -------------------------------------------------------------------------------
+
+
+def test_cost_table_buckets_and_extrapolation():
+    cost = CostTable({1: 0.010, 8: 0.020, 64: 0.050}, {(1, 3): 0.012, (8, 3): 0.030, (64, 3): 0.100})
+    assert cost.seconds(1, 0) == 0.010
+    assert cost.seconds(2, 0) == 0.020, "rounds up to the next captured bucket"
+    assert cost.seconds(8, 0) == 0.020
+    assert cost.seconds(9, 0) == 0.050
+    assert cost.seconds(5, 3) == 0.030
+    assert cost.seconds(128, 0) == pytest.approx(0.100), "beyond 64: scaled by 128 / 64"
+    assert cost.seconds(96, 3) == pytest.approx(0.150)
+    with pytest.raises(ValueError, match="k=2"):
+        cost.seconds(1, 2)
+    assert cost.summary() == {"plain_ms": {1: 10.0, 8: 20.0, 64: 50.0},
+                              "spec_ms": {3: {1: 12.0, 8: 30.0, 64: 100.0}}}
+    json.dumps(cost.summary())
+
+
+# --- Threshold policy ------------------------------------------------------------------------
+
+
+def test_threshold_policy():
+    policy = make_policy("threshold", K_MAX, threshold=4)
+    assert [policy.choose([f"r{i}" for i in range(bs)]) for bs in (1, 4, 5, 64, 2)] == [K_MAX, K_MAX, 0, 0, K_MAX]
+    assert make_policy("threshold", K_MAX, threshold=0).choose(["a"]) == 0
+    assert make_policy("always", K_MAX).choose(["a"] * 200) == K_MAX
+    assert make_policy("never", K_MAX).choose(["a"]) == 0
+
+
+# --- Cost policy -----------------------------------------------------------------------------
+
+
+def fresh_cost_policy(prior: float, **kwargs) -> CostPolicy:
+    return CostPolicy([0, 1, K_MAX], make_cost(), AcceptanceEstimator(K_MAX, prior=prior), **kwargs)
+
+
+def test_cost_policy_speculates_at_small_batches_only():
+    rids = lambda bs: [f"r{i}" for i in range(bs)]  # noqa: E731
+    assert fresh_cost_policy(0.8).choose(rids(1)) == K_MAX
+    assert fresh_cost_policy(0.8).choose(rids(256)) == 0
+    for bs in (1, 8, 64, 256, 300):
+        assert fresh_cost_policy(0.0).choose(rids(bs)) == 0, f"no acceptance, batch {bs}"
+
+
+def test_cost_policy_maximizes_objective():
+    rng = random.Random(0)
+    cost = make_cost()
+    for trial in range(40):
+        est = AcceptanceEstimator(K_MAX, prior=rng.random())
+        bs = rng.choice([1, 2, 5, 8, 20, 33, 64, 100, 256, 400])
+        rids = [f"t{trial}-{i}" for i in range(bs)]
+        for _ in range(rng.randrange(0, 20)):  # give requests their own, differing histories
+            rate = rng.random()
+            est.record_verify(rids, [sample_num_out(rng, K_MAX, rate) for _ in rids], K_MAX)
+        policy = CostPolicy([0, 1, 2, 3], cost, est)
+        objective = {k: independent_objective(est, cost, rids, k) for k in (0, 1, 2, 3)}
+        chosen = policy.choose(rids)
+        assert objective[chosen] == pytest.approx(max(objective.values())), (trial, bs, objective, chosen)
+        assert policy.last_objective == pytest.approx(objective)
+
+
+def run_phases(policy, phases: list[tuple[int, int]], rate: float, seed: int = 0) -> list[int]:
+    """Run (steps, batch size) phases, feeding acceptance at `rate` per position; the chosen ks."""
+    rng = random.Random(seed)
+    ks = []
+    for steps, bs in phases:
+        rids = [f"r{i}" for i in range(bs)]
+        for _ in range(steps):
+            k = policy.choose(rids)
+            ks.append(k)
+            feed(policy, rids, k, rate, rng)
+    return ks
+
+
+@pytest.mark.parametrize("rate", [0.8, 0.45])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_no_flapping_when_load_steps_up_and_down(rate, seed):
+    """Batch 1 -> 256 -> 1 needs two switches; at most 4 are allowed. At rate 0.45 (k_max still
+    ~10% better than k = 1 at batch 1) a single request's noisy outcomes flip a guard-less policy
+    (hysteresis 0, dwell 1) up to ~18 times on these seeds."""
+    policy = make_policy("cost", K_MAX, cost=make_cost())
+    ks = run_phases(policy, [(200, 1), (200, 256), (200, 1)], rate=rate, seed=seed)
+    assert policy.num_switches <= 4, policy.summary()
+    assert ks[199] == K_MAX and ks[399] == 0 and ks[599] == K_MAX, "it still follows the load"
+
+
+def alternating_cost() -> CostTable:
+    """k_max = 1, acceptance 0.5 (1.5 tokens per verify): at batch 1 spec is better by 0.5%, at
+    batch 2 plain is better by 0.5%."""
+    return CostTable({1: 1.0, 2: 1.0}, {(1, 1): 1.5 / 1.005, (2, 1): 1.5 * 1.005})
+
+
+def test_hysteresis_ignores_small_alternating_gains():
+    batches = [["a"], ["a", "b"]] * 50
+    held = CostPolicy([0, 1], alternating_cost(), AcceptanceEstimator(1), hysteresis=0.05, min_dwell=1)
+    assert [held.choose(b) for b in batches] == [1] * 100
+    assert held.num_switches == 0
+    # Control: without hysteresis the same load flips every step.
+    eager = CostPolicy([0, 1], alternating_cost(), AcceptanceEstimator(1), hysteresis=0.0, min_dwell=1)
+    assert [eager.choose(b) for b in batches] == [1, 0] * 50
+
+
+def test_hysteresis_by_direction_and_bucket():
+    """An "up" margin blocks only moves to a larger k, a "down" margin only moves to a smaller one
+    (here for the bucket starting at batch 1, so for batches 1 and 2)."""
+    batches = [["a", "b"], ["a"]] * 20  # batch 2 favours k = 0, batch 1 favours k = 1, by 0.5%
+    up = CostPolicy([0, 1], alternating_cost(), AcceptanceEstimator(1), hysteresis=0.0, min_dwell=1,
+                    hysteresis_by_bs={1: {"up": 0.05}})
+    assert [up.choose(b) for b in batches] == [0] * 40
+    down = CostPolicy([0, 1], alternating_cost(), AcceptanceEstimator(1), hysteresis=0.0, min_dwell=1,
+                      hysteresis_by_bs={1: {"down": 0.05}})
+    assert [down.choose(b) for b in batches] == [0] + [1] * 39
+
+
+def test_min_dwell_holds_a_new_choice():
+    policy = fresh_cost_policy(0.8, hysteresis=0.0, min_dwell=5)
+    small, big = ["a"], [f"r{i}" for i in range(256)]
+    ks = [policy.choose(small)] + [policy.choose(big) for _ in range(7)] + [policy.choose(small) for _ in range(7)]
+    # k_max is held for 5 steps although batch 256 favours 0 from step 2; then 0 is held 5 steps.
+    assert ks == [K_MAX] * 5 + [0] * 5 + [K_MAX] * 5
+    assert policy.num_switches == 2
+
+
+def test_candidates_by_batch_size():
+    policy = CostPolicy([0, 1, K_MAX], make_cost(), AcceptanceEstimator(K_MAX, prior=0.8), min_dwell=100,
+                        candidates_by_bs={4: [0, 1], 64: [0]})
+    assert policy.candidates_for(1) == [0, 1, K_MAX], "below the smallest key: the default candidates"
+    assert policy.candidates_for(4) == [0, 1] and policy.candidates_for(63) == [0, 1]
+    assert policy.candidates_for(1000) == [0]
+    assert policy.choose(["a"]) == K_MAX
+    four = ["a", "b", "c", "d"]
+    best = max([0, 1], key=lambda k: independent_objective(policy.estimator, policy.cost, four, k))
+    assert policy.choose(four) == best, "k_max is not a candidate at 4: moves at once despite dwell"
+    assert policy.choose(["a"]) == best, "back at batch 1 the new k is a candidate, so dwell holds it"
+    assert policy.choose([f"r{i}" for i in range(64)]) == 0
+
+
+# --- parse_adaptive_config -------------------------------------------------------------------
+
+
+def test_parse_adaptive_config_good(tmp_path):
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps({"1": [3, 1, 1], "8": {"candidate_steps": [0, 1], "up_hysteresis": 0.1},
+                                "64": [0], "ema_alpha": 0.1, "warmup_batches": 5}))
+    config = parse_adaptive_config(str(path))
+    assert config == {"candidates_by_bs": {1: [1, 3], 8: [0, 1], 64: [0]}, "hysteresis_by_bs": {8: {"up": 0.1}},
+                      "ema_alpha": 0.1, "warmup_batches": 5, "update_interval": None}
+    default = tmp_path / "default.json"
+    default.write_text(json.dumps(DEFAULT_ADAPTIVE_CONFIG))
+    parsed = parse_adaptive_config(str(default))["candidates_by_bs"]
+    assert parsed == {int(bs): steps for bs, steps in DEFAULT_ADAPTIVE_CONFIG.items()}
+
+
+def test_adaptive_config_drives_cost_policy(tmp_path):
+    path = tmp_path / "adaptive.json"
+    path.write_text(json.dumps({"1": [1, 3], "32": {"candidate_steps": [0, 1], "down_hysteresis": 0.2},
+                                "ema_alpha": 0.2}))
+    config = parse_adaptive_config(str(path))
+    policy = make_policy("cost", K_MAX, cost=make_cost(), candidates_by_bs=config["candidates_by_bs"],
+                         hysteresis_by_bs=config["hysteresis_by_bs"], ema_alpha=config["ema_alpha"])
+    assert policy.estimator.alpha == 0.2
+    assert policy.candidates_for(1) == [1, 3] and policy.candidates_for(100) == [0, 1]
+    assert policy.hysteresis_by_bs == {32: {"down": 0.2}}
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("{not json", "invalid JSON"),
+    ("[1, 2]", "expected a JSON object"),
+    ('{"1": [0, -1]}', "candidate step -1 is not a non-negative integer"),
+    ('{"1": [0, 1.5]}', "candidate step 1.5"),
+    ('{"1": [true]}', "candidate step True"),
+    ('{"1": []}', "candidate step list is empty"),
+    ('{"1": 3}', "must be a list"),
+    ('{"0": [0]}', "key '0' is not a positive integer"),
+    ('{"-4": [0]}', "key '-4' is not a positive integer"),
+    ('{"2.5": [0]}', "key '2.5' is not a positive integer"),
+    ('{"1": [0], "speed": 2}', "unknown key 'speed'"),
+    ('{"1": [0], "ema_alpha": 2}', "ema_alpha must be a number in (0, 1]"),
+    ('{"1": [0], "update_interval": 0}', "update_interval must be an integer >= 1"),
+    ('{"1": {"steps": [1]}}', "unknown key(s) ['steps']"),
+    ('{"1": {"candidate_steps": [1], "down_hysteresis": -1}}', "down_hysteresis must be a number >= 0"),
+    ('{"ema_alpha": 0.1}', "no batch-size keys"),
+])
+def test_parse_adaptive_config_errors(tmp_path, text, problem):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        parse_adaptive_config(str(path))
+    assert problem in str(info.value) and str(path) in str(info.value)
+
+
+def test_parse_adaptive_config_missing_file(tmp_path):
+    missing = str(tmp_path / "nope.json")
+    with pytest.raises(ValueError, match="cannot read") as info:
+        parse_adaptive_config(missing)
+    assert missing in str(info.value)
+
+
+# --- make_policy -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kwargs, names", [
+    (dict(name="greedy"), ["--speculative-policy", "'greedy'", "cost"]),
+    (dict(name="threshold"), ["--speculative-threshold", "None"]),
+    (dict(name="threshold", threshold=-1), ["--speculative-threshold", "-1"]),
+    (dict(name="cost"), ["--speculative-policy cost", "cost table"]),
+    (dict(name="cost", cost=make_cost(), candidates=[0, 5]), ["--speculative-candidate-steps", "5", f"0..{K_MAX}"]),
+    (dict(name="cost", cost=make_cost(), candidates=[]), ["--speculative-candidate-steps", "empty"]),
+    (dict(name="cost", cost=make_cost(), candidates_by_bs={8: [0, 4]}),
+     ["--speculative-adaptive-config", "batch size 8", "4"]),
+    (dict(name="cost", cost=make_cost(), ema_alpha=0.0), ["ema_alpha", "0.0"]),
+    (dict(name="cost", cost=make_cost(k_max=1)), ["cost table has no step time for k in [3]"]),
+    (dict(name="always", k_max=0), ["--speculative-num-steps", "0"]),
+])
+def test_make_policy_errors(kwargs, names):
+    kwargs = {"k_max": K_MAX, **kwargs}
+    with pytest.raises(ValueError) as info:
+        make_policy(kwargs.pop("name"), kwargs.pop("k_max"), **kwargs)
+    for name in names:
+        assert name in str(info.value), (name, str(info.value))
+
+
+def test_make_policy_defaults():
+    assert {make_policy(n, K_MAX, threshold=1, cost=make_cost()).name for n in POLICY_NAMES} == set(POLICY_NAMES)
+    assert make_policy("cost", K_MAX, cost=make_cost()).candidates == [0, 1, K_MAX]
+    one = CostTable({1: 1.0}, {(1, 1): 1.1})
+    assert make_policy("cost", 1, cost=one).candidates == [0, 1]
+    assert make_policy("cost", K_MAX, cost=make_cost(), ema_alpha=0.3).estimator.alpha == 0.3
+
+
+# --- summary ---------------------------------------------------------------------------------
+
+
+def test_summary_counts_steps_and_switches():
+    policy = ThresholdPolicy(K_MAX, threshold=4)
+    for bs in (1, 1, 5, 5, 5, 1, 9):
+        policy.choose([f"r{i}" for i in range(bs)])
+    summary = policy.summary()
+    assert summary["name"] == "threshold" and summary["k"] == 0
+    assert summary["steps_per_k"] == {0: 4, K_MAX: 3}
+    assert summary["switches"] == 3
+
+    cost_policy = make_policy("cost", K_MAX, cost=make_cost())
+    run_phases(cost_policy, [(50, 1)], rate=0.9)
+    summary = cost_policy.summary()
+    assert summary["steps_per_k"] == {K_MAX: 50} and summary["switches"] == 0
+    assert summary["acceptance_rates"][0] > 0.8
+    assert summary["cost"] == make_cost().summary()
+    json.dumps(summary)

@@ -1,0 +1,205 @@
+"""The per-step mode switch (issue 8) through the real Scheduler, on the CPU in float32: whatever
+each step chooses (a plain step or k drafts, by any policy), greedy output is plain decoding's,
+sampled output follows the target's distribution, the KV accounting holds (aborts and radix
+hits included), and the choice, the modes' step counts and the cost table are reported.
+The policies' own logic (estimates, cost, hysteresis, no flapping) is in test_spec_policy.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sglang import demo
+from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs, prepare_server_args
+from sglang.test.runner_utils import run_to_completion
+from sglang.test.sampling_checks import chi_square_pvalue, exact_token_distributions
+from sglang.test.server_fixture import assert_idle_kv_accounting
+from sglang.test.tiny_models import make_tiny_eagle3_draft
+
+PROMPTS = [[5, 17, 300, 41, 9, 77], [12, 13, 14], list(range(100, 140)), [2000, 1999, 7, 7, 7]]
+MAX_NEW = [7, 24, 40, 2]
+ABORTED = "r2"
+
+
+def alternating_k(i: int) -> int:
+    """A test-only policy: every k the worker can run, in turn (0 = a plain step)."""
+    return [0, 3, 1, 0, 0, 3, 2][i % 7]
+
+
+POLICIES = {
+    "never": dict(speculative_policy="never"),
+    "threshold": dict(speculative_policy="threshold", speculative_threshold=2),
+    "cost": dict(speculative_adaptive=True),
+    "alternating": dict(speculative_policy="always"),  # spec_steps_for replaced below
+}
+
+
+def run(pair: tuple[str, str], overlap: bool, spec: dict | None, choose=None) -> tuple[dict, dict]:
+    """Four requests; r2 is aborted at step 5; r4 (r0's prompt: a radix hit) arrives once r0 is done."""
+    target, draft = pair
+    kwargs = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=3,
+                  **spec) if spec is not None else {}
+    scheduler = Scheduler(ServerArgs(model_path=target, dtype="float32", device="cpu",
+                                     disable_overlap_schedule=not overlap, **kwargs))
+    if choose is not None:
+        steps = []
+        scheduler.spec_steps_for = lambda bs: steps.append(choose(len(steps))) or steps[-1]
+
+    def add(rid: str, ids: list[int], max_new: int) -> None:
+        params = SamplingParams(max_new_tokens=max_new, temperature=0, ignore_eos=True)
+        scheduler.add_request(TokenizedGenerateReqInput(rid, ids, params, stream=False))
+
+    for i, ids in enumerate(PROMPTS):
+        add(f"r{i}", ids, MAX_NEW[i])
+    cached = {}
+    finish = scheduler._finish
+
+    def recorded_finish(req, reason):
+        cached[req.rid] = req.cached_tokens
+        finish(req, reason)
+
+    scheduler._finish = recorded_finish
+    added = []
+
+    def on_step(step: int) -> None:
+        if "r0" in cached and "r4" not in added:
+            added.append("r4")
+            add("r4", PROMPTS[0], 12)
+        if step == 5:
+            scheduler.abort_request(AbortReq(ABORTED))
+
+    outputs = run_to_completion(scheduler, on_step)
+    state = scheduler.get_internal_state()
+    assert_idle_kv_accounting(state)
+    state["cached_tokens_by_rid"] = cached
+    return outputs, state
+
+
+@pytest.fixture(scope="module")
+def demo_paths():
+    return demo.TARGET_PATH, demo.DRAFT_PATH
+
+
+@pytest.fixture(scope="module")
+def tiny_paths(tiny_model_paths, tmp_path_factory):
+    target = tiny_model_paths["llama"]
+    return target, make_tiny_eagle3_draft(str(tmp_path_factory.mktemp("switch_draft")), target,
+                                          draft_vocab_size=200)
+
+
+def check_against_plain(pair, overlap: bool, policy: str) -> dict:
+    reference, _ = run(pair, overlap=False, spec=None)
+    outputs, state = run(pair, overlap, POLICIES[policy], alternating_k if policy == "alternating" else None)
+    assert outputs[ABORTED]["reason"]["type"] == "abort"
+    for rid in ("r0", "r1", "r3", "r4"):
+        assert outputs[rid] == reference[rid], (policy, overlap, rid)
+    assert state["cached_tokens_by_rid"]["r4"] > 0  # r4 reused r0's prompt from the radix cache
+    return state
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("policy", list(POLICIES))
+def test_every_policy_gives_plain_decodings_output_on_the_demo_pair(demo_paths, policy, overlap):
+    state = check_against_plain(demo_paths, overlap, policy)
+    steps = {int(k): n for k, n in state["spec_steps_by_k"].items()}
+    assert state["spec_policy"]["name"] == ("always" if policy == "alternating" else
+                                            "cost" if policy == "cost" else policy)
+    if policy == "never":
+        assert set(steps) == {0}
+    elif policy == "threshold":  # 4 running requests decode plainly, 2 or fewer speculate
+        assert steps.get(0, 0) > 0 and steps.get(3, 0) > 0
+    elif policy == "alternating":
+        assert {0, 1, 2, 3} <= set(steps)
+    else:
+        assert sum(steps.values()) > 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("policy", ["alternating", "cost"])
+def test_switching_on_the_tiny_random_pair_gives_plain_decodings_output(tiny_paths, policy, overlap):
+    check_against_plain(tiny_paths, overlap, policy)
+
+
+def test_sampling_stays_exact_under_switching():
+    """Chi-square of output tokens 2 and 3 against the target's exact distribution (top-k 6,
+    temperature 1) when steps alternate between plain, k = 1 and k = 2."""
+    prompt_ids, top_k, num_samples = [205, 300, 1100, 52, 9], 6, 1200
+    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
+                                     speculative_num_steps=2, disable_radix_cache=True,
+                                     max_running_requests=64))
+    choices = []
+    scheduler.spec_steps_for = lambda bs: choices.append([0, 2, 1][len(choices) % 3]) or choices[-1]
+    for seed in range(num_samples):
+        params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=top_k, ignore_eos=True, sampling_seed=seed)
+        scheduler.add_request(TokenizedGenerateReqInput(f"s{seed}", prompt_ids, params, stream=False))
+    outputs = run_to_completion(scheduler)
+    state = scheduler.get_internal_state()
+    assert_idle_kv_accounting(state)
+    assert {"0", "1", "2"} <= set(state["spec_steps_by_k"]) and 0 < state["spec_accept_rate"] < 1
+    exact = exact_token_distributions(demo.TARGET_PATH, prompt_ids, top_k)
+    for position in (1, 2):
+        samples = [outputs[f"s{seed}"]["ids"][position] for seed in range(num_samples)]
+        assert chi_square_pvalue(samples, exact[position]) > 1e-3, position
+
+
+def test_cost_policy_measures_its_table_and_reports_its_choices(demo_paths):
+    outputs, state = run(demo_paths, overlap=True, spec=POLICIES["cost"])
+    policy = state["spec_policy"]
+    cost = policy["cost"]
+    assert set(cost["spec_ms"]) == {1, 3}  # the default candidates: 0, 1 and k_max
+    assert all(ms > 0 for ms in cost["plain_ms"].values())
+    steps_by_k = {int(k): n for k, n in state["spec_steps_by_k"].items()}
+    chosen = {int(k): n for k, n in policy["steps_per_k"].items()}
+    # Every step the policy chose ran with that k (a retraction may ask it once more).
+    assert set(steps_by_k) <= set(chosen) <= {0, 1, 3}
+    assert all(chosen[k] >= n for k, n in steps_by_k.items())
+    assert policy["k"] in chosen and policy["switches"] <= sum(chosen.values()) - 1
+    json.dumps(state)  # /get_server_info serves it as JSON
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--speculative-policy", "sometimes"], "--speculative-policy"),
+    (["--speculative-policy", "threshold"], "--speculative-threshold"),
+    (["--speculative-threshold", "4"], "--speculative-threshold applies to --speculative-policy threshold"),
+    (["--speculative-adaptive", "--speculative-candidate-steps", "0,5"], "--speculative-candidate-steps"),
+    (["--speculative-adaptive", "--speculative-candidate-steps", "0,x"], "--speculative-candidate-steps"),
+])
+def test_bad_switch_flags_are_refused_naming_the_flag(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        prepare_server_args(["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"] + argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_switch_flags_need_a_draft(capsys):
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--speculative-adaptive"])
+    assert "--speculative-adaptive needs --speculative-algorithm" in capsys.readouterr().err
+
+
+def test_adaptive_config_file_sets_the_candidates(tmp_path, capsys):
+    good = tmp_path / "adaptive.json"
+    good.write_text(json.dumps({"1": [0, 1, 3], "16": {"candidate_steps": [0, 1]}, "64": [0], "ema_alpha": 0.1}))
+    args = prepare_server_args(["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+                                "--speculative-adaptive-config", str(good)])
+    assert args.speculative_policy == "cost"
+    assert args.speculative_reachable_steps() == [1, 3]
+    too_many = tmp_path / "too_many.json"
+    too_many.write_text(json.dumps({"1": [0, 5]}))
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+                             "--speculative-adaptive-config", str(too_many)])
+    assert "too_many.json" in capsys.readouterr().err
+
+
+def test_help_documents_the_switch_flags(capsys):
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--help"])
+    text = capsys.readouterr().out
+    for flag in ("--speculative-adaptive", "--speculative-adaptive-config", "--speculative-policy",
+                 "--speculative-threshold", "--speculative-candidate-steps"):
+        assert flag in text
