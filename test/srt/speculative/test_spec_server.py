@@ -72,3 +72,36 @@ def test_decode_log_line_reports_accept_length(spec_server):  # last in this fil
     log = spec_server.proc.stdout.read()
     lines = [line for line in log.splitlines() if "Decode batch." in line]
     assert lines and all("accept len: " in line for line in lines), log[-2000:]
+
+
+def test_threshold_server_reports_its_modes_in_metrics_and_logs():
+    """A server that speculates only while at most 1 request decodes: 3 concurrent requests decode
+    plainly, a lone one speculates; /metrics counts the steps of each k and the switches, and the
+    log line names the k of the moment and the start-up line names the policy."""
+    import concurrent.futures
+
+    server = ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
+                           "--speculative-policy", "threshold", "--speculative-threshold", "1",
+                           "--enable-metrics", "--log-level", "info", "--skip-server-warmup")
+    try:
+        def generate(max_new):
+            body = {"text": "import os\n", "sampling_params": {"temperature": 0, "max_new_tokens": max_new,
+                                                               "ignore_eos": True}}
+            return httpx.post(f"{server.base_url}/generate", json=body, timeout=120).json()
+
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            outs = list(pool.map(generate, [40, 40, 120]))  # the long one ends alone
+        assert [o["meta_info"]["completion_tokens"] for o in outs] == [40, 40, 120]
+        state = server_state(server)
+        assert state["spec_policy"]["name"] == "threshold" and state["spec_policy"]["switches"] >= 1
+        metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+        steps = {line.split('k="')[1].split('"')[0]: float(line.split()[-1])
+                 for line in metrics.splitlines() if line.startswith("sglang:spec_decode_steps{")}
+        assert steps.get("0", 0) > 0 and steps.get("3", 0) > 0, metrics
+        switches = next(line for line in metrics.splitlines() if line.startswith("sglang:spec_mode_switches{"))
+        assert float(switches.split()[-1]) == state["spec_policy"]["switches"]
+        assert_server_kv_accounting(server)
+    finally:
+        server.stop()
+    log = server.proc.stdout.read()
+    assert any("spec k: " in line for line in log.splitlines() if "Decode batch." in line), log[-2000:]

@@ -49,6 +49,12 @@ class MetricsCollector:
         self.spec_phase_ms = {phase: gauge(f"spec_{phase}_ms", f"Speculative decoding: mean {what} time per step (ms).")
                               for phase, what in (("draft", "draft chain"), ("verify", "target verify"),
                                                   ("extend", "draft extend"))}
+        self.spec_current_k = gauge("spec_current_steps", "Speculative decoding: k the policy chose for the last "
+                                    "decode step (0 = plain).")
+        self.spec_switches = gauge("spec_mode_switches", "Speculative decoding: decode steps whose k differed from "
+                                   "the step before.")
+        self.spec_steps_by_k = Gauge("sglang:spec_decode_steps", "Speculative decoding: decode steps run with each k "
+                                     "(0 = plain).", labels + ["k"], registry=r)
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -87,6 +93,12 @@ class MetricsCollector:
             for phase, value in state["spec_phase_ms"].items():
                 if phase in self.spec_phase_ms:
                     self.spec_phase_ms[phase].set(value)
+            policy = state.get("spec_policy", {})
+            if policy.get("k") is not None:
+                self.spec_current_k.set(policy["k"])
+            self.spec_switches.set(policy.get("switches", 0))
+            for k, steps in state.get("spec_steps_by_k", {}).items():
+                self.spec_steps_by_k.labels(self.model_name, str(k)).set(steps)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
