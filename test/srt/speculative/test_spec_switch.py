@@ -234,3 +234,21 @@ def test_the_draft_state_after_plain_steps_is_the_state_after_speculative_ones(d
     for position in common:
         assert plain[position][0] == spec[position][0], position
         torch.testing.assert_close(plain[position][1], spec[position][1], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("accept_length", [1.0, 2.0, 3.0])
+def test_simulated_acceptance_gives_the_asked_accept_length(tiny_paths, monkeypatch, accept_length):
+    """SGLANG_SIMULATE_ACC_LEN (benchmarks on random weights): a random draft accepts nothing,
+    yet the engine verifies as if the draft were this good, with consistent KV accounting."""
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", str(accept_length))
+    target, draft = tiny_paths
+    scheduler = Scheduler(ServerArgs(model_path=target, dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
+                                     speculative_draft_model_path=draft, speculative_num_steps=3))
+    for i in range(8):
+        params = SamplingParams(max_new_tokens=100, temperature=0, ignore_eos=True)
+        scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", [10 + i, 20, 30 + 2 * i], params, stream=False))
+    outputs = run_to_completion(scheduler)
+    state = scheduler.get_internal_state()
+    assert_idle_kv_accounting(state)
+    assert all(len(out["ids"]) == 100 for out in outputs.values())
+    assert state["avg_spec_accept_length"] == pytest.approx(accept_length, rel=0.1)

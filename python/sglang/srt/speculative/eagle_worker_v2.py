@@ -45,7 +45,8 @@ from sglang.srt.models.llama_eagle3 import default_aux_layer_ids
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
-from sglang.srt.speculative.spec_sampling import draw_draft, filtered_probs, verify_greedy, verify_sampled
+from sglang.srt.speculative.spec_sampling import (SIMULATE_ACC_LEN_ENV, draw_draft, filtered_probs, simulate_acceptance,
+                                                   simulated_accept_rate, verify_greedy, verify_sampled)
 from sglang.srt.speculative.spec_stats import SpecStats
 from sglang.srt.utils import host_to_device
 
@@ -111,6 +112,12 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_start = torch.zeros(rows, dtype=torch.int64, **zeros)
         self.next_offset = torch.zeros(rows, dtype=torch.int64, **zeros)
         self.stats = SpecStats(self.k)
+        simulated = float(os.environ.get(SIMULATE_ACC_LEN_ENV, "-1"))
+        self.simulated_rate = simulated_accept_rate(simulated, self.k) if simulated >= 0 else None
+        if self.simulated_rate is not None:
+            logger.warning("%s=%s: verification accepts each draft with probability %.3f whatever the models "
+                           "say; the output is not the target's (for benchmarks only)", SIMULATE_ACC_LEN_ENV,
+                           simulated, self.simulated_rate)
         # Every k > 0 the speculation policy can choose; graphs are captured for each.
         self.reachable_steps = server_args.speculative_reachable_steps()
         self.step_graphs: dict[int, SpecStepGraphs] = {}
@@ -273,7 +280,9 @@ class EAGLEWorkerV2(TpModelWorker):
         verify_out = forward_target(verify_fb)
         target_logits = verify_out.next_token_logits.view(bs, width, -1)
         draft_tokens = torch.stack(drafts[:k], dim=1)
-        if info.is_all_greedy:
+        if self.simulated_rate is not None:
+            verdict = simulate_acceptance(target_logits, draft_tokens, starts, self.simulated_rate)
+        elif info.is_all_greedy:
             verdict = verify_greedy(target_logits, draft_tokens)
         else:
             q = torch.stack(draft_probs, dim=1)  # [bs, k, draft vocab]

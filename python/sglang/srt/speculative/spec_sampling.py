@@ -107,3 +107,50 @@ def _repeat_rows(info: SamplingBatchInfo, n: int) -> SamplingBatchInfo:
         info, temperatures=_repeat(info.temperatures, n), top_ps=_repeat(info.top_ps, n),
         top_ks=_repeat(info.top_ks, n), min_ps=_repeat(info.min_ps, n), seeds=_repeat(info.seeds, n),
         greedy_mask=_repeat(info.greedy_mask, n))
+
+
+# ---- simulated acceptance (benchmarks only) ----------------------------------------------------
+
+SIMULATE_ACC_LEN_ENV = "SGLANG_SIMULATE_ACC_LEN"
+
+
+def simulated_accept_rate(accept_length: float, k_max: int) -> float:
+    """The per-position acceptance rate r with 1 + r + r^2 + ... + r^k_max = accept_length
+    (clamped to the reachable 1 .. k_max + 1): the same r then prices every smaller k, as a real
+    draft's per-position acceptance does."""
+    target = min(max(accept_length, 1.0), k_max + 1.0)
+    low, high = 0.0, 1.0
+    for _ in range(60):  # bisection: the sum grows with r
+        mid = (low + high) / 2
+        if sum(mid ** i for i in range(k_max + 1)) < target:
+            low = mid
+        else:
+            high = mid
+    return (low + high) / 2
+
+
+def simulate_acceptance(target_logits: torch.Tensor, drafts: torch.Tensor, positions: torch.Tensor,
+                        rate: float) -> ChainVerdict:
+    """A verdict that accepts each draft with probability `rate` (given the earlier ones were
+    accepted), whatever the models say: accepted drafts are output as drafted, followed by the
+    target's greedy token. Draws come from an integer hash of (position, draft index), so the
+    step stays deterministic and can be captured in a CUDA graph. For measuring the cost and the
+    policies of speculation on random weights (SGLANG_SIMULATE_ACC_LEN, upstream's name); the
+    output is not the target's."""
+    bs, k = drafts.shape
+    index = torch.arange(k, device=drafts.device)
+    mask = 0xFFFFFFFF  # 32-bit words: every product below stays inside int64
+    h = (positions[:, None] * 0x9E3779B1 + index * 0x85EBCA77 + 0x165667B1) & mask
+    h = h ^ (h >> 15)
+    h = (h * 0x2C1B3C6D) & mask
+    h = h ^ (h >> 12)
+    h = (h * 0x297A2D39) & mask
+    h = h ^ (h >> 15)
+    uniform = h.to(torch.float64) / float(1 << 32)
+    accepted = (uniform < rate).long().cumprod(dim=1).sum(dim=1)
+    best = target_logits.argmax(-1)
+    tokens = torch.cat([drafts, best[:, -1:]], dim=1)
+    last = accepted[:, None]
+    tokens = torch.where(torch.arange(k + 1, device=drafts.device) == last, best.gather(1, last).expand(-1, k + 1),
+                         tokens)
+    return ChainVerdict(tokens=tokens, num_out=accepted + 1)
