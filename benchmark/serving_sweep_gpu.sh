@@ -9,7 +9,9 @@
 # OUT_DIR/$NAME.png, and stops the server (also on error). The plot is drawn from whatever levels
 # were written, also when the sweep stopped early (SWEEP_TIMEOUT_S bounds the sweep; 0 = none).
 # Env: NAME (bench_serving_8b), PORT (30000), LABEL, HEALTH_DEADLINE_S, SWEEP_TIMEOUT_S,
-# SERVER_ARGS (extra launch_server flags).
+# SERVER_ARGS (extra launch_server flags), INPUT_LEN (1024), OUTPUT_LEN (128), NUM_PROMPTS (64),
+# PER_CONC (4 prompts per unit of concurrency), LEVELS (1,2,...,256). After the sweep the server's
+# /get_server_info is saved as $NAME.server_info.json.
 set -u -o pipefail
 
 OUT_DIR=${1:?usage: serving_sweep_gpu.sh OUT_DIR [MODEL_DIR]}
@@ -50,15 +52,18 @@ done
 echo "== $(date +%T) server healthy after $((SECONDS - start)) s"
 
 sweep=(python -m sglang.bench_serving --backend sglang --port "$PORT" --dataset-name random
-  --random-input-len 1024 --random-output-len 128 --random-range-ratio 1
-  --num-prompts 64 --prompts-per-concurrency 4 --max-concurrency 1,2,4,8,16,32,64,128,256
+  --random-input-len "${INPUT_LEN:-1024}" --random-output-len "${OUTPUT_LEN:-128}" --random-range-ratio 1
+  --num-prompts "${NUM_PROMPTS:-64}" --prompts-per-concurrency "${PER_CONC:-4}"
+  --max-concurrency "${LEVELS:-1,2,4,8,16,32,64,128,256}"
   --warmup-requests 8 --flush-cache --disable-tqdm --label "$LABEL" --output-file "$D.jsonl")
 if (( SWEEP_TIMEOUT_S > 0 )); then sweep=(timeout "$SWEEP_TIMEOUT_S" "${sweep[@]}"); fi
 t0=$SECONDS
 "${sweep[@]}"
 rc=$?
+python -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/get_server_info', timeout=10).read().decode())" \
+  > "$D.server_info.json" 2>/dev/null || rm -f "$D.server_info.json"
 echo "== $(date +%T) sweep exit $rc after $((SECONDS - t0)) s; $( [ -f "$D.jsonl" ] && wc -l < "$D.jsonl" || echo 0) levels written"
 
-python -m sglang.bench_serving plot "$D.jsonl" --output "$D.png" --title "bench_serving, Llama-3.1-8B shapes, 1 x H200" \
+python -m sglang.bench_serving plot "$D.jsonl" --output "$D.png" --title "${TITLE:-bench_serving, Llama-3.1-8B shapes, 1 x H200}" \
   || echo "plot failed"
 exit $rc

@@ -1,0 +1,92 @@
+"""The envelope check of dynamic speculation (issue 8) from three bench_serving sweeps against
+the same model: a server without a draft, one that always speculates, one with the mode switch.
+
+    python benchmark/spec_envelope_report.py --no-draft A.jsonl --always B.jsonl --dynamic C.jsonl \
+        [--server-info C.server_info.json] --out report.json
+
+For every concurrency the three sweeps share: output throughput of each, the ratio of dynamic to
+the better of the other two (goal >= 0.98) and to no draft (goal >= 0.99 at the largest level),
+and the accept lengths the spec servers reported. Prints a table; exits 1 if a goal is missed,
+2 if the files do not line up (a level missing, failed requests)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+GOAL_ENVELOPE = 0.98
+GOAL_TOP_LEVEL = 0.99
+
+
+def load(path: str) -> dict[int, dict]:
+    rows = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                row = json.loads(line)
+                rows[int(row["max_concurrency"])] = row  # a re-run level replaces the earlier one
+    if not rows:
+        raise ValueError(f"{path}: no result lines")
+    return rows
+
+
+def envelope(no_draft: dict[int, dict], always: dict[int, dict], dynamic: dict[int, dict]) -> dict:
+    levels = sorted(set(no_draft) & set(always) & set(dynamic))
+    if not levels:
+        raise ValueError("the three sweeps share no concurrency level")
+    problems = [f"{name} at concurrency {level}: {row['failed']} failed requests"
+                for name, rows in (("no draft", no_draft), ("always", always), ("dynamic", dynamic))
+                for level, row in rows.items() if level in levels and row.get("failed")]
+    points, missed = [], []
+    for level in levels:
+        plain, spec, dyn = (rows[level]["output_throughput"] for rows in (no_draft, always, dynamic))
+        best = max(plain, spec)
+        point = {"concurrency": level, "no_draft_tok_s": plain, "always_tok_s": spec, "dynamic_tok_s": dyn,
+                 "dynamic_vs_best": dyn / best, "dynamic_vs_no_draft": dyn / plain,
+                 "always_accept_length": always[level].get("accept_length"),
+                 "dynamic_accept_length": dynamic[level].get("accept_length")}
+        points.append(point)
+        if point["dynamic_vs_best"] < GOAL_ENVELOPE:
+            missed.append(f"concurrency {level}: dynamic {dyn:.1f} tok/s is {point['dynamic_vs_best']:.3f} x the "
+                          f"better of no draft / always ({best:.1f}); goal {GOAL_ENVELOPE}")
+    top = points[-1]
+    if top["dynamic_vs_no_draft"] < GOAL_TOP_LEVEL:
+        missed.append(f"concurrency {top['concurrency']}: dynamic is {top['dynamic_vs_no_draft']:.3f} x no draft; "
+                      f"goal {GOAL_TOP_LEVEL}")
+    return {"points": points, "missed": missed, "problems": problems}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--no-draft", required=True)
+    parser.add_argument("--always", required=True)
+    parser.add_argument("--dynamic", required=True)
+    parser.add_argument("--server-info", default=None,
+                        help="the dynamic server's /get_server_info after the sweep (steps per k, switches)")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    try:
+        report = envelope(load(args.no_draft), load(args.always), load(args.dynamic))
+    except (OSError, ValueError, KeyError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.server_info:
+        with open(args.server_info, encoding="utf-8") as f:
+            state = json.load(f)["internal_states"][0]
+        report["dynamic_server"] = {key: state.get(key) for key in ("spec_steps_by_k", "spec_policy",
+                                                                    "avg_spec_accept_length")}
+    print(f"{'conc':>5} {'no draft':>10} {'always':>10} {'dynamic':>10} {'dyn/best':>9} {'dyn/plain':>9}")
+    for p in report["points"]:
+        print(f"{p['concurrency']:>5} {p['no_draft_tok_s']:>10.1f} {p['always_tok_s']:>10.1f} "
+              f"{p['dynamic_tok_s']:>10.1f} {p['dynamic_vs_best']:>9.3f} {p['dynamic_vs_no_draft']:>9.3f}")
+    for line in report["problems"] + report["missed"]:
+        print(line)
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1)
+    return 2 if report["problems"] else 1 if report["missed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

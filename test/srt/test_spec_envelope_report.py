@@ -1,0 +1,56 @@
+"""benchmark/spec_envelope_report.py: the envelope check of dynamic speculation from three
+sweeps' JSON lines (goals: dynamic >= 0.98 x the better of no draft / always at every level,
+>= 0.99 x no draft at the largest)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+
+import pytest
+
+PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "spec_envelope_report.py")
+spec = importlib.util.spec_from_file_location("spec_envelope_report", PATH)
+report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(report)
+
+
+def write(tmp_path, name: str, throughputs: dict[int, float], failed: int = 0) -> str:
+    path = tmp_path / f"{name}.jsonl"
+    path.write_text("".join(json.dumps({"max_concurrency": c, "output_throughput": t, "failed": failed,
+                                        "accept_length": 2.5 if name != "plain" else None}) + "\n"
+                            for c, t in throughputs.items()))
+    return str(path)
+
+
+def run(tmp_path, plain, always, dynamic, failed=0):
+    out = tmp_path / "report.json"
+    rc = report.main(["--no-draft", write(tmp_path, "plain", plain), "--always", write(tmp_path, "always", always),
+                      "--dynamic", write(tmp_path, "dynamic", dynamic, failed), "--out", str(out)])
+    return rc, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_an_envelope_that_holds_passes_with_the_ratios(tmp_path):
+    rc, result = run(tmp_path, {1: 100, 64: 3000, 256: 8000}, {1: 220, 64: 2500, 256: 4000},
+                     {1: 216, 64: 2990, 256: 7950})
+    assert rc == 0 and not result["missed"]
+    first = result["points"][0]
+    assert first["dynamic_vs_best"] == pytest.approx(216 / 220)
+    assert result["points"][-1]["dynamic_vs_no_draft"] == pytest.approx(7950 / 8000)
+
+
+@pytest.mark.parametrize("dynamic, missed_level", [
+    ({1: 200, 64: 3000, 256: 8000}, 1),  # 200 < 0.98 x 220 at concurrency 1
+    ({1: 220, 64: 3000, 256: 7900}, 256),  # 7900 < 0.99 x 8000 at the top level
+])
+def test_a_missed_goal_exits_1_and_names_the_level(tmp_path, dynamic, missed_level):
+    rc, result = run(tmp_path, {1: 100, 64: 3000, 256: 8000}, {1: 220, 64: 2500, 256: 4000}, dynamic)
+    assert rc == 1 and any(f"concurrency {missed_level}" in line for line in result["missed"])
+
+
+def test_failed_requests_or_no_common_level_exit_2(tmp_path, capsys):
+    rc, result = run(tmp_path, {1: 100}, {1: 200}, {1: 200}, failed=3)
+    assert rc == 2 and "failed requests" in result["problems"][0]
+    rc, _ = run(tmp_path, {1: 100}, {2: 200}, {4: 200})
+    assert rc == 2 and "share no concurrency level" in capsys.readouterr().err
