@@ -18,6 +18,8 @@ from abc import ABC, abstractmethod
 from bisect import bisect_left, bisect_right
 from typing import Optional
 
+import numpy as np
+
 POLICY_NAMES = ("always", "never", "threshold", "cost")
 
 # Upstream's default --speculative-adaptive-config (batch-size lower bound -> candidate steps),
@@ -34,16 +36,6 @@ _BUCKET_OBJECT_KEYS = ("candidate_steps", "up_hysteresis", "down_hysteresis")
 _REQUEST_PRIOR_WEIGHT = 4
 
 
-class _RequestEstimate:
-    """One request's a_1..a_kmax and how many times each position was observed for it."""
-
-    __slots__ = ("rates", "seen")
-
-    def __init__(self, pooled: list[float]):
-        self.rates = list(pooled)
-        self.seen = [0] * len(pooled)
-
-
 class AcceptanceEstimator:
     """Per-position acceptance estimates a_1..a_kmax, where a_i = P(draft token i is accepted |
     drafts 1..i-1 were accepted).
@@ -57,7 +49,11 @@ class AcceptanceEstimator:
     slower than request_alpha, then an EMA at request_alpha: quick to tell a new request apart,
     yet not so noisy that one request's luck flips the decision (an EMA at 0.2 over one
     request's 0/1 outcomes moves by +-0.17 at a_i = 0.5, which at batch 1 swung the choice
-    between k = 0, 1 and k_max every few dozen steps)."""
+    between k = 0, 1 and k_max every few dozen steps).
+
+    Per-request state lives in numpy rows (a row per tracked request, reused after `forget`), so
+    a step's update and the policy's sums cost a few array operations, not a Python loop over
+    the batch: at batch 256 that loop cost ~0.3 ms per step, a fifth of a small model's step."""
 
     def __init__(self, k_max: int, alpha: float = 0.05, prior: float = 0.5, request_alpha: float = 0.05):
         if k_max < 1:
@@ -71,29 +67,63 @@ class AcceptanceEstimator:
         self.alpha = alpha
         self.request_alpha = request_alpha
         self._pooled = [float(prior)] * k_max
-        # Created when a request is first observed: from then on its own data refine the pool's
-        # guess.
-        self._per_request: dict[str, _RequestEstimate] = {}
+        # rid -> row of _rates / _seen; a row is created when a request is first observed (from
+        # then on its own data refine the pool's guess) and freed when it is forgotten.
+        self._per_request: dict[str, int] = {}
+        self._free_rows: list[int] = []
+        self._rates = np.zeros((16, k_max))
+        self._seen = np.zeros((16, k_max))
+        self._positions = np.arange(k_max)
+        self._last_rids: list[str] = []
+        self._last_rows = np.zeros(0, dtype=np.int64)
 
     @property
     def tracked_requests(self) -> int:
         """Requests with per-request state (should return to 0 once all have been forgotten)."""
         return len(self._per_request)
 
-    def _observe(self, rid: str, outcomes: int, accepted: int) -> None:
-        """Fold one request's outcomes at 0-based positions 0..outcomes-1 into its estimate: the
-        first `accepted` of them were accepted, the rest (at most one) rejected. One call per
-        request, not per position: this runs for every request on every step."""
-        state = self._per_request.get(rid)
-        if state is None:
-            state = self._per_request[rid] = _RequestEstimate(self._pooled)
-        rates, seen, floor = state.rates, state.seen, self.request_alpha
-        for i in range(outcomes):
-            n = seen[i] = seen[i] + 1
-            weight = 1.0 / (n + _REQUEST_PRIOR_WEIGHT)
-            if weight < floor:
-                weight = floor
-            rates[i] += weight * ((1.0 if i < accepted else 0.0) - rates[i])
+    def _rows(self, rids: list[str]) -> np.ndarray:
+        """Each request's row, made (from the pooled rates) for a request seen the first time.
+        Consecutive steps mostly see the same batch: its rows are kept for the next call."""
+        if rids == self._last_rids:
+            return self._last_rows
+        rows = []
+        for rid in rids:
+            row = self._per_request.get(rid)
+            if row is None:
+                row = self._new_row()
+                self._per_request[rid] = row
+            rows.append(row)
+        self._last_rids, self._last_rows = list(rids), np.asarray(rows, dtype=np.int64)
+        return self._last_rows
+
+    def _new_row(self) -> int:
+        if not self._free_rows:
+            used = len(self._rates)
+            self._rates = np.concatenate([self._rates, np.zeros_like(self._rates)])
+            self._seen = np.concatenate([self._seen, np.zeros_like(self._seen)])
+            self._free_rows = list(range(2 * used - 1, used - 1, -1))
+        row = self._free_rows.pop()
+        self._rates[row] = self._pooled
+        self._seen[row] = 0
+        return row
+
+    def _observe(self, rids: list[str], observed: np.ndarray, accepted: np.ndarray) -> None:
+        """Fold outcomes into the requests' estimates: request r observed 0-based positions
+        0..observed[r]-1, of which the first accepted[r] were accepted (the rest, at most one,
+        rejected)."""
+        rows = self._rows(rids)
+        width = int(observed.max()) if len(observed) else 0
+        if width == 0:
+            return
+        positions = self._positions[:width]
+        mask = positions[None, :] < observed[:, None]
+        outcome = (positions[None, :] < accepted[:, None]).astype(np.float64)
+        seen = self._seen[rows, :width] + mask
+        weight = np.maximum(1.0 / (seen + _REQUEST_PRIOR_WEIGHT), self.request_alpha) * mask
+        rates = self._rates[rows, :width]
+        self._rates[rows, :width] = rates + weight * (outcome - rates)
+        self._seen[rows, :width] = seen
 
     def record_verify(self, rids: list[str], num_out: list[int], k_step: int) -> None:
         """One speculative step with k_step drafts: request rids[r] produced num_out[r] tokens
@@ -109,20 +139,16 @@ class AcceptanceEstimator:
             raise ValueError(f"record_verify: k_step {k_step} is outside 0..{self.k_max}")
         if k_step == 0 or not rids:
             return
-        # count[m]: requests that produced exactly m tokens (m = 1..k_step + 1).
-        count = [0] * (k_step + 2)
-        for rid, n in zip(rids, num_out):
-            if not 1 <= n <= k_step + 1:
-                raise ValueError(f"record_verify: request {rid!r} produced {n} tokens from {k_step} drafts "
-                                 f"(expected 1..{k_step + 1})")
-            count[n] += 1
-            # Positions 1..min(n, k_step) were observed; the first n - 1 of them were accepted.
-            self._observe(rid, n if n <= k_step else k_step, n - 1)
-        # In place, into "at least" counts: at_least[m] = requests with num_out >= m. Position i is
-        # observed by at_least[i] requests and accepted by at_least[i + 1].
-        at_least = count
-        for m in range(k_step, 0, -1):
-            at_least[m] += at_least[m + 1]
+        n = np.asarray(num_out, dtype=np.int64)
+        bad = np.flatnonzero((n < 1) | (n > k_step + 1))
+        if len(bad):
+            i = int(bad[0])
+            raise ValueError(f"record_verify: request {rids[i]!r} produced {int(n[i])} tokens from {k_step} drafts "
+                             f"(expected 1..{k_step + 1})")
+        # Positions 1..min(n, k_step) were observed; the first n - 1 of them were accepted.
+        self._observe(rids, np.minimum(n, k_step), n - 1)
+        # Position i is observed by the requests with num_out >= i, accepted by those with >= i + 1.
+        at_least = np.bincount(n, minlength=k_step + 2)[::-1].cumsum()[::-1]
         for i in range(1, k_step + 1):
             observed, accepted = at_least[i], at_least[i + 1]
             if observed:
@@ -136,54 +162,50 @@ class AcceptanceEstimator:
             raise ValueError(f"record_probe: {len(rids)} request ids but {len(hits)} probe results")
         if not rids:
             return
-        for rid, hit in zip(rids, hits):
-            self._observe(rid, 1, 1 if hit else 0)
-        rate = sum(1 for hit in hits if hit) / len(hits)
-        self._pooled[0] += self.alpha * (rate - self._pooled[0])
+        accepted = np.asarray(hits, dtype=np.int64)
+        self._observe(rids, np.ones(len(rids), dtype=np.int64), accepted)
+        self._pooled[0] += self.alpha * (float(accepted.mean()) - self._pooled[0])
 
     def rates(self, rid: Optional[str] = None) -> list[float]:
         """a_1..a_kmax for the request, or the pooled rates for None or an unknown request."""
-        return list(self._rates_ref(rid))
+        row = self._per_request.get(rid) if rid is not None else None
+        return list(self._pooled) if row is None else self._rates[row].tolist()
 
     def expected_tokens(self, k: int, rid: Optional[str] = None) -> float:
         """Expected tokens one verify of k drafts yields: 1 + sum_{i<=k} prod_{j<=i} a_j (the
         bonus token plus each draft, which counts only if all before it were accepted)."""
         if not 0 <= k <= self.k_max:
             raise ValueError(f"expected_tokens: k {k} is outside 0..{self.k_max}")
-        return self._expected_upto(self._rates_ref(rid), k)[k]
-
-    def _rates_ref(self, rid: Optional[str]) -> list[float]:
-        """The stored rates without a copy (read-only use in the per-step loop)."""
-        state = self._per_request.get(rid) if rid is not None else None
-        return state.rates if state is not None else self._pooled
-
-    @staticmethod
-    def _expected_upto(rates: list[float], k: int) -> list[float]:
-        """Expected tokens for every k' in 0..k, in one pass over the rates."""
-        out = [1.0]
-        prod = 1.0
-        for i in range(k):
-            prod *= rates[i]
-            out.append(out[-1] + prod)
-        return out
+        prod = expected = 1.0
+        for a in self.rates(rid)[:k]:
+            prod *= a
+            expected += prod
+        return expected
 
     def batch_expected_tokens(self, rids: list[str], k: int) -> list[float]:
         """Sum over the batch of expected_tokens(k', rid) for every k' in 0..k: what the cost
-        policy needs each step, computed in one pass per request."""
-        totals = [0.0] * (k + 1)
-        for rid in rids:
-            rates = self._rates_ref(rid)
-            prod = expected = 1.0
-            totals[0] += 1.0
-            for i in range(k):
-                prod *= rates[i]
-                expected += prod
-                totals[i + 1] += expected
-        return totals
+        policy needs each step, in a few array operations."""
+        if k == 0 or not rids:
+            return [float(len(rids))] + [float(len(rids))] * k
+        if rids == self._last_rids:  # every request of the batch is tracked
+            known, unknown = self._last_rows, 0
+        else:
+            rows = [self._per_request.get(rid) for rid in rids]
+            known = np.asarray([row for row in rows if row is not None], dtype=np.int64)
+            unknown = len(rows) - len(known)
+        # Per position i: the batch's sum of prod_{j<=i} a_j (unknown requests at the pooled rates).
+        chains = np.cumprod(self._rates[known, :k], axis=1).sum(axis=0) if len(known) else np.zeros(k)
+        if unknown:
+            chains = chains + unknown * np.cumprod(self._pooled[:k])
+        totals = float(len(rids)) + np.concatenate([[0.0], np.cumsum(chains)])
+        return totals.tolist()
 
     def forget(self, rid: str) -> None:
         """The request finished: drop its state, so long-running servers do not leak."""
-        self._per_request.pop(rid, None)
+        row = self._per_request.pop(rid, None)
+        if row is not None:
+            self._free_rows.append(row)
+            self._last_rids, self._last_rows = [], np.zeros(0, dtype=np.int64)  # that row may be reused
 
     def summary(self) -> dict:
         return {
