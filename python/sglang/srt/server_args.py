@@ -69,6 +69,7 @@ class ServerArgs:
     speculative_policy: Optional[str] = None
     speculative_threshold: Optional[int] = None
     speculative_candidate_steps: Optional[list[int]] = None
+    speculative_draft_sync: Optional[str] = None
 
     def __post_init__(self):
         # Fill the defaults that depend on the machine or on other fields, once.
@@ -109,6 +110,8 @@ class ServerArgs:
             object.__setattr__(self, "speculative_num_steps", steps)
         if self.speculative_num_draft_tokens is None:
             object.__setattr__(self, "speculative_num_draft_tokens", self.speculative_num_steps + 1)
+        if self.speculative_draft_sync is None:
+            object.__setattr__(self, "speculative_draft_sync", "warm")
         if self.speculative_policy is None:
             dynamic = self.speculative_adaptive or self.speculative_adaptive_config is not None
             object.__setattr__(self, "speculative_policy", "cost" if dynamic else "always")
@@ -164,7 +167,8 @@ class ServerArgs:
                 ("--speculative-adaptive-config", self.speculative_adaptive_config),
                 ("--speculative-policy", self.speculative_policy),
                 ("--speculative-threshold", self.speculative_threshold),
-                ("--speculative-candidate-steps", self.speculative_candidate_steps)) if value is not None]
+                ("--speculative-candidate-steps", self.speculative_candidate_steps),
+                ("--speculative-draft-sync", self.speculative_draft_sync)) if value is not None]
             if given:
                 raise ValueError(f"{given[0]} needs --speculative-algorithm EAGLE3")
             return
@@ -192,6 +196,7 @@ class ServerArgs:
         from sglang.srt.speculative.spec_policy import POLICY_NAMES, parse_adaptive_config
 
         _check_choice("--speculative-policy", self.speculative_policy, POLICY_NAMES)
+        _check_choice("--speculative-draft-sync", self.speculative_draft_sync, DRAFT_SYNC_CHOICES)
         if self.speculative_policy == "threshold":
             if self.speculative_threshold is None or self.speculative_threshold < 0:
                 raise ValueError("--speculative-policy threshold needs --speculative-threshold N >= 0 (speculate "
@@ -322,6 +327,11 @@ class ServerArgs:
         spec.add_argument("--speculative-candidate-steps", type=_int_list, default=None,
                           help="For --speculative-policy cost: the k it chooses from, comma separated, 0 = a plain "
                                "step (default: 0, 1 and --speculative-num-steps).")
+        spec.add_argument("--speculative-draft-sync", type=str, default=None, choices=DRAFT_SYNC_CHOICES,
+                          help="How the draft follows plain steps: warm (default; each plain step also extends "
+                               "the draft by its token, so speculation resumes with no catch-up) or catch-up (plain "
+                               "steps run the target only and keep its aux hidden states; the first speculative "
+                               "step after them extends the draft over all of them in one forward).")
         spec.add_argument("--disable-speculative-step-graph", action="store_true",
                           help="Replay one graph per forward of a greedy speculative step (draft chain steps, "
                                "verify, draft extend) instead of one graph for the whole step.")
@@ -341,6 +351,7 @@ class ServerArgs:
 
 
 SPECULATIVE_ALGORITHM_CHOICES = ["EAGLE3", "EAGLE"]
+DRAFT_SYNC_CHOICES = ("warm", "catch-up")
 MAX_SPECULATIVE_STEPS = 16
 
 

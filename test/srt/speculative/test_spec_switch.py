@@ -252,3 +252,74 @@ def test_simulated_acceptance_gives_the_asked_accept_length(tiny_paths, monkeypa
     assert_idle_kv_accounting(state)
     assert all(len(out["ids"]) == 100 for out in outputs.values())
     assert state["avg_spec_accept_length"] == pytest.approx(accept_length, rel=0.1)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("policy", ["alternating", "threshold", "cost"])
+def test_catch_up_strategy_gives_plain_decodings_output(demo_paths, policy, overlap):
+    """--speculative-draft-sync catch-up: plain steps run the target only; the next speculative
+    step first extends the draft over the positions it missed. Output, aborts, radix hits and
+    the KV accounting as with the warm draft."""
+    spec = {**POLICIES[policy], "speculative_draft_sync": "catch-up"}
+    reference, _ = run(demo_paths, overlap=False, spec=None)
+    outputs, state = run(demo_paths, overlap, spec, alternating_k if policy == "alternating" else None)
+    for rid in ("r0", "r1", "r3", "r4"):
+        assert outputs[rid] == reference[rid], (policy, overlap, rid)
+    assert state["cached_tokens_by_rid"]["r4"] > 0
+    assert state["spec_steps_by_k"].get("0", 0) > 0
+
+
+@pytest.mark.parametrize("plain_run", [5, 80])  # 80 > CATCH_UP_BUFFER: the aux states are recomputed
+def test_catch_up_leaves_the_draft_as_warm_plain_steps_do(demo_paths, plain_run):
+    """After a run of plain steps, the first speculative step of a catch-up draft proposes what a
+    warm draft proposes: the same accept counts step by step, and the same output."""
+    prompt = [205, 300, 1100, 52, 9, 77, 1500, 12]
+
+    def accepts(sync: str, overlap: bool):
+        scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
+                                         speculative_num_steps=3, speculative_draft_sync=sync,
+                                         disable_overlap_schedule=not overlap))
+        steps = []
+        scheduler.spec_steps_for = lambda bs: steps.append(0 if len(steps) % (plain_run + 2) < plain_run else 3) \
+            or steps[-1]
+        record = scheduler.tp_worker.stats.record_step
+        counts = []
+        scheduler.tp_worker.stats.record_step = lambda num_out, phases, k: counts.append(list(num_out)) or \
+            record(num_out, phases, k)
+        for i in range(2):
+            params = SamplingParams(max_new_tokens=3 * plain_run + 30, temperature=0, ignore_eos=True)
+            scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", prompt[i:], params, stream=False))
+        outputs = run_to_completion(scheduler)
+        assert_idle_kv_accounting(scheduler.get_internal_state())
+        return counts, outputs
+
+    warm_counts, warm_out = accepts("warm", overlap=False)
+    for overlap in (False, True):
+        counts, out = accepts("catch-up", overlap)
+        assert out == warm_out
+        assert counts == warm_counts and any(n > 1 for step in counts for n in step), overlap
+
+
+@pytest.mark.parametrize("sync, cached_beyond_prompt", [("warm", True), ("catch-up", False)])
+def test_positions_without_draft_kv_are_not_cached(demo_paths, sync, cached_beyond_prompt):
+    """A request that ends after plain steps the draft never caught up on leaves those positions
+    out of the radix cache (a later hit would draft from missing KV); a warm draft caches them."""
+    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
+                                     speculative_num_steps=3, speculative_policy="never",
+                                     speculative_draft_sync=sync, disable_overlap_schedule=True))
+    prompt = [205, 300, 1100, 52, 9, 77, 1500, 12]
+    params = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
+    scheduler.add_request(TokenizedGenerateReqInput("a", prompt, params, stream=False))
+    first = run_to_completion(scheduler)["a"]["ids"]
+    scheduler.add_request(TokenizedGenerateReqInput("b", prompt + first[:10], params, stream=False))
+    cached = {}
+    finish = scheduler._finish
+
+    def recorded_finish(req, reason):
+        cached[req.rid] = req.cached_tokens
+        finish(req, reason)
+
+    scheduler._finish = recorded_finish
+    run_to_completion(scheduler)
+    assert_idle_kv_accounting(scheduler.get_internal_state())
+    assert (cached["b"] > len(prompt)) == cached_beyond_prompt, cached

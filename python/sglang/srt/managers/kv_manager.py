@@ -81,7 +81,9 @@ class KVManager:
         slots = self.req_to_token_pool.read(req.req_pool_idx, 0, req.kv_len)
         # Under overlap the last slot can hold the KV of a token whose id is still in flight:
         # it cannot be cached under a key, so it is freed.
-        cacheable = min(req.kv_len, req.seq_len)
+        # Positions the draft has not caught up on have no draft KV: a later request that hit
+        # them in the cache would draft from garbage, so they are not cached either.
+        cacheable = min(req.kv_len - req.draft_behind, req.seq_len)
         not_taken = self.tree_cache.insert(req.all_ids[:cacheable], slots[:cacheable])
         # Slots below cached_len belong to the cache already; the rest of the untaken ones are ours.
         self.allocator.free(slots[req.cached_len : not_taken])

@@ -48,6 +48,9 @@ class Req:
         self.first_token_time: Optional[float] = None  # wall clock, first output token
         self.to_abort = False
         self.spec_verify_ct = 0  # speculative verify steps this request took
+        # With --speculative-draft-sync catch-up: the last positions with target KV but no draft KV
+        # yet (decoded by plain steps since the draft last caught up).
+        self.draft_behind = 0
 
     @property
     def all_ids(self) -> list[int]:

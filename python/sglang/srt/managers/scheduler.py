@@ -331,8 +331,9 @@ class Scheduler:
             self.spec_policy.observe_verify(rids, [num_out[i] for i in live_rows], width - 1)
         else:
             self.tp_worker.stats.record_plain_step()
-            hits = host["probe_hits"].tolist()
-            self.spec_policy.observe_probe(rids, [bool(hits[i]) for i in live_rows])
+            if "probe_hits" in host:  # a warm draft's free probe (catch-up plain steps have none)
+                hits = host["probe_hits"].tolist()
+                self.spec_policy.observe_probe(rids, [bool(hits[i]) for i in live_rows])
         new_tokens = 0
         for i, req in enumerate(batch.reqs):
             if req.finished():  # finished while this step was in flight: its tokens are dropped

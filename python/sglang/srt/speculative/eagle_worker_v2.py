@@ -26,6 +26,7 @@ token for a chunk, the sampled token otherwise).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 import os
 import time
@@ -51,6 +52,10 @@ from sglang.srt.speculative.spec_stats import SpecStats
 from sglang.srt.utils import host_to_device
 
 logger = logging.getLogger(__name__)
+
+# --speculative-draft-sync catch-up: aux hidden states kept per request for this many plain steps;
+# a longer plain run is caught up by recomputing them with a target forward.
+CATCH_UP_BUFFER = 64
 
 
 @dataclasses.dataclass
@@ -111,6 +116,13 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_input = torch.zeros(rows, dtype=torch.int64, **zeros)
         self.next_start = torch.zeros(rows, dtype=torch.int64, **zeros)
         self.next_offset = torch.zeros(rows, dtype=torch.int64, **zeros)
+        # catch-up: plain steps run the target only and keep, per row, the aux states and sampled
+        # tokens of their positions for the draft extend that catches up at the next SPEC step.
+        self.draft_sync = server_args.speculative_draft_sync
+        if self.draft_sync == "catch-up":
+            self.pending_aux = torch.zeros(rows, CATCH_UP_BUFFER, 3 * model_config.hidden_size,
+                                           dtype=model_config.dtype, **zeros)
+            self.pending_tokens = torch.zeros(rows, CATCH_UP_BUFFER, dtype=torch.int64, **zeros)
         self.stats = SpecStats(self.k)
         simulated = float(os.environ.get(SIMULATE_ACC_LEN_ENV, "-1"))
         self.simulated_rate = simulated_accept_rate(simulated, self.k) if simulated >= 0 else None
@@ -204,6 +216,8 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_input[fb.req_pool_indices] = next_ids
         self.next_start[fb.req_pool_indices] = fb.seq_lens
         self.next_offset[fb.req_pool_indices] = offsets + 1
+        for req in batch.reqs:  # the draft now covers every position with target KV
+            req.draft_behind = 0
         result.start_copy_to_host()
         return result
 
@@ -217,6 +231,7 @@ class EAGLEWorkerV2(TpModelWorker):
         bs = batch.batch_size
         timer = _StepTimer(self.device)
         rows = host_to_device([req.req_pool_idx for req in batch.reqs], self.device)
+        self._catch_up(batch, rows)
         logprobs = any(req.return_logprob for req in batch.reqs)
         greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
         graphs = self.step_graphs.get(k)
@@ -316,8 +331,12 @@ class EAGLEWorkerV2(TpModelWorker):
         step can speculate again with no catch-up, and the output is plain decoding's."""
         timer = _StepTimer(self.device)
         rows = host_to_device([req.req_pool_idx for req in batch.reqs], self.device)
+        behind = [req.draft_behind for req in batch.reqs]
         next_ids, target_logits, hits = self._plain_body(rows, batch.out_cache_loc,
-                                                         self.sampling_info(batch, self.vocab_size))
+                                                         self.sampling_info(batch, self.vocab_size), behind)
+        if self.draft_sync == "catch-up":
+            for req in batch.reqs:
+                req.draft_behind += 1
         timer.mark("plain")
         result = SpecStepResult(tokens=next_ids[:, None], num_out=torch.ones_like(next_ids), timer=timer,
                                 probe_hits=hits)
@@ -326,10 +345,15 @@ class EAGLEWorkerV2(TpModelWorker):
         result.start_copy_to_host()
         return result
 
-    def _plain_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, info: SamplingBatchInfo):
+    def _plain_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, info: SamplingBatchInfo,
+                    behind: Optional[list[int]] = None):
         """The plain step of the requests in `rows` over the slots `out_cache_loc` ([bs]); returns
         (tokens [bs], target logits, probe hits [bs]: whether the draft's stored guess d_1 was
-        the target's token, an acceptance sample that costs nothing)."""
+        the target's token, an acceptance sample that costs nothing; None with catch-up, whose
+        plain steps do not run the draft). `behind`: each row's plain steps since the draft
+        last caught up (catch-up only)."""
+        if self.draft_sync == "catch-up":
+            return self._plain_target_only(rows, out_cache_loc, info, behind or [0] * rows.shape[0])
         bs = rows.shape[0]
         starts, offsets = self.next_start[rows], self.next_offset[rows]
         table = self.model_runner.req_to_token_pool.req_to_token
@@ -349,6 +373,97 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_start[rows] = starts + 1
         self.next_offset[rows] = offsets + 1
         return next_ids, out.next_token_logits, hits
+
+    # ---- catch-up (--speculative-draft-sync catch-up) --------------------------------------
+
+    def _plain_target_only(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, info: SamplingBatchInfo,
+                           behind: list[int]):
+        """A plain step that runs the target only: its aux states and sampled tokens go to each
+        row's buffer at column `behind` (dropped past the buffer: the catch-up recomputes them)."""
+        bs = rows.shape[0]
+        starts, offsets = self.next_start[rows], self.next_offset[rows]
+        table = self.model_runner.req_to_token_pool.req_to_token
+        table[rows, starts] = out_cache_loc.to(table.dtype)
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.next_input[rows], positions=starts,
+            req_pool_indices=rows, seq_lens=starts + 1, out_cache_loc=out_cache_loc, seq_lens_cpu=None,
+            extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None, capture_aux_hidden_states=True)
+        out = self.model_runner.forward(fb)
+        next_ids = self.model_runner.sample(out.next_token_logits, info, offsets)
+        kept = [i for i, n in enumerate(behind) if n < CATCH_UP_BUFFER]
+        if kept:
+            index = host_to_device(kept, self.device) if len(kept) < bs else None
+            columns = host_to_device([behind[i] for i in kept], self.device)
+            pick = (lambda t: t) if index is None else (lambda t: t[index])  # noqa: E731
+            self.pending_aux[pick(rows), columns] = pick(out.aux_hidden_states).to(self.pending_aux.dtype)
+            self.pending_tokens[pick(rows), columns] = pick(next_ids)
+        self.next_input[rows] = next_ids
+        self.next_start[rows] = starts + 1
+        self.next_offset[rows] = offsets + 1
+        return next_ids, out.next_token_logits, None
+
+    def _catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
+        """Before a speculative step: one DRAFT_EXTEND over the positions each request decoded in
+        plain steps since the draft last caught up (from the buffered aux states and tokens, or
+        from a target forward that recomputes them when a request's run outgrew the buffer), so
+        the draft's KV, hidden state and guess d_1 are those a warm draft would have."""
+        if self.draft_sync != "catch-up":
+            return
+        sub = [i for i, req in enumerate(batch.reqs) if req.draft_behind > 0]
+        if not sub:
+            return
+        device = self.device
+        reqs = [batch.reqs[i] for i in sub]
+        lens = [req.draft_behind for req in reqs]
+        total = sum(lens)
+        rows_sub = rows[host_to_device(sub, device)] if len(sub) < len(batch.reqs) else rows
+        starts = self.next_start[rows_sub]  # m: the catch-up covers m - n .. m - 1
+        lens_dev = host_to_device(lens, device)
+        local = host_to_device([j for n in lens for j in range(n)], device)
+        row_rep = torch.repeat_interleave(rows_sub, lens_dev, output_size=total)
+        positions = torch.repeat_interleave(starts - lens_dev, lens_dev, output_size=total) + local
+        last = host_to_device([end - 1 for end in itertools.accumulate(lens)], device)
+        if max(lens) <= CATCH_UP_BUFFER:
+            input_ids, aux = self.pending_tokens[row_rep, local], self.pending_aux[row_rep, local]
+        else:
+            input_ids, aux = self._recompute_aux(reqs, lens, rows_sub, starts, positions, last)
+        table = self.model_runner.req_to_token_pool.req_to_token
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DRAFT_EXTEND, batch_size=len(sub), input_ids=input_ids, positions=positions,
+            req_pool_indices=rows_sub, seq_lens=starts, out_cache_loc=table[row_rep, positions].to(torch.int64),
+            seq_lens_cpu=None, extend_seq_lens_cpu=lens, extend_prefix_lens_cpu=None, spec_hidden_states=aux)
+        out = self.draft_runner.forward(fb)
+        info = SamplingBatchInfo.from_params([r.sampling_params for r in reqs], [r.seed for r in reqs],
+                                             self.vocab_size, device)
+        # Logits come per request (its last position), hidden states per token.
+        self._store_next_draft(rows_sub, out.next_token_logits, out.hidden_states[last], info,
+                               self.next_offset[rows_sub])
+        for req in reqs:
+            req.draft_behind = 0
+
+    def _recompute_aux(self, reqs, lens, rows_sub, starts, positions, last):
+        """The aux states of the positions to catch up on, from a target forward over their tokens
+        (host-known: the steps since are plain, and all but the one in flight are processed). Its
+        KV goes to the padding slot: the target's own KV stays as decoded. Returns the draft's
+        inputs (each position's next token) and the aux states."""
+        tokens, shifted, prefix = [], [], []
+        for req, n in zip(reqs, lens):
+            m = req.kv_len  # no speculative step of this request is in flight
+            ids = req.all_ids
+            tokens.extend(ids[m - n: m])
+            shifted.extend(ids[m - n + 1: m] + [0])  # the last one is the token in flight
+            prefix.append(m - n)
+        total = len(tokens)
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.EXTEND, batch_size=len(reqs), input_ids=host_to_device(tokens, self.device),
+            positions=positions, req_pool_indices=rows_sub, seq_lens=starts,
+            out_cache_loc=torch.zeros(total, dtype=torch.int64, device=self.device),
+            seq_lens_cpu=[p + n for p, n in zip(prefix, lens)], extend_seq_lens_cpu=list(lens),
+            extend_prefix_lens_cpu=prefix, capture_aux_hidden_states=True)
+        out = self.model_runner.forward(fb)
+        input_ids = host_to_device(shifted, self.device)
+        input_ids[last] = self.next_input[rows_sub]
+        return input_ids, out.aux_hidden_states
 
     # ---- step costs, for the speculation policy -------------------------------------------
 
