@@ -183,15 +183,24 @@ def test_sampled_tokens_follow_the_target_distribution():
         assert chi_square_pvalue(samples, exact[position]) > 1e-3, position
 
 
-@pytest.mark.parametrize("extra", [
-    {"chunked_prefill_size": 7},  # the draft extends chunk by chunk, fed the next chunk's first token
-    {"max_total_tokens": 160, "max_running_requests": 8},  # KV pressure: retraction and re-prefill
-    {"context_length": 48},  # requests run into the context limit inside a chain
-], ids=["chunked_prefill", "retraction", "context_limit"])
-def test_speculation_under_chunking_memory_pressure_and_context_limit(extra):
+# Switching with the catch-up draft: plain steps while more than 2 requests decode, then speculation
+# that first catches the draft up, through retractions (released KV keeps only draft-covered positions).
+CATCH_UP_SWITCHING = {"speculative_policy": "threshold", "speculative_threshold": 2,
+                      "speculative_draft_sync": "catch-up"}
+
+
+@pytest.mark.parametrize("extra, spec_extra, lengths", [
+    ({"chunked_prefill_size": 7}, {}, (40,) * 4),  # the draft extends chunk by chunk, fed the next chunk's first token
+    ({"max_total_tokens": 160, "max_running_requests": 8}, {}, (40,) * 4),  # KV pressure: retraction, re-prefill
+    ({"context_length": 48}, {}, None),  # requests run into the context limit inside a chain
+    # Retractions shrink the batch below the threshold; so do requests of different lengths.
+    ({"max_total_tokens": 160, "max_running_requests": 8}, CATCH_UP_SWITCHING, (40,) * 4),
+    ({"chunked_prefill_size": 7}, CATCH_UP_SWITCHING, (40, 25, 12, 33)),
+], ids=["chunked_prefill", "retraction", "context_limit", "retraction_catch_up", "chunked_catch_up"])
+def test_speculation_under_chunking_memory_pressure_and_context_limit(extra, spec_extra, lengths):
     prompts = ["def fibonacci(n):\n    if n < 2:\n        return n\n", "class Stack:\n    def push(self, x):",
                "import os\nimport sys\nimport json\n", "x = 1\ny = 2\nz = x + y\nprint(z)\n"]
-    params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in lengths or ()]
     if "context_length" in extra:  # each request fills the context exactly: its last chains overhang it
         from transformers import AutoTokenizer
 
@@ -199,7 +208,7 @@ def test_speculation_under_chunking_memory_pressure_and_context_limit(extra):
         params = [{"temperature": 0, "ignore_eos": True,
                    "max_new_tokens": extra["context_length"] - len(tokenizer(p).input_ids)} for p in prompts]
     plain = engine(**extra)
-    spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=4, **extra)
+    spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=4, **extra, **spec_extra)
     try:
         expected, got = ids(plain.generate(prompts, params)), ids(spec.generate(prompts, params))
         state = spec.get_server_info()["internal_state"]
@@ -210,6 +219,8 @@ def test_speculation_under_chunking_memory_pressure_and_context_limit(extra):
     assert got == expected
     if "max_total_tokens" in extra:
         assert state["num_retractions"] > 0, state
+    if spec_extra:
+        assert {"0", "4"} <= set(state["spec_steps_by_k"]), state
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "qwen3"])

@@ -125,13 +125,14 @@ def test_switching_on_the_tiny_random_pair_gives_plain_decodings_output(tiny_pat
     check_against_plain(tiny_paths, overlap, policy)
 
 
-def test_sampling_stays_exact_under_switching():
+@pytest.mark.parametrize("sync", ["warm", "catch-up"])
+def test_sampling_stays_exact_under_switching(sync):
     """Chi-square of output tokens 2 and 3 against the target's exact distribution (top-k 6,
     temperature 1) when steps alternate between plain, k = 1 and k = 2."""
     prompt_ids, top_k, num_samples = [205, 300, 1100, 52, 9], 6, 1200
     scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
                                      speculative_num_steps=2, disable_radix_cache=True,
-                                     max_running_requests=64))
+                                     max_running_requests=64, speculative_draft_sync=sync))
     choices = []
     scheduler.spec_steps_for = lambda bs: choices.append([0, 2, 1][len(choices) % 3]) or choices[-1]
     for seed in range(num_samples):

@@ -91,7 +91,7 @@ class KVManager:
         self.tree_cache.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.last_node = None, None
-        req.kv_len = req.cached_len = 0
+        req.kv_len = req.cached_len = req.draft_behind = 0
 
     def flush(self) -> None:
         self.tree_cache.reset()
