@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from spec_speed import code_prompts  # noqa: E402
 
 
-def accept_length(pattern, requests: int, output_len: int, device: str) -> tuple[float, int]:
+def accept_length(pattern, requests: int, output_len: int, device: str, sync: str) -> tuple[float, int]:
     from sglang import demo
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
@@ -32,7 +32,8 @@ def accept_length(pattern, requests: int, output_len: int, device: str) -> tuple
 
     scheduler = Scheduler(ServerArgs(device=device, dtype="float32" if device == "cpu" else "auto",
                                      speculative_algorithm="EAGLE3", speculative_num_steps=3,
-                                     max_running_requests=requests, log_level="warning"))
+                                     max_running_requests=requests, log_level="warning",
+                                     speculative_draft_sync=sync))
     steps = []
     scheduler.spec_steps_for = lambda bs: steps.append(pattern(len(steps))) or steps[-1]
     for i, ids in enumerate(code_prompts(demo.TARGET_PATH, requests, 128)):
@@ -51,20 +52,23 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=400)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--draft-sync", default="warm", choices=["warm", "catch-up"],
+                        help="how the draft follows plain steps (--speculative-draft-sync)")
     args = parser.parse_args()
     start = time.time()
-    steady, steady_verifies = accept_length(lambda i: 3, args.requests, args.output_len, args.device)
+    steady, steady_verifies = accept_length(lambda i: 3, args.requests, args.output_len, args.device,
+                                            args.draft_sync)
     results = {"steady_accept_length": steady, "steady_verifies": steady_verifies, "after_plain": []}
     print(f"steady: accept length {steady:.3f} over {steady_verifies} request-verifies", flush=True)
     for n in (int(x) for x in args.plain_runs.split(",")):
         length, verifies = accept_length(lambda i, n=n: 3 if i % (n + 1) == n else 0, args.requests,
-                                         args.output_len, args.device)
+                                         args.output_len, args.device, args.draft_sync)
         results["after_plain"].append({"plain_steps": n, "accept_length": length, "verifies": verifies,
                                        "ratio_to_steady": length / steady})
         print(f"after {n} plain steps: accept length {length:.3f} over {verifies} request-verifies "
               f"= {length / steady:.3f} x steady", flush=True)
     results.update(device=args.device, requests=args.requests, output_len=args.output_len, k=3,
-                   strategy="draft kept warm by one-token draft extends in plain steps",
+                   strategy=args.draft_sync,
                    seconds=time.time() - start, torch=torch.__version__)
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
