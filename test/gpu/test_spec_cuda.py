@@ -85,3 +85,29 @@ def test_speculative_graph_runners_are_used():
         scheduler.step()
     verify, chain, extend = counts
     assert verify > 0 and extend == verify and chain == 2 * verify  # k - 1 = 2 chain steps per verify
+
+
+@pytest.mark.parametrize("sync", ["warm", "catch-up"])
+def test_switching_with_graphs_matches_plain(sync):
+    """The mode switch on the GPU: steps cycle through plain, k = 1 and k = 3 (graphs captured for
+    each), with the draft kept warm or caught up (a variable-length draft extend on the triton
+    backend, and past the buffer a recomputing target forward): float32 greedy output is plain
+    decoding's."""
+    spec = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="cost",
+                speculative_candidate_steps=[0, 1, 3], speculative_draft_sync=sync)
+    plain, _ = run(5, max_new=120)
+    args = ServerArgs(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
+                      cuda_graph_max_bs=16, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS, **spec)
+    scheduler = Scheduler(args)
+    steps = []
+    # Runs of 70 plain steps overflow the catch-up buffer (64); short runs do not.
+    pattern = [0] * 70 + [3, 1, 0, 0, 3] * 4
+    scheduler.spec_steps_for = lambda bs: steps.append(pattern[len(steps) % len(pattern)]) or steps[-1]
+    gen = torch.Generator().manual_seed(0)
+    for i in range(5):
+        ids = torch.randint(10, scheduler.model_config.vocab_size, (8 + 3 * i,), generator=gen).tolist()
+        params = SamplingParams(max_new_tokens=120, temperature=0, ignore_eos=True)
+        scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
+    finished = run_to_completion(scheduler)
+    assert [finished[f"r{i}"]["ids"] for i in range(5)] == plain
+    assert {0, 1, 3} <= set(steps)
