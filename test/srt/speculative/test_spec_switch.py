@@ -267,7 +267,8 @@ def test_catch_up_strategy_gives_plain_decodings_output(demo_paths, policy, over
     for rid in ("r0", "r1", "r3", "r4"):
         assert outputs[rid] == reference[rid], (policy, overlap, rid)
     assert state["cached_tokens_by_rid"]["r4"] > 0
-    assert state["spec_steps_by_k"].get("0", 0) > 0
+    if policy != "cost":  # the cost policy's choices follow CPU timings measured at start-up
+        assert state["spec_steps_by_k"].get("0", 0) > 0 and len(state["spec_steps_by_k"]) > 1
 
 
 @pytest.mark.parametrize("plain_run", [5, 80])  # 80 > CATCH_UP_BUFFER: the aux states are recomputed
