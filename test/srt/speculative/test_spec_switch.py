@@ -39,6 +39,19 @@ POLICIES = {
 }
 
 
+def record_cached_tokens(scheduler) -> dict[str, int]:
+    """{rid: prompt tokens served from the radix cache}, filled as requests finish."""
+    cached = {}
+    finish = scheduler._finish
+
+    def recorded_finish(req, reason):
+        cached[req.rid] = req.cached_tokens
+        finish(req, reason)
+
+    scheduler._finish = recorded_finish
+    return cached
+
+
 def run(pair: tuple[str, str], overlap: bool, spec: dict | None, choose=None) -> tuple[dict, dict]:
     """Four requests; r2 is aborted at step 5; r4 (r0's prompt: a radix hit) arrives once r0 is done."""
     target, draft = pair
@@ -56,14 +69,7 @@ def run(pair: tuple[str, str], overlap: bool, spec: dict | None, choose=None) ->
 
     for i, ids in enumerate(PROMPTS):
         add(f"r{i}", ids, MAX_NEW[i])
-    cached = {}
-    finish = scheduler._finish
-
-    def recorded_finish(req, reason):
-        cached[req.rid] = req.cached_tokens
-        finish(req, reason)
-
-    scheduler._finish = recorded_finish
+    cached = record_cached_tokens(scheduler)
     added = []
 
     def on_step(step: int) -> None:
@@ -314,14 +320,7 @@ def test_positions_without_draft_kv_are_not_cached(demo_paths, sync, cached_beyo
     scheduler.add_request(TokenizedGenerateReqInput("a", prompt, params, stream=False))
     first = run_to_completion(scheduler)["a"]["ids"]
     scheduler.add_request(TokenizedGenerateReqInput("b", prompt + first[:10], params, stream=False))
-    cached = {}
-    finish = scheduler._finish
-
-    def recorded_finish(req, reason):
-        cached[req.rid] = req.cached_tokens
-        finish(req, reason)
-
-    scheduler._finish = recorded_finish
+    cached = record_cached_tokens(scheduler)
     run_to_completion(scheduler)
     assert_idle_kv_accounting(scheduler.get_internal_state())
     assert (cached["b"] > len(prompt)) == cached_beyond_prompt, cached

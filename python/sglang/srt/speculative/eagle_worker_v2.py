@@ -347,13 +347,10 @@ class EAGLEWorkerV2(TpModelWorker):
 
     def _plain_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, info: SamplingBatchInfo,
                     behind: Optional[list[int]] = None):
-        """The plain step of the requests in `rows` over the slots `out_cache_loc` ([bs]); returns
-        (tokens [bs], target logits, probe hits [bs]: whether the draft's stored guess d_1 was
-        the target's token, an acceptance sample that costs nothing; None with catch-up, whose
-        plain steps do not run the draft). `behind`: each row's plain steps since the draft
-        last caught up (catch-up only)."""
-        if self.draft_sync == "catch-up":
-            return self._plain_target_only(rows, out_cache_loc, info, behind or [0] * rows.shape[0])
+        """The plain step of the requests in `rows` over the slots `out_cache_loc` ([bs]): the
+        target decodes one token (capturing its aux states), then the draft follows it, warm or
+        catch-up. Returns (tokens [bs], target logits, probe hits [bs] or None). `behind`: each
+        row's plain steps since the draft last caught up (catch-up only)."""
         bs = rows.shape[0]
         starts, offsets = self.next_start[rows], self.next_offset[rows]
         table = self.model_runner.req_to_token_pool.req_to_token
@@ -364,11 +361,17 @@ class EAGLEWorkerV2(TpModelWorker):
             extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None, capture_aux_hidden_states=True)
         out = self.model_runner.forward(fb)
         next_ids = self.model_runner.sample(out.next_token_logits, info, offsets)
-        hits = self.next_draft[rows] == next_ids
-        draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=next_ids,
-                                       capture_aux_hidden_states=False, spec_hidden_states=out.aux_hidden_states)
-        draft_out = self.draft_runner.forward(draft_fb)
-        self._store_next_draft(rows, draft_out.next_token_logits, draft_out.hidden_states, info, offsets + 1)
+        if self.draft_sync == "catch-up":
+            self._buffer_for_catch_up(rows, out.aux_hidden_states, next_ids, behind or [0] * bs)
+            hits = None
+        else:
+            # Warm: a one-token draft extend at the same position keeps the draft current, and
+            # whether its stored guess d_1 was the target's token is an acceptance sample for free.
+            hits = self.next_draft[rows] == next_ids
+            draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=next_ids,
+                                           capture_aux_hidden_states=False, spec_hidden_states=out.aux_hidden_states)
+            draft_out = self.draft_runner.forward(draft_fb)
+            self._store_next_draft(rows, draft_out.next_token_logits, draft_out.hidden_states, info, offsets + 1)
         self.next_input[rows] = next_ids
         self.next_start[rows] = starts + 1
         self.next_offset[rows] = offsets + 1
@@ -376,31 +379,19 @@ class EAGLEWorkerV2(TpModelWorker):
 
     # ---- catch-up (--speculative-draft-sync catch-up) --------------------------------------
 
-    def _plain_target_only(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, info: SamplingBatchInfo,
-                           behind: list[int]):
-        """A plain step that runs the target only: its aux states and sampled tokens go to each
-        row's buffer at column `behind` (dropped past the buffer: the catch-up recomputes them)."""
-        bs = rows.shape[0]
-        starts, offsets = self.next_start[rows], self.next_offset[rows]
-        table = self.model_runner.req_to_token_pool.req_to_token
-        table[rows, starts] = out_cache_loc.to(table.dtype)
-        fb = ForwardBatch(
-            forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.next_input[rows], positions=starts,
-            req_pool_indices=rows, seq_lens=starts + 1, out_cache_loc=out_cache_loc, seq_lens_cpu=None,
-            extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None, capture_aux_hidden_states=True)
-        out = self.model_runner.forward(fb)
-        next_ids = self.model_runner.sample(out.next_token_logits, info, offsets)
+    def _buffer_for_catch_up(self, rows: torch.Tensor, aux: torch.Tensor, next_ids: torch.Tensor,
+                             behind: list[int]) -> None:
+        """A catch-up plain step keeps each row's aux states and sampled token at column `behind`
+        of its buffer (dropped past the buffer: the catch-up then recomputes them)."""
         kept = [i for i, n in enumerate(behind) if n < CATCH_UP_BUFFER]
-        if kept:
-            index = host_to_device(kept, self.device) if len(kept) < bs else None
-            columns = host_to_device([behind[i] for i in kept], self.device)
-            pick = (lambda t: t) if index is None else (lambda t: t[index])  # noqa: E731
-            self.pending_aux[pick(rows), columns] = pick(out.aux_hidden_states).to(self.pending_aux.dtype)
-            self.pending_tokens[pick(rows), columns] = pick(next_ids)
-        self.next_input[rows] = next_ids
-        self.next_start[rows] = starts + 1
-        self.next_offset[rows] = offsets + 1
-        return next_ids, out.next_token_logits, None
+        if not kept:
+            return
+        columns = host_to_device([behind[i] for i in kept], self.device)
+        if len(kept) < len(behind):
+            index = host_to_device(kept, self.device)
+            rows, aux, next_ids = rows[index], aux[index], next_ids[index]
+        self.pending_aux[rows, columns] = aux.to(self.pending_aux.dtype)
+        self.pending_tokens[rows, columns] = next_ids
 
     def _catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
         """Before a speculative step: one DRAFT_EXTEND over the positions each request decoded in
