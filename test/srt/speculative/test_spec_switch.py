@@ -324,3 +324,16 @@ def test_positions_without_draft_kv_are_not_cached(demo_paths, sync, cached_beyo
     run_to_completion(scheduler)
     assert_idle_kv_accounting(scheduler.get_internal_state())
     assert (cached["b"] > len(prompt)) == cached_beyond_prompt, cached
+
+
+def test_the_adaptive_config_reaches_the_running_policy(demo_paths, tmp_path):
+    config = tmp_path / "adaptive.json"
+    config.write_text(json.dumps({"1": {"candidate_steps": [0, 3], "up_hysteresis": 0.2}, "8": [0, 1],
+                                  "ema_alpha": 0.1}))
+    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
+                                     speculative_num_steps=3, speculative_adaptive_config=str(config)))
+    policy = scheduler.spec_policy
+    assert policy.name == "cost" and policy.candidates_for(1) == [0, 3] and policy.candidates_for(16) == [0, 1]
+    assert policy.hysteresis_by_bs[1]["up"] == 0.2
+    assert policy.estimator.alpha == 0.1
+    assert set(scheduler.tp_worker.reachable_steps) == {1, 3}

@@ -164,7 +164,8 @@ class Scheduler:
             logger.info("speculation cost table (ms per decode step, measured at start-up): %s", cost.summary())
         return make_policy(args.speculative_policy, self.spec_k, threshold=args.speculative_threshold,
                            candidates=args.speculative_candidate_steps,
-                           candidates_by_bs=config.get("candidates_by_bs"), cost=cost,
+                           candidates_by_bs=config.get("candidates_by_bs"),
+                           hysteresis_by_bs=config.get("hysteresis_by_bs"), cost=cost,
                            ema_alpha=config.get("ema_alpha"))
 
     def _any_abort(self) -> bool:
@@ -317,14 +318,15 @@ class Scheduler:
         width = batch.out_cache_loc.numel() // batch.batch_size  # k_step + 1
         tokens, num_out = host["tokens"].tolist(), host["num_out"].tolist()
         # A request that finished while this step was in flight gave all its slots back then.
-        live = torch.tensor([not req.finished() for req in batch.reqs], dtype=torch.bool)
+        live_rows = [i for i, req in enumerate(batch.reqs) if not req.finished()]
+        live = torch.zeros(batch.batch_size, dtype=torch.bool)
+        live[live_rows] = True
         rejected = (torch.arange(width) >= host["num_out"].reshape(-1, 1)) & live[:, None]
         # The host copy of the slots: reading the device's would wait for the step launched after this one.
         self.kv_manager.allocator.free(batch.out_cache_loc_host.view(-1, width)[rejected])
         token_logprobs = host["token_logprobs"].tolist() if "token_logprobs" in host else None
         top = (host["top_logprobs"].tolist(), host["top_logprob_ids"].tolist()) if "top_logprobs" in host else None
         # What this step says about acceptance, before any request finishes (and is forgotten).
-        live_rows = [i for i, req in enumerate(batch.reqs) if not req.finished()]
         rids = [batch.reqs[i].rid for i in live_rows]
         if width > 1:
             self.tp_worker.stats.record_step([num_out[i] for i in live_rows], result.timer.seconds(), width - 1)
