@@ -24,7 +24,7 @@ SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-0}
 D=$OUT_DIR/$NAME
 mkdir -p "$OUT_DIR"
 
-if [ ! -f "$MODEL/model.safetensors.index.json" ]; then
+if [ ! -f "$MODEL/config.json" ]; then  # never write into a directory that already holds a model
   echo "== making $MODEL (random Llama-3.1-8B weights)"
   python -m sglang.tools.make_random_model "$MODEL" --config llama-3.1-8b --device cuda || exit 1
 fi

@@ -1,52 +1,75 @@
 #!/usr/bin/env bash
-# The envelope of dynamic speculation (issue 8) on the GPU machine: three servers on one model
-# (no draft; always EAGLE-3 at k = 3; dynamic with the default policy), each swept over
-# concurrency 1..256 with bench_serving, then the envelope report and one plot of the three.
+# The envelope of dynamic speculation (issue 8) on the GPU machine: servers on one model (no draft;
+# always EAGLE-3 at k = 3; dynamic with the default policy; optionally the policy forced to plain
+# with either draft strategy), each swept over concurrency 1..256 with bench_serving, then the
+# envelope report and one plot.
 #
-#   bash benchmark/spec_envelope_gpu.sh OUT CONFIG
+#   bash benchmark/spec_envelope_gpu.sh OUT CONFIG [SERVER...]
 #
 # CONFIG: 8b-acc2 / 8b-acc3 (Llama-3.1-8B shapes, random weights, a random 8B-shaped EAGLE-3
 # draft, SGLANG_SIMULATE_ACC_LEN 2.0 / 3.0 for the speculative servers) or demo (the shipped
-# pair with its real acceptance). Each config is ~3 server starts + 3 sweeps; give it its own
-# device call. Env: LEVELS, INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, PER_CONC (as serving_sweep_gpu.sh;
-# defaults here: input 1024, output 128, 16 prompts + 2 per unit of concurrency).
+# pair with its real acceptance). SERVER: no_draft, always, dynamic (the default three), never_warm,
+# never_catch_up (policy `never`, the draft kept warm / caught up). The no-draft sweep does not
+# depend on the accept length: it is named after the model (8b_no_draft, demo_no_draft), so one
+# no-draft sweep serves both 8B configs. The report runs when OUT holds all three sweeps.
+# Env: LEVELS, INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, PER_CONC, SWEEP_TIMEOUT_S (as
+# serving_sweep_gpu.sh; defaults here: input 1024, output 128, 16 prompts + 2 per unit of
+# concurrency), EXTRA_SERVER_ARGS (added to every server, e.g. `--device cpu` for a dry run),
+# MODEL / DRAFT (override the config's pair, e.g. tiny models for a dry run).
 set -u -o pipefail
-OUT=${1:?usage: spec_envelope_gpu.sh OUT CONFIG}
-CONFIG=${2:?usage: spec_envelope_gpu.sh OUT CONFIG}
+OUT=${1:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
+CONFIG=${2:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
+shift 2
+SERVERS=${*:-no_draft always dynamic}
 WORK=/tmp/spec_envelope
 mkdir -p "$OUT" "$WORK"
 export NUM_PROMPTS=${NUM_PROMPTS:-16} PER_CONC=${PER_CONC:-2} SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-170}
 case "$CONFIG" in
   8b-acc2|8b-acc3)
-    python - <<'PY' || exit 1
-import os, sys
+    if [ -z "${MODEL:-}" ]; then
+      python - <<'PY' || exit 1
+import sys
 sys.path.insert(0, "benchmark")
 from spec_speed import make_pair
 make_pair("8b", "/tmp/spec_envelope")
 PY
-    MODEL=$WORK/llama-3.1-8b; DRAFT=$WORK/llama-3.1-8b-eagle3
-    ACC=${CONFIG#8b-acc}; SIM="SGLANG_SIMULATE_ACC_LEN=$ACC.0" ;;
+    fi
+    MODEL=${MODEL:-$WORK/llama-3.1-8b}; DRAFT=${DRAFT:-$WORK/llama-3.1-8b-eagle3}
+    ACC=${CONFIG#8b-acc}; SIM="SGLANG_SIMULATE_ACC_LEN=$ACC.0"; PAIR=8b ;;
   demo)
-    MODEL=$(python -c "from sglang import demo; print(demo.TARGET_PATH)")
-    DRAFT=$(python -c "from sglang import demo; print(demo.DRAFT_PATH)")
-    SIM="" ;;
+    MODEL=${MODEL:-$(python -c "from sglang import demo; print(demo.TARGET_PATH)")}
+    DRAFT=${DRAFT:-$(python -c "from sglang import demo; print(demo.DRAFT_PATH)")}
+    SIM=""; PAIR=demo ;;
   *) echo "unknown config $CONFIG (8b-acc2, 8b-acc3, demo)"; exit 2 ;;
 esac
 SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
-run() {  # name, extra env, server args
-  env NAME="${CONFIG}_$1" LABEL="$1" TITLE="envelope $CONFIG" SERVER_ARGS="$3" $2 \
+EXTRA=${EXTRA_SERVER_ARGS:-}
+run() {  # file name, label, extra env, server args
+  env NAME="$1" LABEL="$2" TITLE="envelope $CONFIG" SERVER_ARGS="$4 $EXTRA" $3 \
     bash benchmark/serving_sweep_gpu.sh "$OUT" "$MODEL" 2>&1 | tail -4
 }
-run no_draft "" ""
-run always "$SIM" "$SPEC"
-run dynamic "$SIM" "$SPEC --speculative-adaptive"
-python benchmark/spec_envelope_report.py --no-draft "$OUT/${CONFIG}_no_draft.jsonl" \
-  --always "$OUT/${CONFIG}_always.jsonl" --dynamic "$OUT/${CONFIG}_dynamic.jsonl" \
-  --server-info "$OUT/${CONFIG}_dynamic.server_info.json" --out "$OUT/${CONFIG}_envelope.json"
-python -m sglang.bench_serving plot "$OUT/${CONFIG}_no_draft.jsonl" "$OUT/${CONFIG}_always.jsonl" \
-  "$OUT/${CONFIG}_dynamic.jsonl" --output "$OUT/${CONFIG}_envelope.png" --title "envelope $CONFIG, 1 x H200"
+for server in $SERVERS; do
+  echo "== $(date +%T) $CONFIG: $server"
+  case "$server" in
+    no_draft) run "${PAIR}_no_draft" no_draft "" "" ;;
+    always) run "${CONFIG}_always" always "$SIM" "$SPEC" ;;
+    dynamic) run "${CONFIG}_dynamic" dynamic "$SIM" "$SPEC --speculative-adaptive" ;;
+    never_warm) run "${CONFIG}_never_warm" "plain, draft warm" "$SIM" \
+      "$SPEC --speculative-policy never --speculative-draft-sync warm" ;;
+    never_catch_up) run "${CONFIG}_never_catch_up" "plain, draft catch-up" "$SIM" \
+      "$SPEC --speculative-policy never --speculative-draft-sync catch-up" ;;
+    *) echo "unknown server $server"; exit 2 ;;
+  esac
+done
+N=$OUT/${PAIR}_no_draft.jsonl A=$OUT/${CONFIG}_always.jsonl D=$OUT/${CONFIG}_dynamic.jsonl
+if [ -f "$N" ] && [ -f "$A" ] && [ -f "$D" ]; then
+  python benchmark/spec_envelope_report.py --no-draft "$N" --always "$A" --dynamic "$D" \
+    $( [ -f "$OUT/${CONFIG}_dynamic.server_info.json" ] && echo --server-info "$OUT/${CONFIG}_dynamic.server_info.json" ) --out "$OUT/${CONFIG}_envelope.json"
+  python -m sglang.bench_serving plot "$N" "$A" "$D" --output "$OUT/${CONFIG}_envelope.png" \
+    --title "envelope $CONFIG, 1 x H200"
+fi
 # At most 8 files come back from a device call: the sweeps' JSONL, the report and the plot stay
-# loose; the server logs and /get_server_info snapshots go into one archive.
-rm -f "$OUT"/${CONFIG}_{no_draft,always,dynamic}.png
-(cd "$OUT" && tar czf "${CONFIG}_servers.tgz" ${CONFIG}_*.server.log ${CONFIG}_*.server_info.json 2>/dev/null \
-  && rm -f ${CONFIG}_*.server.log ${CONFIG}_*.server_info.json)
+# loose; the single-sweep plots go, the server logs and /get_server_info snapshots go into one archive.
+find "$OUT" -maxdepth 1 -name '*.png' ! -name '*_envelope.png' -delete
+(cd "$OUT" && tar czf "${CONFIG}_servers.tgz" *.server.log *.server_info.json 2>/dev/null \
+  && rm -f *.server.log *.server_info.json)

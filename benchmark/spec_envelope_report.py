@@ -45,7 +45,8 @@ def envelope(no_draft: dict[int, dict], always: dict[int, dict], dynamic: dict[i
         point = {"concurrency": level, "no_draft_tok_s": plain, "always_tok_s": spec, "dynamic_tok_s": dyn,
                  "dynamic_vs_best": dyn / best, "dynamic_vs_no_draft": dyn / plain,
                  "always_accept_length": always[level].get("accept_length"),
-                 "dynamic_accept_length": dynamic[level].get("accept_length")}
+                 "dynamic_accept_length": dynamic[level].get("accept_length"),
+                 "dynamic_step_share_by_k": dynamic[level].get("spec_step_share_by_k")}
         points.append(point)
         if point["dynamic_vs_best"] < GOAL_ENVELOPE:
             missed.append(f"concurrency {level}: dynamic {dyn:.1f} tok/s is {point['dynamic_vs_best']:.3f} x the "
@@ -76,10 +77,12 @@ def main(argv: list[str] | None = None) -> int:
             state = json.load(f)["internal_states"][0]
         report["dynamic_server"] = {key: state.get(key) for key in ("spec_steps_by_k", "spec_policy",
                                                                     "avg_spec_accept_length")}
-    print(f"{'conc':>5} {'no draft':>10} {'always':>10} {'dynamic':>10} {'dyn/best':>9} {'dyn/plain':>9}")
+    print(f"{'conc':>5} {'no draft':>10} {'always':>10} {'dynamic':>10} {'dyn/best':>9} {'dyn/plain':>9}"
+          f"  dynamic's steps per k")
     for p in report["points"]:
+        shares = " ".join(f"k{k}:{v:.0%}" for k, v in (p["dynamic_step_share_by_k"] or {}).items())
         print(f"{p['concurrency']:>5} {p['no_draft_tok_s']:>10.1f} {p['always_tok_s']:>10.1f} "
-              f"{p['dynamic_tok_s']:>10.1f} {p['dynamic_vs_best']:>9.3f} {p['dynamic_vs_no_draft']:>9.3f}")
+              f"{p['dynamic_tok_s']:>10.1f} {p['dynamic_vs_best']:>9.3f} {p['dynamic_vs_no_draft']:>9.3f}  {shares}")
     for line in report["problems"] + report["missed"]:
         print(line)
     if args.out:

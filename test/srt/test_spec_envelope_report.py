@@ -19,7 +19,8 @@ spec.loader.exec_module(report)
 def write(tmp_path, name: str, throughputs: dict[int, float], failed: int = 0) -> str:
     path = tmp_path / f"{name}.jsonl"
     path.write_text("".join(json.dumps({"max_concurrency": c, "output_throughput": t, "failed": failed,
-                                        "accept_length": 2.5 if name != "plain" else None}) + "\n"
+                                        "accept_length": 2.5 if name != "plain" else None,
+                                        "spec_step_share_by_k": {"0": c / 256, "3": 1 - c / 256}}) + "\n"
                             for c, t in throughputs.items()))
     return str(path)
 
@@ -38,6 +39,7 @@ def test_an_envelope_that_holds_passes_with_the_ratios(tmp_path):
     first = result["points"][0]
     assert first["dynamic_vs_best"] == pytest.approx(216 / 220)
     assert result["points"][-1]["dynamic_vs_no_draft"] == pytest.approx(7950 / 8000)
+    assert first["dynamic_step_share_by_k"] == {"0": 1 / 256, "3": 255 / 256}  # the mode mix of each point
 
 
 @pytest.mark.parametrize("dynamic, missed_level", [

@@ -104,6 +104,9 @@ def format_summary(line: dict) -> str:
         ("Concurrency", line["concurrency"]),
         ("Accept length", line["accept_length"] if line["accept_length"] is not None else "n/a"),
     ]
+    if line.get("spec_step_share_by_k"):
+        rows.append(("Decode steps per k (share)", " ".join(
+            f"k={k}: {share:.0%}" for k, share in line["spec_step_share_by_k"].items())))
     out = [" Serving Benchmark Result ".center(_WIDTH, "=")] + [_row(label, value) for label, value in rows]
     for title, name, short in _SECTIONS:
         out.append(f" {title} ".center(_WIDTH, "-"))

@@ -87,11 +87,16 @@ async def measure_level(bench: Bench, level: int | None, desc: str) -> dict:
     requests = bench.dataset.sample(num_prompts, bench.data_rng)
     # The same arrival times at every level, so levels differ only in their concurrency.
     arrival_rng = random.Random(f"arrivals-{args.seed}")
+    before = await server_spec_counters(bench.session, bench.base_url)
     results, start, duration = await run_level(bench.client, requests, level, args.request_rate, arrival_rng,
                                                desc, args.disable_tqdm)
     line = {**config_fields(args, bench.base_url, bench.model, level, num_prompts),
             **summarize(results, start, duration)}
-    if line["accept_length"] is None:
+    if before is not None:
+        line.update(spec_level_fields(before, await server_spec_counters(bench.session, bench.base_url)))
+    if line.get("spec_accept_length"):  # exact for the level, and not inflated by plain steps
+        line["accept_length"] = line["spec_accept_length"]
+    elif line["accept_length"] is None:
         line["accept_length"] = await server_accept_length(bench.session, bench.base_url)
     print(format_summary(line), flush=True)
     if args.output_file:
@@ -193,6 +198,34 @@ async def server_accept_length(session: aiohttp.ClientSession, base_url: str) ->
         return None
     value = state.get("avg_spec_accept_length", state.get("spec_accept_length"))
     return float(value) if isinstance(value, (int, float)) and value > 0 else None
+
+
+async def server_spec_counters(session: aiohttp.ClientSession, base_url: str) -> dict | None:
+    """A speculative server's step counters (None for a server without a draft or without them)."""
+    try:
+        state = (await get_json(session, f"{base_url}/get_server_info"))["internal_states"][0]
+    except (BenchmarkError, KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(state.get("spec_steps_by_k"), dict):
+        return None
+    return {"steps_by_k": {int(k): int(n) for k, n in state["spec_steps_by_k"].items()},
+            "verifies": int(state.get("spec_verifies", 0)), "tokens": int(state.get("spec_tokens", 0))}
+
+
+def spec_level_fields(before: dict, after: dict | None) -> dict:
+    """What the server did during one level: decode steps per chosen k (0: plain), each k's share
+    of the steps, and the accept length of the level's speculative steps alone (the cumulative
+    /get_server_info value mixes in earlier levels and the warm-up)."""
+    if after is None:
+        return {}
+    steps = {k: after["steps_by_k"].get(k, 0) - before["steps_by_k"].get(k, 0)
+             for k in sorted(set(after["steps_by_k"]) | set(before["steps_by_k"]))}
+    steps = {k: n for k, n in steps.items() if n > 0}
+    total = sum(steps.values())
+    verifies = after["verifies"] - before["verifies"]
+    return {"spec_steps_by_k": {str(k): n for k, n in steps.items()},
+            "spec_step_share_by_k": {str(k): n / total for k, n in steps.items()} if total else {},
+            "spec_accept_length": (after["tokens"] - before["tokens"]) / verifies if verifies > 0 else None}
 
 
 async def flush_cache(session: aiohttp.ClientSession, base_url: str) -> None:

@@ -16,6 +16,7 @@ from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, prepare_server_args
+from sglang.srt.speculative.spec_sampling import simulated_accept_rate
 from sglang.test.runner_utils import run_to_completion
 from sglang.test.sampling_checks import chi_square_pvalue, exact_token_distributions
 from sglang.test.server_fixture import assert_idle_kv_accounting
@@ -259,6 +260,25 @@ def test_simulated_acceptance_gives_the_asked_accept_length(tiny_paths, monkeypa
     assert_idle_kv_accounting(state)
     assert all(len(out["ids"]) == 100 for out in outputs.values())
     assert state["avg_spec_accept_length"] == pytest.approx(accept_length, rel=0.1)
+
+
+def test_plain_steps_probe_at_the_simulated_rate(tiny_paths, monkeypatch):
+    """Under SGLANG_SIMULATE_ACC_LEN the plain step's free probe hits at the simulated rate, not at
+    the random draft's real ~0: a policy that went plain at high load must see speculation pay
+    again when the load drops."""
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3.0")
+    target, draft = tiny_paths
+    scheduler = Scheduler(ServerArgs(model_path=target, dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
+                                     speculative_draft_model_path=draft, speculative_num_steps=3,
+                                     speculative_policy="never"))
+    for i in range(4):
+        params = SamplingParams(max_new_tokens=80, temperature=0, ignore_eos=True)
+        scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", [10 + i, 20, 30 + 2 * i], params, stream=False))
+    run_to_completion(scheduler)
+    state = scheduler.get_internal_state()
+    assert state["spec_steps_by_k"] == {"0": state["spec_plain_steps"]} and state["spec_plain_steps"] >= 80
+    a_1 = state["spec_policy"]["acceptance_rates"][0]
+    assert a_1 == pytest.approx(simulated_accept_rate(3.0, 3), abs=0.15)
 
 
 @pytest.mark.parametrize("overlap", [False, True])

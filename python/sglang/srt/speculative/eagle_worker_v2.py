@@ -47,7 +47,8 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
 from sglang.srt.speculative.spec_sampling import (SIMULATE_ACC_LEN_ENV, draw_draft, filtered_probs, simulate_acceptance,
-                                                   simulated_accept_rate, verify_greedy, verify_sampled)
+                                                   simulated_accept_rate, simulated_probe_hits, verify_greedy,
+                                                   verify_sampled)
 from sglang.srt.speculative.spec_stats import SpecStats
 from sglang.srt.utils import host_to_device
 
@@ -367,7 +368,10 @@ class EAGLEWorkerV2(TpModelWorker):
         else:
             # Warm: a one-token draft extend at the same position keeps the draft current, and
             # whether its stored guess d_1 was the target's token is an acceptance sample for free.
-            hits = self.next_draft[rows] == next_ids
+            if self.simulated_rate is None:
+                hits = self.next_draft[rows] == next_ids
+            else:
+                hits = simulated_probe_hits(starts, self.simulated_rate)
             draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=next_ids,
                                            capture_aux_hidden_states=False, spec_hidden_states=out.aux_hidden_states)
             draft_out = self.draft_runner.forward(draft_fb)

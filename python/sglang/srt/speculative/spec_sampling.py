@@ -129,6 +129,27 @@ def simulated_accept_rate(accept_length: float, k_max: int) -> float:
     return (low + high) / 2
 
 
+def _hashed_uniform(positions: torch.Tensor, k: int) -> torch.Tensor:
+    """float64[bs, k] in [0, 1): an integer hash of (position, draft index), the same on every
+    device and inside a CUDA graph (no generator state)."""
+    index = torch.arange(k, device=positions.device)
+    mask = 0xFFFFFFFF  # 32-bit words: every product below stays inside int64
+    h = (positions[:, None] * 0x9E3779B1 + index * 0x85EBCA77 + 0x165667B1) & mask
+    h = h ^ (h >> 15)
+    h = (h * 0x2C1B3C6D) & mask
+    h = h ^ (h >> 12)
+    h = (h * 0x297A2D39) & mask
+    h = h ^ (h >> 15)
+    return h.to(torch.float64) / float(1 << 32)
+
+
+def simulated_probe_hits(positions: torch.Tensor, rate: float) -> torch.Tensor:
+    """bool[bs]: a plain step's probe under simulated acceptance. The real draft's guess says
+    nothing about the simulated rate, so the probe hits with probability `rate`, drawn as the
+    first draft of a speculative step at the same position would be."""
+    return _hashed_uniform(positions, 1)[:, 0] < rate
+
+
 def simulate_acceptance(target_logits: torch.Tensor, drafts: torch.Tensor, positions: torch.Tensor,
                         rate: float) -> ChainVerdict:
     """A verdict that accepts each draft with probability `rate` (given the earlier ones were
@@ -138,15 +159,7 @@ def simulate_acceptance(target_logits: torch.Tensor, drafts: torch.Tensor, posit
     policies of speculation on random weights (SGLANG_SIMULATE_ACC_LEN, upstream's name); the
     output is not the target's."""
     bs, k = drafts.shape
-    index = torch.arange(k, device=drafts.device)
-    mask = 0xFFFFFFFF  # 32-bit words: every product below stays inside int64
-    h = (positions[:, None] * 0x9E3779B1 + index * 0x85EBCA77 + 0x165667B1) & mask
-    h = h ^ (h >> 15)
-    h = (h * 0x2C1B3C6D) & mask
-    h = h ^ (h >> 12)
-    h = (h * 0x297A2D39) & mask
-    h = h ^ (h >> 15)
-    uniform = h.to(torch.float64) / float(1 << 32)
+    uniform = _hashed_uniform(positions, k)
     accepted = (uniform < rate).long().cumprod(dim=1).sum(dim=1)
     best = target_logits.argmax(-1)
     tokens = torch.cat([drafts, best[:, -1:]], dim=1)
