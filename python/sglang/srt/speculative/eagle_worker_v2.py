@@ -121,11 +121,13 @@ class EAGLEWorkerV2(TpModelWorker):
         # tokens of their positions for the draft extend that catches up at the next SPEC step.
         self.draft_sync = server_args.speculative_draft_sync
         if self.draft_sync == "catch-up":
-            self.pending_aux = torch.zeros(rows, CATCH_UP_BUFFER, 3 * model_config.hidden_size,
+            # One column more than the buffer holds: positions past it are written there and
+            # dropped (the catch-up recomputes them), so a plain step needs no host branch.
+            self.pending_aux = torch.zeros(rows, CATCH_UP_BUFFER + 1, 3 * model_config.hidden_size,
                                            dtype=model_config.dtype, **zeros)
-            self.pending_tokens = torch.zeros(rows, CATCH_UP_BUFFER, dtype=torch.int64, **zeros)
+            self.pending_tokens = torch.zeros(rows, CATCH_UP_BUFFER + 1, dtype=torch.int64, **zeros)
         self.stats = SpecStats(self.k)
-        simulated = float(os.environ.get(SIMULATE_ACC_LEN_ENV, "-1"))
+        simulated = float(os.environ.get(SIMULATE_ACC_LEN_ENV) or "-1")
         self.simulated_rate = simulated_accept_rate(simulated, self.k) if simulated >= 0 else None
         if self.simulated_rate is not None:
             logger.warning("%s=%s: verification accepts each draft with probability %.3f whatever the models "
@@ -164,7 +166,8 @@ class EAGLEWorkerV2(TpModelWorker):
         self.model_runner.graph_runners += target_runners
         self.draft_runner.graph_runners += draft_runners
         if not server_args.disable_speculative_step_graph:
-            for k in self.reachable_steps:
+            plain = [0] if server_args.speculative_policy != "always" else []
+            for k in plain + self.reachable_steps:  # k = 0: the plain step
                 self.step_graphs[k] = SpecStepGraphs(self, sizes, k)
                 self.step_graphs[k].capture()
 
@@ -332,27 +335,38 @@ class EAGLEWorkerV2(TpModelWorker):
         step can speculate again with no catch-up, and the output is plain decoding's."""
         timer = _StepTimer(self.device)
         rows = host_to_device([req.req_pool_idx for req in batch.reqs], self.device)
-        behind = [req.draft_behind for req in batch.reqs]
-        next_ids, target_logits, hits = self._plain_body(rows, batch.out_cache_loc,
-                                                         self.sampling_info(batch, self.vocab_size), behind)
+        behind = None
         if self.draft_sync == "catch-up":
+            behind = host_to_device([req.draft_behind for req in batch.reqs], self.device)
             for req in batch.reqs:
                 req.draft_behind += 1
+        logprobs = any(req.return_logprob for req in batch.reqs)
+        greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
+        graphs = self.step_graphs.get(0)
+        if graphs is not None and graphs.can_run(batch.batch_size, greedy, logprobs):
+            next_ids, hits = graphs.replay(rows, batch.out_cache_loc, behind)
+        else:
+            next_ids, target_logits, hits = self._plain_body(rows, batch.out_cache_loc,
+                                                             self.sampling_info(batch, self.vocab_size), behind)
         timer.mark("plain")
         result = SpecStepResult(tokens=next_ids[:, None], num_out=torch.ones_like(next_ids), timer=timer,
                                 probe_hits=hits)
-        if any(req.return_logprob for req in batch.reqs):
+        if logprobs:
             self._add_step_logprobs(result, target_logits[:, None], max(r.top_logprobs_num for r in batch.reqs))
         result.start_copy_to_host()
         return result
 
     def _plain_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, info: SamplingBatchInfo,
-                    behind: Optional[list[int]] = None):
+                    behind: Optional[torch.Tensor] = None, capturing: bool = False):
         """The plain step of the requests in `rows` over the slots `out_cache_loc` ([bs]): the
         target decodes one token (capturing its aux states), then the draft follows it, warm or
-        catch-up. Returns (tokens [bs], target logits, probe hits [bs] or None). `behind`: each
-        row's plain steps since the draft last caught up (catch-up only)."""
+        catch-up. Returns (tokens [bs], target logits, probe hits [bs] or None). `behind`:
+        int64[bs] on the device, each row's plain steps since the draft last caught up (catch-up
+        only). Like the speculative body it reads and writes device state only, so it can be
+        captured (`capturing`: sub-forwards run eagerly, inside the capture)."""
         bs = rows.shape[0]
+        forward_target = self.model_runner.forward_eager if capturing else self.model_runner.forward
+        forward_draft = self.draft_runner.forward_eager if capturing else self.draft_runner.forward
         starts, offsets = self.next_start[rows], self.next_offset[rows]
         table = self.model_runner.req_to_token_pool.req_to_token
         table[rows, starts] = out_cache_loc.to(table.dtype)
@@ -360,10 +374,12 @@ class EAGLEWorkerV2(TpModelWorker):
             forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.next_input[rows], positions=starts,
             req_pool_indices=rows, seq_lens=starts + 1, out_cache_loc=out_cache_loc, seq_lens_cpu=None,
             extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None, capture_aux_hidden_states=True)
-        out = self.model_runner.forward(fb)
+        out = forward_target(fb)
         next_ids = self.model_runner.sample(out.next_token_logits, info, offsets)
         if self.draft_sync == "catch-up":
-            self._buffer_for_catch_up(rows, out.aux_hidden_states, next_ids, behind or [0] * bs)
+            if behind is None:
+                behind = torch.zeros(bs, dtype=torch.int64, device=self.device)
+            self._buffer_for_catch_up(rows, out.aux_hidden_states, next_ids, behind)
             hits = None
         else:
             # Warm: a one-token draft extend at the same position keeps the draft current, and
@@ -374,7 +390,7 @@ class EAGLEWorkerV2(TpModelWorker):
                 hits = simulated_probe_hits(starts, self.simulated_rate)
             draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=next_ids,
                                            capture_aux_hidden_states=False, spec_hidden_states=out.aux_hidden_states)
-            draft_out = self.draft_runner.forward(draft_fb)
+            draft_out = forward_draft(draft_fb)
             self._store_next_draft(rows, draft_out.next_token_logits, draft_out.hidden_states, info, offsets + 1)
         self.next_input[rows] = next_ids
         self.next_start[rows] = starts + 1
@@ -384,16 +400,11 @@ class EAGLEWorkerV2(TpModelWorker):
     # ---- catch-up (--speculative-draft-sync catch-up) --------------------------------------
 
     def _buffer_for_catch_up(self, rows: torch.Tensor, aux: torch.Tensor, next_ids: torch.Tensor,
-                             behind: list[int]) -> None:
+                             behind: torch.Tensor) -> None:
         """A catch-up plain step keeps each row's aux states and sampled token at column `behind`
-        of its buffer (dropped past the buffer: the catch-up then recomputes them)."""
-        kept = [i for i, n in enumerate(behind) if n < CATCH_UP_BUFFER]
-        if not kept:
-            return
-        columns = host_to_device([behind[i] for i in kept], self.device)
-        if len(kept) < len(behind):
-            index = host_to_device(kept, self.device)
-            rows, aux, next_ids = rows[index], aux[index], next_ids[index]
+        of its buffer; past the buffer they go to the spare last column and are dropped (the
+        catch-up then recomputes them)."""
+        columns = behind.clamp(max=CATCH_UP_BUFFER)
         self.pending_aux[rows, columns] = aux.to(self.pending_aux.dtype)
         self.pending_tokens[rows, columns] = next_ids
 
@@ -474,7 +485,12 @@ class EAGLEWorkerV2(TpModelWorker):
             rows = torch.full((bs,), self.scratch_row, dtype=torch.int64, device=self.device)
             info = SamplingBatchInfo.from_params([SamplingParams(temperature=0)] * bs, [0] * bs, self.vocab_size,
                                                  self.device)
-            plain[bs] = self._seconds_per_call(lambda: self._plain_body(rows, self._pad_slots(bs), info), repeats)
+            graphs = self.step_graphs.get(0)
+            if graphs is not None and graphs.can_run(bs, True, False):
+                run = lambda: graphs.replay(rows, self._pad_slots(bs))  # noqa: E731
+            else:
+                run = lambda: self._plain_body(rows, self._pad_slots(bs), info)  # noqa: E731
+            plain[bs] = self._seconds_per_call(run, repeats)
             for k in self.reachable_steps:
                 slots = self._pad_slots(bs * (k + 1))
                 graphs = self.step_graphs.get(k)
@@ -525,8 +541,10 @@ class EAGLEWorkerV2(TpModelWorker):
 class SpecStepGraphs:
     """One CUDA graph per batch-size bucket for a whole greedy speculative step with k drafts
     (chain, verify, acceptance, draft extend, row updates): a step then costs the host one
-    replay instead of ~5 replays and ~50 small launches. Padding rows point at the worker's
-    scratch row (whose position is reset inside the graph) and write their KV to slot 0."""
+    replay instead of ~5 replays and ~50 small launches. k = 0 is the plain step (the target's
+    decode, its token, and the draft kept warm or the aux states buffered for a catch-up).
+    Padding rows point at the worker's scratch row (whose position is reset inside the graph)
+    and write their KV to slot 0."""
 
     def __init__(self, worker: "EAGLEWorkerV2", batch_sizes: list[int], k: int):
         self.worker = worker
@@ -537,6 +555,7 @@ class SpecStepGraphs:
         self.scratch = torch.tensor([worker.scratch_row], dtype=torch.int64, device=device)
         self.rows = torch.full((self.max_bs,), worker.scratch_row, dtype=torch.int64, device=device)
         self.slots = torch.zeros(self.max_bs * self.width, dtype=torch.int64, device=device)
+        self.behind = torch.zeros(self.max_bs, dtype=torch.int64, device=device)  # plain catch-up step
         self.graphs: dict = {}
         self.outputs: dict = {}
 
@@ -546,6 +565,10 @@ class SpecStepGraphs:
     def _run(self, bs: int):
         """The captured work: the whole step over the static rows and slots of bucket bs."""
         self.worker.next_start.index_fill_(0, self.scratch, 0)  # padding rows start at position 0
+        if self.k == 0:  # (tokens [bs], probe hits [bs] or None)
+            tokens, _, hits = self.worker._plain_body(self.rows[:bs], self.slots[:bs], self.greedy_info[bs],
+                                                      self.behind[:bs], capturing=True)
+            return tokens, hits
         tokens, num_out, _ = self.worker._spec_body(self.rows[:bs], self.slots[:bs * self.width], self.k,
                                                    self.greedy_info[bs], capturing=True)
         return tokens, num_out
@@ -561,8 +584,8 @@ class SpecStepGraphs:
                             for bs in self.batch_sizes}
         for bs in reversed(self.batch_sizes):
             self._capture_one(bs)
-        logger.info("captured %d whole-step speculative graphs (k = %d, bs %s) in %.1f s", len(self.graphs), self.k,
-                    self.batch_sizes, time.perf_counter() - start)
+        logger.info("captured %d whole-step %s graphs (k = %d, bs %s) in %.1f s", len(self.graphs),
+                    "plain" if self.k == 0 else "speculative", self.k, self.batch_sizes, time.perf_counter() - start)
 
     def _capture_one(self, bs: int) -> None:
         for _ in range(2):  # warm up outside the graph
@@ -573,17 +596,20 @@ class SpecStepGraphs:
             self.outputs[bs] = self._run(bs)
         self.graphs[bs] = graph
 
-    def replay(self, rows: torch.Tensor, out_cache_loc: torch.Tensor):
+    def replay(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, behind: Optional[torch.Tensor] = None):
+        """(tokens, num_out) of a speculative step; (tokens, probe hits or None) of a plain one."""
         bs = rows.shape[0]
         graph_bs = next(b for b in self.batch_sizes if b >= bs)
         self.rows[:bs].copy_(rows, non_blocking=True)
         self.slots[:bs * self.width].copy_(out_cache_loc, non_blocking=True)
+        if behind is not None:
+            self.behind[:bs].copy_(behind, non_blocking=True)
         if graph_bs != bs:
             self.rows[bs:graph_bs].fill_(self.worker.scratch_row)
             self.slots[bs * self.width:graph_bs * self.width].zero_()
         self.graphs[graph_bs].replay()
-        tokens, num_out = self.outputs[graph_bs]
-        return tokens[:bs], num_out[:bs]
+        tokens, second = self.outputs[graph_bs]
+        return tokens[:bs], (second[:bs] if second is not None else None)
 
 
 def _check_pair(target: ModelConfig, draft: ModelConfig) -> None:

@@ -32,10 +32,16 @@ class TritonAttnBackend(AttentionBackend):
         self.device = model_runner.device
         self.num_kv_splits = DEFAULT_NUM_KV_SPLITS
         self.workspace = None  # decode scratch, grown on demand and reused (also by CUDA graphs)
+        # Outgrown workspaces stay allocated: a CUDA graph captured before the growth still
+        # writes to the old one, and freed memory would be handed to other tensors (corrupting
+        # them, or an illegal address once the allocator released it).
+        self.retired_workspaces: list[torch.Tensor] = []
         self.extend_meta = None
 
     def _decode_workspace(self, bs: int) -> torch.Tensor:
         if self.workspace is None or self.workspace.shape[0] < bs:
+            if self.workspace is not None:
+                self.retired_workspaces.append(self.workspace)
             self.workspace = self._decode.decode_workspace(bs, self.num_heads, self.head_dim,
                                                            self.num_kv_splits, self.device)
         return self.workspace[:bs]
