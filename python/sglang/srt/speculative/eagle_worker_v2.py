@@ -388,8 +388,11 @@ class EAGLEWorkerV2(TpModelWorker):
                 hits = self.next_draft[rows] == next_ids
             else:
                 hits = simulated_probe_hits(starts, self.simulated_rate)
+            # One token per row: every token's logits are the last ones (and need no host-made
+            # index, which a graph capture could not copy).
             draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=next_ids,
-                                           capture_aux_hidden_states=False, spec_hidden_states=out.aux_hidden_states)
+                                           capture_aux_hidden_states=False, spec_hidden_states=out.aux_hidden_states,
+                                           return_all_logits=True)
             draft_out = forward_draft(draft_fb)
             self._store_next_draft(rows, draft_out.next_token_logits, draft_out.hidden_states, info, offsets + 1)
         self.next_input[rows] = next_ids
