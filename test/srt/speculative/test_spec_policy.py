@@ -160,8 +160,46 @@ def test_cost_table_buckets_and_extrapolation():
     with pytest.raises(ValueError, match="k=2"):
         cost.seconds(1, 2)
     assert cost.summary() == {"plain_ms": {1: 10.0, 8: 20.0, 64: 50.0},
-                              "spec_ms": {3: {1: 12.0, 8: 30.0, 64: 100.0}}}
+                              "spec_ms": {3: {1: 12.0, 8: 30.0, 64: 100.0}}, "context_ns_per_token": {}}
     json.dumps(cost.summary())
+
+
+def test_a_bucket_measured_slower_than_a_larger_one_takes_the_larger_ones_time():
+    """Start-up timings are noisy (an 8B run measured k = 3 at 17.3 ms for batch 112 and 14.6 ms
+    for 128); a step's cost cannot fall as its padded bucket grows."""
+    cost = CostTable({1: 0.010, 112: 0.0173, 128: 0.0146, 256: 0.030}, {})
+    assert [cost.seconds(bs, 0) for bs in (1, 112, 128, 256)] == [0.010, 0.0146, 0.0146, 0.030]
+
+
+def test_context_adds_its_kv_read_to_every_step():
+    cost = CostTable({8: 0.010}, {(8, 3): 0.020}, context_seconds={0: 1e-8, 3: 1.5e-8})
+    assert cost.seconds(8, 0, context_tokens=100_000) == pytest.approx(0.010 + 1e-3)
+    assert cost.seconds(8, 3, context_tokens=100_000) == pytest.approx(0.020 + 1.5e-3)
+    assert cost.summary()["context_ns_per_token"] == {0: 10.0, 3: 15.0}
+    with pytest.raises(ValueError, match="k=1"):
+        CostTable({8: 0.010}, {(8, 3): 0.020}, context_seconds={1: 1e-8})
+
+
+def test_long_contexts_make_the_cost_policy_speculate_deeper():
+    """The 8B start-up table of 2026-11-30 at batch 128 (ms: plain 7.86, k = 1 8.62, k = 3 14.59,
+    measured without context) and per-token KV reads for 8B shapes at ~4 TB/s (target 128 KiB,
+    draft 4 KiB a token): at accept length 3 (rate 0.81) and no context the table prefers
+    k = 1, but with 128 requests of 1.1k tokens of context, which every step reads alike,
+    k = 3 wins, as the served sweep found (k = 3 2.3% ahead of the k = 1 the policy chose)."""
+    kv_target, kv_draft, bandwidth = 131072, 4096, 4.0e12
+    context = {k: (kv_target + (k + 1) * kv_draft) / bandwidth for k in (1, 3)}
+    context[0] = (kv_target + kv_draft) / bandwidth
+    table = dict(plain={128: 7.86e-3}, spec={(128, 1): 8.62e-3, (128, 3): 14.59e-3})
+    rids = [f"r{i}" for i in range(128)]
+
+    def choice(context_tokens: int, with_context: bool) -> int:
+        cost = CostTable(table["plain"], table["spec"], context if with_context else None)
+        policy = CostPolicy([0, 1, K_MAX], cost, AcceptanceEstimator(K_MAX, prior=0.81))
+        return policy.choose(rids, context_tokens)
+
+    assert choice(128 * 1100, with_context=False) == 1
+    assert choice(128 * 1100, with_context=True) == 3
+    assert choice(128 * 10, with_context=True) == 1  # short contexts: the table's choice stands
 
 
 # --- Threshold policy ------------------------------------------------------------------------

@@ -7,6 +7,7 @@ The policies' own logic (estimates, cost, hysteresis, no flapping) is in test_sp
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -161,6 +162,14 @@ def test_cost_policy_measures_its_table_and_reports_its_choices(demo_paths):
     cost = policy["cost"]
     assert set(cost["spec_ms"]) == {1, 3}  # the default candidates: 0, 1 and k_max
     assert all(ms > 0 for ms in cost["plain_ms"].values())
+    # Each token of context costs a step its KV read: the target's once, the draft's once per
+    # draft forward (k chain steps and the extend). Same heads and head size here: the bytes go
+    # by layer count.
+    per_token = cost["context_ns_per_token"]
+    assert set(per_token) == {0, 1, 3} and 0 < per_token[0] < per_token[1] < per_token[3]
+    layers = [json.load(open(os.path.join(path, "config.json")))["num_hidden_layers"] for path in demo_paths]
+    target, draft = layers
+    assert per_token[3] / per_token[1] == pytest.approx((target + 4 * draft) / (target + 2 * draft), rel=1e-6)
     steps_by_k = {int(k): n for k, n in state["spec_steps_by_k"].items()}
     chosen = {int(k): n for k, n in policy["steps_per_k"].items()}
     # Every step the policy chose ran with that k (a retraction may ask it once more).

@@ -151,7 +151,8 @@ class Scheduler:
     def spec_steps_for(self, batch_size: int) -> int:
         """Draft tokens for the next decode step of the running requests (0: a plain step), as
         the speculation policy chooses (--speculative-policy)."""
-        return self.spec_policy.choose([req.rid for req in self.running_reqs])
+        return self.spec_policy.choose([req.rid for req in self.running_reqs],
+                                       sum(req.kv_len for req in self.running_reqs))
 
     def _make_spec_policy(self, args: ServerArgs):
         from sglang.srt.speculative.spec_policy import CostTable, make_policy, parse_adaptive_config
@@ -160,7 +161,7 @@ class Scheduler:
         cost = None
         if args.speculative_policy == "cost":
             measured = self.tp_worker.measure_step_costs()
-            cost = CostTable(measured["plain"], measured["spec"])
+            cost = CostTable(measured["plain"], measured["spec"], measured.get("context"))
             logger.info("speculation cost table (ms per decode step, measured at start-up): %s", cost.summary())
         return make_policy(args.speculative_policy, self.spec_k, threshold=args.speculative_threshold,
                            candidates=args.speculative_candidate_steps,

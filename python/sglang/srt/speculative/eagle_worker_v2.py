@@ -476,11 +476,12 @@ class EAGLEWorkerV2(TpModelWorker):
 
     # ---- step costs, for the speculation policy -------------------------------------------
 
-    def measure_step_costs(self, repeats: int = 3) -> dict:
+    def measure_step_costs(self, repeats: int = 5) -> dict:
         """Seconds per decode step of a plain step and of each reachable k, at every graph
         bucket (replaying the graphs a real step replays), or eagerly at batch size 1 without
         graphs. Every row of these steps is the scratch row and every slot the padding slot 0,
-        so no request's state is touched. Returns {"plain": {bs: s}, "spec": {(bs, k): s}}."""
+        so no request's state is touched. Returns {"plain": {bs: s}, "spec": {(bs, k): s},
+        "context": {k: s per context token}} (see _context_seconds_per_token)."""
         sizes = graph_batch_sizes(self.model_runner) or [1]
         plain: dict[int, float] = {}
         spec: dict[tuple[int, int], float] = {}
@@ -502,7 +503,38 @@ class EAGLEWorkerV2(TpModelWorker):
                 else:
                     run = lambda: self._spec_body(rows, slots, k, info)  # noqa: E731
                 spec[(bs, k)] = self._seconds_per_call(run, repeats)
-        return {"plain": plain, "spec": spec}
+        return {"plain": plain, "spec": spec, "context": self._context_seconds_per_token()}
+
+    def _context_seconds_per_token(self) -> dict[int, float]:
+        """What one token of context adds to a step of each k, from the KV bytes the step's
+        attention reads and the device's measured copy bandwidth: the target's KV once (a verify
+        reads each request's KV once for all its k + 1 tokens), the draft's once per draft
+        forward (k chain steps and the extend; a warm plain step's one-token extend)."""
+        def kv_bytes(runner) -> int:
+            pool = runner.token_to_kv_pool
+            return len(pool.k_buffer) * 2 * pool.k_buffer[0][0].numel() * pool.k_buffer[0].element_size()
+
+        seconds_per_byte = 1.0 / self._copy_bandwidth()
+        target, draft = kv_bytes(self.model_runner), kv_bytes(self.draft_runner)
+        plain_draft = draft if self.draft_sync == "warm" else 0
+        return {0: (target + plain_draft) * seconds_per_byte,
+                **{k: (target + (k + 1) * draft) * seconds_per_byte for k in self.reachable_steps}}
+
+    def _copy_bandwidth(self, nbytes: int = 1 << 28, repeats: int = 5) -> float:
+        """Bytes per second moved (read + written) by a device-to-device copy of `nbytes`."""
+        if self.device != "cuda":
+            nbytes = 1 << 24
+        src = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        dst = torch.empty_like(src)
+        dst.copy_(src)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            dst.copy_(src)
+        if self.device == "cuda":
+            torch.cuda.synchronize()
+        return 2 * nbytes * repeats / (time.perf_counter() - start)
 
     def _pad_slots(self, n: int) -> torch.Tensor:
         return torch.zeros(n, dtype=torch.int64, device=self.device)

@@ -221,7 +221,13 @@ class CostTable:
     buckets. Measured by replaying the captured graphs at start-up, since the ratio of the two
     depends on model, GPU and batch size in ways no formula gets right."""
 
-    def __init__(self, plain: dict[int, float], spec: dict[tuple[int, int], float]):
+    def __init__(self, plain: dict[int, float], spec: dict[tuple[int, int], float],
+                 context_seconds: Optional[dict[int, float]] = None):
+        """context_seconds[k]: seconds a step of k drafts adds per token of context in the batch
+        (its attention reading the KV cache), which the start-up replays on an empty scratch
+        row do not see: at batch 128 with 1k-token contexts the target's KV read is larger than
+        its weights, and plain and speculative steps pay it alike (a verify reads each
+        request's KV once), so leaving it out overstates what speculation costs there."""
         by_k: dict[int, dict[int, float]] = {0: dict(plain)} if plain else {}
         for (bs, k), seconds in spec.items():
             if k < 1:
@@ -232,19 +238,34 @@ class CostTable:
                 if bs < 1 or not seconds > 0:
                     raise ValueError(f"CostTable: k={k} batch size {bs}: need batch size >= 1 and seconds > 0, "
                                      f"got {seconds}")
-        # k -> (sorted bucket sizes, their seconds), for a bisect per lookup.
-        self._buckets = {k: (sorted(table), [table[bs] for bs in sorted(table)]) for k, table in by_k.items()}
+        self.context_seconds = dict(context_seconds or {})
+        for k, seconds in self.context_seconds.items():
+            if k not in by_k or not seconds >= 0:
+                raise ValueError(f"CostTable: context seconds for k={k} need a measured step time and a value "
+                                 f">= 0, got {seconds}")
+        # k -> (sorted bucket sizes, their seconds), for a bisect per lookup. A step replays the
+        # graph of the smallest bucket >= its batch, so a step's true cost cannot fall as the
+        # bucket grows: a bucket measured slower than a larger one is timing noise, and takes the
+        # larger one's time.
+        self._buckets = {}
+        for k, table in by_k.items():
+            sizes = sorted(table)
+            times = [table[bs] for bs in sizes]
+            for i in range(len(times) - 2, -1, -1):
+                times[i] = min(times[i], times[i + 1])
+            self._buckets[k] = (sizes, times)
 
     @property
     def measured_steps(self) -> tuple[int, ...]:
         """Every k with at least one measurement (0 = plain)."""
         return tuple(sorted(self._buckets))
 
-    def seconds(self, batch_size: int, k: int) -> float:
+    def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
         """Seconds of one step of k drafts (0 = plain) at this batch size: the smallest measured
-        bucket >= batch_size (the graph that would be replayed, padded). Beyond the largest
-        bucket there is no graph; the largest bucket's time is scaled by batch_size / largest,
-        an extrapolation that assumes compute-bound steps there (linear in tokens)."""
+        bucket >= batch_size (the graph that would be replayed, padded), plus the KV read of
+        `context_tokens` (the batch's summed context). Beyond the largest bucket there is no
+        graph; the largest bucket's time is scaled by batch_size / largest, an extrapolation
+        that assumes compute-bound steps there (linear in tokens)."""
         entry = self._buckets.get(k)
         if entry is None:
             raise ValueError(f"CostTable: no measured step time for k={k} "
@@ -253,9 +274,8 @@ class CostTable:
             raise ValueError(f"CostTable: batch size must be >= 1, got {batch_size}")
         sizes, times = entry
         i = bisect_left(sizes, batch_size)
-        if i < len(sizes):
-            return times[i]
-        return times[-1] * batch_size / sizes[-1]
+        step = times[i] if i < len(sizes) else times[-1] * batch_size / sizes[-1]
+        return step + context_tokens * self.context_seconds.get(k, 0.0)
 
     def summary(self) -> dict:
         """{"plain_ms": {bs: ms}, "spec_ms": {k: {bs: ms}}} for logs and /get_server_info."""
@@ -264,7 +284,8 @@ class CostTable:
             return {bs: round(1e3 * t, 4) for bs, t in zip(sizes, times)}
 
         return {"plain_ms": ms(0) if 0 in self._buckets else {},
-                "spec_ms": {k: ms(k) for k in self.measured_steps if k > 0}}
+                "spec_ms": {k: ms(k) for k in self.measured_steps if k > 0},
+                "context_ns_per_token": {k: round(1e9 * s, 4) for k, s in sorted(self.context_seconds.items())}}
 
 
 class SpecPolicy(ABC):
@@ -283,9 +304,10 @@ class SpecPolicy(ABC):
         # Steps run in a row with current_k, the step that chose it included (for dwell).
         self.steps_in_current = 0
 
-    def choose(self, rids: list[str]) -> int:
-        """k for the next decode step of this batch (rids: its decode requests); 0 = PLAIN."""
-        k = self._choose(rids)
+    def choose(self, rids: list[str], context_tokens: int = 0) -> int:
+        """k for the next decode step of this batch (rids: its decode requests; context_tokens:
+        their summed context length); 0 = PLAIN."""
+        k = self._choose(rids, context_tokens)
         if k == self.current_k:
             self.steps_in_current += 1
         else:
@@ -297,7 +319,7 @@ class SpecPolicy(ABC):
         return k
 
     @abstractmethod
-    def _choose(self, rids: list[str]) -> int:
+    def _choose(self, rids: list[str], context_tokens: int) -> int:
         """The policy's k for this batch; current_k and steps_in_current describe the steps so far."""
 
     def observe_verify(self, rids: list[str], num_out: list[int], k_step: int) -> None:
@@ -329,7 +351,7 @@ class AlwaysPolicy(SpecPolicy):
 
     name = "always"
 
-    def _choose(self, rids: list[str]) -> int:
+    def _choose(self, rids: list[str], context_tokens: int) -> int:
         return self.k_max
 
 
@@ -338,7 +360,7 @@ class NeverPolicy(SpecPolicy):
 
     name = "never"
 
-    def _choose(self, rids: list[str]) -> int:
+    def _choose(self, rids: list[str], context_tokens: int) -> int:
         return 0
 
 
@@ -354,7 +376,7 @@ class ThresholdPolicy(SpecPolicy):
             raise ValueError(f"threshold must be >= 0, got {threshold}")
         self.threshold = threshold
 
-    def _choose(self, rids: list[str]) -> int:
+    def _choose(self, rids: list[str], context_tokens: int) -> int:
         return self.k_max if len(rids) <= self.threshold else 0
 
     def summary(self) -> dict:
@@ -416,17 +438,17 @@ class CostPolicy(SpecPolicy):
     def candidates_for(self, batch_size: int) -> list[int]:
         return _bucket_lookup(self._bs_keys, self.candidates_by_bs, batch_size, self.candidates)
 
-    def objective(self, rids: list[str], candidates: list[int]) -> dict[int, float]:
+    def objective(self, rids: list[str], candidates: list[int], context_tokens: int = 0) -> dict[int, float]:
         """Expected tokens per second of each candidate for this batch."""
         bs = len(rids)
         totals = self.estimator.batch_expected_tokens(rids, max(candidates))
-        return {k: totals[k] / self.cost.seconds(bs, k) for k in candidates}
+        return {k: totals[k] / self.cost.seconds(bs, k, context_tokens) for k in candidates}
 
     def _margin(self, batch_size: int, current: int, best: int) -> float:
         margins = _bucket_lookup(self._hyst_keys, self.hysteresis_by_bs, batch_size, {})
         return margins.get("up" if best > current else "down", self.hysteresis)
 
-    def _choose(self, rids: list[str]) -> int:
+    def _choose(self, rids: list[str], context_tokens: int) -> int:
         cur = self.current_k
         if not rids:  # nothing to decode: no evidence either way
             return cur if cur is not None else self.candidates[0]
@@ -434,7 +456,7 @@ class CostPolicy(SpecPolicy):
         candidates = self.candidates_for(bs)
         if cur is not None and cur in candidates and self.steps_in_current < self.min_dwell:
             return cur
-        obj = self.objective(rids, candidates)
+        obj = self.objective(rids, candidates, context_tokens)
         self.last_objective = obj
         best = max(candidates, key=lambda k: obj[k])  # ties: the first (smallest k)
         if cur is None or cur not in candidates:
