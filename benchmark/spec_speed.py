@@ -13,6 +13,10 @@ accept length (tokens per verify, bonus included) and the mean device time of it
 random weights and a random EAGLE-3 draft for them (acceptance ~0: that run measures cost).
 Each k (0 = plain) runs in its own process with one Scheduler sized for the largest batch, which
 runs the batch sizes in turn (so a model loads and captures its graphs once per k).
+
+`--off-state` measures what a loaded draft costs when it is not used (issue 8): the server
+without a draft against the speculative server with `--speculative-policy never`, draft kept
+warm and caught up; for each, the prefill time of the batch's prompts and the decode speed.
 """
 
 from __future__ import annotations
@@ -52,8 +56,9 @@ def code_prompts(model: str, n: int, length: int) -> list[list[int]]:
 
 
 def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input_len: int, output_len: int,
-            device: str, prompt_kind: str = "random", step_graph: bool = True) -> list[dict]:
-    """One Scheduler (KV pool and graphs sized for the largest batch) runs every level in turn."""
+            device: str, prompt_kind: str = "random", step_graph: bool = True, draft_sync: str | None = None) -> list[dict]:
+    """One Scheduler (KV pool and graphs sized for the largest batch) runs every level in turn.
+    draft_sync: the draft is loaded but never used (policy `never`), kept warm or caught up."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -62,6 +67,8 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
 
     spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=k,
                 disable_speculative_step_graph=not step_graph) if draft else {}
+    if draft and draft_sync:
+        spec.update(speculative_policy="never", speculative_draft_sync=draft_sync)
     max_bs = max(batch_sizes)
     args = ServerArgs(model_path=model, device=device, max_running_requests=max_bs, cuda_graph_max_bs=max_bs,
                       log_level="warning", **spec)
@@ -73,11 +80,17 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
             scheduler.tp_worker.stats = SpecStats(k)
         prompts = code_prompts(model, bs, input_len) if prompt_kind == "code" else random_prompts(
             scheduler.model_config.vocab_size, bs, input_len)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        prefill_start = time.perf_counter()
         for i, ids in enumerate(prompts):
             params = SamplingParams(max_new_tokens=output_len, temperature=0, ignore_eos=True)
             scheduler.add_request(TokenizedGenerateReqInput(f"bs{bs}-r{i}", ids, params, stream=False))
         while scheduler.waiting_queue or scheduler.chunked_req is not None or len(scheduler.running_reqs) < bs:
             scheduler.step()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        prefill_seconds = time.perf_counter() - prefill_start
         first_tokens = sum(len(r.output_ids) + r.num_pending for r in scheduler.running_reqs)
         if device == "cuda":
             torch.cuda.synchronize()
@@ -106,8 +119,12 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
         decode_tokens = bs * output_len - first_tokens
         result = {"batch_size": bs, "k": k if draft else 0, "step_graph": bool(draft) and step_graph,
                   "decode_tokens": decode_tokens, "seconds": seconds,
-                  "tokens_per_s": decode_tokens / seconds}
-        if draft:
+                  "tokens_per_s": decode_tokens / seconds, "prefill_seconds": prefill_seconds,
+                  "prefill_tokens_per_s": bs * input_len / prefill_seconds}
+        if draft and draft_sync:
+            result.update(config=f"never, draft {draft_sync}",
+                          ms_per_step=1e3 * seconds / max(scheduler.get_internal_state()["spec_plain_steps"], 1))
+        elif draft:
             state = scheduler.get_internal_state()
             result.update(accept_length=state["avg_spec_accept_length"], phase_ms=state["spec_phase_ms"],
                           ms_per_step=1e3 * seconds / max(state["spec_steps"], 1))
@@ -147,21 +164,25 @@ def main() -> None:
     parser.add_argument("--workdir", default="/tmp/spec_speed")
     parser.add_argument("--disable-step-graph", action="store_true",
                         help="speculative steps replay a graph per forward, not one per step")
-    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one k in this process
+    parser.add_argument("--off-state", action="store_true",
+                        help="no draft vs policy never with the draft warm / caught up, instead of the k list")
+    parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one variant in this process
     args = parser.parse_args()
     target, draft = make_pair(args.pair, args.workdir)
     batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
     if args.one is not None:
-        k = int(args.one)
+        sync = args.one if args.one in ("warm", "catch-up") else None
+        k = 3 if sync else int(args.one)
         print(json.dumps(measure(target, draft if k else None, k, batch_sizes, args.input_len, args.output_len,
                                  args.device, "code" if args.pair == "demo" else "random",
-                                 not args.disable_step_graph)), flush=True)
+                                 not args.disable_step_graph, sync)), flush=True)
         return
     results = []
-    for k in [0] + [int(x) for x in args.steps.split(",")]:
+    variants = ["0", "warm", "catch-up"] if args.off_state else ["0"] + args.steps.split(",")
+    for k in variants:
         cmd = [sys.executable, __file__, "--out", args.out, "--pair", args.pair, "--input-len", str(args.input_len),
                "--output-len", str(args.output_len), "--device", args.device, "--workdir", args.workdir,
-               "--batch-sizes", args.batch_sizes, "--one", str(k)] + (["--disable-step-graph"] if args.disable_step_graph
+               "--batch-sizes", args.batch_sizes, "--one", k] + (["--disable-step-graph"] if args.disable_step_graph
                                                                       else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
@@ -170,8 +191,10 @@ def main() -> None:
         else:
             for r in json.loads(proc.stdout.strip().splitlines()[-1]):
                 results.append(r)
-                print(f"bs {r['batch_size']} k {k}: {r['tokens_per_s']:.1f} tok/s, {r['ms_per_step']:.2f} ms/step"
-                      + (f", accept {r['accept_length']:.2f}, phases {r['phase_ms']}" if k else ""), flush=True)
+                print(f"bs {r['batch_size']} {r.get('config', 'k ' + k)}: {r['tokens_per_s']:.1f} tok/s, "
+                      f"{r['ms_per_step']:.2f} ms/step, prefill {r['prefill_tokens_per_s']:.0f} tok/s"
+                      + (f", accept {r['accept_length']:.2f}, phases {r['phase_ms']}" if 'accept_length' in r else ""),
+                      flush=True)
         with open(args.out, "w") as f:  # after every k: a cut-short run keeps what it measured
             json.dump({"pair": args.pair, "input_len": args.input_len, "output_len": args.output_len,
                        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",

@@ -40,6 +40,19 @@ def test_an_envelope_that_holds_passes_with_the_ratios(tmp_path):
     assert first["dynamic_vs_best"] == pytest.approx(216 / 220)
     assert result["points"][-1]["dynamic_vs_no_draft"] == pytest.approx(7950 / 8000)
     assert first["dynamic_step_share_by_k"] == {"0": 1 / 256, "3": 255 / 256}  # the mode mix of each point
+    assert result["notes"] == []  # the lines carry no durations: nothing to flag
+
+
+def test_levels_too_short_to_read_are_flagged(tmp_path):
+    no_draft, always = tmp_path / "n.jsonl", tmp_path / "a.jsonl"
+    for path, tps in ((no_draft, 100.0), (always, 200.0)):
+        path.write_text("".join(json.dumps({"max_concurrency": c, "output_throughput": tps * c, "failed": 0,
+                                            "duration": seconds}) + "\n" for c, seconds in ((1, 20.0), (8, 1.05))))
+    out = tmp_path / "r.json"
+    rc = report.main(["--no-draft", str(no_draft), "--always", str(always), "--dynamic", str(always),
+                      "--out", str(out)])
+    notes = json.loads(out.read_text())["notes"]
+    assert rc == 0 and len(notes) == 1 and "levels [8]" in notes[0]
 
 
 @pytest.mark.parametrize("dynamic, missed_level", [
