@@ -13,7 +13,7 @@
 # depend on the accept length: it is named after the model (8b_no_draft, demo_no_draft), so one
 # no-draft sweep serves both 8B configs. The report runs when OUT holds all three sweeps.
 # Env: LEVELS, INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, PER_CONC, SWEEP_TIMEOUT_S (as
-# serving_sweep_gpu.sh; defaults here: input 1024, output 128, 24 prompts or 2 per unit of
+# serving_sweep_gpu.sh; defaults here: input 1024, output 128, 32 prompts or 3 per unit of
 # concurrency), EXTRA_SERVER_ARGS (added to every server, e.g. `--device cpu` for a dry run),
 # MODEL / DRAFT (override the config's pair, e.g. tiny models for a dry run).
 set -u -o pipefail
@@ -23,7 +23,7 @@ shift 2
 SERVERS=${*:-no_draft always dynamic}
 WORK=/tmp/spec_envelope
 mkdir -p "$OUT" "$WORK"
-export NUM_PROMPTS=${NUM_PROMPTS:-24} PER_CONC=${PER_CONC:-2} SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-170}
+export NUM_PROMPTS=${NUM_PROMPTS:-32} PER_CONC=${PER_CONC:-3} SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-170}
 case "$CONFIG" in
   8b-acc2|8b-acc3)
     if [ -z "${MODEL:-}" ]; then
