@@ -3,12 +3,13 @@ captured forward on the runner's static buffers at every replay, so everything a
 (bucket choice, padding rows, copying inputs into the static buffers, the hidden-state input of
 the draft's graphs, slicing logits / aux / hidden outputs, the extend-shaped modes' per-row
 logits) is exercised without a GPU. Plain and speculative decoding (with every shape it
-captures: verify, draft chain step, draft extend, and the plain step's two) must give the
+captures: verify, draft chain step, draft extend, the plain step, whole steps) must give the
 eager output, batch sizes on and between buckets."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
@@ -48,8 +49,11 @@ class RerunStepGraph:
         self.run, self.outputs = run, outputs
 
     def replay(self):
-        for target, fresh in zip(self.outputs, self.run()):
-            target.copy_(fresh)
+        fresh = self.run()
+        with torch.inference_mode():  # outputs made by the sampler are inference tensors
+            for target, value in zip(self.outputs, fresh):
+                if target is not None:  # a catch-up plain step has no probe hits
+                    target.copy_(value)
 
 
 def fake_step_capture_one(self, bs):
@@ -64,9 +68,9 @@ def rerun_graphs(monkeypatch):
     monkeypatch.setattr(eagle_worker_v2.SpecStepGraphs, "_capture_one", fake_step_capture_one)
     step_replay = eagle_worker_v2.SpecStepGraphs.replay
 
-    def counted_step(self, rows, out_cache_loc):
+    def counted_step(self, rows, out_cache_loc, behind=None):
         replays.append(("STEP", self.width, rows.shape[0]))
-        return step_replay(self, rows, out_cache_loc)
+        return step_replay(self, rows, out_cache_loc, behind)
 
     monkeypatch.setattr(eagle_worker_v2.SpecStepGraphs, "replay", counted_step)
     for module in (cuda_graph_runner, eagle_worker_v2):  # graphs "on" whatever the device
@@ -137,12 +141,16 @@ def test_plain_steps_of_the_speculative_worker_replay_their_graphs(rerun_graphs,
 
 def test_every_k_the_policy_can_reach_has_its_graphs(rerun_graphs, eager_outputs):
     """With candidates 0, 1 and 3, steps of k = 1 and k = 3 replay whole-step graphs of their
-    own width and plain steps replay the plain step's graphs; the output stays plain decoding's."""
+    own width and plain steps the plain step's whole-step graph (width 1); the output stays
+    plain decoding's. Without whole-step graphs, each forward replays its own graph."""
     choose = lambda i: [0, 1, 3][i % 3]  # noqa: E731
     spec = dict(speculative_policy="cost", speculative_candidate_steps=[0, 1, 3])
-    assert generate(True, choose=choose, step_graph=True, **spec) == eager_outputs["plain"]
-    shapes = {shape[:2] for shape in rerun_graphs}
-    assert {("STEP", 2), ("STEP", 4), ("DECODE", 1), ("DRAFT_EXTEND", 1)} <= shapes
+    for sync in ("warm", "catch-up"):
+        rerun_graphs.clear()
+        assert generate(True, choose=choose, step_graph=True, speculative_draft_sync=sync,
+                        **spec) == eager_outputs["plain"], sync
+        shapes = {shape[:2] for shape in rerun_graphs}
+        assert {("STEP", 1), ("STEP", 2), ("STEP", 4)} <= shapes, sync
     rerun_graphs.clear()
     assert generate(True, choose=choose, **spec) == eager_outputs["plain"]  # graph per forward
     shapes = {shape[:2] for shape in rerun_graphs}

@@ -26,10 +26,12 @@ UPSTREAM_DEFAULTS = {
     "repetition_penalty": 1.0,
     "logit_bias": None,
 }
+# Ours, beside upstream's: a request's opt-out of speculative decoding (issue 8).
+OUR_DEFAULTS = {"disable_speculative_decoding": False}
 
 
 def test_defaults_match_upstream():
-    assert dataclasses.asdict(SamplingParams()) == UPSTREAM_DEFAULTS
+    assert dataclasses.asdict(SamplingParams()) == {**UPSTREAM_DEFAULTS, **OUR_DEFAULTS}
 
 
 def test_defaults_pass_verify():

@@ -103,6 +103,15 @@ def test_threshold_server_reports_its_modes_in_metrics_and_logs():
         assert steps.get("0", 0) > 0 and steps.get("3", 0) > 0, metrics
         switches = next(line for line in metrics.splitlines() if line.startswith("sglang:spec_mode_switches{"))
         assert float(switches.split()[-1]) == state["spec_policy"]["switches"]
+        # The policy's acceptance estimate per draft position and its expected tokens per k.
+        def labelled(name, label):
+            return {line.split(f'{label}="')[1].split('"')[0]: float(line.split()[-1])
+                    for line in metrics.splitlines() if line.startswith(f"sglang:{name}{{")}
+        rates = labelled("spec_position_acceptance", "position")
+        assert rates == {str(i + 1): pytest.approx(a) for i, a in enumerate(state["spec_policy"]["acceptance_rates"])}
+        assert len(rates) == 3 and all(0 <= a <= 1 for a in rates.values())
+        expected = labelled("spec_expected_tokens", "k")
+        assert expected["0"] == 1 and 1 <= expected["1"] <= expected["3"] <= 4
         assert_server_kv_accounting(server)
     finally:
         server.stop()

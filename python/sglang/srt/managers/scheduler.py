@@ -151,8 +151,9 @@ class Scheduler:
     def spec_steps_for(self, batch_size: int) -> int:
         """Draft tokens for the next decode step of the running requests (0: a plain step), as
         the speculation policy chooses (--speculative-policy)."""
-        return self.spec_policy.choose([req.rid for req in self.running_reqs],
-                                       sum(req.kv_len for req in self.running_reqs))
+        rids = [req.rid for req in self.running_reqs if not req.sampling_params.disable_speculative_decoding]
+        return self.spec_policy.choose(rids, sum(req.kv_len for req in self.running_reqs),
+                                       num_plain_only=len(self.running_reqs) - len(rids))
 
     def _make_spec_policy(self, args: ServerArgs):
         from sglang.srt.speculative.spec_policy import CostTable, make_policy, parse_adaptive_config
@@ -330,8 +331,11 @@ class Scheduler:
         # What this step says about acceptance, before any request finishes (and is forgotten).
         rids = [batch.reqs[i].rid for i in live_rows]
         if width > 1:
-            self.tp_worker.stats.record_step([num_out[i] for i in live_rows], result.timer.seconds(), width - 1)
-            self.spec_policy.observe_verify(rids, [num_out[i] for i in live_rows], width - 1)
+            # Requests that opted out took one token without verifying anything.
+            verified = [i for i in live_rows if not batch.reqs[i].sampling_params.disable_speculative_decoding]
+            self.tp_worker.stats.record_step([num_out[i] for i in verified], result.timer.seconds(), width - 1)
+            self.spec_policy.observe_verify([batch.reqs[i].rid for i in verified], [num_out[i] for i in verified],
+                                            width - 1)
         else:
             self.tp_worker.stats.record_plain_step()
             if "probe_hits" in host:  # a warm draft's free probe (catch-up plain steps have none)
@@ -343,7 +347,8 @@ class Scheduler:
                 continue
             req.kv_len -= width - num_out[i]
             req.num_pending -= 1
-            req.spec_verify_ct += width > 1  # a plain step verifies nothing
+            # A plain step verifies nothing; nor does a speculative one for a request that opted out.
+            req.spec_verify_ct += width > 1 and not req.sampling_params.disable_speculative_decoding
             for j, token_id in enumerate(tokens[i][: num_out[i]]):
                 if req.return_logprob:
                     req.output_token_logprobs.append((token_logprobs[i][j], token_id))

@@ -55,6 +55,12 @@ class MetricsCollector:
                                    "the step before.")
         self.spec_steps_by_k = Gauge("sglang:spec_decode_steps", "Speculative decoding: decode steps run with each k "
                                      "(0 = plain).", labels + ["k"], registry=r)
+        self.spec_position_acceptance = Gauge(
+            "sglang:spec_position_acceptance", "Speculative decoding: the policy's current estimate of the chance that "
+            "draft i is accepted given drafts 1..i-1 were (pooled over requests).", labels + ["position"], registry=r)
+        self.spec_expected_tokens = Gauge(
+            "sglang:spec_expected_tokens", "Speculative decoding: the policy's current estimate of output tokens per "
+            "request in a step of k drafts (k = 0: 1).", labels + ["k"], registry=r)
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -99,6 +105,10 @@ class MetricsCollector:
             self.spec_switches.set(policy.get("switches", 0))
             for k, steps in state.get("spec_steps_by_k", {}).items():
                 self.spec_steps_by_k.labels(self.model_name, str(k)).set(steps)
+            for position, rate in enumerate(policy.get("acceptance_rates", []), start=1):
+                self.spec_position_acceptance.labels(self.model_name, str(position)).set(rate)
+            for k, tokens in policy.get("expected_tokens", {}).items():
+                self.spec_expected_tokens.labels(self.model_name, str(k)).set(tokens)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

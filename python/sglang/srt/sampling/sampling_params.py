@@ -35,6 +35,9 @@ class SamplingParams:
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: dict | None = None
+    # Never speculate for this request, even inside a speculative step of a batch (its drafts
+    # are discarded and it takes the target's own next token): ignored without a draft.
+    disable_speculative_decoding: bool = False
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SamplingParams:
@@ -173,6 +176,7 @@ _FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, Callable[[Any], Any]]]
     "presence_penalty": _FLOAT,
     "repetition_penalty": _FLOAT,
     "logit_bias": (lambda v: isinstance(v, dict), "an object mapping token ids to biases", dict),
+    "disable_speculative_decoding": _BOOL,
 }
 assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SamplingParams)}
 

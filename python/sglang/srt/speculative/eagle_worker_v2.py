@@ -46,9 +46,9 @@ from sglang.srt.models.llama_eagle3 import default_aux_layer_ids
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
-from sglang.srt.speculative.spec_sampling import (SIMULATE_ACC_LEN_ENV, draw_draft, filtered_probs, simulate_acceptance,
-                                                   simulated_accept_rate, simulated_probe_hits, verify_greedy,
-                                                   verify_sampled)
+from sglang.srt.speculative.spec_sampling import (SIMULATE_ACC_LEN_ENV, ChainVerdict, draw_draft, filtered_probs,
+                                                   simulate_acceptance, simulated_accept_rate, simulated_probe_hits,
+                                                   verify_greedy, verify_sampled)
 from sglang.srt.speculative.spec_stats import SpecStats
 from sglang.srt.utils import host_to_device
 
@@ -238,14 +238,17 @@ class EAGLEWorkerV2(TpModelWorker):
         self._catch_up(batch, rows)
         logprobs = any(req.return_logprob for req in batch.reqs)
         greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
+        opted_out = [req.sampling_params.disable_speculative_decoding for req in batch.reqs]
         graphs = self.step_graphs.get(k)
-        if graphs is not None and graphs.can_run(bs, greedy, logprobs):
+        if graphs is not None and graphs.can_run(bs, greedy, logprobs) and not any(opted_out):
             tokens, num_out = graphs.replay(rows, batch.out_cache_loc)
             timer.mark("step")
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
         else:
             info = self.sampling_info(batch, self.vocab_size)
-            tokens, num_out, target_logits = self._spec_body(rows, batch.out_cache_loc, k, info, timer)
+            tokens, num_out, target_logits = self._spec_body(
+                rows, batch.out_cache_loc, k, info, timer,
+                opted_out=host_to_device(opted_out, self.device).bool() if any(opted_out) else None)
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
             if logprobs:
                 self._add_step_logprobs(result, target_logits, max(req.top_logprobs_num for req in batch.reqs))
@@ -253,11 +256,14 @@ class EAGLEWorkerV2(TpModelWorker):
         return result
 
     def _spec_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, k: int, info: SamplingBatchInfo,
-                   timer: Optional["_StepTimer"] = None, capturing: bool = False):
+                   timer: Optional["_StepTimer"] = None, capturing: bool = False,
+                   opted_out: Optional[torch.Tensor] = None):
         """One speculative step of the requests in `rows` over the slots `out_cache_loc`
         ([bs * (k + 1)]); returns (tokens [bs, k + 1], num_out [bs], target logits). Everything
         else it reads and writes is device state, so the whole step can be captured in a graph
-        (`capturing`: sub-forwards run eagerly, inside the capture)."""
+        (`capturing`: sub-forwards run eagerly, inside the capture). `opted_out` (bool[bs]):
+        rows whose requests never speculate; they take the target's next token as a plain step
+        samples it, and their drafts are dropped."""
         bs, device, width = rows.shape[0], self.device, k + 1
         forward_target = self.model_runner.forward_eager if capturing else self.model_runner.forward
         forward_draft = self.draft_runner.forward_eager if capturing else self.draft_runner.forward
@@ -308,6 +314,11 @@ class EAGLEWorkerV2(TpModelWorker):
             q_full = torch.zeros(bs, k, self.vocab_size, dtype=torch.float32, device=device)
             q_full.index_add_(2, self.draft_model.to_target_ids(torch.arange(self.draft_vocab_size, device=device)), q)
             verdict = verify_sampled(target_logits, draft_tokens, q_full, info, offsets)
+        if opted_out is not None:
+            plain = self.model_runner.sample(target_logits[:, 0], info, offsets)
+            tokens = verdict.tokens.clone()
+            tokens[:, 0] = torch.where(opted_out, plain, tokens[:, 0])
+            verdict = ChainVerdict(tokens=tokens, num_out=torch.where(opted_out, 1, verdict.num_out))
         if timer is not None:
             timer.mark("verify")
 

@@ -304,10 +304,12 @@ class SpecPolicy(ABC):
         # Steps run in a row with current_k, the step that chose it included (for dwell).
         self.steps_in_current = 0
 
-    def choose(self, rids: list[str], context_tokens: int = 0) -> int:
-        """k for the next decode step of this batch (rids: its decode requests; context_tokens:
-        their summed context length); 0 = PLAIN."""
-        k = self._choose(rids, context_tokens)
+    def choose(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0) -> int:
+        """k for the next decode step of this batch; 0 = PLAIN. rids: its decode requests that may
+        speculate; num_plain_only: those that opted out (one token a step whatever k is);
+        context_tokens: the summed context length of all of them. A batch with no request that
+        may speculate decodes plainly."""
+        k = 0 if num_plain_only and not rids else self._choose(rids, context_tokens, num_plain_only)
         if k == self.current_k:
             self.steps_in_current += 1
         else:
@@ -319,7 +321,7 @@ class SpecPolicy(ABC):
         return k
 
     @abstractmethod
-    def _choose(self, rids: list[str], context_tokens: int) -> int:
+    def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
         """The policy's k for this batch; current_k and steps_in_current describe the steps so far."""
 
     def observe_verify(self, rids: list[str], num_out: list[int], k_step: int) -> None:
@@ -351,7 +353,7 @@ class AlwaysPolicy(SpecPolicy):
 
     name = "always"
 
-    def _choose(self, rids: list[str], context_tokens: int) -> int:
+    def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
         return self.k_max
 
 
@@ -360,7 +362,7 @@ class NeverPolicy(SpecPolicy):
 
     name = "never"
 
-    def _choose(self, rids: list[str], context_tokens: int) -> int:
+    def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
         return 0
 
 
@@ -376,8 +378,8 @@ class ThresholdPolicy(SpecPolicy):
             raise ValueError(f"threshold must be >= 0, got {threshold}")
         self.threshold = threshold
 
-    def _choose(self, rids: list[str], context_tokens: int) -> int:
-        return self.k_max if len(rids) <= self.threshold else 0
+    def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
+        return self.k_max if len(rids) + num_plain_only <= self.threshold else 0
 
     def summary(self) -> dict:
         return {**super().summary(), "threshold": self.threshold}
@@ -438,25 +440,27 @@ class CostPolicy(SpecPolicy):
     def candidates_for(self, batch_size: int) -> list[int]:
         return _bucket_lookup(self._bs_keys, self.candidates_by_bs, batch_size, self.candidates)
 
-    def objective(self, rids: list[str], candidates: list[int], context_tokens: int = 0) -> dict[int, float]:
-        """Expected tokens per second of each candidate for this batch."""
-        bs = len(rids)
+    def objective(self, rids: list[str], candidates: list[int], context_tokens: int = 0,
+                  num_plain_only: int = 0) -> dict[int, float]:
+        """Expected tokens per second of each candidate for this batch (requests that opted out
+        of speculation add one token and their share of the step's cost)."""
+        bs = len(rids) + num_plain_only
         totals = self.estimator.batch_expected_tokens(rids, max(candidates))
-        return {k: totals[k] / self.cost.seconds(bs, k, context_tokens) for k in candidates}
+        return {k: (totals[k] + num_plain_only) / self.cost.seconds(bs, k, context_tokens) for k in candidates}
 
     def _margin(self, batch_size: int, current: int, best: int) -> float:
         margins = _bucket_lookup(self._hyst_keys, self.hysteresis_by_bs, batch_size, {})
         return margins.get("up" if best > current else "down", self.hysteresis)
 
-    def _choose(self, rids: list[str], context_tokens: int) -> int:
+    def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
         cur = self.current_k
         if not rids:  # nothing to decode: no evidence either way
             return cur if cur is not None else self.candidates[0]
-        bs = len(rids)
+        bs = len(rids) + num_plain_only
         candidates = self.candidates_for(bs)
         if cur is not None and cur in candidates and self.steps_in_current < self.min_dwell:
             return cur
-        obj = self.objective(rids, candidates, context_tokens)
+        obj = self.objective(rids, candidates, context_tokens, num_plain_only)
         self.last_objective = obj
         best = max(candidates, key=lambda k: obj[k])  # ties: the first (smallest k)
         if cur is None or cur not in candidates:

@@ -72,6 +72,7 @@ class _SamplingRequest(_Lenient):
     skip_special_tokens: Optional[bool] = None
     no_stop_trim: Optional[bool] = None
     min_tokens: Optional[int] = Field(None, ge=0)
+    disable_speculative_decoding: Optional[bool] = None  # this request never speculates
 
     @field_validator("stop", mode="before")
     @classmethod

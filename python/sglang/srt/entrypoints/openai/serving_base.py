@@ -336,6 +336,7 @@ def native_sampling_params(request, max_new_tokens: Optional[int]) -> dict:
         "skip_special_tokens": request.skip_special_tokens, "no_stop_trim": request.no_stop_trim,
         "frequency_penalty": request.frequency_penalty, "presence_penalty": request.presence_penalty,
         "repetition_penalty": request.repetition_penalty, "logit_bias": request.logit_bias,
+        "disable_speculative_decoding": request.disable_speculative_decoding,
     }
     params = {name: value for name, value in params.items() if value is not None}
     return {"max_new_tokens": max_new_tokens, **params}
