@@ -252,3 +252,18 @@ def test_streaming_delivers_several_tokens_per_step_and_the_same_text(demo_pair)
     growth = [len(b["output_ids"]) - len(a["output_ids"]) for a, b in zip(chunks, chunks[1:])]
     assert max(growth) > 1  # a verify step delivers its accepted tokens together
     assert all(later["text"].startswith(earlier["text"]) for earlier, later in zip(chunks, chunks[1:]))
+
+
+def test_catch_up_pieces_cover_every_position_in_order_within_the_cap():
+    from sglang.srt.speculative.eagle_worker_v2 import catch_up_pieces
+
+    behind = [(0, 3), (2, 11), (5, 1), (7, 4)]
+    for cap in (1, 2, 4, 5, 19, 100):
+        pieces = catch_up_pieces(behind, cap)
+        assert all(sum(hi - lo for _, lo, hi in piece) <= cap for piece in pieces)
+        assert all(len({i for i, _, _ in piece}) == len(piece) for piece in pieces)  # a request once per forward
+        for i, n in behind:  # each request's segments tile 0 .. n in order, in successive pieces
+            segments = [(lo, hi) for piece in pieces for j, lo, hi in piece if j == i]
+            assert segments[0][0] == 0 and segments[-1][1] == n
+            assert all(a[1] == b[0] for a, b in zip(segments, segments[1:]))
+    assert catch_up_pieces(behind, 100) == [[(0, 0, 3), (2, 0, 11), (5, 0, 1), (7, 0, 4)]]  # one forward

@@ -306,16 +306,22 @@ def test_catch_up_strategy_gives_plain_decodings_output(demo_paths, policy, over
         assert state["spec_steps_by_k"].get("0", 0) > 0 and len(state["spec_steps_by_k"]) > 1
 
 
-@pytest.mark.parametrize("plain_run", [5, 80])  # 80 > CATCH_UP_BUFFER: the aux states are recomputed
-def test_catch_up_leaves_the_draft_as_warm_plain_steps_do(demo_paths, plain_run):
+@pytest.mark.parametrize("plain_run, catch_up_tokens", [
+    (5, None), (80, None),  # 80 > CATCH_UP_BUFFER: the aux states are recomputed
+    (5, 3), (80, 7),  # catch-ups split into forwards of at most 3 / 7 positions
+])
+def test_catch_up_leaves_the_draft_as_warm_plain_steps_do(demo_paths, plain_run, catch_up_tokens):
     """After a run of plain steps, the first speculative step of a catch-up draft proposes what a
-    warm draft proposes: the same accept counts step by step, and the same output."""
+    warm draft proposes: the same accept counts step by step, and the same output; also when
+    the catch-up is split into several forwards."""
     prompt = [205, 300, 1100, 52, 9, 77, 1500, 12]
 
     def accepts(sync: str, overlap: bool):
         scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
                                          speculative_num_steps=3, speculative_draft_sync=sync,
                                          disable_overlap_schedule=not overlap))
+        if catch_up_tokens is not None:
+            scheduler.tp_worker.catch_up_tokens = catch_up_tokens
         steps = []
         scheduler.spec_steps_for = lambda bs: steps.append(0 if len(steps) % (plain_run + 2) < plain_run else 3) \
             or steps[-1]

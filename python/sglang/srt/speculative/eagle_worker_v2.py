@@ -59,6 +59,28 @@ logger = logging.getLogger(__name__)
 CATCH_UP_BUFFER = 64
 
 
+def catch_up_pieces(behind: list[tuple[int, int]], cap: int) -> list[list[tuple[int, int, int]]]:
+    """Splits a catch-up over (request index, positions behind) into forwards of at most `cap`
+    positions: each piece is [(index, lo, hi)] (the request's positions lo .. hi - 1 counted
+    from the first it missed), a request at most once per piece and its segments in order."""
+    pieces: list[list[tuple[int, int, int]]] = []
+    current: list[tuple[int, int, int]] = []
+    size = 0
+    for i, n in behind:
+        lo = 0
+        while lo < n:
+            if size == cap or any(j == i for j, _, _ in current):
+                pieces.append(current)
+                current, size = [], 0
+            hi = min(n, lo + cap - size)
+            current.append((i, lo, hi))
+            size += hi - lo
+            lo = hi
+    if current:
+        pieces.append(current)
+    return pieces
+
+
 @dataclasses.dataclass
 class SpecStepResult(HostCopies):
     """A speculative decode step's outcome; `wait_host` gives host copies of tokens and counts."""
@@ -120,6 +142,7 @@ class EAGLEWorkerV2(TpModelWorker):
         # catch-up: plain steps run the target only and keep, per row, the aux states and sampled
         # tokens of their positions for the draft extend that catches up at the next SPEC step.
         self.draft_sync = server_args.speculative_draft_sync
+        self.catch_up_tokens = server_args.chunked_prefill_size  # positions per catch-up forward
         if self.draft_sync == "catch-up":
             # One column more than the buffer holds: positions past it are written there and
             # dropped (the catch-up recomputes them), so a plain step needs no host branch.
@@ -423,66 +446,86 @@ class EAGLEWorkerV2(TpModelWorker):
         self.pending_tokens[rows, columns] = next_ids
 
     def _catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
-        """Before a speculative step: one DRAFT_EXTEND over the positions each request decoded in
+        """Before a speculative step: DRAFT_EXTENDs over the positions each request decoded in
         plain steps since the draft last caught up (from the buffered aux states and tokens, or
         from a target forward that recomputes them when a request's run outgrew the buffer), so
-        the draft's KV, hidden state and guess d_1 are those a warm draft would have."""
+        the draft's KV, hidden state and guess d_1 are those a warm draft would have. One
+        forward when the positions fit `catch_up_tokens` (the prefill chunk size, which the
+        memory plan leaves room for); more, in position order per request, when they do not."""
         if self.draft_sync != "catch-up":
             return
-        sub = [i for i, req in enumerate(batch.reqs) if req.draft_behind > 0]
-        if not sub:
+        behind = [(i, req.draft_behind) for i, req in enumerate(batch.reqs) if req.draft_behind > 0]
+        if not behind:
             return
+        for piece in catch_up_pieces(behind, self.catch_up_tokens):
+            self._catch_up_piece(batch, rows, piece)
+        for i, _ in behind:
+            batch.reqs[i].draft_behind = 0
+
+    def _catch_up_piece(self, batch: ScheduleBatch, rows: torch.Tensor, piece: list[tuple[int, int, int]]) -> None:
+        """One DRAFT_EXTEND over positions m - n + lo .. m - n + hi - 1 of each (request index,
+        lo, hi) in `piece`, where m is the request's next position and n its draft_behind."""
         device = self.device
-        reqs = [batch.reqs[i] for i in sub]
-        lens = [req.draft_behind for req in reqs]
+        idx = [i for i, _, _ in piece]
+        reqs = [batch.reqs[i] for i in idx]
+        lens = [hi - lo for _, lo, hi in piece]
         total = sum(lens)
-        rows_sub = rows[host_to_device(sub, device)] if len(sub) < len(batch.reqs) else rows
-        starts = self.next_start[rows_sub]  # m: the catch-up covers m - n .. m - 1
+        rows_sub = rows[host_to_device(idx, device)] if len(idx) < len(batch.reqs) else rows
         lens_dev = host_to_device(lens, device)
+        lo_dev = host_to_device([lo for _, lo, _ in piece], device)
+        base = self.next_start[rows_sub] - host_to_device([req.draft_behind for req in reqs], device)  # m - n
+        ends = base + lo_dev + lens_dev  # one past each segment's last position
         local = host_to_device([j for n in lens for j in range(n)], device)
         row_rep = torch.repeat_interleave(rows_sub, lens_dev, output_size=total)
-        positions = torch.repeat_interleave(starts - lens_dev, lens_dev, output_size=total) + local
+        columns = torch.repeat_interleave(lo_dev, lens_dev, output_size=total) + local  # offsets from m - n
+        positions = torch.repeat_interleave(base, lens_dev, output_size=total) + columns
         last = host_to_device([end - 1 for end in itertools.accumulate(lens)], device)
-        if max(lens) <= CATCH_UP_BUFFER:
-            input_ids, aux = self.pending_tokens[row_rep, local], self.pending_aux[row_rep, local]
+        if all(req.draft_behind <= CATCH_UP_BUFFER for req in reqs):
+            input_ids, aux = self.pending_tokens[row_rep, columns], self.pending_aux[row_rep, columns]
         else:
-            input_ids, aux = self._recompute_aux(reqs, lens, rows_sub, starts, positions, last)
+            input_ids, aux = self._recompute_aux(reqs, piece, rows_sub, ends, positions, last)
         table = self.model_runner.req_to_token_pool.req_to_token
         fb = ForwardBatch(
-            forward_mode=ForwardMode.DRAFT_EXTEND, batch_size=len(sub), input_ids=input_ids, positions=positions,
-            req_pool_indices=rows_sub, seq_lens=starts, out_cache_loc=table[row_rep, positions].to(torch.int64),
+            forward_mode=ForwardMode.DRAFT_EXTEND, batch_size=len(idx), input_ids=input_ids, positions=positions,
+            req_pool_indices=rows_sub, seq_lens=ends, out_cache_loc=table[row_rep, positions].to(torch.int64),
             seq_lens_cpu=None, extend_seq_lens_cpu=lens, extend_prefix_lens_cpu=None, spec_hidden_states=aux)
         out = self.draft_runner.forward(fb)
         info = SamplingBatchInfo.from_params([r.sampling_params for r in reqs], [r.seed for r in reqs],
                                              self.vocab_size, device)
-        # Logits come per request (its last position), hidden states per token.
+        # Logits come per request (its last position), hidden states per token. A later piece
+        # of the same request overwrites what an earlier one stored.
         self._store_next_draft(rows_sub, out.next_token_logits, out.hidden_states[last], info,
                                self.next_offset[rows_sub])
-        for req in reqs:
-            req.draft_behind = 0
 
-    def _recompute_aux(self, reqs, lens, rows_sub, starts, positions, last):
-        """The aux states of the positions to catch up on, from a target forward over their tokens
+    def _recompute_aux(self, reqs, piece, rows_sub, ends, positions, last):
+        """The aux states of a piece's positions, from a target forward over their tokens
         (host-known: the steps since are plain, and all but the one in flight are processed). Its
         KV goes to the padding slot: the target's own KV stays as decoded. Returns the draft's
         inputs (each position's next token) and the aux states."""
-        tokens, shifted, prefix = [], [], []
-        for req, n in zip(reqs, lens):
+        tokens, shifted, prefix, seq_ends, at_end = [], [], [], [], []
+        for j, (req, (_, lo, hi)) in enumerate(zip(reqs, piece)):
             m = req.kv_len  # no speculative step of this request is in flight
+            first, stop = m - req.draft_behind + lo, m - req.draft_behind + hi
             ids = req.all_ids
-            tokens.extend(ids[m - n: m])
-            shifted.extend(ids[m - n + 1: m] + [0])  # the last one is the token in flight
-            prefix.append(m - n)
-        total = len(tokens)
+            tokens.extend(ids[first:stop])
+            if stop == m:  # the last one's next token is the one in flight, filled in below
+                shifted.extend(ids[first + 1:stop] + [0])
+                at_end.append(j)
+            else:
+                shifted.extend(ids[first + 1:stop + 1])
+            prefix.append(first)
+            seq_ends.append(stop)
         fb = ForwardBatch(
             forward_mode=ForwardMode.EXTEND, batch_size=len(reqs), input_ids=host_to_device(tokens, self.device),
-            positions=positions, req_pool_indices=rows_sub, seq_lens=starts,
-            out_cache_loc=torch.zeros(total, dtype=torch.int64, device=self.device),
-            seq_lens_cpu=[p + n for p, n in zip(prefix, lens)], extend_seq_lens_cpu=list(lens),
+            positions=positions, req_pool_indices=rows_sub, seq_lens=ends,
+            out_cache_loc=torch.zeros(len(tokens), dtype=torch.int64, device=self.device),
+            seq_lens_cpu=seq_ends, extend_seq_lens_cpu=[hi - lo for _, lo, hi in piece],
             extend_prefix_lens_cpu=prefix, capture_aux_hidden_states=True)
         out = self.model_runner.forward(fb)
         input_ids = host_to_device(shifted, self.device)
-        input_ids[last] = self.next_input[rows_sub]
+        if at_end:
+            at = host_to_device(at_end, self.device)
+            input_ids[last[at]] = self.next_input[rows_sub[at]]
         return input_ids, out.aux_hidden_states
 
     # ---- step costs, for the speculation policy -------------------------------------------
