@@ -574,8 +574,9 @@ class EAGLEWorkerV2(TpModelWorker):
         return {0: (target + plain_draft) * seconds_per_byte,
                 **{k: (target + (k + 1) * draft) * seconds_per_byte for k in self.reachable_steps}}
 
-    def _copy_bandwidth(self, nbytes: int = 1 << 28, repeats: int = 5) -> float:
-        """Bytes per second moved (read + written) by a device-to-device copy of `nbytes`."""
+    def _copy_bandwidth(self, nbytes: int = 1 << 26, repeats: int = 10) -> float:
+        """Bytes per second moved (read + written) by a device-to-device copy of `nbytes` (64 MiB
+        each way: past the L2 cache, small beside what the memory plan leaves free)."""
         if self.device != "cuda":
             nbytes = 1 << 24
         src = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
