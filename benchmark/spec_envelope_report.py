@@ -56,15 +56,16 @@ def envelope(no_draft: dict[int, dict], always: dict[int, dict], dynamic: dict[i
         if point["dynamic_vs_best"] < GOAL_ENVELOPE:
             missed.append(f"concurrency {level}: dynamic {dyn:.1f} tok/s is {point['dynamic_vs_best']:.3f} x the "
                           f"better of no draft / always ({best:.1f}); goal {GOAL_ENVELOPE}")
+    notes = []
     short = [p["concurrency"] for p in points if p["shortest_run_s"] < MIN_LEVEL_SECONDS]
     if short:
-        problems_note = (f"levels {short} ran shorter than {MIN_LEVEL_SECONDS:.0f} s in at least one sweep: "
-                         f"their ratios carry run-to-run spread of several percent (more prompts per level)")
+        notes.append(f"levels {short} ran shorter than {MIN_LEVEL_SECONDS:.0f} s in at least one sweep: "
+                     f"their ratios carry run-to-run spread of several percent (more prompts per level)")
     top = points[-1]
     if top["dynamic_vs_no_draft"] < GOAL_TOP_LEVEL:
         missed.append(f"concurrency {top['concurrency']}: dynamic is {top['dynamic_vs_no_draft']:.3f} x no draft; "
                       f"goal {GOAL_TOP_LEVEL}")
-    return {"points": points, "missed": missed, "problems": problems, "notes": [problems_note] if short else []}
+    return {"points": points, "missed": missed, "problems": problems, "notes": notes}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -94,8 +94,8 @@ async def measure_level(bench: Bench, level: int | None, desc: str) -> dict:
             **summarize(results, start, duration)}
     if before is not None:
         line.update(spec_level_fields(before, await server_spec_counters(bench.session, bench.base_url)))
-    if line.get("spec_accept_length"):  # exact for the level, and not inflated by plain steps
-        line["accept_length"] = line["spec_accept_length"]
+    if before is not None:  # the level's own steps: exact, and not inflated by plain steps' tokens
+        line["accept_length"] = line.get("spec_accept_length")
     elif line["accept_length"] is None:
         line["accept_length"] = await server_accept_length(bench.session, bench.base_url)
     print(format_summary(line), flush=True)

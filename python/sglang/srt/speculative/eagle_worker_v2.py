@@ -69,7 +69,7 @@ def catch_up_pieces(behind: list[tuple[int, int]], cap: int) -> list[list[tuple[
     for i, n in behind:
         lo = 0
         while lo < n:
-            if size == cap or any(j == i for j, _, _ in current):
+            if size == cap or (current and current[-1][0] == i):  # a request's segments are consecutive
                 pieces.append(current)
                 current, size = [], 0
             hi = min(n, lo + cap - size)
