@@ -111,3 +111,55 @@ def test_switching_with_graphs_matches_plain(sync):
     finished = run_to_completion(scheduler)
     assert [finished[f"r{i}"]["ids"] for i in range(5)] == plain
     assert {0, 1, 3} <= set(steps)
+
+
+def test_requests_without_the_draft_in_whole_step_graphs_match_plain():
+    """Requests the draft does not follow (r1, r3: admitted as if speculation did not pay) share
+    speculative steps replayed as one graph (a mask of rows that take plain decoding's token is
+    a graph input), then decode alone through the target's plain decode graph: float32 greedy
+    output is plain decoding's, and the draft stays out of the all-cold steps."""
+    max_new = [30, 90, 30, 90, 30]
+
+    def make(**spec):
+        args = ServerArgs(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
+                          cuda_graph_max_bs=16, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS, **spec)
+        return Scheduler(args)
+
+    def submit_all(scheduler):
+        gen = torch.Generator().manual_seed(1)
+        for i in range(5):
+            ids = torch.randint(10, scheduler.model_config.vocab_size, (8 + 3 * i,), generator=gen).tolist()
+            params = SamplingParams(max_new_tokens=max_new[i], temperature=0, ignore_eos=True)
+            scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
+        finished = run_to_completion(scheduler)
+        return [finished[f"r{i}"]["ids"] for i in range(5)]
+
+    plain = submit_all(make())
+    scheduler = make(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="always")
+    worker = scheduler.tp_worker
+    scheduler.draft_reads_prompt = lambda req, joining: req.rid not in ("r1", "r3")
+    steps = []
+    pattern = [3, 0, 3, 3, 0]
+    scheduler.spec_steps_for = lambda bs: steps.append(pattern[len(steps) % len(pattern)]) or steps[-1]
+    draft_calls = [0]
+    draft_forward = worker.draft_runner.forward
+    late = []  # draft forwards once only r1 and r3 are left
+
+    def counted(fb):
+        draft_calls[0] += 1
+        if {r.rid for r in scheduler.running_reqs} == {"r1", "r3"}:
+            late.append(fb.forward_mode)
+        return draft_forward(fb)
+
+    worker.draft_runner.forward = counted
+    graphs = worker.step_graphs[3]
+    replay = graphs.replay
+    whole_step = [0]
+    graphs.replay = lambda *a, **k: whole_step.__setitem__(0, whole_step[0] + 1) or replay(*a, **k)
+    assert submit_all(scheduler) == plain
+    assert whole_step[0] > 0 and draft_calls[0] > 0
+    # With only r1 and r3 left, plain steps run the target alone (speculative steps, where the
+    # pattern asks for them, replay the whole-step graph, which does not call the runner).
+    assert late == []
+    state = scheduler.get_internal_state()
+    assert state["spec_prompts_without_draft"] == 2

@@ -384,3 +384,55 @@ def test_random_workload_keeps_accounting_and_matches_inserted_slots(seed):
     assert workload.cache.protected_size() == 0
     workload.cache.reset()
     assert workload.allocator.available_size() == workload.allocator.size
+
+
+# --- Entries without draft KV (a request the EAGLE-3 draft did not follow) -------------------
+
+
+def test_draft_only_match_stops_before_target_only_entries(cache, allocator):
+    with_draft = allocator.alloc(4)
+    cache.insert([1, 2, 3, 4], with_draft)
+    target_only = allocator.alloc(3)
+    cache.insert([1, 2, 3, 4, 5, 6, 7], torch.cat((with_draft, target_only)), draft=False)
+    assert torch.equal(cache.match_prefix([1, 2, 3, 4, 5, 6, 7]).indices, torch.cat((with_draft, target_only)))
+    assert torch.equal(cache.match_prefix([1, 2, 3, 4, 5, 6, 7], draft_only=True).indices, with_draft)
+    # A split keeps the flag on both halves.
+    cache_prompt(cache, [1, 2, 3, 4, 5, 9])
+    assert torch.equal(cache.match_prefix([1, 2, 3, 4, 5], draft_only=True).indices, with_draft)
+    assert len(cache.match_prefix([1, 2, 3, 4, 5, 6, 7], draft_only=True).indices) == 4
+    assert count_tree(cache) == (cache.total_size(), 0)
+
+
+def test_a_request_with_draft_kv_takes_over_unused_target_only_entries(cache, allocator):
+    target_only = allocator.alloc(6)
+    cache.insert([1, 2, 3, 4, 5, 6], target_only, draft=False)
+    free_before = allocator.available_size()
+    own = allocator.alloc(6)
+    assert cache.insert([1, 2, 3, 4, 5, 6], own) == 6  # the tree had them all
+    taken = cache.adopt_draft_slots([1, 2, 3, 4, 5, 6], own, start=0)
+    assert taken.tolist() == [True] * 6
+    assert allocator.available_size() == free_before - 6 + 6  # the target-only slots were freed
+    assert torch.equal(cache.match_prefix([1, 2, 3, 4, 5, 6], draft_only=True).indices, own)
+    assert cache.total_size() + allocator.available_size() == POOL_SIZE
+
+
+def test_locked_target_only_entries_and_the_callers_cached_prefix_are_not_taken_over(cache, allocator):
+    first = allocator.alloc(3)
+    cache.insert([1, 2, 3], first, draft=False)
+    second = allocator.alloc(3)
+    cache.insert([1, 2, 3, 4, 5, 6], torch.cat((first, second)), draft=False)
+    user = cache.match_prefix([1, 2, 3])  # a request without the draft is using [1, 2, 3]
+    cache.inc_lock_ref(user.last_node)
+    own = allocator.alloc(6)
+    cache.insert([1, 2, 3, 4, 5, 6], own)
+    taken = cache.adopt_draft_slots([1, 2, 3, 4, 5, 6], own, start=0)
+    assert taken.tolist() == [False] * 3 + [True] * 3
+    allocator.free(own[:3])
+    assert len(cache.match_prefix([1, 2, 3, 4, 5, 6], draft_only=True).indices) == 0  # [1, 2, 3] still target-only
+    cache.dec_lock_ref(user.last_node)
+    # Positions below `start` are the caller's cached prefix (the tree's slots): never taken.
+    again = allocator.alloc(6)
+    taken = cache.adopt_draft_slots([1, 2, 3, 4, 5, 6], again, start=3)
+    assert taken.tolist() == [False] * 3
+    allocator.free(again)
+    assert cache.total_size() + allocator.available_size() == POOL_SIZE

@@ -68,9 +68,9 @@ def rerun_graphs(monkeypatch):
     monkeypatch.setattr(eagle_worker_v2.SpecStepGraphs, "_capture_one", fake_step_capture_one)
     step_replay = eagle_worker_v2.SpecStepGraphs.replay
 
-    def counted_step(self, rows, out_cache_loc, behind=None):
-        replays.append(("STEP", self.width, rows.shape[0]))
-        return step_replay(self, rows, out_cache_loc, behind)
+    def counted_step(self, rows, out_cache_loc, behind=None, opted_out=None):
+        replays.append(("STEP" if self.draft else "TARGET_STEP", self.width, rows.shape[0]))
+        return step_replay(self, rows, out_cache_loc, behind, opted_out)
 
     monkeypatch.setattr(eagle_worker_v2.SpecStepGraphs, "replay", counted_step)
     for module in (cuda_graph_runner, eagle_worker_v2):  # graphs "on" whatever the device
@@ -86,10 +86,13 @@ def rerun_graphs(monkeypatch):
 
 
 def generate(spec: bool, choose=None, num_reqs: int = 3, step_graph: bool = False, sampled: bool = False,
-             **spec_kwargs) -> dict:
+             without_draft: tuple = (), **spec_kwargs) -> dict:
+    """`without_draft`: rids admitted as if speculation did not pay (the draft skips them)."""
     kwargs = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3,
                   disable_speculative_step_graph=not step_graph, **spec_kwargs) if spec else {}
     scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=True, **kwargs))
+    if without_draft:
+        scheduler.draft_reads_prompt = lambda req, joining: req.rid not in without_draft
     if choose is not None:
         steps = []
         scheduler.spec_steps_for = lambda bs: steps.append(choose(len(steps))) or steps[-1]
@@ -123,6 +126,17 @@ def test_whole_step_graphs_replay_like_eager(rerun_graphs, eager_outputs):
     shapes = {shape[:2] for shape in rerun_graphs}
     assert ("STEP", 4) in shapes and ("TARGET_VERIFY", 4) not in shapes  # verify ran inside the step graph
     assert {bs for kind, _, bs in rerun_graphs if kind == "STEP"} >= {3, 2}  # 3 padded to the bucket of 4
+
+
+def test_whole_step_graphs_serve_batches_with_requests_the_draft_does_not_follow(rerun_graphs, eager_outputs):
+    """r1 (and r2) are admitted without the draft: the speculative steps they share still replay
+    the whole-step graph (they take plain decoding's token through its row mask); plain steps of
+    a batch the draft follows not at all (r1 alone at the end) replay the target-only step graph."""
+    assert generate(True, choose=lambda i: 3 * (i % 2), step_graph=True,
+                    without_draft=("r1", "r2")) == eager_outputs["plain"]
+    assert ("STEP", 4) in {shape[:2] for shape in rerun_graphs}
+    assert ("TARGET_STEP", 1, 1) in rerun_graphs  # r1's last plain steps (r0 and r2 are done)
+    assert ("STEP", 1, 1) not in rerun_graphs  # the plain step with the draft: never for r1 alone
 
 
 def test_sampled_steps_skip_the_whole_step_graph(rerun_graphs):

@@ -433,3 +433,52 @@ def test_summary_counts_steps_and_switches():
     assert summary["acceptance_rates"][0] > 0.8
     assert summary["cost"] == make_cost().summary()
     json.dumps(summary)
+
+
+# --- Admission: would the batch a new request joins speculate? ------------------------------
+
+
+def test_would_speculate_follows_each_policy_without_side_effects():
+    rids = lambda bs: [f"r{i}" for i in range(bs)]  # noqa: E731
+    assert make_policy("always", K_MAX).would_speculate(rids(500))
+    assert not make_policy("never", K_MAX).would_speculate(rids(1))
+    threshold = make_policy("threshold", K_MAX, threshold=4)
+    assert [threshold.would_speculate(rids(bs)) for bs in (1, 4, 5)] == [True, True, False]
+    assert not threshold.would_speculate(rids(3), num_plain_only=2)
+    # Nothing that may speculate: no.
+    assert not make_policy("always", K_MAX).would_speculate([], num_plain_only=3)
+    cost = fresh_cost_policy(0.8)
+    assert cost.would_speculate(rids(1)) and not cost.would_speculate(rids(256))
+    assert not fresh_cost_policy(0.0).would_speculate(rids(1))
+    # Judged afresh: the policy's dwell on plain steps does not hold it back, and asking records nothing.
+    for _ in range(3):
+        assert cost.choose(rids(256)) == 0
+    before = cost.summary()
+    assert cost.would_speculate(rids(1))
+    assert cost.summary() == before and cost.steps_in_current == 3
+
+
+def test_would_speculate_reads_the_acceptance_the_policy_has_seen():
+    policy = fresh_cost_policy(0.5)
+    rng = random.Random(1)
+    batch = [f"r{i}" for i in range(8)]
+    for _ in range(300):  # the draft turns out to be bad: speculation stops paying at batch 8
+        feed(policy, batch, K_MAX, 0.02, rng)
+    assert not policy.would_speculate(batch + ["new"])
+    for _ in range(300):  # and good again
+        feed(policy, batch, K_MAX, 0.95, rng)
+    assert policy.would_speculate(batch + ["new"])
+
+
+def test_would_speculate_at_prior_ignores_what_the_estimate_has_seen():
+    policy = fresh_cost_policy(0.5)
+    rng = random.Random(2)
+    for _ in range(300):
+        feed(policy, ["a"], K_MAX, 0.0, rng)  # the draft never hit
+    assert not policy.would_speculate(["new"])
+    assert policy.would_speculate_at_prior(1)  # at the prior (0.5) batch 1 would pay
+    assert not policy.would_speculate_at_prior(256)  # batch 256 would not, whatever the draft
+    assert not policy.would_speculate_at_prior(0)
+    assert not make_policy("never", K_MAX).would_speculate_at_prior(1)
+    threshold = make_policy("threshold", K_MAX, threshold=4)
+    assert threshold.would_speculate_at_prior(4) and not threshold.would_speculate_at_prior(5)

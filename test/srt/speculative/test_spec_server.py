@@ -4,6 +4,8 @@ and the periodic decode log line with `accept len`."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -78,9 +80,11 @@ def test_decode_log_line_reports_accept_length(spec_server):  # last in this fil
 
 
 def test_threshold_server_reports_its_modes_in_metrics_and_logs():
-    """A server that speculates only while at most 1 request decodes: 3 concurrent requests decode
-    plainly, a lone one speculates; /metrics counts the steps of each k and the switches, and the
-    log line names the k of the moment and the start-up line names the policy."""
+    """A server that speculates only while at most 1 request decodes: a lone request speculates,
+    3 concurrent ones decode plainly (the two that joined a batch past the threshold skip the
+    draft for good), the first one alone again speculates again; /metrics counts the steps of
+    each k and the switches, and the log line names the k of the moment and the start-up line
+    names the policy."""
     import concurrent.futures
 
     server = ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
@@ -93,8 +97,15 @@ def test_threshold_server_reports_its_modes_in_metrics_and_logs():
             return httpx.post(f"{server.base_url}/generate", json=body, timeout=120).json()
 
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            outs = list(pool.map(generate, [40, 40, 120]))  # the long one ends alone
-        assert [o["meta_info"]["completion_tokens"] for o in outs] == [40, 40, 120]
+            first = pool.submit(generate, 160)  # alone at first, and again at the end
+            deadline = time.time() + 60
+            while server_state(server)["num_running_reqs"] == 0 and time.time() < deadline:
+                time.sleep(0.05)
+            outs = [first] + [pool.submit(generate, 40) for _ in range(2)]
+            outs = [future.result() for future in outs]
+        assert [o["meta_info"]["completion_tokens"] for o in outs] == [160, 40, 40]
+        assert outs[1]["meta_info"]["spec_verify_ct"] == outs[2]["meta_info"]["spec_verify_ct"] == 0
+        assert 0 < outs[0]["meta_info"]["spec_verify_ct"] < 160
         state = server_state(server)
         assert state["spec_policy"]["name"] == "threshold" and state["spec_policy"]["switches"] >= 1
         metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text

@@ -225,15 +225,17 @@ def test_help_documents_the_switch_flags(capsys):
 
 def test_the_draft_state_after_plain_steps_is_the_state_after_speculative_ones(demo_paths):
     """Why resuming costs no acceptance with the draft kept warm: at every position both runs
-    reach, the draft's next guess d_1 and its hidden state after plain steps (policy never) equal
-    those after speculative steps (policy always), so the first speculative step after any number
-    of plain steps drafts exactly as in steady speculation."""
+    reach, the draft's next guess d_1 and its hidden state after plain steps (of a request admitted
+    while speculating paid) equal those after speculative steps, so the first speculative step
+    after any number of plain steps drafts exactly as in steady speculation."""
     prompt = [205, 300, 1100, 52, 9, 77, 1500, 12]
 
     def states(policy: str) -> dict[int, tuple[int, "torch.Tensor"]]:
         scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
-                                         speculative_num_steps=3, speculative_policy=policy,
+                                         speculative_num_steps=3, speculative_policy="always",
                                          disable_overlap_schedule=True))
+        if policy == "plain":
+            scheduler.spec_steps_for = lambda bs: 0
         worker = scheduler.tp_worker
         params = SamplingParams(max_new_tokens=60, temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput("r", prompt, params, stream=False))
@@ -245,7 +247,7 @@ def test_the_draft_state_after_plain_steps_is_the_state_after_speculative_ones(d
                 seen[int(worker.next_start[row])] = (int(worker.next_draft[row]), worker.next_hidden[row].clone())
         return seen
 
-    plain, spec = states("never"), states("always")
+    plain, spec = states("plain"), states("always")
     common = sorted(set(plain) & set(spec))
     assert len(common) >= 10, common  # speculation skipped positions, but met plain decoding often
     for position in common:
@@ -279,7 +281,8 @@ def test_plain_steps_probe_at_the_simulated_rate(tiny_paths, monkeypatch):
     target, draft = tiny_paths
     scheduler = Scheduler(ServerArgs(model_path=target, dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
                                      speculative_draft_model_path=draft, speculative_num_steps=3,
-                                     speculative_policy="never"))
+                                     speculative_policy="always"))
+    scheduler.spec_steps_for = lambda bs: 0  # plain steps of requests the draft follows
     for i in range(4):
         params = SamplingParams(max_new_tokens=80, temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", [10 + i, 20, 30 + 2 * i], params, stream=False))
@@ -348,8 +351,9 @@ def test_positions_without_draft_kv_are_not_cached(demo_paths, sync, cached_beyo
     """A request that ends after plain steps the draft never caught up on leaves those positions
     out of the radix cache (a later hit would draft from missing KV); a warm draft caches them."""
     scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
-                                     speculative_num_steps=3, speculative_policy="never",
+                                     speculative_num_steps=3, speculative_policy="always",
                                      speculative_draft_sync=sync, disable_overlap_schedule=True))
+    scheduler.spec_steps_for = lambda bs: 0  # plain steps of requests the draft follows
     prompt = [205, 300, 1100, 52, 9, 77, 1500, 12]
     params = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
     scheduler.add_request(TokenizedGenerateReqInput("a", prompt, params, stream=False))

@@ -19,7 +19,8 @@ class KVManager:
     def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator,
                  disable_radix_cache: bool, speculative: bool = False):
         # With an EAGLE-3 draft, a position's draft KV depends on the token after it, so the last
-        # position of a cached prefix is recomputed (its next token may differ for this request).
+        # position of a cached prefix is recomputed (its next token may differ for this request)
+        # for requests the draft follows.
         self.speculative = speculative
         self.req_to_token_pool = req_to_token_pool
         self.allocator = allocator
@@ -31,17 +32,22 @@ class KVManager:
 
     def cached_prefix_len(self, req: Req) -> int:
         """How much of the request's prompt the cache holds (without locking it)."""
-        return len(self.tree_cache.match_prefix(_matchable_ids(req)).indices)
+        return len(self.tree_cache.match_prefix(_matchable_ids(req), self._draft_only(req)).indices)
+
+    def _draft_only(self, req: Req) -> bool:
+        # A request the draft follows needs cached positions with draft KV; one it does not
+        # follow (draft_cold) can use any.
+        return self.speculative and not req.draft_cold
 
     def admit(self, req: Req) -> bool:
         """Give the request a table row and lock its cached prefix. False if no row is free."""
         row = self.req_to_token_pool.alloc()
         if row is None:
             return False
-        match = self.tree_cache.match_prefix(_matchable_ids(req))
+        match = self.tree_cache.match_prefix(_matchable_ids(req), self._draft_only(req))
         self.tree_cache.inc_lock_ref(match.last_node)
         req.req_pool_idx, req.last_node = row, match.last_node
-        indices = match.indices[:-1] if self.speculative else match.indices
+        indices = match.indices[:-1] if self._draft_only(req) else match.indices
         req.kv_len = req.cached_len = len(indices)
         if req.kv_len:
             self.req_to_token_pool.write(row, 0, indices)
@@ -82,11 +88,18 @@ class KVManager:
         # Under overlap the last slot can hold the KV of a token whose id is still in flight:
         # it cannot be cached under a key, so it is freed.
         # Positions the draft has not caught up on have no draft KV: a later request that hit
-        # them in the cache would draft from garbage, so they are not cached either.
+        # them in the cache would draft from garbage, so they are not cached either. A request
+        # the draft never followed caches its positions as target-only entries.
         cacheable = min(req.kv_len - req.draft_behind, req.seq_len)
-        not_taken = self.tree_cache.insert(req.all_ids[:cacheable], slots[:cacheable])
+        ids = req.all_ids[:cacheable]
+        not_taken = self.tree_cache.insert(ids, slots[:cacheable], draft=not req.draft_cold)
         # Slots below cached_len belong to the cache already; the rest of the untaken ones are ours.
-        self.allocator.free(slots[req.cached_len : not_taken])
+        own = slots[req.cached_len : not_taken]
+        if self.speculative and not req.draft_cold and len(own):
+            # Target-only entries nobody uses take our slots, which have draft KV as well.
+            own = own[~self.tree_cache.adopt_draft_slots(ids[:not_taken], slots[:not_taken], req.cached_len)
+                      .to(own.device)]
+        self.allocator.free(own)
         self.allocator.free(slots[cacheable:])
         self.tree_cache.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)

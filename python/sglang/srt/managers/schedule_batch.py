@@ -51,6 +51,15 @@ class Req:
         # With --speculative-draft-sync catch-up: the last positions with target KV but no draft KV
         # yet (decoded by plain steps since the draft last caught up).
         self.draft_behind = 0
+        # With a draft: the draft skipped this request's prompt (it was admitted while the
+        # speculation policy would not speculate, or it opted out), so it has no draft state
+        # and decodes plainly, also inside speculative steps. Decided at each admission.
+        self.draft_cold = False
+
+    @property
+    def speculates(self) -> bool:
+        """Whether the draft proposes tokens for this request (with a draft model loaded)."""
+        return not (self.draft_cold or self.sampling_params.disable_speculative_decoding)
 
     @property
     def all_ids(self) -> list[int]:

@@ -30,6 +30,9 @@ logger = logging.getLogger(__name__)
 
 # A "Decode batch" log line every this many decode steps.
 DECODE_LOG_INTERVAL = 40
+# With a draft: one admission in this many (in a row without it) gets the draft although the
+# acceptance estimate says speculation would not pay, to refresh that estimate (draft_reads_prompt).
+EXPLORE_EVERY = 16
 
 
 class Scheduler:
@@ -59,6 +62,9 @@ class Scheduler:
         self.pending_outputs: list[Req] = []
         self.num_generated_tokens = 0
         self.num_retractions = 0
+        self.num_prompts_without_draft = 0  # admissions the draft skipped (see draft_reads_prompt)
+        self.admissions_without_draft = 0  # in a row, for draft_reads_prompt's exploration
+        self.num_draft_explorations = 0
         self.last_step_time = time.perf_counter()
         self.last_step_throughput = 0.0
         self.tokenizer = None
@@ -151,9 +157,37 @@ class Scheduler:
     def spec_steps_for(self, batch_size: int) -> int:
         """Draft tokens for the next decode step of the running requests (0: a plain step), as
         the speculation policy chooses (--speculative-policy)."""
-        rids = [req.rid for req in self.running_reqs if not req.sampling_params.disable_speculative_decoding]
+        rids = [req.rid for req in self.running_reqs if req.speculates]
         return self.spec_policy.choose(rids, sum(req.kv_len for req in self.running_reqs),
                                        num_plain_only=len(self.running_reqs) - len(rids))
+
+    def draft_reads_prompt(self, req: Req, joining: list[Req]) -> bool:
+        """Whether the draft runs over this request's prompt as it is admitted, so that it can
+        speculate: unless it opted out, if the policy would speculate for the decode batch it
+        joins (the running requests, those admitted with it, itself; each counted as if it could
+        speculate, so that requests admitted while plain decoding paid do not keep it plain). A
+        request without it decodes plainly to its end, and a busy server never pays the draft's
+        pass over prompts.
+
+        Only requests the draft follows tell the policy about acceptance (verifies, or the warm
+        plain step's free probe). So that an estimate gone low does not keep every request away
+        from the draft for good, after EXPLORE_EVERY admissions in a row without the draft the
+        next one gets it anyway, if speculation could pay for its batch at all (at the prior
+        acceptance): a busy server, where it could not, still never runs the draft."""
+        if req.sampling_params.disable_speculative_decoding:
+            return False
+        batch = self.running_reqs + joining + [req]
+        rids = [r.rid for r in batch if not r.sampling_params.disable_speculative_decoding]
+        context = sum(r.seq_len for r in batch)
+        if self.spec_policy.would_speculate(rids, context, len(batch) - len(rids)):
+            self.admissions_without_draft = 0
+            return True
+        self.admissions_without_draft += 1
+        if self.admissions_without_draft > EXPLORE_EVERY and self.spec_policy.would_speculate_at_prior(len(batch), context):
+            self.admissions_without_draft = 0
+            self.num_draft_explorations += 1
+            return True
+        return False
 
     def _make_spec_policy(self, args: ServerArgs):
         from sglang.srt.speculative.spec_policy import CostTable, make_policy, parse_adaptive_config
@@ -210,7 +244,11 @@ class Scheduler:
         return self.memory.max_running_requests - len(self.running_reqs) - (self.chunked_req is not None)
 
     def _admit(self, req: Req, adder: PrefillAdder) -> bool:
-        if adder.free_running_slots <= 0 or adder.token_budget <= 0 or not self.kv_manager.admit(req):
+        if adder.free_running_slots <= 0 or adder.token_budget <= 0:
+            return False
+        if self.spec_k:  # decided before the prefix match: a request without draft state can use more of the cache
+            req.draft_cold = not self.draft_reads_prompt(req, adder.reqs)
+        if not self.kv_manager.admit(req):
             return False
         if not req.output_ids:  # first admission (a retracted request keeps its first count)
             req.cached_tokens = req.cached_len
@@ -220,6 +258,7 @@ class Scheduler:
             self.kv_manager.release(req)
             return False
         self.waiting_queue.remove(req)
+        self.num_prompts_without_draft += req.draft_cold
         return True
 
     def _available_after_admission(self, adder: PrefillAdder) -> int:
@@ -318,21 +357,24 @@ class Scheduler:
         """Each request gets 1 .. k + 1 tokens; the KV slots of the rejected positions are freed."""
         host = result.wait_host()
         width = batch.out_cache_loc.numel() // batch.batch_size  # k_step + 1
-        tokens, num_out = host["tokens"].tolist(), host["num_out"].tolist()
+        tokens = host["tokens"].tolist()
         # A request that finished while this step was in flight gave all its slots back then.
         live_rows = [i for i, req in enumerate(batch.reqs) if not req.finished()]
-        live = torch.zeros(batch.batch_size, dtype=torch.bool)
-        live[live_rows] = True
-        rejected = (torch.arange(width) >= host["num_out"].reshape(-1, 1)) & live[:, None]
-        # The host copy of the slots: reading the device's would wait for the step launched after this one.
-        self.kv_manager.allocator.free(batch.out_cache_loc_host.view(-1, width)[rejected])
+        if width == 1:  # a plain step: one token each, nothing rejected
+            num_out = [1] * batch.batch_size
+        else:
+            num_out = host["num_out"].tolist()
+            live = torch.zeros(batch.batch_size, dtype=torch.bool)
+            live[live_rows] = True
+            rejected = (torch.arange(width) >= host["num_out"].reshape(-1, 1)) & live[:, None]
+            # The host copy of the slots: reading the device's would wait for the step launched after this one.
+            self.kv_manager.allocator.free(batch.out_cache_loc_host.view(-1, width)[rejected])
         token_logprobs = host["token_logprobs"].tolist() if "token_logprobs" in host else None
         top = (host["top_logprobs"].tolist(), host["top_logprob_ids"].tolist()) if "top_logprobs" in host else None
         # What this step says about acceptance, before any request finishes (and is forgotten).
-        rids = [batch.reqs[i].rid for i in live_rows]
         if width > 1:
-            # Requests that opted out took one token without verifying anything.
-            verified = [i for i in live_rows if not batch.reqs[i].sampling_params.disable_speculative_decoding]
+            # Requests that do not speculate took one token without verifying anything.
+            verified = [i for i in live_rows if batch.reqs[i].speculates]
             self.tp_worker.stats.record_step([num_out[i] for i in verified], result.timer.seconds(), width - 1)
             self.spec_policy.observe_verify([batch.reqs[i].rid for i in verified], [num_out[i] for i in verified],
                                             width - 1)
@@ -340,7 +382,8 @@ class Scheduler:
             self.tp_worker.stats.record_plain_step()
             if "probe_hits" in host:  # a warm draft's free probe (catch-up plain steps have none)
                 hits = host["probe_hits"].tolist()
-                self.spec_policy.observe_probe(rids, [bool(hits[i]) for i in live_rows])
+                probed = [i for i in live_rows if batch.reqs[i].speculates]  # the others have no draft state
+                self.spec_policy.observe_probe([batch.reqs[i].rid for i in probed], [bool(hits[i]) for i in probed])
         new_tokens = 0
         for i, req in enumerate(batch.reqs):
             if req.finished():  # finished while this step was in flight: its tokens are dropped
@@ -348,7 +391,7 @@ class Scheduler:
             req.kv_len -= width - num_out[i]
             req.num_pending -= 1
             # A plain step verifies nothing; nor does a speculative one for a request that opted out.
-            req.spec_verify_ct += width > 1 and not req.sampling_params.disable_speculative_decoding
+            req.spec_verify_ct += width > 1 and req.speculates
             for j, token_id in enumerate(tokens[i][: num_out[i]]):
                 if req.return_logprob:
                     req.output_token_logprobs.append((token_logprobs[i][j], token_id))
@@ -469,6 +512,9 @@ class Scheduler:
         if self.spec_k:
             state.update(self.tp_worker.stats.summary())
             state["spec_policy"] = self.spec_policy.summary()
+            state["spec_prompts_without_draft"] = self.num_prompts_without_draft
+            state["spec_draft_explorations"] = self.num_draft_explorations
+            state["spec_running_without_draft"] = sum(not req.speculates for req in self.running_reqs)
         return state
 
 

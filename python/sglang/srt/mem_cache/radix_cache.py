@@ -2,6 +2,13 @@
 
 Page size 1. Running requests lock the path they use (a locked node is never evicted);
 unlocked leaves are evicted least recently used first, their slots going back to the allocator.
+
+With an EAGLE-3 draft, a node also says whether its slots hold the draft's KV besides the
+target's (`draft`): a request that skipped the draft's pass over its prompt (it was admitted
+while speculation did not pay) caches target-only entries. A request that will speculate
+matches only entries with draft KV (`match_prefix(..., draft_only=True)`) and, when it is
+done, hands its own slots for a target-only entry nobody is using to the tree
+(`adopt_draft_slots`), so the entry serves both kinds of request from then on.
 """
 
 from __future__ import annotations
@@ -21,9 +28,10 @@ _node_ids = itertools.count()
 class TreeNode:
     """One edge of the tree: `key` token ids whose KV lives in the `value` slots."""
 
-    __slots__ = ("children", "key", "value", "parent", "lock_ref", "last_access_time", "id")
+    __slots__ = ("children", "key", "value", "parent", "lock_ref", "last_access_time", "id", "draft")
 
-    def __init__(self, key: list[int], value: torch.Tensor, parent: TreeNode | None, last_access_time: int = 0):
+    def __init__(self, key: list[int], value: torch.Tensor, parent: TreeNode | None, last_access_time: int = 0,
+                 draft: bool = True):
         self.children: dict[int, TreeNode] = {}  # keyed by the first token id of the child's key
         self.key = key
         self.value = value  # int64 slot indices, one per token of `key`, on the allocator's device
@@ -31,6 +39,7 @@ class TreeNode:
         self.lock_ref = 0  # running requests whose prefix passes through this node
         self.last_access_time = last_access_time  # a tick of the cache's clock, for LRU
         self.id = next(_node_ids)  # breaks ties between nodes touched on the same tick
+        self.draft = draft  # the slots hold the draft model's KV too (always True without a draft)
 
     def is_leaf(self) -> bool:
         return not self.children
@@ -68,15 +77,16 @@ class RadixCache:
 
     # ---- lookup and insertion -------------------------------------------------------------
 
-    def match_prefix(self, token_ids: Sequence[int]) -> MatchResult:
-        """Longest cached prefix of `token_ids`; touches every node on the matched path."""
+    def match_prefix(self, token_ids: Sequence[int], draft_only: bool = False) -> MatchResult:
+        """Longest cached prefix of `token_ids`; touches every node on the matched path.
+        `draft_only`: stop before the first entry without draft KV."""
         tokens = _as_list(token_ids)
         if self.disable or not tokens:
             return MatchResult(self._empty, self.root_node)
-        node, _, values = self._walk(tokens)
+        node, _, values = self._walk(tokens, draft_only)
         return MatchResult(torch.cat(values) if values else self._empty, node)
 
-    def insert(self, token_ids: Sequence[int], indices: torch.Tensor) -> int:
+    def insert(self, token_ids: Sequence[int], indices: torch.Tensor, draft: bool = True) -> int:
         """Stores the (token, slot) pairs of `token_ids` that the tree does not hold yet.
 
         `indices[i]` is the slot holding the KV of `token_ids[i]`. Returns how many LEADING
@@ -84,6 +94,7 @@ class RadixCache:
         already had, so the caller must free whichever of `indices[:returned]` it owns (slots it
         got from `match_prefix` are the tree's and are not freed). The slots after that prefix
         now belong to the tree. A disabled cache takes nothing and returns `len(token_ids)`.
+        `draft`: whether the new entries' slots hold draft KV too.
         """
         tokens = _as_list(token_ids)
         if len(tokens) != len(indices):
@@ -92,11 +103,36 @@ class RadixCache:
             return len(tokens)
         node, num_cached, _ = self._walk(tokens)
         if num_cached < len(tokens):
-            self._add_leaf(node, tokens[num_cached:], indices[num_cached:])
+            self._add_leaf(node, tokens[num_cached:], indices[num_cached:], draft)
         return num_cached
 
-    def _walk(self, tokens: list[int]) -> tuple[TreeNode, int, list[torch.Tensor]]:
-        """Follows `tokens` down from the root, splitting the node where the match stops midway.
+    def adopt_draft_slots(self, token_ids: Sequence[int], indices: torch.Tensor, start: int) -> torch.Tensor:
+        """After `insert(token_ids, indices)` by a request with draft KV: each entry on the path
+        that lies in positions >= `start` (the caller's own slots), has no draft KV and is not
+        locked takes the caller's slots for its tokens instead of its own, which are freed.
+        Returns bool[len(token_ids) - start]: which of the caller's slots the tree took."""
+        tokens = _as_list(token_ids)
+        taken = torch.zeros(max(len(tokens) - start, 0), dtype=torch.bool)
+        if self.disable:
+            return taken
+        node, position = self.root_node, 0
+        while position < len(tokens):
+            child = node.children.get(tokens[position])
+            if child is None or position + len(child.key) > len(tokens) \
+                    or child.key != tokens[position:position + len(child.key)]:
+                break
+            end = position + len(child.key)
+            if not child.draft and child.lock_ref == 0 and position >= start:
+                self.allocator.free(child.value)
+                child.value = indices[position:end].to(device=self.device, dtype=torch.int64, copy=True)
+                child.draft = True
+                taken[position - start:end - start] = True
+            node, position = child, end
+        return taken
+
+    def _walk(self, tokens: list[int], draft_only: bool = False) -> tuple[TreeNode, int, list[torch.Tensor]]:
+        """Follows `tokens` down from the root, splitting the node where the match stops midway
+        (`draft_only`: stopping before the first node without draft KV).
 
         Returns the last matched node, the matched length and the slot tensors along the path.
         """
@@ -104,7 +140,7 @@ class RadixCache:
         node, position, values = self.root_node, 0, []
         while position < len(tokens):
             child = node.children.get(tokens[position])
-            if child is None:
+            if child is None or (draft_only and not child.draft):
                 break
             length = _common_prefix_length(child.key, tokens, position)
             if length < len(child.key):
@@ -117,7 +153,7 @@ class RadixCache:
 
     def _split(self, node: TreeNode, length: int) -> TreeNode:
         """Cuts `node` after `length` tokens; returns the new parent holding the front part."""
-        front = TreeNode(node.key[:length], node.value[:length], node.parent, node.last_access_time)
+        front = TreeNode(node.key[:length], node.value[:length], node.parent, node.last_access_time, node.draft)
         # Both halves carry the same locks, so evictable/protected sizes are unchanged.
         front.lock_ref = node.lock_ref
         front.children = {node.key[length]: node}
@@ -127,10 +163,10 @@ class RadixCache:
         node.parent = front
         return front
 
-    def _add_leaf(self, parent: TreeNode, key: list[int], indices: torch.Tensor) -> None:
+    def _add_leaf(self, parent: TreeNode, key: list[int], indices: torch.Tensor, draft: bool) -> None:
         # Copy: callers often pass a view of a buffer (e.g. a req_to_token row) they reuse.
         value = indices.to(device=self.device, dtype=torch.int64, copy=True)
-        leaf = TreeNode(key, value, parent, self._clock)
+        leaf = TreeNode(key, value, parent, self._clock, draft)
         parent.children[key[0]] = leaf
         self._evictable_size += len(key)
 

@@ -53,6 +53,12 @@ class MetricsCollector:
                                     "decode step (0 = plain).")
         self.spec_switches = gauge("spec_mode_switches", "Speculative decoding: decode steps whose k differed from "
                                    "the step before.")
+        self.spec_prompts_without_draft = gauge(
+            "spec_prompts_without_draft", "Speculative decoding: requests admitted without the draft's pass over "
+            "their prompt (speculation did not pay at the batch they joined, or they opted out); they decode plainly.")
+        self.spec_draft_explorations = gauge(
+            "spec_draft_explorations", "Speculative decoding: requests given the draft although the acceptance "
+            "estimate said it would not pay, to refresh the estimate.")
         self.spec_steps_by_k = Gauge("sglang:spec_decode_steps", "Speculative decoding: decode steps run with each k "
                                      "(0 = plain).", labels + ["k"], registry=r)
         self.spec_position_acceptance = Gauge(
@@ -103,6 +109,8 @@ class MetricsCollector:
             if policy.get("k") is not None:
                 self.spec_current_k.set(policy["k"])
             self.spec_switches.set(policy.get("switches", 0))
+            self.spec_prompts_without_draft.set(state.get("spec_prompts_without_draft", 0))
+            self.spec_draft_explorations.set(state.get("spec_draft_explorations", 0))
             for k, steps in state.get("spec_steps_by_k", {}).items():
                 self.spec_steps_by_k.labels(self.model_name, str(k)).set(steps)
             for position, rate in enumerate(policy.get("acceptance_rates", []), start=1):

@@ -86,7 +86,7 @@ class SpecStepResult(HostCopies):
     """A speculative decode step's outcome; `wait_host` gives host copies of tokens and counts."""
 
     tokens: torch.Tensor  # int64[bs, k + 1], the first num_out of each row are the output
-    num_out: torch.Tensor  # int64[bs]
+    num_out: Optional[torch.Tensor]  # int64[bs]; None for a plain step (one token each)
     token_logprobs: Optional[torch.Tensor] = None  # float32[bs, k + 1]
     top_logprobs: Optional[torch.Tensor] = None  # float32[bs, k + 1, N]
     top_logprob_ids: Optional[torch.Tensor] = None
@@ -159,6 +159,7 @@ class EAGLEWorkerV2(TpModelWorker):
         # Every k > 0 the speculation policy can choose; graphs are captured for each.
         self.reachable_steps = server_args.speculative_reachable_steps()
         self.step_graphs: dict[int, SpecStepGraphs] = {}
+        self.target_step_graphs: Optional[SpecStepGraphs] = None
         self._capture_graphs(draft_config, model_config, server_args)
         logger.info("EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s",
                     server_args.speculative_draft_model_path, draft_config.num_hidden_layers,
@@ -193,6 +194,9 @@ class EAGLEWorkerV2(TpModelWorker):
             for k in plain + self.reachable_steps:  # k = 0: the plain step
                 self.step_graphs[k] = SpecStepGraphs(self, sizes, k)
                 self.step_graphs[k].capture()
+            # The plain step of a batch the draft follows not at all: the target alone.
+            self.target_step_graphs = SpecStepGraphs(self, sizes, 0, draft=False)
+            self.target_step_graphs.capture()
 
     # ---- entry ---------------------------------------------------------------------------
 
@@ -211,7 +215,9 @@ class EAGLEWorkerV2(TpModelWorker):
 
     def forward_prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
         fb = batch.to_forward_batch(self.device)
-        fb.capture_aux_hidden_states = True
+        # Requests admitted while speculation does not pay (draft_cold) skip the draft's pass.
+        warm = [i for i, req in enumerate(batch.reqs) if not req.draft_cold]
+        fb.capture_aux_hidden_states = bool(warm)
         out = self.model_runner.forward(fb)
         info = self.sampling_info(batch, self.vocab_size)
         offsets = batch.sampling_offsets(self.device)
@@ -219,34 +225,59 @@ class EAGLEWorkerV2(TpModelWorker):
         result = GenerationBatchResult(out, next_ids)
         if any(req.return_logprob for req in batch.reqs):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
-        # The draft over the same positions, each fed the token after it.
+        if warm:
+            self._draft_prefill(batch, fb, out.aux_hidden_states, next_ids, info, offsets, warm)
+        # For a request whose prompt is done, the sampled token is the first step's input.
+        self.next_input[fb.req_pool_indices] = next_ids
+        self.next_start[fb.req_pool_indices] = fb.seq_lens
+        self.next_offset[fb.req_pool_indices] = offsets + 1
+        for req in batch.reqs:  # the draft now covers every position with target KV (or never will)
+            req.draft_behind = 0
+        result.start_copy_to_host()
+        return result
+
+    def _draft_prefill(self, batch: ScheduleBatch, fb: ForwardBatch, aux: torch.Tensor, next_ids: torch.Tensor,
+                       info: SamplingBatchInfo, offsets: torch.Tensor, warm: list[int]) -> None:
+        """The draft over the prefill's positions of the requests `warm` (indices into the
+        batch), each position fed the token after it: the next prompt token for a chunk, the
+        sampled token at a prompt's end."""
         shifted, finals = [], []
-        for i, req in enumerate(batch.reqs):
+        for j, i in enumerate(warm):
+            req = batch.reqs[i]
             end = req.kv_len + req.extend_len
             shifted.extend(req.token_slice(req.kv_len + 1, end))
             if end < req.seq_len:  # a chunk: the next prompt token follows
                 shifted.extend(req.token_slice(end, end + 1))
             else:
-                finals.append(i)
+                finals.append(j)
                 shifted.append(0)  # the sampled token, filled in on the device below
         input_ids = host_to_device(shifted, self.device)
-        last = fb.last_token_indices()
+        if len(warm) == batch.batch_size:
+            draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=input_ids,
+                                           capture_aux_hidden_states=False, spec_hidden_states=aux)
+            warm_ids, warm_offsets = next_ids, offsets
+        else:
+            lens = fb.extend_seq_lens_cpu
+            starts = [0, *itertools.accumulate(lens)]
+            tokens = host_to_device([t for i in warm for t in range(starts[i], starts[i + 1])], self.device)
+            sub = host_to_device(warm, self.device)
+            draft_fb = ForwardBatch(
+                forward_mode=ForwardMode.DRAFT_EXTEND, batch_size=len(warm), input_ids=input_ids,
+                positions=fb.positions[tokens], req_pool_indices=fb.req_pool_indices[sub], seq_lens=fb.seq_lens[sub],
+                out_cache_loc=fb.out_cache_loc[tokens], seq_lens_cpu=[fb.seq_lens_cpu[i] for i in warm],
+                extend_seq_lens_cpu=[lens[i] for i in warm],
+                extend_prefix_lens_cpu=[fb.extend_prefix_lens_cpu[i] for i in warm], spec_hidden_states=aux[tokens])
+            reqs = [batch.reqs[i] for i in warm]
+            info = SamplingBatchInfo.from_params([r.sampling_params for r in reqs], [r.seed for r in reqs],
+                                                 self.vocab_size, self.device)
+            warm_ids, warm_offsets = next_ids[sub], offsets[sub]
+        last = draft_fb.last_token_indices()
         if finals:
             rows = torch.tensor(finals, dtype=torch.int64).to(self.device)
-            input_ids[last[rows]] = next_ids[rows]
-        draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=input_ids,
-                                       capture_aux_hidden_states=False, spec_hidden_states=out.aux_hidden_states)
+            input_ids[last[rows]] = warm_ids[rows]
         draft_out = self.draft_runner.forward(draft_fb)
-        self._store_next_draft(fb.req_pool_indices, draft_out.next_token_logits, draft_out.hidden_states[last],
-                               info, offsets + 1)
-        # For a request whose prompt is done, the sampled token is the first step's input.
-        self.next_input[fb.req_pool_indices] = next_ids
-        self.next_start[fb.req_pool_indices] = fb.seq_lens
-        self.next_offset[fb.req_pool_indices] = offsets + 1
-        for req in batch.reqs:  # the draft now covers every position with target KV
-            req.draft_behind = 0
-        result.start_copy_to_host()
-        return result
+        self._store_next_draft(draft_fb.req_pool_indices, draft_out.next_token_logits, draft_out.hidden_states[last],
+                               info, warm_offsets + 1)
 
     # ---- one speculative step ------------------------------------------------------------
 
@@ -261,17 +292,19 @@ class EAGLEWorkerV2(TpModelWorker):
         self._catch_up(batch, rows)
         logprobs = any(req.return_logprob for req in batch.reqs)
         greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
-        opted_out = [req.sampling_params.disable_speculative_decoding for req in batch.reqs]
+        # Requests the draft does not follow (opted out, or admitted without the draft's pass)
+        # take plain decoding's token.
+        opted = [not req.speculates for req in batch.reqs]
+        opted_out = host_to_device(opted, self.device).bool() if any(opted) else None
         graphs = self.step_graphs.get(k)
-        if graphs is not None and graphs.can_run(bs, greedy, logprobs) and not any(opted_out):
-            tokens, num_out = graphs.replay(rows, batch.out_cache_loc)
+        if graphs is not None and graphs.can_run(bs, greedy, logprobs):
+            tokens, num_out = graphs.replay(rows, batch.out_cache_loc, opted_out=opted_out)
             timer.mark("step")
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
         else:
             info = self.sampling_info(batch, self.vocab_size)
-            tokens, num_out, target_logits = self._spec_body(
-                rows, batch.out_cache_loc, k, info, timer,
-                opted_out=host_to_device(opted_out, self.device).bool() if any(opted_out) else None)
+            tokens, num_out, target_logits = self._spec_body(rows, batch.out_cache_loc, k, info, timer,
+                                                             opted_out=opted_out)
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
             if logprobs:
                 self._add_step_logprobs(result, target_logits, max(req.top_logprobs_num for req in batch.reqs))
@@ -366,38 +399,41 @@ class EAGLEWorkerV2(TpModelWorker):
         """A decode step without speculation that leaves the same state a speculative step would:
         the target decodes one token (capturing its aux states), and a one-token draft extend at
         the same position keeps the draft's KV, hidden state and next guess current. So the next
-        step can speculate again with no catch-up, and the output is plain decoding's."""
-        timer = _StepTimer(self.device)
+        step can speculate again with no catch-up, and the output is plain decoding's. A batch
+        with no request the draft follows (see Req.draft_cold) runs the target alone."""
         rows = host_to_device([req.req_pool_idx for req in batch.reqs], self.device)
+        # No request the draft follows: the target alone, through plain decoding's graphs.
+        follow = any(req.speculates for req in batch.reqs)
         behind = None
-        if self.draft_sync == "catch-up":
+        if self.draft_sync == "catch-up" and follow:
             behind = host_to_device([req.draft_behind for req in batch.reqs], self.device)
             for req in batch.reqs:
-                req.draft_behind += 1
+                req.draft_behind += req.speculates
         logprobs = any(req.return_logprob for req in batch.reqs)
         greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
-        graphs = self.step_graphs.get(0)
+        graphs = self.step_graphs.get(0) if follow else self.target_step_graphs
         if graphs is not None and graphs.can_run(batch.batch_size, greedy, logprobs):
             next_ids, hits = graphs.replay(rows, batch.out_cache_loc, behind)
         else:
             next_ids, target_logits, hits = self._plain_body(rows, batch.out_cache_loc,
-                                                             self.sampling_info(batch, self.vocab_size), behind)
-        timer.mark("plain")
-        result = SpecStepResult(tokens=next_ids[:, None], num_out=torch.ones_like(next_ids), timer=timer,
-                                probe_hits=hits)
+                                                             self.sampling_info(batch, self.vocab_size), behind,
+                                                             draft=follow)
+        # num_out None: one token each (the host needs no copy to know it); no phase timer.
+        result = SpecStepResult(tokens=next_ids[:, None], num_out=None, probe_hits=hits)
         if logprobs:
             self._add_step_logprobs(result, target_logits[:, None], max(r.top_logprobs_num for r in batch.reqs))
         result.start_copy_to_host()
         return result
 
     def _plain_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, info: SamplingBatchInfo,
-                    behind: Optional[torch.Tensor] = None, capturing: bool = False):
+                    behind: Optional[torch.Tensor] = None, capturing: bool = False, draft: bool = True):
         """The plain step of the requests in `rows` over the slots `out_cache_loc` ([bs]): the
         target decodes one token (capturing its aux states), then the draft follows it, warm or
         catch-up. Returns (tokens [bs], target logits, probe hits [bs] or None). `behind`:
         int64[bs] on the device, each row's plain steps since the draft last caught up (catch-up
         only). Like the speculative body it reads and writes device state only, so it can be
-        captured (`capturing`: sub-forwards run eagerly, inside the capture)."""
+        captured (`capturing`: sub-forwards run eagerly, inside the capture). `draft` False:
+        no row is followed by the draft; the target decodes alone, without aux states."""
         bs = rows.shape[0]
         forward_target = self.model_runner.forward_eager if capturing else self.model_runner.forward
         forward_draft = self.draft_runner.forward_eager if capturing else self.draft_runner.forward
@@ -407,10 +443,12 @@ class EAGLEWorkerV2(TpModelWorker):
         fb = ForwardBatch(
             forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.next_input[rows], positions=starts,
             req_pool_indices=rows, seq_lens=starts + 1, out_cache_loc=out_cache_loc, seq_lens_cpu=None,
-            extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None, capture_aux_hidden_states=True)
+            extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None, capture_aux_hidden_states=draft)
         out = forward_target(fb)
         next_ids = self.model_runner.sample(out.next_token_logits, info, offsets)
-        if self.draft_sync == "catch-up":
+        if not draft:
+            hits = None
+        elif self.draft_sync == "catch-up":
             if behind is None:
                 behind = torch.zeros(bs, dtype=torch.int64, device=self.device)
             self._buffer_for_catch_up(rows, out.aux_hidden_states, next_ids, behind)
@@ -636,9 +674,10 @@ class SpecStepGraphs:
     Padding rows point at the worker's scratch row (whose position is reset inside the graph)
     and write their KV to slot 0."""
 
-    def __init__(self, worker: "EAGLEWorkerV2", batch_sizes: list[int], k: int):
+    def __init__(self, worker: "EAGLEWorkerV2", batch_sizes: list[int], k: int, draft: bool = True):
         self.worker = worker
         self.k, self.width = k, k + 1
+        self.draft = draft  # False (k = 0 only): the target alone, for batches the draft does not follow
         self.batch_sizes = sorted(batch_sizes)
         self.max_bs = self.batch_sizes[-1]
         device = worker.device
@@ -646,6 +685,7 @@ class SpecStepGraphs:
         self.rows = torch.full((self.max_bs,), worker.scratch_row, dtype=torch.int64, device=device)
         self.slots = torch.zeros(self.max_bs * self.width, dtype=torch.int64, device=device)
         self.behind = torch.zeros(self.max_bs, dtype=torch.int64, device=device)  # plain catch-up step
+        self.opted_out = torch.zeros(self.max_bs, dtype=torch.bool, device=device)  # speculative step
         self.graphs: dict = {}
         self.outputs: dict = {}
 
@@ -657,10 +697,11 @@ class SpecStepGraphs:
         self.worker.next_start.index_fill_(0, self.scratch, 0)  # padding rows start at position 0
         if self.k == 0:  # (tokens [bs], probe hits [bs] or None)
             tokens, _, hits = self.worker._plain_body(self.rows[:bs], self.slots[:bs], self.greedy_info[bs],
-                                                      self.behind[:bs], capturing=True)
+                                                      self.behind[:bs], capturing=True, draft=self.draft)
             return tokens, hits
         tokens, num_out, _ = self.worker._spec_body(self.rows[:bs], self.slots[:bs * self.width], self.k,
-                                                   self.greedy_info[bs], capturing=True)
+                                                   self.greedy_info[bs], capturing=True,
+                                                   opted_out=self.opted_out[:bs])
         return tokens, num_out
 
     def capture(self) -> None:
@@ -674,8 +715,9 @@ class SpecStepGraphs:
                             for bs in self.batch_sizes}
         for bs in reversed(self.batch_sizes):
             self._capture_one(bs)
-        logger.info("captured %d whole-step %s graphs (k = %d, bs %s) in %.1f s", len(self.graphs),
-                    "plain" if self.k == 0 else "speculative", self.k, self.batch_sizes, time.perf_counter() - start)
+        kind = "speculative" if self.k else "plain" if self.draft else "target-only plain"
+        logger.info("captured %d whole-step %s graphs (k = %d, bs %s) in %.1f s", len(self.graphs), kind, self.k,
+                    self.batch_sizes, time.perf_counter() - start)
 
     def _capture_one(self, bs: int) -> None:
         for _ in range(2):  # warm up outside the graph
@@ -686,14 +728,22 @@ class SpecStepGraphs:
             self.outputs[bs] = self._run(bs)
         self.graphs[bs] = graph
 
-    def replay(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, behind: Optional[torch.Tensor] = None):
-        """(tokens, num_out) of a speculative step; (tokens, probe hits or None) of a plain one."""
+    def replay(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, behind: Optional[torch.Tensor] = None,
+               opted_out: Optional[torch.Tensor] = None):
+        """(tokens, num_out) of a speculative step (`opted_out`: bool[bs], rows that take plain
+        decoding's token; None: none); (tokens, probe hits or None) of a plain one."""
         bs = rows.shape[0]
         graph_bs = next(b for b in self.batch_sizes if b >= bs)
         self.rows[:bs].copy_(rows, non_blocking=True)
         self.slots[:bs * self.width].copy_(out_cache_loc, non_blocking=True)
         if behind is not None:
             self.behind[:bs].copy_(behind, non_blocking=True)
+        if self.k > 0:
+            if opted_out is None:
+                self.opted_out[:graph_bs].zero_()
+            else:
+                self.opted_out[:bs].copy_(opted_out, non_blocking=True)
+                self.opted_out[bs:graph_bs].zero_()
         if graph_bs != bs:
             self.rows[bs:graph_bs].fill_(self.worker.scratch_row)
             self.slots[bs * self.width:graph_bs * self.width].zero_()

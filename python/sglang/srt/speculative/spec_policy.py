@@ -66,6 +66,7 @@ class AcceptanceEstimator:
         self.k_max = k_max
         self.alpha = alpha
         self.request_alpha = request_alpha
+        self.prior = float(prior)  # each rate before any evidence
         self._pooled = [float(prior)] * k_max
         # rid -> row of _rates / _seen; a row is created when a request is first observed (from
         # then on its own data refine the pool's guess) and freed when it is forgotten.
@@ -324,6 +325,28 @@ class SpecPolicy(ABC):
     def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
         """The policy's k for this batch; current_k and steps_in_current describe the steps so far."""
 
+    def would_speculate(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0) -> bool:
+        """Whether a decode batch like this would speculate, judged afresh: no hysteresis, no
+        dwell, nothing recorded. The scheduler asks it when admitting a request, with the batch
+        the request joins: the draft reads the prompts only of requests admitted while
+        speculation pays (the others decode plainly, so a busy server pays nothing for it)."""
+        return bool(rids) and self._would_speculate(rids, context_tokens, num_plain_only)
+
+    @abstractmethod
+    def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
+        """would_speculate for a batch with at least one request that may speculate."""
+
+    def would_speculate_at_prior(self, batch_size: int, context_tokens: int = 0) -> bool:
+        """would_speculate for `batch_size` requests that may all speculate, with acceptance at
+        the estimator's prior instead of what it has seen: whether speculation could pay here at
+        all. The scheduler asks it before admitting a request with the draft to refresh an
+        estimate that nothing has updated for a while (see Scheduler.draft_reads_prompt)."""
+        return batch_size > 0 and self._at_prior(batch_size, context_tokens)
+
+    def _at_prior(self, batch_size: int, context_tokens: int) -> bool:
+        # Policies that do not read the estimate decide as always.
+        return self._would_speculate([""] * batch_size, context_tokens, 0)
+
     def observe_verify(self, rids: list[str], num_out: list[int], k_step: int) -> None:
         if self.estimator is not None:
             self.estimator.record_verify(rids, num_out, k_step)
@@ -356,6 +379,9 @@ class AlwaysPolicy(SpecPolicy):
     def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
         return self.k_max
 
+    def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
+        return True
+
 
 class NeverPolicy(SpecPolicy):
     """Never speculate: the baseline, with the draft loaded (its probe still measures a_1)."""
@@ -364,6 +390,9 @@ class NeverPolicy(SpecPolicy):
 
     def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
         return 0
+
+    def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
+        return False
 
 
 class ThresholdPolicy(SpecPolicy):
@@ -379,7 +408,10 @@ class ThresholdPolicy(SpecPolicy):
         self.threshold = threshold
 
     def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
-        return self.k_max if len(rids) + num_plain_only <= self.threshold else 0
+        return self.k_max if self._would_speculate(rids, context_tokens, num_plain_only) else 0
+
+    def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
+        return len(rids) + num_plain_only <= self.threshold
 
     def summary(self) -> dict:
         return {**super().summary(), "threshold": self.threshold}
@@ -468,6 +500,18 @@ class CostPolicy(SpecPolicy):
         if best != cur and obj[best] > obj[cur] * (1.0 + self._margin(bs, cur, best)):
             return best
         return cur
+
+    def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
+        candidates = self.candidates_for(len(rids) + num_plain_only)
+        obj = self.objective(rids, candidates, context_tokens, num_plain_only)
+        return max(candidates, key=lambda k: obj[k]) > 0
+
+    def _at_prior(self, batch_size: int, context_tokens: int) -> bool:
+        candidates = self.candidates_for(batch_size)
+        prior = self.estimator.prior
+        rate = {k: batch_size * sum(prior ** i for i in range(k + 1)) / self.cost.seconds(batch_size, k, context_tokens)
+                for k in candidates}
+        return max(candidates, key=lambda k: rate[k]) > 0
 
     def summary(self) -> dict:
         return {**super().summary(), "candidates": self.candidates,

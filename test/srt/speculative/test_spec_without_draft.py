@@ -1,0 +1,225 @@
+"""Requests the draft does not follow (issue 8's off state): a request admitted while the
+speculation policy would not speculate for the batch it joins skips the draft's pass over its
+prompt and decodes plainly to its end, also inside speculative steps. So a server whose policy
+stays plain never runs the draft at all; outputs stay plain decoding's; the radix cache keeps
+such requests' KV as target-only entries, which they can reuse and which a request the draft
+follows takes over (with draft KV) once nobody uses them."""
+
+from __future__ import annotations
+
+import pytest
+
+from sglang import demo
+from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.server_args import ServerArgs
+from sglang.test.server_fixture import assert_idle_kv_accounting
+
+PROMPTS = [[205, 300, 1100, 52, 9, 77], [17, 905, 33], list(range(100, 140)), [640, 12, 12, 77, 1500, 8]]
+MAX_NEW = [9, 24, 40, 3]
+SPEC = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=demo.DRAFT_PATH, speculative_num_steps=3)
+
+
+def make_scheduler(overlap: bool = False, **spec) -> Scheduler:
+    kwargs = {**SPEC, **spec} if spec else {}
+    return Scheduler(ServerArgs(model_path=demo.TARGET_PATH, dtype="float32", device="cpu",
+                                disable_overlap_schedule=not overlap, **kwargs))
+
+
+def count_draft_forwards(scheduler: Scheduler) -> list[int]:
+    """Counts every forward of the draft model (eager or through its graphs)."""
+    calls = [0]
+    runner = scheduler.tp_worker.draft_runner
+    for name in ("forward", "forward_eager"):
+        original = getattr(runner, name)
+
+        def counted(fb, original=original):
+            calls[0] += 1
+            return original(fb)
+
+        setattr(runner, name, counted)
+    return calls
+
+
+def submit(scheduler: Scheduler, rid: str, ids: list[int], max_new: int) -> None:
+    params = SamplingParams(max_new_tokens=max_new, temperature=0, ignore_eos=True)
+    scheduler.add_request(TokenizedGenerateReqInput(rid, ids, params, stream=False))
+
+
+def drive(scheduler: Scheduler, abort_at: int | None = None) -> dict[str, dict]:
+    """Runs the four requests (r2 aborted at step `abort_at`), then r4 with r0's prompt (a radix
+    hit); returns {rid: {"ids", "verify_ct", "cached"}}."""
+    for i, ids in enumerate(PROMPTS):
+        submit(scheduler, f"r{i}", ids, MAX_NEW[i])
+    out: dict[str, dict] = {}
+    finish = scheduler._finish
+
+    def recorded_finish(req, reason):
+        out.setdefault(req.rid, {})["cached"] = req.cached_tokens
+        finish(req, reason)
+
+    scheduler._finish = recorded_finish
+    step = 0
+    while scheduler.has_work():
+        if step == abort_at:
+            scheduler.abort_request(AbortReq("r2"))
+        if "r0" in out and not any(r.startswith("r4") for r in out) and "r4" not in scheduler_rids(scheduler):
+            submit(scheduler, "r4", PROMPTS[0], 12)
+        result = scheduler.step()
+        step += 1
+        for j, rid in enumerate(result.rids if result else ()):
+            entry = out.setdefault(rid, {})
+            entry.setdefault("ids", []).extend(result.new_token_ids[j])
+            if result.spec_verify_ct is not None:
+                entry["verify_ct"] = result.spec_verify_ct[j]
+    assert_idle_kv_accounting(scheduler.get_internal_state())
+    return out
+
+
+def scheduler_rids(scheduler: Scheduler) -> set[str]:
+    return {r.rid for r in list(scheduler.waiting_queue) + scheduler.running_reqs}
+
+
+@pytest.fixture(scope="module")
+def plain():
+    return drive(make_scheduler(), abort_at=5)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_server_whose_policy_stays_plain_never_runs_the_draft(plain, overlap):
+    scheduler = make_scheduler(overlap, speculative_policy="never")
+    calls = count_draft_forwards(scheduler)
+    out = drive(scheduler, abort_at=5)
+    for rid in ("r0", "r1", "r3", "r4"):
+        assert out[rid]["ids"] == plain[rid]["ids"], rid
+        assert out[rid]["verify_ct"] == 0
+    assert out["r4"]["cached"] > 0  # target-only entries serve requests the draft does not follow
+    assert calls[0] == 0
+    state = scheduler.get_internal_state()
+    assert state["spec_prompts_without_draft"] == 5 and state["spec_running_without_draft"] == 0
+    assert set(state["spec_steps_by_k"]) == {"0"}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_requests_with_and_without_the_draft_share_speculative_steps_losslessly(plain, overlap):
+    """r1 and r3 (and r4) are admitted without the draft; every k in turn, r2 aborted mid-run."""
+    scheduler = make_scheduler(overlap, speculative_policy="always")
+    scheduler.draft_reads_prompt = lambda req, joining: req.rid in ("r0", "r2")
+    steps = []
+    scheduler.spec_steps_for = lambda bs: steps.append([3, 0, 1, 2, 3][len(steps) % 5]) or steps[-1]
+    out = drive(scheduler, abort_at=5)
+    for rid in ("r0", "r1", "r3", "r4"):
+        assert out[rid]["ids"] == plain[rid]["ids"], rid
+    assert out["r1"]["verify_ct"] == out["r3"]["verify_ct"] == out["r4"]["verify_ct"] == 0
+    assert out["r0"]["verify_ct"] > 0
+    assert {0, 1, 2, 3} <= set(steps)
+    assert scheduler.get_internal_state()["spec_prompts_without_draft"] == 3
+
+
+def test_the_threshold_policy_admits_past_its_threshold_without_the_draft():
+    """threshold 2: the third and fourth requests join a batch of 3 and 4, where the policy would
+    not speculate, so the draft skips them; r3 stays plain also once r0 and r2 are done and the
+    batch of 2 speculates."""
+    max_new = [3, 30, 3, 30]
+
+    def run(scheduler):
+        for i, ids in enumerate(PROMPTS):
+            submit(scheduler, f"r{i}", ids, max_new[i])
+        out = {}
+        while scheduler.has_work():
+            result = scheduler.step()
+            for j, rid in enumerate(result.rids if result else ()):
+                out.setdefault(rid, []).extend(result.new_token_ids[j])
+                if result.spec_verify_ct is not None:
+                    out[rid + ".verify_ct"] = result.spec_verify_ct[j]
+        assert_idle_kv_accounting(scheduler.get_internal_state())
+        return out
+
+    plain_out = run(make_scheduler())
+    scheduler = make_scheduler(speculative_policy="threshold", speculative_threshold=2)
+    out = run(scheduler)
+    assert all(out[f"r{i}"] == plain_out[f"r{i}"] for i in range(4))
+    assert out["r1.verify_ct"] > 0 and out["r2.verify_ct"] == out["r3.verify_ct"] == 0
+    state = scheduler.get_internal_state()
+    assert state["spec_prompts_without_draft"] == 2
+    assert state["spec_steps_by_k"].get("3", 0) > 0 and state["spec_steps_by_k"].get("0", 0) > 0
+
+
+def run_alone(scheduler: Scheduler, rid: str, ids: list[int], cached: dict) -> list[int]:
+    """One request to its end; records its cached prompt tokens in `cached`."""
+    submit(scheduler, rid, ids, 8)
+    out = []
+    while scheduler.has_work():
+        result = scheduler.step()
+        for j, r in enumerate(result.rids if result else ()):
+            out.extend(result.new_token_ids[j])
+        for req in scheduler.running_reqs:
+            cached[req.rid] = req.cached_tokens
+    assert_idle_kv_accounting(scheduler.get_internal_state())
+    return out
+
+
+def test_target_only_cache_entries_are_taken_over_by_a_request_the_draft_follows():
+    prompt = [205, 300, 1100, 52, 9, 77, 1500, 12, 40, 41]
+    longer = prompt + [7, 8, 9]
+    reference = make_scheduler()
+    expected = {name: run_alone(reference, name, ids, {}) for name, ids in (("p", prompt), ("l", longer))}
+
+    scheduler = make_scheduler(speculative_policy="always")
+    scheduler.draft_reads_prompt = lambda req, joining: req.rid not in ("a", "b")
+    cached: dict[str, int] = {}
+    assert run_alone(scheduler, "a", prompt, cached) == expected["p"]  # cached as target-only entries
+    assert run_alone(scheduler, "b", longer, cached) == expected["l"]
+    assert cached["b"] >= len(prompt)  # a request without the draft reuses them
+    assert run_alone(scheduler, "c", prompt, cached) == expected["p"]
+    assert cached["c"] == 0  # no draft KV there: a request the draft follows recomputes them...
+    assert run_alone(scheduler, "d", prompt, cached) == expected["p"]
+    # ...and hands its slots to the tree: d hits what a cache with draft KV gives (the prompt but its
+    # last token, which is always computed, less the position before it, whose draft KV is redone).
+    assert cached["d"] == len(prompt) - 2
+    assert scheduler.get_internal_state()["spec_verifies"] > 0
+
+
+def test_an_estimate_gone_low_is_refreshed_by_an_exploring_request(monkeypatch):
+    """The cost policy's estimate says the draft never hits, so requests are admitted without it
+    and nothing updates the estimate. After EXPLORE_EVERY such admissions in a row the next one
+    gets the draft (speculation could pay at batch 1 at the prior): its plain steps' probes show
+    the draft is good now (simulated accept length 3), and the requests after it speculate."""
+    from sglang.srt.managers.scheduler import EXPLORE_EVERY
+    from sglang.srt.speculative.spec_policy import CostTable, make_policy
+
+    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3.0")
+    scheduler = make_scheduler(speculative_policy="cost")
+    cost = CostTable({1: 0.010}, {(1, 1): 0.011, (1, 3): 0.013})  # speculation pays at batch 1 if a_1 > ~0.2
+    scheduler.spec_policy = make_policy("cost", 3, cost=cost)
+    scheduler.spec_policy.estimator._pooled = [0.0, 0.0, 0.0]  # gone low
+    verify_ct = []
+    for i in range(EXPLORE_EVERY + 8):  # one at a time
+        submit(scheduler, f"q{i}", [205, 300 + i, 1100, 52], 24)
+        while scheduler.has_work():
+            result = scheduler.step()
+            for j, rid in enumerate(result.rids if result else ()):
+                if result.finished_reasons[j] is not None:
+                    verify_ct.append(result.spec_verify_ct[j])
+    state = scheduler.get_internal_state()
+    assert_idle_kv_accounting(state)
+    assert verify_ct[:EXPLORE_EVERY] == [0] * EXPLORE_EVERY  # admitted without the draft
+    assert state["spec_draft_explorations"] == 1  # then one explorer refreshed the estimate...
+    assert all(n > 0 for n in verify_ct[EXPLORE_EVERY + 1:])  # ...and the later requests speculate
+    assert state["spec_prompts_without_draft"] == EXPLORE_EVERY
+
+
+def test_a_policy_that_cannot_pay_never_explores():
+    """Under `never` (and above a threshold) speculation could not pay at any acceptance: however
+    many requests are admitted without the draft, none gets it."""
+    for spec in (dict(speculative_policy="never"), dict(speculative_policy="threshold", speculative_threshold=0)):
+        scheduler = make_scheduler(**spec)
+        calls = count_draft_forwards(scheduler)
+        for i in range(40):
+            submit(scheduler, f"q{i}", [205, 300 + i, 1100], 2)
+        while scheduler.has_work():
+            scheduler.step()
+        state = scheduler.get_internal_state()
+        assert calls[0] == 0 and state["spec_draft_explorations"] == 0, spec
+        assert state["spec_prompts_without_draft"] == 40
