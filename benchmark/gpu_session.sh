@@ -8,10 +8,12 @@
 # env-8b-acc3   issue 8's envelope on 8B shapes at simulated accept length 3.0: no draft, always
 #               k = 3, dynamic, one run (~7.5 min); report + plot
 # env-8b-acc2   the same at 2.0
-# env-demo      the same on the demo pair with its real acceptance (~4 min)
-# offstate      what a loaded, unused draft costs: spec_speed --off-state (prefill and decode
-#               speed, no draft / never + warm / never + catch-up) and the three servers at
-#               concurrency 64 and 256
+# env-demo      the same on the demo pair with its real acceptance: code prompts, 512 per level or
+#               8 per unit of concurrency (~7 min)
+# check         pytest test/gpu/test_spec_cuda.py (speculative graphs, switching, requests the draft
+#               does not follow), then spec_speed --off-state (prefill and decode speed, no draft /
+#               never + warm / never + catch-up)
+# offstate      what a loaded, unused draft costs: no draft and policy never at concurrency 64, 256
 # phases        issue 6's phase split (draft / verify / extend) at batch 1..256, both pairs
 # tests         pytest test/gpu (kernels, sampling, speculative graphs, switching)
 # timing        issue 4: gpu_check floor / bench / profile (where the batch-1 gap goes)
@@ -24,14 +26,18 @@ mkdir -p "$OUT"
 
 case "$PART" in
   env-8b-acc3|env-8b-acc2|env-demo)
-    SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-150} bash benchmark/spec_envelope_gpu.sh "$OUT" "${PART#env-}" 2>&1 \
+    default_timeout=150; [ "$PART" = env-demo ] && default_timeout=170
+    SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-$default_timeout} bash benchmark/spec_envelope_gpu.sh "$OUT" "${PART#env-}" 2>&1 \
       | grep -v "^\s*$" | tail -40 | tee "$OUT/envelope.log"
     ;;
-  offstate)
-    timeout 200 python benchmark/spec_speed.py --pair 8b --off-state --input-len 1024 --output-len 128 \
+  check)
+    timeout 300 python -m pytest test/gpu/test_spec_cuda.py -q 2>&1 | tail -15 | tee "$OUT/gpu_spec_tests.log"
+    timeout 250 python benchmark/spec_speed.py --pair 8b --off-state --input-len 1024 --output-len 128 \
       --batch-sizes 1,8,64,256 --workdir /tmp/spec_envelope --out "$OUT/off_state.json" 2>&1 | tail -14
-    LEVELS=64,256 SWEEP_TIMEOUT_S=90 bash benchmark/spec_envelope_gpu.sh "$OUT" 8b-acc3 no_draft never_warm \
-      never_catch_up 2>&1 | grep -v "^\s*$" | tail -12
+    ;;
+  offstate)
+    LEVELS=64,256 SWEEP_TIMEOUT_S=120 bash benchmark/spec_envelope_gpu.sh "$OUT" 8b-acc3 no_draft never_warm \
+      2>&1 | grep -v "^\s*$" | tail -12
     ;;
   phases)
     timeout 250 python benchmark/spec_speed.py --pair 8b --disable-step-graph --batch-sizes 1,2,4,8,16,32,64,128,256 \
@@ -50,5 +56,5 @@ case "$PART" in
       --steps 128 --out "$OUT/peer_gpt_fast_bs8.json" 2>&1 | tail -10
     ;;
   *)
-    echo "unknown part $PART (env-8b-acc3, env-8b-acc2, env-demo, offstate, phases, tests, timing, gptfast)"; exit 2 ;;
+    echo "unknown part $PART (env-8b-acc3, env-8b-acc2, env-demo, check, offstate, phases, tests, timing, gptfast)"; exit 2 ;;
 esac

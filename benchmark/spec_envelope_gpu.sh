@@ -8,13 +8,15 @@
 #
 # CONFIG: 8b-acc2 / 8b-acc3 (Llama-3.1-8B shapes, random weights, a random 8B-shaped EAGLE-3
 # draft, SGLANG_SIMULATE_ACC_LEN 2.0 / 3.0 for the speculative servers) or demo (the shipped
-# pair with its real acceptance). SERVER: no_draft, always, dynamic (the default three), never_warm,
+# pair with its real acceptance: prompts are windows of Python standard-library files, its domain,
+# made by make_code_dataset.py; DATASET=random gives random token ids, where its draft accepts
+# ~0.05 per position). SERVER: no_draft, always, dynamic (the default three), never_warm,
 # never_catch_up (policy `never`, the draft kept warm / caught up). The no-draft sweep does not
 # depend on the accept length: it is named after the model (8b_no_draft, demo_no_draft), so one
 # no-draft sweep serves both 8B configs. The report runs when OUT holds all three sweeps.
 # Env: LEVELS, INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, PER_CONC, SWEEP_TIMEOUT_S (as
 # serving_sweep_gpu.sh; defaults here: input 1024, output 128, 32 prompts or 3 per unit of
-# concurrency), EXTRA_SERVER_ARGS (added to every server, e.g. `--device cpu` for a dry run),
+# concurrency, for the demo 512 or 8), DATASET (demo: code or random), EXTRA_SERVER_ARGS (added to every server, e.g. `--device cpu` for a dry run),
 # MODEL / DRAFT (override the config's pair, e.g. tiny models for a dry run).
 set -u -o pipefail
 OUT=${1:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
@@ -23,9 +25,10 @@ shift 2
 SERVERS=${*:-no_draft always dynamic}
 WORK=/tmp/spec_envelope
 mkdir -p "$OUT" "$WORK"
-export NUM_PROMPTS=${NUM_PROMPTS:-32} PER_CONC=${PER_CONC:-3} SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-170}
+export SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-170}
 case "$CONFIG" in
   8b-acc2|8b-acc3)
+    export NUM_PROMPTS=${NUM_PROMPTS:-32} PER_CONC=${PER_CONC:-3}
     if [ -z "${MODEL:-}" ]; then
       python - <<'PY' || exit 1
 import sys
@@ -39,7 +42,17 @@ PY
   demo)
     MODEL=${MODEL:-$(python -c "from sglang import demo; print(demo.TARGET_PATH)")}
     DRAFT=${DRAFT:-$(python -c "from sglang import demo; print(demo.DRAFT_PATH)")}
-    SIM=""; PAIR=demo ;;
+    SIM=""; PAIR=demo
+    # ~20k tok/s from concurrency 16 up: levels of >= 3 s need hundreds of prompts.
+    export NUM_PROMPTS=${NUM_PROMPTS:-512} PER_CONC=${PER_CONC:-8}
+    if [ "${DATASET:-code}" = code ]; then  # the pair's own domain: its real acceptance
+      MAX_LEVEL=$(echo "${LEVELS:-256}" | tr , '\n' | sort -n | tail -1)
+      NEED=$(( NUM_PROMPTS > PER_CONC * MAX_LEVEL ? NUM_PROMPTS : PER_CONC * MAX_LEVEL ))
+      NEED=$(( NEED > 8 ? NEED : 8 ))  # the sweep's 8 warm-up requests come from the file too
+      export DATASET_PATH=$WORK/demo_code_${INPUT_LEN:-1024}_$NEED.jsonl
+      [ -f "$DATASET_PATH" ] || python benchmark/make_code_dataset.py "$MODEL" "$DATASET_PATH" --num "$NEED" \
+        --input-len "${INPUT_LEN:-1024}" || exit 1
+    fi ;;
   *) echo "unknown config $CONFIG (8b-acc2, 8b-acc3, demo)"; exit 2 ;;
 esac
 SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
@@ -48,6 +61,7 @@ run() {  # file name, label, extra env, server args
   env NAME="$1" LABEL="$2" TITLE="envelope $CONFIG" SERVER_ARGS="$4 $EXTRA" $3 \
     bash benchmark/serving_sweep_gpu.sh "$OUT" "$MODEL" 2>&1 | tail -4
 }
+FAILED=""
 for server in $SERVERS; do
   echo "== $(date +%T) $CONFIG: $server"
   case "$server" in
@@ -59,7 +73,7 @@ for server in $SERVERS; do
     never_catch_up) run "${CONFIG}_never_catch_up" "plain, draft catch-up" "$SIM" \
       "$SPEC --speculative-policy never --speculative-draft-sync catch-up" ;;
     *) echo "unknown server $server"; exit 2 ;;
-  esac
+  esac || FAILED="$FAILED $server"
 done
 N=$OUT/${PAIR}_no_draft.jsonl A=$OUT/${CONFIG}_always.jsonl D=$OUT/${CONFIG}_dynamic.jsonl
 if [ -f "$N" ] && [ -f "$A" ] && [ -f "$D" ]; then
@@ -73,3 +87,6 @@ fi
 find "$OUT" -maxdepth 1 -name '*.png' ! -name '*_envelope.png' -delete
 (cd "$OUT" && tar czf "${CONFIG}_servers.tgz" *.server.log *.server_info.json 2>/dev/null \
   && rm -f *.server.log *.server_info.json)
+if [ -n "$FAILED" ]; then
+  echo "sweeps that failed:$FAILED (their server logs are in ${CONFIG}_servers.tgz)"; exit 1
+fi

@@ -37,21 +37,12 @@ def random_prompts(vocab: int, n: int, length: int) -> list[list[int]]:
 
 
 def code_prompts(model: str, n: int, length: int) -> list[list[int]]:
-    """`length` tokens from each of n Python standard-library files (the demo model's domain)."""
-    import glob
-
+    """n windows of `length` tokens of Python standard-library files (the demo model's domain)."""
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(model)
-    files = sorted(glob.glob(os.path.join(os.path.dirname(os.__file__), "*.py")))
-    prompts = []
-    for path in files:
-        with open(path, errors="replace") as f:
-            ids = tokenizer(f.read()[:20000]).input_ids
-        if len(ids) >= 2 * length:
-            prompts.append(ids[length:2 * length])  # past the license header
-        if len(prompts) == n:
-            return prompts
+    from make_code_dataset import code_windows
+
+    prompts = code_windows(AutoTokenizer.from_pretrained(model), n, length)
     return [prompts[i % len(prompts)] for i in range(n)]
 
 
