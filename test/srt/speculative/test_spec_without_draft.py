@@ -181,16 +181,18 @@ def test_target_only_cache_entries_are_taken_over_by_a_request_the_draft_follows
     assert scheduler.get_internal_state()["spec_verifies"] > 0
 
 
-def test_an_estimate_gone_low_is_refreshed_by_an_exploring_request(monkeypatch):
+@pytest.mark.parametrize("sync", ["warm", "catch-up"])
+def test_an_estimate_gone_low_is_refreshed_by_an_exploring_request(monkeypatch, sync):
     """The cost policy's estimate says the draft never hits, so requests are admitted without it
     and nothing updates the estimate. After EXPLORE_EVERY such admissions in a row the next one
-    gets the draft (speculation could pay at batch 1 at the prior): its plain steps' probes show
-    the draft is good now (simulated accept length 3), and the requests after it speculate."""
+    gets the draft (speculation could pay at batch 1 at the prior): its plain steps' probes (warm)
+    or the speculative steps taken while it decodes (catch-up, whose plain steps do not probe)
+    show the draft is good now (simulated accept length 3), and the requests after it speculate."""
     from sglang.srt.managers.scheduler import EXPLORE_EVERY
     from sglang.srt.speculative.spec_policy import CostTable, make_policy
 
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3.0")
-    scheduler = make_scheduler(speculative_policy="cost")
+    scheduler = make_scheduler(speculative_policy="cost", speculative_draft_sync=sync)
     cost = CostTable({1: 0.010}, {(1, 1): 0.011, (1, 3): 0.013})  # speculation pays at batch 1 if a_1 > ~0.2
     scheduler.spec_policy = make_policy("cost", 3, cost=cost)
     scheduler.spec_policy.estimator._pooled = [0.0, 0.0, 0.0]  # gone low
@@ -206,7 +208,7 @@ def test_an_estimate_gone_low_is_refreshed_by_an_exploring_request(monkeypatch):
     assert_idle_kv_accounting(state)
     assert verify_ct[:EXPLORE_EVERY] == [0] * EXPLORE_EVERY  # admitted without the draft
     assert state["spec_draft_explorations"] == 1  # then one explorer refreshed the estimate...
-    assert all(n > 0 for n in verify_ct[EXPLORE_EVERY + 1:])  # ...and the later requests speculate
+    assert all(n > 0 for n in verify_ct[EXPLORE_EVERY + 1:]), (verify_ct, state["spec_policy"])  # ...and the later requests speculate
     assert state["spec_prompts_without_draft"] == EXPLORE_EVERY
 
 

@@ -55,6 +55,9 @@ class Req:
         # speculation policy would not speculate, or it opted out), so it has no draft state
         # and decodes plainly, also inside speculative steps. Decided at each admission.
         self.draft_cold = False
+        # Admitted with the draft only to refresh an acceptance estimate gone low (see
+        # Scheduler.draft_reads_prompt).
+        self.draft_explorer = False
 
     @property
     def speculates(self) -> bool:

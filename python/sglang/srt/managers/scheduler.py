@@ -65,6 +65,7 @@ class Scheduler:
         self.num_prompts_without_draft = 0  # admissions the draft skipped (see draft_reads_prompt)
         self.admissions_without_draft = 0  # in a row, for draft_reads_prompt's exploration
         self.num_draft_explorations = 0
+        self._explorer: Optional[Req] = None  # the request draft_reads_prompt last chose to explore
         self.last_step_time = time.perf_counter()
         self.last_step_throughput = 0.0
         self.tokenizer = None
@@ -159,7 +160,7 @@ class Scheduler:
         the speculation policy chooses (--speculative-policy)."""
         rids = [req.rid for req in self.running_reqs if req.speculates]
         return self.spec_policy.choose(rids, sum(req.kv_len for req in self.running_reqs),
-                                       num_plain_only=len(self.running_reqs) - len(rids))
+                                       num_plain_only=len(self.running_reqs) - len(rids), explore=self._explore_now())
 
     def draft_reads_prompt(self, req: Req, joining: list[Req]) -> bool:
         """Whether the draft runs over this request's prompt as it is admitted, so that it can
@@ -172,22 +173,44 @@ class Scheduler:
         Only requests the draft follows tell the policy about acceptance (verifies, or the warm
         plain step's free probe). So that an estimate gone low does not keep every request away
         from the draft for good, after EXPLORE_EVERY admissions in a row without the draft the
-        next one gets it anyway, if speculation could pay for its batch at all (at the prior
-        acceptance): a busy server, where it could not, still never runs the draft."""
+        next one gets it anyway (an explorer), if speculation could pay for its batch at all (at
+        the prior acceptance): a busy server, where it could not, still never runs the draft.
+        Deciding changes nothing; `_note_admission` counts once the request is in."""
+        self._explorer = None
         if req.sampling_params.disable_speculative_decoding:
             return False
         batch = self.running_reqs + joining + [req]
         rids = [r.rid for r in batch if not r.sampling_params.disable_speculative_decoding]
         context = sum(r.seq_len for r in batch)
         if self.spec_policy.would_speculate(rids, context, len(batch) - len(rids)):
-            self.admissions_without_draft = 0
             return True
-        self.admissions_without_draft += 1
-        if self.admissions_without_draft > EXPLORE_EVERY and self.spec_policy.would_speculate_at_prior(len(batch), context):
-            self.admissions_without_draft = 0
-            self.num_draft_explorations += 1
+        if self.admissions_without_draft >= EXPLORE_EVERY and self.spec_policy.would_speculate_at_prior(len(batch), context):
+            self._explorer = req
             return True
         return False
+
+    def _note_admission(self, req: Req, admitted: bool = True) -> None:
+        """Counts an admission (or, `admitted` False, takes back one that was undone) for the
+        exploration in draft_reads_prompt and for /get_server_info."""
+        if not admitted:
+            self.num_prompts_without_draft -= req.draft_cold
+            self.admissions_without_draft = max(0, self.admissions_without_draft - req.draft_cold)
+            self.num_draft_explorations -= req.draft_explorer
+            req.draft_explorer = False
+        elif req.draft_cold:
+            self.num_prompts_without_draft += 1
+            self.admissions_without_draft += 1
+        else:
+            req.draft_explorer = self._explorer is req
+            self.num_draft_explorations += req.draft_explorer
+            self.admissions_without_draft = 0
+
+    def _explore_now(self) -> bool:
+        """Under --speculative-draft-sync catch-up plain steps give no probe: while an explorer
+        decodes, the policy is asked for a speculative step, so that its verifies refresh the
+        estimate (warm plain steps probe by themselves)."""
+        return self.server_args.speculative_draft_sync == "catch-up" and self.num_draft_explorations > 0 and any(
+            req.draft_explorer for req in self.running_reqs)
 
     def _make_spec_policy(self, args: ServerArgs):
         from sglang.srt.speculative.spec_policy import CostTable, make_policy, parse_adaptive_config
@@ -258,7 +281,8 @@ class Scheduler:
             self.kv_manager.release(req)
             return False
         self.waiting_queue.remove(req)
-        self.num_prompts_without_draft += req.draft_cold
+        if self.spec_k:
+            self._note_admission(req)
         return True
 
     def _available_after_admission(self, adder: PrefillAdder) -> int:
@@ -273,6 +297,8 @@ class Scheduler:
                 continue
             self.kv_manager.release(req)
             self.waiting_queue.appendleft(req)
+            if self.spec_k:
+                self._note_admission(req, admitted=False)
 
     def _schedule_decode(self, overlapped: bool = False) -> Optional[ScheduleBatch]:
         """A decode step over the running requests. Overlapped, their inputs are the step in

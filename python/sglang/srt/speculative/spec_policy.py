@@ -305,12 +305,15 @@ class SpecPolicy(ABC):
         # Steps run in a row with current_k, the step that chose it included (for dwell).
         self.steps_in_current = 0
 
-    def choose(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0) -> int:
+    def choose(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0, explore: bool = False) -> int:
         """k for the next decode step of this batch; 0 = PLAIN. rids: its decode requests that may
         speculate; num_plain_only: those that opted out (one token a step whatever k is);
         context_tokens: the summed context length of all of them. A batch with no request that
-        may speculate decodes plainly."""
+        may speculate decodes plainly. `explore`: where the policy would decode plainly, take its
+        cheapest speculative step instead (to measure acceptance; the scheduler asks for it)."""
         k = 0 if num_plain_only and not rids else self._choose(rids, context_tokens, num_plain_only)
+        if explore and k == 0 and rids:
+            k = self._explore_k(len(rids) + num_plain_only)
         if k == self.current_k:
             self.steps_in_current += 1
         else:
@@ -324,6 +327,9 @@ class SpecPolicy(ABC):
     @abstractmethod
     def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
         """The policy's k for this batch; current_k and steps_in_current describe the steps so far."""
+
+    def _explore_k(self, batch_size: int) -> int:
+        return 1
 
     def would_speculate(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0) -> bool:
         """Whether a decode batch like this would speculate, judged afresh: no hysteresis, no
@@ -384,7 +390,8 @@ class AlwaysPolicy(SpecPolicy):
 
 
 class NeverPolicy(SpecPolicy):
-    """Never speculate: the baseline, with the draft loaded (its probe still measures a_1)."""
+    """Never speculate: the baseline, with the draft loaded (the scheduler gives it no request,
+    so it never runs)."""
 
     name = "never"
 
@@ -505,6 +512,9 @@ class CostPolicy(SpecPolicy):
         candidates = self.candidates_for(len(rids) + num_plain_only)
         obj = self.objective(rids, candidates, context_tokens, num_plain_only)
         return max(candidates, key=lambda k: obj[k]) > 0
+
+    def _explore_k(self, batch_size: int) -> int:
+        return min((k for k in self.candidates_for(batch_size) if k > 0), default=self.k_max)
 
     def _at_prior(self, batch_size: int, context_tokens: int) -> bool:
         candidates = self.candidates_for(batch_size)
