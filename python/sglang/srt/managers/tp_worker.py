@@ -9,7 +9,7 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.server_args import ServerArgs
@@ -66,18 +66,19 @@ class TpModelWorker:
         to the host (`wait_host`)."""
         forward_batch = batch.to_forward_batch(self.device)
         logits_output = self.model_runner.forward(forward_batch)
-        sampling_info = SamplingBatchInfo.from_params(
-            [req.sampling_params for req in batch.reqs], [req.seed for req in batch.reqs],
-            self.model_config.vocab_size, self.device,
-        )
         next_token_ids = self.model_runner.sample(
-            logits_output.next_token_logits, sampling_info, batch.sampling_offsets(self.device)
+            logits_output.next_token_logits, self.sampling_info(batch.reqs), batch.sampling_offsets(self.device)
         )
         result = GenerationBatchResult(logits_output, next_token_ids)
         if any(req.return_logprob for req in batch.reqs):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
         result.start_copy_to_host()
         return result
+
+    def sampling_info(self, reqs: list[Req]) -> SamplingBatchInfo:
+        """The requests' sampling parameters and seeds as device tensors, one row each."""
+        return SamplingBatchInfo.from_params([r.sampling_params for r in reqs], [r.seed for r in reqs],
+                                             self.model_config.vocab_size, self.device)
 
     @staticmethod
     def _add_logprobs(result: GenerationBatchResult, top_n: int) -> None:

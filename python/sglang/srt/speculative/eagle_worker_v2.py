@@ -207,10 +207,6 @@ class EAGLEWorkerV2(TpModelWorker):
             return self.forward_plain_step(batch)
         return self.forward_spec_step(batch)
 
-    def sampling_info(self, batch: ScheduleBatch, vocab_size: int) -> SamplingBatchInfo:
-        return SamplingBatchInfo.from_params([r.sampling_params for r in batch.reqs], [r.seed for r in batch.reqs],
-                                             vocab_size, self.device)
-
     # ---- prefill -------------------------------------------------------------------------
 
     def forward_prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
@@ -219,7 +215,7 @@ class EAGLEWorkerV2(TpModelWorker):
         warm = [i for i, req in enumerate(batch.reqs) if not req.draft_cold]
         fb.capture_aux_hidden_states = bool(warm)
         out = self.model_runner.forward(fb)
-        info = self.sampling_info(batch, self.vocab_size)
+        info = self.sampling_info(batch.reqs)
         offsets = batch.sampling_offsets(self.device)
         next_ids = self.model_runner.sample(out.next_token_logits, info, offsets)
         result = GenerationBatchResult(out, next_ids)
@@ -267,9 +263,7 @@ class EAGLEWorkerV2(TpModelWorker):
                 out_cache_loc=fb.out_cache_loc[tokens], seq_lens_cpu=[fb.seq_lens_cpu[i] for i in warm],
                 extend_seq_lens_cpu=[lens[i] for i in warm],
                 extend_prefix_lens_cpu=[fb.extend_prefix_lens_cpu[i] for i in warm], spec_hidden_states=aux[tokens])
-            reqs = [batch.reqs[i] for i in warm]
-            info = SamplingBatchInfo.from_params([r.sampling_params for r in reqs], [r.seed for r in reqs],
-                                                 self.vocab_size, self.device)
+            info = self.sampling_info([batch.reqs[i] for i in warm])
             warm_ids, warm_offsets = next_ids[sub], offsets[sub]
         last = draft_fb.last_token_indices()
         if finals:
@@ -302,7 +296,7 @@ class EAGLEWorkerV2(TpModelWorker):
             timer.mark("step")
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
         else:
-            info = self.sampling_info(batch, self.vocab_size)
+            info = self.sampling_info(batch.reqs)
             tokens, num_out, target_logits = self._spec_body(rows, batch.out_cache_loc, k, info, timer,
                                                              opted_out=opted_out)
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
@@ -416,7 +410,7 @@ class EAGLEWorkerV2(TpModelWorker):
             next_ids, hits = graphs.replay(rows, batch.out_cache_loc, behind)
         else:
             next_ids, target_logits, hits = self._plain_body(rows, batch.out_cache_loc,
-                                                             self.sampling_info(batch, self.vocab_size), behind,
+                                                             self.sampling_info(batch.reqs), behind,
                                                              draft=follow)
         # num_out None: one token each (the host needs no copy to know it); no phase timer.
         result = SpecStepResult(tokens=next_ids[:, None], num_out=None, probe_hits=hits)
@@ -528,8 +522,7 @@ class EAGLEWorkerV2(TpModelWorker):
             req_pool_indices=rows_sub, seq_lens=ends, out_cache_loc=table[row_rep, positions].to(torch.int64),
             seq_lens_cpu=None, extend_seq_lens_cpu=lens, extend_prefix_lens_cpu=None, spec_hidden_states=aux)
         out = self.draft_runner.forward(fb)
-        info = SamplingBatchInfo.from_params([r.sampling_params for r in reqs], [r.seed for r in reqs],
-                                             self.vocab_size, device)
+        info = self.sampling_info(reqs)
         # Logits come per request (its last position), hidden states per token. A later piece
         # of the same request overwrites what an earlier one stored.
         self._store_next_draft(rows_sub, out.next_token_logits, out.hidden_states[last], info,

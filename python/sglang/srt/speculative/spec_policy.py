@@ -501,7 +501,7 @@ class CostPolicy(SpecPolicy):
             return cur
         obj = self.objective(rids, candidates, context_tokens, num_plain_only)
         self.last_objective = obj
-        best = max(candidates, key=lambda k: obj[k])  # ties: the first (smallest k)
+        best = _best(obj)
         if cur is None or cur not in candidates:
             return best
         if best != cur and obj[best] > obj[cur] * (1.0 + self._margin(bs, cur, best)):
@@ -510,23 +510,26 @@ class CostPolicy(SpecPolicy):
 
     def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
         candidates = self.candidates_for(len(rids) + num_plain_only)
-        obj = self.objective(rids, candidates, context_tokens, num_plain_only)
-        return max(candidates, key=lambda k: obj[k]) > 0
+        return _best(self.objective(rids, candidates, context_tokens, num_plain_only)) > 0
 
     def _explore_k(self, batch_size: int) -> int:
         return min((k for k in self.candidates_for(batch_size) if k > 0), default=self.k_max)
 
     def _at_prior(self, batch_size: int, context_tokens: int) -> bool:
-        candidates = self.candidates_for(batch_size)
+        # Every request at the prior: 1 + p + ... + p^k tokens per verify of k drafts.
         prior = self.estimator.prior
-        rate = {k: batch_size * sum(prior ** i for i in range(k + 1)) / self.cost.seconds(batch_size, k, context_tokens)
-                for k in candidates}
-        return max(candidates, key=lambda k: rate[k]) > 0
+        return _best({k: batch_size * sum(prior ** i for i in range(k + 1)) / self.cost.seconds(batch_size, k, context_tokens)
+                      for k in self.candidates_for(batch_size)}) > 0
 
     def summary(self) -> dict:
         return {**super().summary(), "candidates": self.candidates,
                 "candidates_by_bs": self.candidates_by_bs, "hysteresis": self.hysteresis,
                 "min_dwell": self.min_dwell, "cost": self.cost.summary()}
+
+
+def _best(objective: dict[int, float]) -> int:
+    """The k with the most expected tokens per second; ties go to the smallest k."""
+    return max(sorted(objective), key=lambda k: objective[k])
 
 
 def _checked_candidates(steps: list[int], k_max: int, label: str) -> list[int]:
