@@ -16,8 +16,11 @@
 # offstate      what a loaded, unused draft costs: no draft and policy never at concurrency 64, 256
 # phases        issue 6's phase split (draft / verify / extend) at batch 1..256, both pairs
 # tests         pytest test/gpu (kernels, sampling, speculative graphs, switching)
-# timing        issue 4: gpu_check floor / bench / profile (where the batch-1 gap goes)
-# gptfast       gpt-fast at batch 8 (its compile alone takes ~130 s); carry .peers
+# timing        issue 4: gpu_check exactness / floor / bench / profile (greedy fp32 output across
+#               backends, graphs and overlap; the floor ratio; where the batch-1 step goes)
+# peers         issue 4: our decode step (gpu_check bench) and gpt-fast at batch 8, then batch 1,
+#               in one call (gpt-fast compiles ~130 s per batch size); carry .peers
+# gptfast       gpt-fast at batch 8 alone; carry .peers
 set -u -o pipefail
 PART=${1:?usage: gpu_session.sh PART OUT}
 OUT=${2:?usage: gpu_session.sh PART OUT}
@@ -49,12 +52,20 @@ case "$PART" in
     timeout 400 python -m pytest test/gpu -q 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"
     ;;
   timing)
-    timeout 200 python benchmark/gpu_check.py --out "$OUT" --parts floor,bench,profile 2>&1 | tail -12
+    timeout 280 python benchmark/gpu_check.py --workdir /tmp/spec_envelope --out "$OUT" \
+      --parts exactness,floor,bench,profile 2>&1 | tail -14
+    ;;
+  peers)
+    timeout 120 python benchmark/gpu_check.py --workdir /tmp/spec_envelope --out "$OUT" --parts floor,bench 2>&1 | tail -5
+    for bs in 8 1; do
+      timeout $(( bs == 8 ? 300 : 150 )) python benchmark/peer_gpt_fast.py --gpt-fast-dir .peers/gpt-fast --batch-sizes $bs \
+        --input-len 1024 --steps 128 --out "$OUT/peer_gpt_fast_bs$bs.json" 2>&1 | tail -4
+    done
     ;;
   gptfast)
     timeout 500 python benchmark/peer_gpt_fast.py --gpt-fast-dir .peers/gpt-fast --batch-sizes 8 --input-len 1024 \
       --steps 128 --out "$OUT/peer_gpt_fast_bs8.json" 2>&1 | tail -10
     ;;
   *)
-    echo "unknown part $PART (env-8b-acc3, env-8b-acc2, env-demo, check, offstate, phases, tests, timing, gptfast)"; exit 2 ;;
+    echo "unknown part $PART (env-8b-acc3, env-8b-acc2, env-demo, check, offstate, phases, tests, timing, peers, gptfast)"; exit 2 ;;
 esac

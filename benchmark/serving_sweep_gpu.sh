@@ -10,7 +10,7 @@
 # were written, also when the sweep stopped early (SWEEP_TIMEOUT_S bounds the sweep; 0 = none).
 # Env: NAME (bench_serving_8b), PORT (30000), LABEL, HEALTH_DEADLINE_S, SWEEP_TIMEOUT_S,
 # SERVER_ARGS (extra launch_server flags), INPUT_LEN (1024), OUTPUT_LEN (128), NUM_PROMPTS (64),
-# PER_CONC (4 prompts per unit of concurrency), LEVELS (1,2,...,256), DATASET_PATH (a ShareGPT-layout
+# PER_CONC (4 prompts per unit of concurrency), MAX_PROMPTS (cap per level; none), LEVELS (1,2,...,256), DATASET_PATH (a ShareGPT-layout
 # file of prompts instead of random token ids; OUTPUT_LEN tokens each). After the sweep the server's
 # /get_server_info is saved as $NAME.server_info.json.
 set -u -o pipefail
@@ -60,7 +60,7 @@ else
 fi
 sweep=(python -m sglang.bench_serving --backend sglang --port "$PORT" "${data[@]}"
   --num-prompts "${NUM_PROMPTS:-64}" --prompts-per-concurrency "${PER_CONC:-4}"
-  --max-concurrency "${LEVELS:-1,2,4,8,16,32,64,128,256}"
+  ${MAX_PROMPTS:+--max-prompts-per-level "$MAX_PROMPTS"} --max-concurrency "${LEVELS:-1,2,4,8,16,32,64,128,256}"
   --warmup-requests 8 --flush-cache --disable-tqdm --label "$LABEL" --output-file "$D.jsonl")
 if (( SWEEP_TIMEOUT_S > 0 )); then sweep=(timeout "$SWEEP_TIMEOUT_S" "${sweep[@]}"); fi
 t0=$SECONDS

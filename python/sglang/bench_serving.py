@@ -72,6 +72,9 @@ def make_parser() -> argparse.ArgumentParser:
     data.add_argument("--num-prompts", type=count(1), default=1000, help="measured requests per level")
     data.add_argument("--prompts-per-concurrency", type=count(1), default=None,
                       help="at least this many requests per unit of concurrency at each level")
+    data.add_argument("--max-prompts-per-level", type=count(1), default=None,
+                      help="at most this many requests at any level (caps --prompts-per-concurrency, so "
+                           "low levels can run many requests each without the highest running for minutes)")
     data.add_argument("--seed", type=int, default=1)
     load = parser.add_argument_group("load")
     load.add_argument("--request-rate", type=positive_float, default=float("inf"),
@@ -93,7 +96,11 @@ def main(argv: list[str] | None = None) -> int:
         from sglang.benchmark import plot
 
         return plot.main(argv[1:])
-    args = make_parser().parse_args(argv)
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    if args.max_prompts_per_level is not None and args.max_prompts_per_level < args.num_prompts:
+        parser.error(f"--max-prompts-per-level {args.max_prompts_per_level} is below --num-prompts "
+                     f"{args.num_prompts}: every level measures at least --num-prompts requests")
     from sglang.benchmark.datasets import DatasetError
     from sglang.benchmark.runner import BenchmarkError, run
 

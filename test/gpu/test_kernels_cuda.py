@@ -14,7 +14,8 @@ from sgl_kernel.activation import silu_and_mul, silu_and_mul_ref
 from sgl_kernel.decode_attention import decode_attention_fwd, decode_attention_ref, decode_workspace
 from sgl_kernel.extend_attention import extend_attention_fwd, extend_attention_ref
 from sgl_kernel.norm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
-from sgl_kernel.rotary import apply_rotary_embedding_, apply_rotary_embedding_ref
+from sgl_kernel.rotary import (apply_rotary_and_store_kv_, apply_rotary_and_store_kv_ref, apply_rotary_embedding_,
+                               apply_rotary_embedding_ref)
 from sgl_kernel.testing import TOLERANCE, make_paged_kv, relative_error
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 
@@ -174,6 +175,30 @@ def test_rotary_llama3_positions_up_to_8192(dtype):
     assert relative_error(k, want_k) < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_and_kv_store_at_batch_256_into_a_large_cache(dtype):
+    cache = RotaryEmbedding(HEAD_DIM, 8192, {"rope_type": "default", "rope_theta": 500000.0}).cos_sin_cache.cuda()
+    tokens, slots = 256, 100_000
+    positions = torch.randint(0, 8192, (tokens,), generator=torch.Generator().manual_seed(0)).cuda()
+    loc = torch.randperm(slots, generator=torch.Generator().manual_seed(1))[:tokens].cuda()
+    qkv = randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM, dtype=dtype, seed=2)
+    results = []
+    for fn in (apply_rotary_and_store_kv_, apply_rotary_and_store_kv_ref):
+        x = qkv.clone()
+        q = x[:, : HEADS * HEAD_DIM].view(tokens, HEADS, HEAD_DIM)
+        k = x[:, HEADS * HEAD_DIM : (HEADS + KV_HEADS) * HEAD_DIM].view(tokens, KV_HEADS, HEAD_DIM)
+        v = x[:, (HEADS + KV_HEADS) * HEAD_DIM :].view(tokens, KV_HEADS, HEAD_DIM)
+        k_cache = torch.zeros(slots, KV_HEADS, HEAD_DIM, dtype=dtype, device="cuda")
+        v_cache = torch.zeros_like(k_cache)
+        fn(positions, q, k, v, cache, k_cache, v_cache, loc)
+        results.append((x, k_cache[loc], v_cache[loc], k_cache.abs().sum() + v_cache.abs().sum()))
+    (x, k_rows, v_rows, total), (want_x, want_k, want_v, want_total) = results
+    assert relative_error(x, want_x) < TOLERANCE[dtype]
+    assert relative_error(k_rows, want_k) < TOLERANCE[dtype]
+    assert relative_error(v_rows, want_v) < TOLERANCE[dtype]
+    assert relative_error(total, want_total) < TOLERANCE[dtype]  # nothing written past the given slots
+
+
 def test_wrappers_never_synchronize_with_the_host():
     dtype = torch.bfloat16
     q, kv = decode_inputs([5, 700], HEADS, KV_HEADS, HEAD_DIM, dtype)
@@ -191,6 +216,7 @@ def test_wrappers_never_synchronize_with_the_host():
         fused_add_rmsnorm(x, residual, weight, 1e-6)
         silu_and_mul(gate_up)
         apply_rotary_embedding_(positions, qr, kr, cache)
+        apply_rotary_and_store_kv_(positions, qr, kr, kr, cache, kv.k_buffer, kv.v_buffer, torch.arange(4, device="cuda"))
 
     run_all()  # compile first
     torch.cuda.synchronize()

@@ -82,6 +82,16 @@ def test_sweep_appends_one_sane_line_per_concurrency_level(sweep):
         assert line["request_rate"] == "inf" and line["label"] == "tiny llama"
 
 
+def test_requests_per_level_grow_with_concurrency_up_to_the_cap(server, tmp_path, capsys):
+    rc, lines = run_bench(server, tmp_path / "capped.jsonl", "--num-prompts", "2", "--prompts-per-concurrency", "3",
+                          "--max-prompts-per-level", "8", "--max-concurrency", "1,2,4")
+    assert rc == 0
+    assert [(line["num_prompts"], line["completed"]) for line in lines] == [(3, 3), (6, 6), (8, 8)]
+    with pytest.raises(SystemExit):
+        bench_serving.main(["--base-url", server.base_url, "--num-prompts", "8", "--max-prompts-per-level", "4"])
+    assert "--max-prompts-per-level 4 is below --num-prompts 8" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("backend", ["sglang", "sglang-oai", "sglang-oai-chat"])
 def test_token_counts_match_the_servers_own_counters(server, tmp_path, backend):
     before_metrics, before_state = prometheus_counters(server), server_state(server)

@@ -78,12 +78,19 @@ async def connect(args: argparse.Namespace, session: aiohttp.ClientSession) -> B
     return Bench(args, session, base_url, model, client, dataset, data_rng)
 
 
+def level_prompts(args, level: int | None) -> int:
+    """Requests measured at concurrency `level`: --num-prompts, raised to --prompts-per-concurrency
+    x level, then capped by --max-prompts-per-level (which the CLI keeps >= --num-prompts)."""
+    wanted = max(args.num_prompts, (args.prompts_per_concurrency or 0) * (level or 0))
+    return wanted if args.max_prompts_per_level is None else min(wanted, args.max_prompts_per_level)
+
+
 async def measure_level(bench: Bench, level: int | None, desc: str) -> dict:
     """One run at concurrency `level`: its result line, printed and appended to the output file."""
     args = bench.args
     if args.flush_cache:
         await flush_cache(bench.session, bench.base_url)
-    num_prompts = max(args.num_prompts, (args.prompts_per_concurrency or 0) * (level or 0))
+    num_prompts = level_prompts(args, level)
     requests = bench.dataset.sample(num_prompts, bench.data_rng)
     # The same arrival times at every level, so levels differ only in their concurrency.
     arrival_rng = random.Random(f"arrivals-{args.seed}")

@@ -18,6 +18,7 @@ _EXPORTS = {
     "fused_add_rmsnorm": "norm",
     "silu_and_mul": "activation",
     "apply_rotary_embedding_": "rotary",
+    "apply_rotary_and_store_kv_": "rotary",
 }
 
 __all__ = list(_EXPORTS)

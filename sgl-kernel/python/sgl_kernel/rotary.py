@@ -1,7 +1,9 @@
 """Rotary position embedding, neox (rotate-half) layout, applied in place to q and k.
 
 The cos/sin table is precomputed per position (Llama 3 or linear scaling already folded
-in), so the kernel only gathers a row per token and rotates.
+in), so the kernel only gathers a row per token and rotates. A second kernel also writes the
+rotated k and v into the paged KV cache at the tokens' slots: one launch per layer instead of
+three (rotate, store K, store V), which matters where a decode step is latency bound.
 """
 
 from __future__ import annotations
@@ -41,6 +43,69 @@ def _rotary_kernel(
     sin = tl.load(cos_sin_cache + pos * stride_cache + HALF + halves)[None, :]
     _rotate_heads(q, t, stride_qt, stride_qh, num_q_heads, cos, sin, Q_HEADS_POW2, HALF)
     _rotate_heads(k, t, stride_kt, stride_kh, num_k_heads, cos, sin, K_HEADS_POW2, HALF)
+
+
+@triton.jit
+def _rotary_store_kernel(
+    positions, q, k, v, cos_sin_cache, k_cache, v_cache, loc, num_q_heads, num_k_heads,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cache,
+    stride_kct, stride_kch, stride_vct, stride_vch, stride_loc,
+    Q_HEADS_POW2: tl.constexpr, K_HEADS_POW2: tl.constexpr, HALF: tl.constexpr,
+):
+    t = tl.program_id(0).to(tl.int64)
+    pos = tl.load(positions + t).to(tl.int64)
+    slot = tl.load(loc + t * stride_loc).to(tl.int64)
+    halves = tl.arange(0, HALF)
+    cos = tl.load(cos_sin_cache + pos * stride_cache + halves)[None, :]
+    sin = tl.load(cos_sin_cache + pos * stride_cache + HALF + halves)[None, :]
+    _rotate_heads(q, t, stride_qt, stride_qh, num_q_heads, cos, sin, Q_HEADS_POW2, HALF)
+    # k: rotated in place and into its cache slot; v: copied into its slot.
+    heads = tl.arange(0, K_HEADS_POW2)
+    head_ok = (heads < num_k_heads)[:, None]
+    first = k + t * stride_kt + heads[:, None] * stride_kh + halves[None, :]
+    x1 = tl.load(first, mask=head_ok, other=0.0).to(tl.float32)
+    x2 = tl.load(first + HALF, mask=head_ok, other=0.0).to(tl.float32)
+    r1, r2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    tl.store(first, r1.to(k.dtype.element_ty), mask=head_ok)
+    tl.store(first + HALF, r2.to(k.dtype.element_ty), mask=head_ok)
+    cached = k_cache + slot * stride_kct + heads[:, None] * stride_kch + halves[None, :]
+    tl.store(cached, r1.to(k.dtype.element_ty).to(k_cache.dtype.element_ty), mask=head_ok)
+    tl.store(cached + HALF, r2.to(k.dtype.element_ty).to(k_cache.dtype.element_ty), mask=head_ok)
+    dims = tl.arange(0, 2 * HALF)
+    values = tl.load(v + t * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=head_ok, other=0.0)
+    tl.store(v_cache + slot * stride_vct + heads[:, None] * stride_vch + dims[None, :],
+             values.to(v_cache.dtype.element_ty), mask=head_ok)
+
+
+def apply_rotary_and_store_kv_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                               cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               loc: torch.Tensor) -> None:
+    """As apply_rotary_embedding_, and then k_cache[loc] = k (rotated) and v_cache[loc] = v:
+    v [T, KV, D]; k_cache, v_cache [slots, KV, D] (cast to their dtype); loc [T] slot indices."""
+    _check(positions, q, k, cos_sin_cache)
+    if v.shape != k.shape or v.stride(-1) != 1:
+        raise ValueError(f"v {tuple(v.shape)} must match k {tuple(k.shape)} with a contiguous last dimension")
+    if k_cache.dim() != 3 or k_cache.shape[1:] != k.shape[1:] or v_cache.shape != k_cache.shape:
+        raise ValueError(f"KV cache {tuple(k_cache.shape)} / {tuple(v_cache.shape)} does not hold k {tuple(k.shape)}")
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("the KV cache needs a contiguous last dimension")
+    if loc.shape != (q.shape[0],):
+        raise ValueError(f"loc {tuple(loc.shape)} must hold one slot per token ({q.shape[0]})")
+    tokens, head_dim = q.shape[0], q.shape[2]
+    if tokens:
+        _rotary_store_kernel[(tokens,)](
+            positions, q, k, v, cos_sin_cache, k_cache, v_cache, loc, q.shape[1], k.shape[1],
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin_cache.stride(0),
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), loc.stride(0),
+            Q_HEADS_POW2=triton.next_power_of_2(q.shape[1]), K_HEADS_POW2=triton.next_power_of_2(k.shape[1]),
+            HALF=head_dim // 2, num_warps=4,
+        )
+
+
+def apply_rotary_and_store_kv_ref(positions, q, k, v, cos_sin_cache, k_cache, v_cache, loc) -> None:
+    apply_rotary_embedding_ref(positions, q, k, cos_sin_cache)
+    k_cache[loc] = k.to(k_cache.dtype)
+    v_cache[loc] = v.to(v_cache.dtype)
 
 
 def apply_rotary_embedding_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:

@@ -4,7 +4,8 @@
 import pytest
 import torch
 
-from sgl_kernel.rotary import apply_rotary_embedding_, apply_rotary_embedding_ref
+from sgl_kernel.rotary import (apply_rotary_and_store_kv_, apply_rotary_and_store_kv_ref, apply_rotary_embedding_,
+                               apply_rotary_embedding_ref)
 from sgl_kernel.testing import TOLERANCE, relative_error
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 
@@ -34,3 +35,73 @@ def test_rotary_rotates_q_and_k_views_in_place(dtype, device):
     layer_q, layer_k = rope(positions, *fused_qkv(dtype, device)[1:])
     assert relative_error(q, layer_q) < TOLERANCE[dtype]
     assert relative_error(k, layer_k) < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                               (torch.float32, torch.bfloat16)])
+def test_rotary_and_kv_store_rotates_in_place_and_fills_exactly_the_given_slots(dtype, cache_dtype, device):
+    rope = RotaryEmbedding(HEAD_DIM, 256, LLAMA3).to(device)
+    positions = torch.tensor([0, 1, 63, 200, 255], device=device)
+    slots = 12
+    # Slots out of order, read as a strided column (the batch's slot table has them so).
+    table = torch.tensor([[3, 0], [9, 0], [1, 0], [7, 0], [4, 0]], device=device)
+    loc = table[:, 0]
+    results = []
+    for fn in (apply_rotary_and_store_kv_, apply_rotary_and_store_kv_ref):
+        qkv, q, k = fused_qkv(dtype, device)
+        v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM :].view(TOKENS, KV_HEADS, HEAD_DIM)
+        k_cache = torch.full((slots, KV_HEADS, HEAD_DIM), 7.0, dtype=cache_dtype, device=device)
+        v_cache = torch.full((slots, KV_HEADS, HEAD_DIM), 7.0, dtype=cache_dtype, device=device)
+        fn(positions, q, k, v, rope.cos_sin_cache, k_cache, v_cache, loc)
+        results.append((qkv, k_cache, v_cache))
+    (qkv, k_cache, v_cache), (want_qkv, want_k_cache, want_v_cache) = results
+    assert relative_error(qkv, want_qkv) < TOLERANCE[dtype]
+    assert relative_error(k_cache, want_k_cache) < TOLERANCE[cache_dtype]
+    assert relative_error(v_cache, want_v_cache) < TOLERANCE[cache_dtype]
+    untouched = torch.ones(slots, dtype=torch.bool)
+    untouched[loc.cpu()] = False
+    assert (k_cache[untouched.to(device)] == 7.0).all() and (v_cache[untouched.to(device)] == 7.0).all()
+    # The cache holds the rotated k and the untouched v of each token.
+    assert torch.equal(k_cache[loc].float(), qkv[:, HEADS * HEAD_DIM:(HEADS + KV_HEADS) * HEAD_DIM]
+                       .view(TOKENS, KV_HEADS, HEAD_DIM).to(cache_dtype).float())
+    assert torch.equal(v_cache[loc].float(), qkv[:, (HEADS + KV_HEADS) * HEAD_DIM:]
+                       .view(TOKENS, KV_HEADS, HEAD_DIM).to(cache_dtype).float())
+
+
+def test_rotary_and_kv_store_rejects_a_cache_that_does_not_fit(device):
+    rope = RotaryEmbedding(HEAD_DIM, 256, LLAMA3).to(device)
+    qkv, q, k = fused_qkv(torch.float32, device)
+    v = k.clone()
+    positions, loc = torch.arange(TOKENS, device=device), torch.arange(TOKENS, device=device)
+    wrong = torch.zeros(8, KV_HEADS + 1, HEAD_DIM, device=device)
+    with pytest.raises(ValueError, match="KV cache"):
+        apply_rotary_and_store_kv_(positions, q, k, v, rope.cos_sin_cache, wrong, wrong, loc)
+    cache = torch.zeros(8, KV_HEADS, HEAD_DIM, device=device)
+    with pytest.raises(ValueError, match="one slot per token"):
+        apply_rotary_and_store_kv_(positions, q, k, v, rope.cos_sin_cache, cache, cache.clone(), loc[:2])
+
+
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "eagle3"])
+def test_the_model_path_through_the_fused_kernel_decodes_the_same_tokens(spec, monkeypatch):
+    """The demo pair (target and EAGLE-3 draft, both built on LlamaAttention) with rotation and
+    KV store fused in one kernel (as on CUDA; here under the interpreter) against the torch
+    rotation with the backend's store: prefill, decode and speculative steps read the KV the
+    kernel wrote, so any wrong slot, head or rotation changes the greedy tokens."""
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.models import llama
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+    from sglang.test.runner_utils import run_to_completion
+
+    spec_args = dict(speculative_algorithm="EAGLE3", speculative_num_steps=2) if spec else {}
+    outputs = {}
+    for fused in (False, True):
+        monkeypatch.setattr(llama, "fuses_rope_and_kv_store", lambda q, fused=fused: fused)
+        scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=True,
+                                         max_total_tokens=512, **spec_args))
+        for i, ids in enumerate([[5, 17, 300, 41, 9, 77], [12, 13, 14, 15, 16, 17, 18, 19, 20]]):
+            params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
+            scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
+        outputs[fused] = {rid: out["ids"] for rid, out in run_to_completion(scheduler).items()}
+    assert outputs[True] == outputs[False] and all(len(ids) == 6 for ids in outputs[True].values())

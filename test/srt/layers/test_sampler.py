@@ -230,3 +230,8 @@ def test_batch_info_tensors():
     # The greedy row's top_k and top_p are ignored, so nobody needs the sort.
     assert not info.need_top_k_sampling and not info.need_top_p_sampling
     assert len(info) == 3
+
+
+def test_batch_info_of_an_empty_batch():
+    info = make_info([], seeds=[], vocab_size=10)
+    assert len(info) == 0 and info.temperatures.shape == (0, 1) and info.greedy_mask.dtype == torch.bool

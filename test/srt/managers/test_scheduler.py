@@ -215,3 +215,34 @@ def test_abort_while_a_step_is_in_flight_frees_its_kv(tiny_model_paths):
     assert results["drop"]["reason"]["type"] == "abort"
     assert len(results["keep"]["ids"]) == 20
     assert_accounting(scheduler)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_each_request_samples_with_its_own_parameters_as_the_batch_changes(tiny_model_paths, overlap):
+    """Requests with different temperatures and seeds join and leave a running batch at
+    different steps; each one's tokens must be those it gets alone (its seed and position fix
+    its noise), so no step may sample a request with another's parameters or offsets."""
+    path = tiny_model_paths["llama"]
+    specs = [("hot", dict(temperature=1.5, sampling_seed=1), 30), ("greedy", dict(temperature=0), 12),
+             ("warm", dict(temperature=0.8, top_k=20, sampling_seed=2), 20),
+             ("late", dict(temperature=1.2, top_p=0.9, sampling_seed=3), 16)]
+
+    def request(i):
+        rid, params, n = specs[i]
+        return TokenizedGenerateReqInput(rid, prompts(4)[i], SamplingParams(max_new_tokens=n, ignore_eos=True, **params),
+                                         stream=False)
+
+    alone = {}
+    for i in range(len(specs)):
+        scheduler = make_scheduler(path, disable_overlap_schedule=not overlap)
+        scheduler.add_request(request(i))
+        alone.update({rid: r["ids"] for rid, r in run_to_completion(scheduler).items()})
+    scheduler = make_scheduler(path, disable_overlap_schedule=not overlap)
+    scheduler.add_request(request(0))
+    scheduler.add_request(request(1))
+    # Two requests arrive together while two others decode: a batch of as many requests as the
+    # one before it, but other requests; then the batch grows, and shrinks as requests finish.
+    results = run_to_completion(scheduler, lambda step, s: step == 5 and [s.add_request(request(i)) for i in (2, 3)])
+    assert {rid: r["ids"] for rid, r in results.items()} == alone
+    assert len({tuple(ids) for ids in alone.values()}) == 4 and all(len(alone[rid]) == n for rid, _, n in specs)
+    assert_accounting(scheduler)

@@ -12,7 +12,7 @@ import torch
 from sglang.srt.managers.io_struct import finish_length, finish_matched
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.utils import host_to_device
+from sglang.srt.utils import host_to_device_rows
 
 
 class Req:
@@ -138,8 +138,10 @@ class ScheduleBatch:
     def batch_size(self) -> int:
         return len(self.reqs)
 
-    def to_forward_batch(self, device: str) -> ForwardBatch:
-        """Inputs of this step: each request's tokens in [kv_len, kv_len + extend_len)."""
+    def to_forward_batch(self, device: str) -> tuple[ForwardBatch, torch.Tensor]:
+        """Inputs of this step: each request's tokens in [kv_len, kv_len + extend_len), and each
+        request's sampling offset (its output position: the random stream of its next token;
+        tokens still on their way from an overlapped step count), sent in one copy."""
         if self.forward_mode.is_decode():
             # With overlap the last tokens are still on the device: the previous step's output.
             input_ids = None if self.input_ids_device is not None else [req.output_ids[-1] for req in self.reqs]
@@ -153,20 +155,21 @@ class ScheduleBatch:
         prefix_lens = [req.kv_len for req in self.reqs]
         extend_lens = [req.extend_len for req in self.reqs]
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
-        return ForwardBatch(
+        offsets = [len(req.output_ids) + req.num_pending for req in self.reqs]
+        rows = [positions, [req.req_pool_idx for req in self.reqs], seq_lens, offsets]
+        if input_ids is not None:
+            rows.append(input_ids)
+        positions_d, pool_rows_d, seq_lens_d, offsets_d, *ids_d = host_to_device_rows(rows, device)
+        fb = ForwardBatch(
             forward_mode=self.forward_mode,
             batch_size=self.batch_size,
-            input_ids=self.input_ids_device if input_ids is None else host_to_device(input_ids, device),
-            positions=host_to_device(positions, device),
-            req_pool_indices=host_to_device([req.req_pool_idx for req in self.reqs], device),
-            seq_lens=host_to_device(seq_lens, device),
+            input_ids=ids_d[0] if ids_d else self.input_ids_device,
+            positions=positions_d,
+            req_pool_indices=pool_rows_d,
+            seq_lens=seq_lens_d,
             out_cache_loc=self.out_cache_loc,
             seq_lens_cpu=seq_lens,
             extend_seq_lens_cpu=extend_lens,
             extend_prefix_lens_cpu=prefix_lens,
         )
-
-    def sampling_offsets(self, device: str) -> torch.Tensor:
-        """Each request's output position: the random stream of its next token (tokens still
-        on their way from an overlapped step count)."""
-        return host_to_device([len(req.output_ids) + req.num_pending for req in self.reqs], device)
+        return fb, offsets_d

@@ -56,6 +56,9 @@ class GenerationBatchResult(HostCopies):
 
 
 class TpModelWorker:
+    # The last batch's requests and their sampling tensors (see sampling_info).
+    _sampling_cache: tuple[tuple[Req, ...], Optional[SamplingBatchInfo]] = ((), None)
+
     def __init__(self, server_args: ServerArgs, model_config: ModelConfig):
         self.device = server_args.device
         self.model_config = model_config
@@ -64,11 +67,10 @@ class TpModelWorker:
     def forward_batch_generation(self, batch: ScheduleBatch) -> GenerationBatchResult:
         """Launch the step and return at once; the tokens are on the device and on their way
         to the host (`wait_host`)."""
-        forward_batch = batch.to_forward_batch(self.device)
+        forward_batch, offsets = batch.to_forward_batch(self.device)
         logits_output = self.model_runner.forward(forward_batch)
-        next_token_ids = self.model_runner.sample(
-            logits_output.next_token_logits, self.sampling_info(batch.reqs), batch.sampling_offsets(self.device)
-        )
+        next_token_ids = self.model_runner.sample(logits_output.next_token_logits, self.sampling_info(batch.reqs),
+                                                  offsets)
         result = GenerationBatchResult(logits_output, next_token_ids)
         if any(req.return_logprob for req in batch.reqs):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
@@ -76,9 +78,17 @@ class TpModelWorker:
         return result
 
     def sampling_info(self, reqs: list[Req]) -> SamplingBatchInfo:
-        """The requests' sampling parameters and seeds as device tensors, one row each."""
-        return SamplingBatchInfo.from_params([r.sampling_params for r in reqs], [r.seed for r in reqs],
+        """The requests' sampling parameters and seeds as device tensors, one row each. A decode
+        batch keeps its requests for many steps, so the last batch's tensors are reused while
+        the same requests come in the same order (held by reference: a new request can never
+        pass for an old one); the tensors are only read."""
+        cached_reqs, cached = self._sampling_cache
+        if len(cached_reqs) == len(reqs) and all(a is b for a, b in zip(cached_reqs, reqs)) and cached is not None:
+            return cached
+        info = SamplingBatchInfo.from_params([r.sampling_params for r in reqs], [r.seed for r in reqs],
                                              self.model_config.vocab_size, self.device)
+        self._sampling_cache = (tuple(reqs), info)
+        return info
 
     @staticmethod
     def _add_logprobs(result: GenerationBatchResult, top_n: int) -> None:

@@ -39,6 +39,12 @@ class LlamaMLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
+def fuses_rope_and_kv_store(q: torch.Tensor) -> bool:
+    """Whether attention rotates q and k and writes the KV cache in one Triton kernel (on CUDA),
+    rather than rotating in torch and leaving the store to the attention backend."""
+    return q.is_cuda
+
+
 class LlamaAttention(nn.Module):
     def __init__(self, config, layer_id: int, opts: ArchOptions, rotary_emb: RotaryEmbedding):
         super().__init__()
@@ -62,8 +68,18 @@ class LlamaAttention(nn.Module):
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch)
+        if fuses_rope_and_kv_store(q):
+            # One kernel rotates q and k in place and writes k and v to this layer's cache slots,
+            # where both backends read them: the backend then stores nothing.
+            pool = forward_batch.token_to_kv_pool
+            self.rotary_emb.rotate_and_store(positions, q, k, v.view(-1, self.num_kv_heads, self.head_dim),
+                                             pool.get_key_buffer(self.attn.layer_id),
+                                             pool.get_value_buffer(self.attn.layer_id), forward_batch.out_cache_loc)
+            out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch,
+                            save_kv_cache=False)
+        else:
+            q, k = self.rotary_emb(positions, q, k)
+            out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch)
         return self.o_proj(out)
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.utils import host_to_device
+from sglang.srt.utils import host_to_device_rows
 
 
 @dataclass
@@ -49,13 +49,16 @@ class SamplingBatchInfo:
             vocab_size if g else _clamp_top_k(p.top_k, vocab_size) for p, g in zip(params, greedy)
         ]
         min_ps = [0.0 if g else p.min_p for p, g in zip(params, greedy)]
+        # Two copies to the device (floats, integers) instead of one per field.
+        temperatures_d, top_ps_d, min_ps_d = host_to_device_rows([temperatures, top_ps, min_ps], device, torch.float32)
+        top_ks_d, seeds_d, greedy_d = host_to_device_rows([top_ks, seeds, greedy], device, torch.int64)
         return cls(
-            temperatures=host_to_device(temperatures, device, torch.float32).view(-1, 1),
-            top_ps=host_to_device(top_ps, device, torch.float32),
-            top_ks=host_to_device(top_ks, device, torch.int64),
-            min_ps=host_to_device(min_ps, device, torch.float32),
-            seeds=host_to_device(seeds, device, torch.int64),
-            greedy_mask=host_to_device(greedy, device, torch.bool),
+            temperatures=temperatures_d.view(-1, 1),
+            top_ps=top_ps_d,
+            top_ks=top_ks_d,
+            min_ps=min_ps_d,
+            seeds=seeds_d,
+            greedy_mask=greedy_d != 0,
             is_all_greedy=all(greedy),
             need_top_p_sampling=any(p < 1.0 for p in top_ps),
             need_top_k_sampling=any(k < vocab_size for k in top_ks),

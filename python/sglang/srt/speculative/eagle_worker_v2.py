@@ -210,13 +210,12 @@ class EAGLEWorkerV2(TpModelWorker):
     # ---- prefill -------------------------------------------------------------------------
 
     def forward_prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
-        fb = batch.to_forward_batch(self.device)
+        fb, offsets = batch.to_forward_batch(self.device)
         # Requests admitted while speculation does not pay (draft_cold) skip the draft's pass.
         warm = [i for i, req in enumerate(batch.reqs) if not req.draft_cold]
         fb.capture_aux_hidden_states = bool(warm)
         out = self.model_runner.forward(fb)
         info = self.sampling_info(batch.reqs)
-        offsets = batch.sampling_offsets(self.device)
         next_ids = self.model_runner.sample(out.next_token_logits, info, offsets)
         result = GenerationBatchResult(out, next_ids)
         if any(req.return_logprob for req in batch.reqs):
