@@ -138,6 +138,7 @@ def test_requests_without_the_draft_in_whole_step_graphs_match_plain():
     scheduler = make(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="always")
     worker = scheduler.tp_worker
     scheduler.draft_reads_prompt = lambda req, joining: req.rid not in ("r1", "r3")
+    scheduler._adopt_cold_requests = lambda: None  # they stay cold (adoption: the test below)
     steps = []
     pattern = [3, 0, 3, 3, 0]
     scheduler.spec_steps_for = lambda bs: steps.append(pattern[len(steps) % len(pattern)]) or steps[-1]
@@ -163,3 +164,30 @@ def test_requests_without_the_draft_in_whole_step_graphs_match_plain():
     assert late == []
     state = scheduler.get_internal_state()
     assert state["spec_prompts_without_draft"] == 2
+
+
+@pytest.mark.parametrize("sync", ["warm", "catch-up"])
+def test_requests_adopted_by_the_draft_mid_decode_match_plain_through_graphs(sync):
+    """threshold 2: r2 and r3 are admitted without the draft (batches of 3 and 4); once r0..r2 are
+    done the draft adopts r3 (long) and it speculates through the whole-step graphs, with plain
+    decoding's float32 greedy output."""
+    max_new = [20, 20, 20, 160]
+
+    def run(**spec):
+        args = ServerArgs(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
+                          cuda_graph_max_bs=16, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS, **spec)
+        scheduler = Scheduler(args)
+        gen = torch.Generator().manual_seed(2)
+        for i in range(4):
+            ids = torch.randint(10, scheduler.model_config.vocab_size, (12 + 5 * i,), generator=gen).tolist()
+            params = SamplingParams(max_new_tokens=max_new[i], temperature=0, ignore_eos=True)
+            scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
+        finished = run_to_completion(scheduler)
+        return [finished[f"r{i}"]["ids"] for i in range(4)], scheduler.get_internal_state()
+
+    plain, _ = run()
+    out, state = run(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="threshold",
+                     speculative_threshold=2, speculative_draft_sync=sync)
+    assert out == plain
+    assert state["spec_prompts_without_draft"] == 2 and state["spec_draft_adoptions"] == 1
+    assert state["spec_steps_by_k"].get("3", 0) > 0

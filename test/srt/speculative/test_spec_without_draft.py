@@ -120,7 +120,7 @@ def test_requests_with_and_without_the_draft_share_speculative_steps_losslessly(
 def test_the_threshold_policy_admits_past_its_threshold_without_the_draft():
     """threshold 2: the third and fourth requests join a batch of 3 and 4, where the policy would
     not speculate, so the draft skips them; r3 stays plain also once r0 and r2 are done and the
-    batch of 2 speculates."""
+    batch of 2 speculates (too few of its tokens are left for the draft to adopt it)."""
     max_new = [3, 30, 3, 30]
 
     def run(scheduler):
@@ -225,3 +225,122 @@ def test_a_policy_that_cannot_pay_never_explores():
         state = scheduler.get_internal_state()
         assert calls[0] == 0 and state["spec_draft_explorations"] == 0, spec
         assert state["spec_prompts_without_draft"] == 40
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("sync", ["warm", "catch-up"])
+def test_a_request_admitted_without_the_draft_speculates_once_the_load_drops(overlap, sync):
+    """threshold 2: r2 and r3 join batches of 3 and 4 and are admitted without the draft. Once
+    r0, r1 and r2 are done, r3 (long, with most of its tokens still to come) decodes alone, where
+    the policy would speculate: the draft is run over its context (from recomputed target aux
+    states) and it speculates for the rest of its run, with plain decoding's output."""
+    max_new = [3, 3, 3, 120]
+
+    def run(scheduler):
+        for i, ids in enumerate(PROMPTS):
+            submit(scheduler, f"r{i}", ids, max_new[i])
+        out = {}
+        while scheduler.has_work():
+            result = scheduler.step()
+            for j, rid in enumerate(result.rids if result else ()):
+                out.setdefault(rid, []).extend(result.new_token_ids[j])
+                if result.spec_verify_ct is not None:
+                    out[rid + ".verify_ct"] = result.spec_verify_ct[j]
+        assert_idle_kv_accounting(scheduler.get_internal_state())
+        return out
+
+    plain_out = run(make_scheduler(overlap))
+    scheduler = make_scheduler(overlap, speculative_policy="threshold", speculative_threshold=2,
+                               speculative_draft_sync=sync)
+    out = run(scheduler)
+    assert all(out[f"r{i}"] == plain_out[f"r{i}"] for i in range(4))
+    state = scheduler.get_internal_state()
+    assert state["spec_prompts_without_draft"] == 2 and state["spec_draft_adoptions"] == 1
+    assert out["r2.verify_ct"] == 0  # too short to be worth the draft's pass over its context
+    # r3 decoded alone for ~117 tokens; adopted within ADOPT_CHECK_EVERY steps, it verified for most.
+    assert out["r3.verify_ct"] > 20, out["r3.verify_ct"]
+
+
+def test_adoption_waits_for_enough_tokens_left_and_is_never_under_a_policy_that_cannot_pay():
+    from sglang.srt.managers.scheduler import ADOPT_MIN_REMAINING
+
+    for spec, max_new in ((dict(speculative_policy="never"), 200),
+                          (dict(speculative_policy="threshold", speculative_threshold=2), ADOPT_MIN_REMAINING - 10)):
+        scheduler = make_scheduler(**spec)
+        for i, ids in enumerate(PROMPTS):
+            submit(scheduler, f"r{i}", ids, [3, 3, 3, max_new][i])
+        while scheduler.has_work():
+            scheduler.step()
+        state = scheduler.get_internal_state()
+        assert_idle_kv_accounting(state)
+        assert state["spec_draft_adoptions"] == 0, spec
+        if spec["speculative_policy"] == "never":
+            assert state["spec_verifies"] == 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("sync", ["warm", "catch-up"])
+def test_adoption_gives_the_draft_the_kv_it_would_have_had_following_the_request_all_along(monkeypatch, sync,
+                                                                                           overlap):
+    """The draft's KV at every position of an adopted request (r3, as above) is what it is for
+    the same request followed from its admission: adoption leaves no position uncovered."""
+    import torch
+
+    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+    def draft_kv(scheduler, req, upto):
+        table = scheduler.tp_worker.model_runner.req_to_token_pool.req_to_token
+        slots = table[req.req_pool_idx, :upto].long()
+        pool = scheduler.tp_worker.draft_runner.token_to_kv_pool
+        return torch.stack([pool.get_key_buffer(0)[slots], pool.get_value_buffer(0)[slots]])
+
+    adopted = {}
+    adopt = EAGLEWorkerV2._adopt
+
+    def recording_adopt(self, batch, rows):
+        reqs = [req for req in batch.reqs if req.draft_adopting]
+        adopt(self, batch, rows)
+        for req in reqs:
+            adopted[req.rid] = (req.kv_len, req.all_ids[:req.kv_len], draft_kv(scheduler, req, req.kv_len))
+
+    monkeypatch.setattr(EAGLEWorkerV2, "_adopt", recording_adopt)
+    scheduler = make_scheduler(overlap, speculative_policy="threshold", speculative_threshold=2,
+                               speculative_draft_sync=sync)
+    for i, ids in enumerate(PROMPTS):
+        submit(scheduler, f"r{i}", ids, [3, 3, 3, 120][i])
+    while scheduler.has_work():
+        scheduler.step()
+    (upto, ids, kv), = adopted.values()
+    assert upto > len(PROMPTS[3]) + 10  # adopted after plain steps of its own
+
+    reference = make_scheduler(speculative_policy="always")
+    submit(reference, "r3", PROMPTS[3], 120)
+    want = None
+    while reference.has_work() and want is None:
+        reference.step()
+        req = reference.running_reqs[0]
+        if req.kv_len >= upto + 8:  # positions below upto are final (rewritten by draft extends)
+            assert req.all_ids[:upto] == ids
+            want = draft_kv(reference, req, upto)
+    assert want is not None
+    torch.testing.assert_close(kv, want, rtol=1e-3, atol=1e-3)
+
+
+def test_a_draining_batch_of_many_long_contexts_is_not_adopted():
+    """Four requests with long contexts admitted without the draft (threshold 0 at admission),
+    then the policy would speculate (threshold raised): their contexts together are more than
+    ADOPT_CONTEXT_PER_REMAINING tokens per token left, so the passes are not worth it."""
+    from sglang.srt.managers.scheduler import ADOPT_CONTEXT_PER_REMAINING, ADOPT_MIN_REMAINING
+
+    scheduler = make_scheduler(speculative_policy="threshold", speculative_threshold=0)
+    max_new = ADOPT_MIN_REMAINING + 20
+    length = ADOPT_CONTEXT_PER_REMAINING * max_new // 4 + 10  # four of them exceed the budget
+    for i in range(4):
+        submit(scheduler, f"r{i}", [(37 * i + j) % 5000 + 10 for j in range(length)], max_new)
+    scheduler.step()  # admitted without the draft
+    scheduler.spec_policy.threshold = 8  # now speculation would pay for the batch
+    while scheduler.has_work():
+        scheduler.step()
+    state = scheduler.get_internal_state()
+    assert_idle_kv_accounting(state)
+    assert state["spec_prompts_without_draft"] == 4 and state["spec_draft_adoptions"] == 0

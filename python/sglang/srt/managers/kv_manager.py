@@ -105,6 +105,7 @@ class KVManager:
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.last_node = None, None
         req.kv_len = req.cached_len = req.draft_behind = 0
+        req.draft_adopting = False
 
     def flush(self) -> None:
         self.tree_cache.reset()

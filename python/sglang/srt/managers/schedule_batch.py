@@ -58,6 +58,10 @@ class Req:
         # Admitted with the draft only to refresh an acceptance estimate gone low (see
         # Scheduler.draft_reads_prompt).
         self.draft_explorer = False
+        # Admitted without the draft, then adopted by it once speculation paid again (see
+        # Scheduler._adopt_cold_requests): the next step's launch first runs the draft over the
+        # request's whole context.
+        self.draft_adopting = False
 
     @property
     def speculates(self) -> bool:

@@ -33,6 +33,14 @@ DECODE_LOG_INTERVAL = 40
 # With a draft: one admission in this many (in a row without it) gets the draft although the
 # acceptance estimate says speculation would not pay, to refresh that estimate (draft_reads_prompt).
 EXPLORE_EVERY = 16
+# With a draft: how often (decode steps) the scheduler looks for requests admitted without the
+# draft that it should now follow, and when that is worth it: each with at least this many
+# tokens left, and their contexts together at most this many tokens per token the shortest of
+# them has left (the draft's pass over a context, with the target forward that recomputes its
+# aux states, costs about a prefill of it, while speculation saves a part of each decode step).
+ADOPT_CHECK_EVERY = 16
+ADOPT_MIN_REMAINING = 64
+ADOPT_CONTEXT_PER_REMAINING = 16
 
 
 class Scheduler:
@@ -65,6 +73,8 @@ class Scheduler:
         self.num_prompts_without_draft = 0  # admissions the draft skipped (see draft_reads_prompt)
         self.admissions_without_draft = 0  # in a row, for draft_reads_prompt's exploration
         self.num_draft_explorations = 0
+        self.num_draft_adoptions = 0
+        self._decode_steps_since_adoption_check = 0
         self._explorer: Optional[Req] = None  # the request draft_reads_prompt last chose to explore
         self.last_step_time = time.perf_counter()
         self.last_step_throughput = 0.0
@@ -205,6 +215,43 @@ class Scheduler:
             self.num_draft_explorations += req.draft_explorer
             self.admissions_without_draft = 0
 
+    def _adopt_cold_requests(self) -> None:
+        """Requests admitted without the draft (Req.draft_cold) when speculation did not pay decode
+        plainly; if the load drops, the draft can still adopt them. Every ADOPT_CHECK_EVERY decode
+        steps, if the policy would speculate for the running batch counting them as followed,
+        those with enough tokens left are adopted, when that repays the draft's passes over their
+        contexts (ADOPT_MIN_REMAINING, ADOPT_CONTEXT_PER_REMAINING): the next step's launch
+        first runs the draft over their context, from target aux states it recomputes, and they
+        speculate from then on. Not while a speculative step is in flight: the host knows the
+        positions of their tokens only once it is processed."""
+        self._decode_steps_since_adoption_check += 1
+        if self._decode_steps_since_adoption_check < ADOPT_CHECK_EVERY:
+            return
+        if self.in_flight is not None and self.in_flight[0].spec_steps:
+            return
+        self._decode_steps_since_adoption_check = 0
+        candidates, least_left = [], None
+        for req in self.running_reqs:
+            left = req.sampling_params.max_new_tokens - len(req.output_ids) - req.num_pending
+            if req.draft_cold and not req.sampling_params.disable_speculative_decoding and left >= ADOPT_MIN_REMAINING:
+                candidates.append(req)
+                least_left = left if least_left is None else min(least_left, left)
+        # A draining batch of many long contexts would pay more for the passes than it saves.
+        if not candidates or sum(req.kv_len for req in candidates) > ADOPT_CONTEXT_PER_REMAINING * least_left:
+            return
+        for req in candidates:  # as the policy would see the batch with them followed
+            req.draft_cold = False
+        rids = [req.rid for req in self.running_reqs if req.speculates]
+        context = sum(req.kv_len for req in self.running_reqs)
+        if not self.spec_policy.would_speculate(rids, context, len(self.running_reqs) - len(rids)):
+            for req in candidates:
+                req.draft_cold = True
+            return
+        for req in candidates:
+            req.draft_adopting = True
+        self.num_draft_adoptions += len(candidates)
+        logger.info("the draft adopts %d request(s) admitted without it (the load dropped)", len(candidates))
+
     def _explore_now(self) -> bool:
         """Under --speculative-draft-sync catch-up plain steps give no probe: while an explorer
         decodes, the policy is asked for a speculative step, so that its verifies refresh the
@@ -303,6 +350,8 @@ class Scheduler:
     def _schedule_decode(self, overlapped: bool = False) -> Optional[ScheduleBatch]:
         """A decode step over the running requests. Overlapped, their inputs are the step in
         flight's tokens, and running out of KV returns None (the caller syncs, then retracts)."""
+        if self.spec_k:
+            self._adopt_cold_requests()
         while self.running_reqs:
             # With a draft: this step verifies k_step drafts (0: a plain step), k_step + 1 slots each.
             k_step = self.spec_steps_for(len(self.running_reqs)) if self.spec_k else 0
@@ -540,6 +589,7 @@ class Scheduler:
             state["spec_policy"] = self.spec_policy.summary()
             state["spec_prompts_without_draft"] = self.num_prompts_without_draft
             state["spec_draft_explorations"] = self.num_draft_explorations
+            state["spec_draft_adoptions"] = self.num_draft_adoptions
             state["spec_running_without_draft"] = sum(not req.speculates for req in self.running_reqs)
         return state
 

@@ -282,6 +282,7 @@ class EAGLEWorkerV2(TpModelWorker):
         bs = batch.batch_size
         timer = _StepTimer(self.device)
         rows = host_to_device([req.req_pool_idx for req in batch.reqs], self.device)
+        self._adopt(batch, rows)
         self._catch_up(batch, rows)
         logprobs = any(req.return_logprob for req in batch.reqs)
         greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
@@ -395,6 +396,7 @@ class EAGLEWorkerV2(TpModelWorker):
         step can speculate again with no catch-up, and the output is plain decoding's. A batch
         with no request the draft follows (see Req.draft_cold) runs the target alone."""
         rows = host_to_device([req.req_pool_idx for req in batch.reqs], self.device)
+        self._adopt(batch, rows)
         # No request the draft follows: the target alone, through plain decoding's graphs.
         follow = any(req.speculates for req in batch.reqs)
         behind = None
@@ -476,6 +478,23 @@ class EAGLEWorkerV2(TpModelWorker):
         self.pending_aux[rows, columns] = aux.to(self.pending_aux.dtype)
         self.pending_tokens[rows, columns] = next_ids
 
+    def _adopt(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
+        """Requests the draft adopts (Req.draft_adopting; admitted without its pass over their
+        prompt): DRAFT_EXTENDs over each one's whole context, from aux states a target forward
+        recomputes, so its draft KV, hidden state and guess d_1 are a warm draft's. The host
+        knows every position's token: the steps since admission were plain, all processed but
+        the one in flight (whose token the device holds)."""
+        adopting = [(i, req.kv_len) for i, req in enumerate(batch.reqs) if req.draft_adopting]
+        if not adopting:
+            return
+        for i, context in adopting:
+            batch.reqs[i].draft_behind = context
+        for piece in catch_up_pieces(adopting, self.catch_up_tokens):
+            self._catch_up_piece(batch, rows, piece, recompute=True)
+        for i, _ in adopting:
+            batch.reqs[i].draft_behind = 0
+            batch.reqs[i].draft_adopting = False
+
     def _catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
         """Before a speculative step: DRAFT_EXTENDs over the positions each request decoded in
         plain steps since the draft last caught up (from the buffered aux states and tokens, or
@@ -493,9 +512,11 @@ class EAGLEWorkerV2(TpModelWorker):
         for i, _ in behind:
             batch.reqs[i].draft_behind = 0
 
-    def _catch_up_piece(self, batch: ScheduleBatch, rows: torch.Tensor, piece: list[tuple[int, int, int]]) -> None:
+    def _catch_up_piece(self, batch: ScheduleBatch, rows: torch.Tensor, piece: list[tuple[int, int, int]],
+                        recompute: bool = False) -> None:
         """One DRAFT_EXTEND over positions m - n + lo .. m - n + hi - 1 of each (request index,
-        lo, hi) in `piece`, where m is the request's next position and n its draft_behind."""
+        lo, hi) in `piece`, where m is the request's next position and n its draft_behind; aux
+        states from the catch-up buffer, or (`recompute`, or a run past the buffer) a target forward."""
         device = self.device
         idx = [i for i, _, _ in piece]
         reqs = [batch.reqs[i] for i in idx]
@@ -511,7 +532,7 @@ class EAGLEWorkerV2(TpModelWorker):
         columns = torch.repeat_interleave(lo_dev, lens_dev, output_size=total) + local  # offsets from m - n
         positions = torch.repeat_interleave(base, lens_dev, output_size=total) + columns
         last = host_to_device([end - 1 for end in itertools.accumulate(lens)], device)
-        if all(req.draft_behind <= CATCH_UP_BUFFER for req in reqs):
+        if not recompute and all(req.draft_behind <= CATCH_UP_BUFFER for req in reqs):
             input_ids, aux = self.pending_tokens[row_rep, columns], self.pending_aux[row_rep, columns]
         else:
             input_ids, aux = self._recompute_aux(reqs, piece, rows_sub, ends, positions, last)
