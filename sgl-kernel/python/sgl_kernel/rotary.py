@@ -49,11 +49,11 @@ def _rotary_kernel(
 def _rotary_store_kernel(
     positions, q, k, v, cos_sin_cache, k_cache, v_cache, loc, num_q_heads, num_k_heads,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cache,
-    stride_kct, stride_kch, stride_vct, stride_vch, stride_loc,
+    stride_kct, stride_kch, stride_vct, stride_vch, stride_pos, stride_loc,
     Q_HEADS_POW2: tl.constexpr, K_HEADS_POW2: tl.constexpr, HALF: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(positions + t).to(tl.int64)
+    pos = tl.load(positions + t * stride_pos).to(tl.int64)
     slot = tl.load(loc + t * stride_loc).to(tl.int64)
     halves = tl.arange(0, HALF)
     cos = tl.load(cos_sin_cache + pos * stride_cache + halves)[None, :]
@@ -96,7 +96,7 @@ def apply_rotary_and_store_kv_(positions: torch.Tensor, q: torch.Tensor, k: torc
         _rotary_store_kernel[(tokens,)](
             positions, q, k, v, cos_sin_cache, k_cache, v_cache, loc, q.shape[1], k.shape[1],
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin_cache.stride(0),
-            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), loc.stride(0),
+            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), positions.stride(0), loc.stride(0),
             Q_HEADS_POW2=triton.next_power_of_2(q.shape[1]), K_HEADS_POW2=triton.next_power_of_2(k.shape[1]),
             HALF=head_dim // 2, num_warps=4,
         )

@@ -344,3 +344,29 @@ def test_a_draining_batch_of_many_long_contexts_is_not_adopted():
     state = scheduler.get_internal_state()
     assert_idle_kv_accounting(state)
     assert state["spec_prompts_without_draft"] == 4 and state["spec_draft_adoptions"] == 0
+
+
+def test_a_request_released_before_its_adoption_launches_leaves_target_only_cache_entries():
+    """r3 is marked for adoption, then retracted (as when the step's KV allocation fails) before
+    a step runs the draft over its context: its positions have no draft KV, so the cache must keep
+    them as target-only entries, which a request the draft follows does not match."""
+    from sglang.srt.managers.scheduler import ADOPT_CHECK_EVERY
+
+    scheduler = make_scheduler(speculative_policy="threshold", speculative_threshold=2)
+    for i, ids in enumerate(PROMPTS):
+        submit(scheduler, f"r{i}", ids, [3, 3, 3, 120][i])
+    while {req.rid for req in scheduler.running_reqs} != {"r3"}:
+        scheduler.step()
+    (r3,) = scheduler.running_reqs
+    assert r3.draft_cold
+    scheduler._decode_steps_since_adoption_check = ADOPT_CHECK_EVERY - 1  # a check is due
+    scheduler._adopt_cold_requests()
+    assert r3.draft_adopting and not r3.draft_cold
+    scheduler._retract(scheduler.running_reqs.pop())
+    tree = scheduler.kv_manager.tree_cache
+    assert len(tree.match_prefix(r3.all_ids).indices) > len(PROMPTS[3])  # cached...
+    assert len(tree.match_prefix(r3.all_ids, draft_only=True).indices) == 0  # ...as target-only
+    assert scheduler.get_internal_state()["spec_draft_adoptions"] == 0  # counted when the draft runs
+    while scheduler.has_work():  # r3 resumes (now followed by the draft) and finishes
+        scheduler.step()
+    assert_idle_kv_accounting(scheduler.get_internal_state())

@@ -92,10 +92,12 @@ class KVManager:
         # the draft never followed caches its positions as target-only entries.
         cacheable = min(req.kv_len - req.draft_behind, req.seq_len)
         ids = req.all_ids[:cacheable]
-        not_taken = self.tree_cache.insert(ids, slots[:cacheable], draft=not req.draft_cold)
+        # A request marked for adoption whose step never launched has no draft KV yet either.
+        has_draft = not (req.draft_cold or req.draft_adopting)
+        not_taken = self.tree_cache.insert(ids, slots[:cacheable], draft=has_draft)
         # Slots below cached_len belong to the cache already; the rest of the untaken ones are ours.
         own = slots[req.cached_len : not_taken]
-        if self.speculative and not req.draft_cold and len(own):
+        if self.speculative and has_draft and len(own):
             # Target-only entries nobody uses take our slots, which have draft KV as well.
             own = own[~self.tree_cache.adopt_draft_slots(ids[:not_taken], slots[:not_taken], req.cached_len)
                       .to(own.device)]

@@ -137,6 +137,8 @@ class ScheduleBatch:
     spec_steps: Optional[int] = None
     # With a draft model: out_cache_loc's host copy (the scheduler frees rejected slots from it).
     out_cache_loc_host: Optional[torch.Tensor] = None
+    # With a draft model, DECODE: which requests the draft followed when the step was scheduled.
+    speculating: Optional[list[bool]] = None
 
     @property
     def batch_size(self) -> int:

@@ -73,7 +73,6 @@ class Scheduler:
         self.num_prompts_without_draft = 0  # admissions the draft skipped (see draft_reads_prompt)
         self.admissions_without_draft = 0  # in a row, for draft_reads_prompt's exploration
         self.num_draft_explorations = 0
-        self.num_draft_adoptions = 0
         self._decode_steps_since_adoption_check = 0
         self._explorer: Optional[Req] = None  # the request draft_reads_prompt last chose to explore
         self.last_step_time = time.perf_counter()
@@ -249,7 +248,6 @@ class Scheduler:
             return
         for req in candidates:
             req.draft_adopting = True
-        self.num_draft_adoptions += len(candidates)
         logger.info("the draft adopts %d request(s) admitted without it (the load dropped)", len(candidates))
 
     def _explore_now(self) -> bool:
@@ -367,6 +365,8 @@ class Scheduler:
                 batch = ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE, out_cache_loc)
                 batch.spec_steps = k_step if self.spec_k else None
                 batch.out_cache_loc_host = slots_host
+                if self.spec_k:  # as launched: an adoption may change it before the step is processed
+                    batch.speculating = [req.speculates for req in batch.reqs]
                 if overlapped and not self.spec_k:
                     batch.input_ids_device = self._tokens_in_flight(batch.reqs)
                 return batch
@@ -449,7 +449,7 @@ class Scheduler:
         # What this step says about acceptance, before any request finishes (and is forgotten).
         if width > 1:
             # Requests that do not speculate took one token without verifying anything.
-            verified = [i for i in live_rows if batch.reqs[i].speculates]
+            verified = [i for i in live_rows if batch.speculating[i]]
             self.tp_worker.stats.record_step([num_out[i] for i in verified], result.timer.seconds(), width - 1)
             self.spec_policy.observe_verify([batch.reqs[i].rid for i in verified], [num_out[i] for i in verified],
                                             width - 1)
@@ -457,7 +457,7 @@ class Scheduler:
             self.tp_worker.stats.record_plain_step()
             if "probe_hits" in host:  # a warm draft's free probe (catch-up plain steps have none)
                 hits = host["probe_hits"].tolist()
-                probed = [i for i in live_rows if batch.reqs[i].speculates]  # the others have no draft state
+                probed = [i for i in live_rows if batch.speculating[i]]  # the others have no draft state
                 self.spec_policy.observe_probe([batch.reqs[i].rid for i in probed], [bool(hits[i]) for i in probed])
         new_tokens = 0
         for i, req in enumerate(batch.reqs):
@@ -466,7 +466,7 @@ class Scheduler:
             req.kv_len -= width - num_out[i]
             req.num_pending -= 1
             # A plain step verifies nothing; nor does a speculative one for a request that opted out.
-            req.spec_verify_ct += width > 1 and req.speculates
+            req.spec_verify_ct += width > 1 and batch.speculating[i]
             for j, token_id in enumerate(tokens[i][: num_out[i]]):
                 if req.return_logprob:
                     req.output_token_logprobs.append((token_logprobs[i][j], token_id))
@@ -589,7 +589,7 @@ class Scheduler:
             state["spec_policy"] = self.spec_policy.summary()
             state["spec_prompts_without_draft"] = self.num_prompts_without_draft
             state["spec_draft_explorations"] = self.num_draft_explorations
-            state["spec_draft_adoptions"] = self.num_draft_adoptions
+            state["spec_draft_adoptions"] = self.tp_worker.num_draft_adoptions
             state["spec_running_without_draft"] = sum(not req.speculates for req in self.running_reqs)
         return state
 

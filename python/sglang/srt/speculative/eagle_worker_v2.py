@@ -150,6 +150,7 @@ class EAGLEWorkerV2(TpModelWorker):
                                            dtype=model_config.dtype, **zeros)
             self.pending_tokens = torch.zeros(rows, CATCH_UP_BUFFER + 1, dtype=torch.int64, **zeros)
         self.stats = SpecStats(self.k)
+        self.num_draft_adoptions = 0  # requests adopted mid-decode (see _adopt)
         simulated = float(os.environ.get(SIMULATE_ACC_LEN_ENV) or "-1")
         self.simulated_rate = simulated_accept_rate(simulated, self.k) if simulated >= 0 else None
         if self.simulated_rate is not None:
@@ -494,6 +495,7 @@ class EAGLEWorkerV2(TpModelWorker):
         for i, _ in adopting:
             batch.reqs[i].draft_behind = 0
             batch.reqs[i].draft_adopting = False
+        self.num_draft_adoptions += len(adopting)
 
     def _catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
         """Before a speculative step: DRAFT_EXTENDs over the positions each request decoded in
