@@ -21,17 +21,30 @@ from sglang.test.runner_utils import run_to_completion
 POOL_TOKENS = 1 << 15
 
 
-def run(num_reqs: int, max_new: int = 40, **kwargs) -> tuple[list[list[int]], Scheduler]:
-    args = ServerArgs(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
-                      cuda_graph_max_bs=16, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS, **kwargs)
-    scheduler = Scheduler(args)
-    gen = torch.Generator().manual_seed(0)
-    for i in range(num_reqs):
-        ids = torch.randint(10, scheduler.model_config.vocab_size, (8 + 3 * i,), generator=gen).tolist()
-        params = SamplingParams(max_new_tokens=max_new, temperature=0, ignore_eos=True)
+def make_scheduler(**kwargs) -> Scheduler:
+    args = dict(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
+                cuda_graph_max_bs=16, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS)
+    return Scheduler(ServerArgs(**{**args, **kwargs}))
+
+
+def submit_random(scheduler: Scheduler, max_new: list[int], seed: int = 0, lengths: tuple[int, int] = (8, 3)) -> None:
+    """Request i: random prompt of lengths[0] + lengths[1] * i tokens, greedy, max_new[i] tokens."""
+    gen = torch.Generator().manual_seed(seed)
+    for i, n in enumerate(max_new):
+        ids = torch.randint(10, scheduler.model_config.vocab_size, (lengths[0] + lengths[1] * i,), generator=gen).tolist()
+        params = SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
+
+
+def outputs(scheduler: Scheduler, num_reqs: int) -> list[list[int]]:
     finished = run_to_completion(scheduler)
-    return [finished[f"r{i}"]["ids"] for i in range(num_reqs)], scheduler
+    return [finished[f"r{i}"]["ids"] for i in range(num_reqs)]
+
+
+def run(num_reqs: int, max_new: int = 40, **kwargs) -> tuple[list[list[int]], Scheduler]:
+    scheduler = make_scheduler(**kwargs)
+    submit_random(scheduler, [max_new] * num_reqs)
+    return outputs(scheduler, num_reqs), scheduler
 
 
 def count_replays(runners) -> list[int]:
@@ -63,9 +76,7 @@ def test_speculative_graphs_replay_and_match_eager_and_plain(num_reqs):
 
 def test_speculative_graph_runners_are_used():
     spec = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, disable_speculative_step_graph=True)
-    args = ServerArgs(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
-                      cuda_graph_max_bs=8, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS, **spec)
-    scheduler = Scheduler(args)
+    scheduler = make_scheduler(**{**spec, "cuda_graph_max_bs": 8})
     worker = scheduler.tp_worker
     width = worker.k + 1
 
@@ -96,9 +107,7 @@ def test_switching_with_graphs_matches_plain(sync):
     spec = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="cost",
                 speculative_candidate_steps=[0, 1, 3], speculative_draft_sync=sync)
     plain, _ = run(5, max_new=120)
-    args = ServerArgs(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
-                      cuda_graph_max_bs=16, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS, **spec)
-    scheduler = Scheduler(args)
+    scheduler = make_scheduler(**spec)
     steps = []
     # Runs of 70 plain steps overflow the catch-up buffer (64); short runs do not.
     pattern = [0] * 70 + [3, 1, 0, 0, 3] * 4
@@ -120,22 +129,12 @@ def test_requests_without_the_draft_in_whole_step_graphs_match_plain():
     output is plain decoding's, and the draft stays out of the all-cold steps."""
     max_new = [30, 90, 30, 90, 30]
 
-    def make(**spec):
-        args = ServerArgs(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
-                          cuda_graph_max_bs=16, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS, **spec)
-        return Scheduler(args)
-
     def submit_all(scheduler):
-        gen = torch.Generator().manual_seed(1)
-        for i in range(5):
-            ids = torch.randint(10, scheduler.model_config.vocab_size, (8 + 3 * i,), generator=gen).tolist()
-            params = SamplingParams(max_new_tokens=max_new[i], temperature=0, ignore_eos=True)
-            scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
-        finished = run_to_completion(scheduler)
-        return [finished[f"r{i}"]["ids"] for i in range(5)]
+        submit_random(scheduler, max_new, seed=1)
+        return outputs(scheduler, 5)
 
-    plain = submit_all(make())
-    scheduler = make(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="always")
+    plain = submit_all(make_scheduler())
+    scheduler = make_scheduler(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="always")
     worker = scheduler.tp_worker
     scheduler.draft_reads_prompt = lambda req, joining: req.rid not in ("r1", "r3")
     scheduler._adopt_cold_requests = lambda: None  # they stay cold (adoption: the test below)
@@ -173,21 +172,14 @@ def test_requests_adopted_by_the_draft_mid_decode_match_plain_through_graphs(syn
     decoding's float32 greedy output."""
     max_new = [20, 20, 20, 160]
 
-    def run(**spec):
-        args = ServerArgs(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
-                          cuda_graph_max_bs=16, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS, **spec)
-        scheduler = Scheduler(args)
-        gen = torch.Generator().manual_seed(2)
-        for i in range(4):
-            ids = torch.randint(10, scheduler.model_config.vocab_size, (12 + 5 * i,), generator=gen).tolist()
-            params = SamplingParams(max_new_tokens=max_new[i], temperature=0, ignore_eos=True)
-            scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
-        finished = run_to_completion(scheduler)
-        return [finished[f"r{i}"]["ids"] for i in range(4)], scheduler.get_internal_state()
+    def run_four(**spec):
+        scheduler = make_scheduler(**spec)
+        submit_random(scheduler, max_new, seed=2, lengths=(12, 5))
+        return outputs(scheduler, 4), scheduler.get_internal_state()
 
-    plain, _ = run()
-    out, state = run(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="threshold",
-                     speculative_threshold=2, speculative_draft_sync=sync)
+    plain, _ = run_four()
+    out, state = run_four(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="threshold",
+                          speculative_threshold=2, speculative_draft_sync=sync)
     assert out == plain
     assert state["spec_prompts_without_draft"] == 2 and state["spec_draft_adoptions"] == 1
     assert state["spec_steps_by_k"].get("3", 0) > 0

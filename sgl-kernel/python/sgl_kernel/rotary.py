@@ -19,15 +19,19 @@ fix_interpreter()
 
 @triton.jit
 def _rotate_heads(x, t, stride_t, stride_h, num_heads, cos, sin, HEADS_POW2: tl.constexpr, HALF: tl.constexpr):
-    """Rotates all heads of token t of x in place: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin]."""
+    """Rotates all heads of token t of x in place: [x1, x2] -> [x1 cos - x2 sin, x2 cos + x1 sin].
+    Returns the two rotated halves, [HEADS_POW2, HALF] in x's dtype (masked heads are zeros)."""
     heads = tl.arange(0, HEADS_POW2)
     halves = tl.arange(0, HALF)
     first = x + t * stride_t + heads[:, None] * stride_h + halves[None, :]
     head_ok = (heads < num_heads)[:, None]
     x1 = tl.load(first, mask=head_ok, other=0.0).to(tl.float32)
     x2 = tl.load(first + HALF, mask=head_ok, other=0.0).to(tl.float32)
-    tl.store(first, (x1 * cos - x2 * sin).to(x.dtype.element_ty), mask=head_ok)
-    tl.store(first + HALF, (x2 * cos + x1 * sin).to(x.dtype.element_ty), mask=head_ok)
+    r1 = (x1 * cos - x2 * sin).to(x.dtype.element_ty)
+    r2 = (x2 * cos + x1 * sin).to(x.dtype.element_ty)
+    tl.store(first, r1, mask=head_ok)
+    tl.store(first + HALF, r2, mask=head_ok)
+    return r1, r2
 
 
 @triton.jit
@@ -60,17 +64,12 @@ def _rotary_store_kernel(
     sin = tl.load(cos_sin_cache + pos * stride_cache + HALF + halves)[None, :]
     _rotate_heads(q, t, stride_qt, stride_qh, num_q_heads, cos, sin, Q_HEADS_POW2, HALF)
     # k: rotated in place and into its cache slot; v: copied into its slot.
+    r1, r2 = _rotate_heads(k, t, stride_kt, stride_kh, num_k_heads, cos, sin, K_HEADS_POW2, HALF)
     heads = tl.arange(0, K_HEADS_POW2)
     head_ok = (heads < num_k_heads)[:, None]
-    first = k + t * stride_kt + heads[:, None] * stride_kh + halves[None, :]
-    x1 = tl.load(first, mask=head_ok, other=0.0).to(tl.float32)
-    x2 = tl.load(first + HALF, mask=head_ok, other=0.0).to(tl.float32)
-    r1, r2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
-    tl.store(first, r1.to(k.dtype.element_ty), mask=head_ok)
-    tl.store(first + HALF, r2.to(k.dtype.element_ty), mask=head_ok)
     cached = k_cache + slot * stride_kct + heads[:, None] * stride_kch + halves[None, :]
-    tl.store(cached, r1.to(k.dtype.element_ty).to(k_cache.dtype.element_ty), mask=head_ok)
-    tl.store(cached + HALF, r2.to(k.dtype.element_ty).to(k_cache.dtype.element_ty), mask=head_ok)
+    tl.store(cached, r1.to(k_cache.dtype.element_ty), mask=head_ok)
+    tl.store(cached + HALF, r2.to(k_cache.dtype.element_ty), mask=head_ok)
     dims = tl.arange(0, 2 * HALF)
     values = tl.load(v + t * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=head_ok, other=0.0)
     tl.store(v_cache + slot * stride_vct + heads[:, None] * stride_vch + dims[None, :],

@@ -77,6 +77,21 @@ def drive(scheduler: Scheduler, abort_at: int | None = None) -> dict[str, dict]:
     return out
 
 
+def run_prompts(scheduler: Scheduler, max_new: list[int]) -> dict:
+    """PROMPTS with `max_new` tokens each, all at once, to the end: {rid: ids, rid + ".verify_ct": n}."""
+    for i, ids in enumerate(PROMPTS):
+        submit(scheduler, f"r{i}", ids, max_new[i])
+    out = {}
+    while scheduler.has_work():
+        result = scheduler.step()
+        for j, rid in enumerate(result.rids if result else ()):
+            out.setdefault(rid, []).extend(result.new_token_ids[j])
+            if result.spec_verify_ct is not None:
+                out[rid + ".verify_ct"] = result.spec_verify_ct[j]
+    assert_idle_kv_accounting(scheduler.get_internal_state())
+    return out
+
+
 def scheduler_rids(scheduler: Scheduler) -> set[str]:
     return {r.rid for r in list(scheduler.waiting_queue) + scheduler.running_reqs}
 
@@ -123,22 +138,9 @@ def test_the_threshold_policy_admits_past_its_threshold_without_the_draft():
     batch of 2 speculates (too few of its tokens are left for the draft to adopt it)."""
     max_new = [3, 30, 3, 30]
 
-    def run(scheduler):
-        for i, ids in enumerate(PROMPTS):
-            submit(scheduler, f"r{i}", ids, max_new[i])
-        out = {}
-        while scheduler.has_work():
-            result = scheduler.step()
-            for j, rid in enumerate(result.rids if result else ()):
-                out.setdefault(rid, []).extend(result.new_token_ids[j])
-                if result.spec_verify_ct is not None:
-                    out[rid + ".verify_ct"] = result.spec_verify_ct[j]
-        assert_idle_kv_accounting(scheduler.get_internal_state())
-        return out
-
-    plain_out = run(make_scheduler())
+    plain_out = run_prompts(make_scheduler(), max_new)
     scheduler = make_scheduler(speculative_policy="threshold", speculative_threshold=2)
-    out = run(scheduler)
+    out = run_prompts(scheduler, max_new)
     assert all(out[f"r{i}"] == plain_out[f"r{i}"] for i in range(4))
     assert out["r1.verify_ct"] > 0 and out["r2.verify_ct"] == out["r3.verify_ct"] == 0
     state = scheduler.get_internal_state()
@@ -236,23 +238,10 @@ def test_a_request_admitted_without_the_draft_speculates_once_the_load_drops(ove
     states) and it speculates for the rest of its run, with plain decoding's output."""
     max_new = [3, 3, 3, 120]
 
-    def run(scheduler):
-        for i, ids in enumerate(PROMPTS):
-            submit(scheduler, f"r{i}", ids, max_new[i])
-        out = {}
-        while scheduler.has_work():
-            result = scheduler.step()
-            for j, rid in enumerate(result.rids if result else ()):
-                out.setdefault(rid, []).extend(result.new_token_ids[j])
-                if result.spec_verify_ct is not None:
-                    out[rid + ".verify_ct"] = result.spec_verify_ct[j]
-        assert_idle_kv_accounting(scheduler.get_internal_state())
-        return out
-
-    plain_out = run(make_scheduler(overlap))
+    plain_out = run_prompts(make_scheduler(overlap), max_new)
     scheduler = make_scheduler(overlap, speculative_policy="threshold", speculative_threshold=2,
                                speculative_draft_sync=sync)
-    out = run(scheduler)
+    out = run_prompts(scheduler, max_new)
     assert all(out[f"r{i}"] == plain_out[f"r{i}"] for i in range(4))
     state = scheduler.get_internal_state()
     assert state["spec_prompts_without_draft"] == 2 and state["spec_draft_adoptions"] == 1

@@ -19,14 +19,8 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]; returns rotated (q, k).
-        On CUDA the rotation is one kernel, in place."""
-        if q.is_cuda:
-            from sgl_kernel import rotary
-
-            q, k = q.contiguous(), k.contiguous()
-            rotary.apply_rotary_embedding_(positions, q, k, self.cos_sin_cache)
-            return q, k
+        """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]; returns rotated (q, k), in
+        torch (the CPU path; on CUDA the model rotates and stores KV in one kernel, rotate_and_store)."""
         cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
