@@ -19,6 +19,7 @@ Writes one JSON per part to --out and prints a summary.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import subprocess
@@ -260,6 +261,9 @@ def main() -> None:
             result = {"error": f"{type(e).__name__}: {e}"}
             print(f"part {name} failed: {result['error']}", flush=True)
         result["seconds"] = time.perf_counter() - start
+        gc.collect()  # the part's engine, runner and graphs, before the next part sizes its KV cache
+        torch.cuda.empty_cache()
+        result["free_gib_after"] = torch.cuda.mem_get_info()[0] / 2**30
         summary[name] = result
         with open(os.path.join(args.out, f"gpu_check_{name}.json"), "w") as f:
             json.dump(result, f, indent=1, default=str)

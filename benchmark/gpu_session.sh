@@ -20,6 +20,8 @@
 #               backends, graphs and overlap; the floor ratio; where the batch-1 step goes)
 # peers         issue 4: our decode step (gpu_check bench) and gpt-fast at batch 8, then batch 1,
 #               in one call (gpt-fast compiles ~130 s per batch size); carry .peers
+# skinny        issue 4: sgl_kernel.skinny_gemm's launch-shape sweep against cuBLAS on 8B's layers, then
+#               gpu_check bench with the kernel off and on
 # gptfast       gpt-fast at batch 8 alone; carry .peers
 set -u -o pipefail
 PART=${1:?usage: gpu_session.sh PART OUT}
@@ -54,6 +56,13 @@ case "$PART" in
   timing)
     timeout 280 python benchmark/gpu_check.py --workdir /tmp/spec_envelope --out "$OUT" \
       --parts exactness,floor,bench,profile 2>&1 | tail -14
+    ;;
+  skinny)
+    timeout 200 python benchmark/skinny_gemm_bench.py --out "$OUT/skinny_gemm_bench.json" 2>&1 | grep -v "^  " | tail -26
+    for off in 1 0; do
+      SGLANG_DISABLE_SKINNY_GEMM=$off timeout 150 python benchmark/gpu_check.py --workdir /tmp/spec_envelope \
+        --out "$OUT/skinny_off$off" --parts bench 2>&1 | grep "bs \|failed"
+    done
     ;;
   peers)
     timeout 120 python benchmark/gpu_check.py --workdir /tmp/spec_envelope --out "$OUT" --parts floor,bench 2>&1 | tail -5

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Optional
 import torch
 from torch import nn
 
+from sglang.srt.layers.linear import linear
+
 if TYPE_CHECKING:  # layers sit below model_executor: type names only
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 
@@ -29,6 +31,6 @@ class LogitsProcessor(nn.Module):
         mode = forward_batch.forward_mode
         if mode.is_extend() and not forward_batch.return_all_logits:
             hidden = hidden[forward_batch.last_token_indices()]
-        logits = torch.matmul(hidden, lm_head_weight.t()).float()
+        logits = linear(hidden, lm_head_weight).float()
         aux = torch.cat(aux_hidden_states, dim=-1) if aux_hidden_states else None
         return LogitsProcessorOutput(next_token_logits=logits, aux_hidden_states=aux)

@@ -13,6 +13,7 @@ from torch import nn
 from sglang.srt.configs.model_config import rope_parameters
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import Linear
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
@@ -31,8 +32,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -54,8 +55,8 @@ class LlamaAttention(nn.Module):
         self.head_dim = getattr(config, "head_dim", None) or hidden // self.num_heads
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(hidden, self.q_size + 2 * self.kv_size, bias=opts.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, hidden, bias=opts.o_bias)
+        self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, bias=opts.qkv_bias)
+        self.o_proj = Linear(self.q_size, hidden, bias=opts.o_bias)
         eps = config.rms_norm_eps
         self.q_norm = RMSNorm(self.head_dim, eps) if opts.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps) if opts.qk_norm else None
@@ -142,7 +143,7 @@ class LlamaForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.logits_processor = LogitsProcessor()
 
     def _options(self, config) -> ArchOptions:

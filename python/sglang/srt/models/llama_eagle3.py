@@ -16,6 +16,7 @@ from torch import nn
 
 from sglang.srt.configs.model_config import rope_parameters
 from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import Linear
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -49,7 +50,7 @@ class Eagle3DecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(config, 0, ArchOptions(), rotary_emb)
         # q, k and v read [embedding ; hidden]: twice the hidden width.
         attn = self.self_attn
-        attn.qkv_proj = nn.Linear(2 * hidden, attn.q_size + 2 * attn.kv_size, bias=False)
+        attn.qkv_proj = Linear(2 * hidden, attn.q_size + 2 * attn.kv_size, bias=False)
         self.mlp = LlamaMLP(hidden, config.intermediate_size)
         self.input_layernorm = RMSNorm(hidden, config.rms_norm_eps)
         self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps)
@@ -76,7 +77,7 @@ class LlamaForCausalLMEagle3(nn.Module):
         self.aux_layer_ids: list[int] | None = eagle_config.get("eagle_aux_hidden_state_layer_ids")
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         rotary_emb = RotaryEmbedding(head_dim, config.max_position_embeddings, rope_parameters(config))
-        self.fc = nn.Linear(3 * self.target_hidden_size, self.hidden_size, bias=False)
+        self.fc = Linear(3 * self.target_hidden_size, self.hidden_size, bias=False)
         self.midlayer = Eagle3DecoderLayer(config, rotary_emb)
         self.norm = RMSNorm(self.hidden_size, config.rms_norm_eps)
         # Set by load_weights from the checkpoint, or by share_target_weights from the target.
@@ -157,7 +158,7 @@ class LlamaForCausalLMEagle3(nn.Module):
             self.embed_tokens = nn.Embedding.from_pretrained(
                 self._own_weight(*set_aside["embed_tokens.weight"], (self.vocab_size, self.hidden_size)))
         if "lm_head.weight" in set_aside:
-            self.lm_head = nn.Linear(self.hidden_size, self.draft_vocab_size, bias=False, device="meta")
+            self.lm_head = Linear(self.hidden_size, self.draft_vocab_size, bias=False, device="meta")
             self.lm_head.weight = nn.Parameter(self._own_weight(
                 *set_aside["lm_head.weight"], (self.draft_vocab_size, self.hidden_size)), requires_grad=False)
 

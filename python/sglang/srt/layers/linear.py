@@ -1,0 +1,39 @@
+"""The models' linear layers: x @ weight.T (+ bias).
+
+A CUDA decode step at small batch multiplies a few rows by every weight, and its time is the time
+to stream the weights from memory. There `sgl_kernel.skinny_gemm` reads them faster than cuBLAS's
+split-K kernels; everything else (prefill, large batches, fp32, the CPU) goes through torch.
+SGLANG_DISABLE_SKINNY_GEMM=1 sends every product through torch (for comparisons).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import nn
+
+SKINNY_GEMM_ENV = "SGLANG_DISABLE_SKINNY_GEMM"
+SKINNY_MAX_ROWS = 16  # = sgl_kernel.skinny_gemm.MAX_ROWS (imported lazily: triton is not a CPU dependency)
+skinny_gemm_enabled = os.environ.get(SKINNY_GEMM_ENV, "0").lower() not in ("1", "true", "yes", "on")
+
+
+def uses_skinny_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    return (skinny_gemm_enabled and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and weight.stride(-1) == 1 and x.shape[-1] > 0
+            and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1])
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if uses_skinny_gemm(x, weight):
+        from sgl_kernel.skinny_gemm import skinny_gemm
+
+        return skinny_gemm(x, weight, bias)
+    return torch.nn.functional.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters and checkpoint names) whose product goes through `linear`."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
