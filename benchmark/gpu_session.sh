@@ -22,6 +22,8 @@
 #               in one call (gpt-fast compiles ~130 s per batch size); carry .peers
 # skinny        issue 4: sgl_kernel.skinny_gemm's launch-shape sweep against cuBLAS on 8B's layers, then
 #               gpu_check bench with the kernel off and on
+# ab            issue 4: the skinny kernel's GPU tests, then the decode step with cuBLAS only against
+#               skinny_gemm where faster (one process, interleaved rounds), then the batch-1 profile
 # gptfast       gpt-fast at batch 8 alone; carry .peers
 set -u -o pipefail
 PART=${1:?usage: gpu_session.sh PART OUT}
@@ -63,6 +65,11 @@ case "$PART" in
       SGLANG_DISABLE_SKINNY_GEMM=$off timeout 150 python benchmark/gpu_check.py --workdir /tmp/spec_envelope \
         --out "$OUT/skinny_off$off" --parts bench 2>&1 | grep "bs \|failed"
     done
+    ;;
+  ab)
+    timeout 90 python -m pytest test/gpu/test_kernels_cuda.py -q -k "skinny or synchronize" 2>&1 | tail -3 | tee "$OUT/gpu_kernel_tests.log"
+    timeout 200 python benchmark/skinny_ab.py --workdir /tmp/spec_envelope --out "$OUT/skinny_ab.json" 2>&1 | grep "^bs \|Error"
+    timeout 120 python benchmark/gpu_check.py --workdir /tmp/spec_envelope --out "$OUT" --parts profile 2>&1 | grep "profile\|failed"
     ;;
   peers)
     timeout 120 python benchmark/gpu_check.py --workdir /tmp/spec_envelope --out "$OUT" --parts floor,bench 2>&1 | tail -5

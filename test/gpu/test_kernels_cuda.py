@@ -16,6 +16,7 @@ from sgl_kernel.extend_attention import extend_attention_fwd, extend_attention_r
 from sgl_kernel.norm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
 from sgl_kernel.rotary import (apply_rotary_and_store_kv_, apply_rotary_and_store_kv_ref, apply_rotary_embedding_,
                                apply_rotary_embedding_ref)
+from sgl_kernel.skinny_gemm import skinny_gemm, skinny_gemm_ref
 from sgl_kernel.testing import TOLERANCE, make_paged_kv, relative_error
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 
@@ -201,6 +202,18 @@ def test_rotary_and_kv_store_at_batch_256_into_a_large_cache(dtype):
     assert relative_error(v_rows, want_v) < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)],
+                         ids=["qkv", "o", "gate_up", "down", "lm_head"])
+def test_skinny_gemm_at_llama_8b_shapes(dtype, n, k):
+    x = randn(16, k, dtype=dtype, seed=3)
+    w = randn(n, k, dtype=dtype, seed=4, scale=k**-0.5)
+    bias = randn(n, dtype=dtype, seed=5)
+    for rows in (1, 2, 7, 16):
+        for b in (None, bias):
+            assert relative_error(skinny_gemm(x[:rows], w, b), skinny_gemm_ref(x[:rows], w, b)) < TOLERANCE[dtype]
+
+
 def test_wrappers_never_synchronize_with_the_host():
     dtype = torch.bfloat16
     q, kv = decode_inputs([5, 700], HEADS, KV_HEADS, HEAD_DIM, dtype)
@@ -210,6 +223,7 @@ def test_wrappers_never_synchronize_with_the_host():
     positions = torch.arange(4, device="cuda")
     qr, kr = randn(4, HEADS, HEAD_DIM, dtype=dtype), randn(4, KV_HEADS, HEAD_DIM, dtype=dtype)
     gate_up = randn(4, 2 * INTERMEDIATE, dtype=dtype)
+    skinny_weight = randn(32, HIDDEN, dtype=dtype)
 
     def run_all():
         run_decode(decode_attention_fwd, q, kv, 8)
@@ -219,6 +233,8 @@ def test_wrappers_never_synchronize_with_the_host():
         silu_and_mul(gate_up)
         apply_rotary_embedding_(positions, qr, kr, cache)
         apply_rotary_and_store_kv_(positions, qr, kr, kr, cache, kv.k_buffer, kv.v_buffer, torch.arange(4, device="cuda"))
+        skinny_gemm(x[:1], skinny_weight)
+        skinny_gemm(x, skinny_weight)
 
     run_all()  # compile first
     torch.cuda.synchronize()

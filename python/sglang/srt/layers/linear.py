@@ -1,8 +1,9 @@
 """The models' linear layers: x @ weight.T (+ bias).
 
 A CUDA decode step at small batch multiplies a few rows by every weight, and its time is the time
-to stream the weights from memory. There `sgl_kernel.skinny_gemm` reads them faster than cuBLAS's
-split-K kernels; everything else (prefill, large batches, fp32, the CPU) goes through torch.
+to stream the weights from memory. Where `sgl_kernel.skinny_gemm` reads them faster than cuBLAS's
+split-K kernels (one row, or the logits of up to 16; `faster_than_cublas`) the product goes
+through it (bf16 / fp16); everything else (prefill, larger batches, fp32, the CPU) through torch.
 SGLANG_DISABLE_SKINNY_GEMM=1 sends every product through torch (for comparisons).
 """
 
@@ -19,9 +20,13 @@ skinny_gemm_enabled = os.environ.get(SKINNY_GEMM_ENV, "0").lower() not in ("1", 
 
 
 def uses_skinny_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    return (skinny_gemm_enabled and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype == x.dtype and weight.stride(-1) == 1 and x.shape[-1] > 0
-            and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1])
+    if not (skinny_gemm_enabled and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
+            and weight.dtype == x.dtype and weight.dim() == 2 and weight.stride(-1) == 1 and x.shape[-1] > 0
+            and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]):
+        return False
+    from sgl_kernel.skinny_gemm import faster_than_cublas
+
+    return faster_than_cublas(x.numel() // x.shape[-1], *weight.shape)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
