@@ -270,6 +270,104 @@ def test_no_flapping_when_load_steps_up_and_down(rate, seed):
     assert ks[199] == K_MAX and ks[399] == 0 and ks[599] == K_MAX, "it still follows the load"
 
 
+def run_with_rates(policy, rates: tuple[float, ...], steps: int, seed: int = 0,
+                   rejected_at: int | None = None) -> list[int]:
+    """Batch-1 steps where draft i is accepted with rates[i - 1] given the earlier ones were
+    (rejected_at: that 1-based position is always rejected, an unlucky stretch); the chosen ks."""
+    rng = random.Random(seed)
+    ks = []
+    for _ in range(steps):
+        k = policy.choose(["r"])
+        ks.append(k)
+        n = 1
+        while n <= k and n != rejected_at and rng.random() < rates[n - 1]:
+            n += 1
+        if k:
+            policy.observe_verify(["r"], [n], k)
+        else:
+            policy.observe_probe(["r"], [n > 1])
+    return ks
+
+
+def test_an_unobserved_position_drifts_back_up_toward_its_long_run_rate():
+    est = AcceptanceEstimator(K_MAX, recovery=0.01)
+    for _ in range(400):  # every draft accepted: a_2's long-run rate climbs well above the prior
+        est.record_verify(["a"], [K_MAX + 1], K_MAX)
+    for _ in range(100):  # then draft 2 always rejected: a_2 falls far below it
+        est.record_verify(["a"], [2], K_MAX)
+    low = est.rates()[1]
+    long_run = est.summary()["acceptance_rates_long_run"][1]
+    assert low < 0.05 and long_run > est.prior + 0.05
+    for _ in range(300):  # k = 1 from here: position 2 is never observed
+        est.record_verify(["a"], [2], 1)
+    assert est.rates()[0] > 0.99, "the observed position follows what it sees"
+    assert low + 0.5 * (long_run - low) < est.rates()[1] <= long_run
+    assert low + 0.5 * (long_run - low) < est.rates("a")[1] <= long_run, "the request's own row too"
+    assert est.rates("new")[1] == est.rates()[1], "a new request starts from the recovered rate"
+    high = est.rates()[2]  # position 3, last observed while every draft was accepted
+    assert high > est.summary()["acceptance_rates_long_run"][2]
+    for _ in range(300):  # an estimate above its target stays where it is
+        est.record_probe(["b"], [True])
+    assert est.rates()[2] == high > 0.99
+
+
+@pytest.mark.parametrize("recovery", [0.0, None], ids=["frozen", "default"])
+def test_cost_policy_comes_back_after_an_unlucky_stretch_at_a_deeper_position(recovery):
+    """What the demo pair did on the GPU: a stretch where draft 2 kept failing pulled a_2 down,
+    the policy moved to k = 1, and position 2 was never observed again. With estimates frozen
+    where they were last seen it stays at k = 1 for good; by default it is back at k_max within a
+    few hundred steps (here draft 2 is accepted 80% of the time again)."""
+    policy = make_policy("cost", K_MAX, cost=make_cost())
+    if recovery is not None:
+        policy.estimator.recovery = recovery
+    good = (0.8, 0.8, 0.8)
+    assert run_with_rates(policy, good, 200)[-1] == K_MAX
+    ks = run_with_rates(policy, good, 150, seed=1, rejected_at=2)
+    assert ks[-1] < K_MAX, "the unlucky stretch moved it off k_max"
+    ks = run_with_rates(policy, good, 1500, seed=2)
+    if recovery == 0.0:
+        assert K_MAX not in ks
+    else:
+        back = ks.index(K_MAX)
+        assert back < 1000 and ks[-100:] == [K_MAX] * 100, (back, policy.summary())
+
+
+@pytest.mark.parametrize("rates", [(0.8, 0.1, 0.8), (0.5, 0.2, 0.2), (0.6, 0.3, 0.3)])
+def test_recovery_costs_little_where_a_deeper_position_is_really_poor(rates):
+    """Where draft 2 really is poor, recovery still lifts a_2 now and then until the policy tries
+    k_max again: near the point where k = 1 and k_max are worth the same that costs < 1.5% of the
+    tokens per second of the best fixed k, with a switch every 100 steps at most."""
+    cost = make_cost()
+    policy = make_policy("cost", K_MAX, cost=cost)
+
+    def value(k):  # true tokens per verify of k drafts, per second
+        return (1 + sum(math.prod(rates[:i]) for i in range(1, k + 1))) / cost.seconds(1, k)
+
+    steps = 3000
+    ks = run_with_rates(policy, rates, steps)[300:]
+    seconds = sum(cost.seconds(1, k) for k in ks)
+    tokens = sum(value(k) * cost.seconds(1, k) for k in ks)
+    assert tokens / seconds >= 0.985 * max(value(k) for k in (0, 1, K_MAX))
+    assert policy.num_switches <= steps // 100, policy.summary()
+
+
+def test_an_unchanged_batch_is_re_evaluated_every_few_steps_and_a_new_size_at_once(monkeypatch):
+    """Past the dwell the objective (tens of microseconds of host time a step) is evaluated every
+    REEVALUATE_EVERY steps while the batch size stays; a new batch size is evaluated at once."""
+    from sglang.srt.speculative import spec_policy
+
+    policy = make_policy("cost", K_MAX, cost=make_cost())
+    evaluated = []
+    real = policy.objective
+    monkeypatch.setattr(policy, "objective", lambda rids, *a, **kw: evaluated.append(len(rids)) or real(rids, *a, **kw))
+    rids = ["r"]
+    for _ in range(policy.min_dwell + 4 * spec_policy.REEVALUATE_EVERY):
+        policy.choose(rids)
+    assert len(evaluated) == 1 + 4, evaluated  # the first step, then once per REEVALUATE_EVERY
+    policy.choose([f"r{i}" for i in range(256)])
+    assert evaluated[-1] == 256, "a new batch size is evaluated on its first step"
+
+
 def alternating_cost() -> CostTable:
     """k_max = 1, acceptance 0.5 (1.5 tokens per verify): at batch 1 spec is better by 0.5%, at
     batch 2 plain is better by 0.5%."""

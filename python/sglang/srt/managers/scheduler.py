@@ -23,6 +23,7 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy, decode_reserve
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.model_executor.kernel_compiles import WATCH as COMPILE_WATCH
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils import eos_token_ids
 
@@ -50,6 +51,8 @@ class Scheduler:
             server_args.model_path, server_args.dtype, server_args.device, server_args.context_length
         )
         self.spec_k = server_args.speculative_num_steps if server_args.speculative_enabled else 0
+        if str(server_args.device).startswith("cuda"):
+            COMPILE_WATCH.install()  # start-up compiles counted; from the end of __init__, warned about
         if self.spec_k:
             from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 
@@ -81,6 +84,7 @@ class Scheduler:
         self.overlap = not server_args.disable_overlap_schedule
         self.num_decode_steps = 0
         self.in_flight = None  # (ScheduleBatch, GenerationBatchResult) launched, not yet processed
+        COMPILE_WATCH.mark_serving()
 
     def model_info(self) -> dict:
         return {
@@ -583,6 +587,7 @@ class Scheduler:
             num_generated_tokens=self.num_generated_tokens,
             num_retractions=self.num_retractions,
             last_step_throughput=self.last_step_throughput,
+            **COMPILE_WATCH.summary(),
         )
         if self.spec_k:
             state.update(self.tp_worker.stats.summary())

@@ -69,6 +69,8 @@ class ModelRunner:
             self.memory = target.memory
             self._init_draft_pools(target)
         self.attn_backend = create_attention_backend(server_args.attention_backend, self)
+        if hasattr(self.attn_backend, "precompile"):
+            self.attn_backend.precompile(self)  # no kernel compiles in the middle of serving
         self.sampler = Sampler()
         # One CUDA graph memory pool per engine: a draft's graphs share its target's.
         self._graph_pool_owner = target if target is not None else self

@@ -51,16 +51,31 @@ class AcceptanceEstimator:
     request's 0/1 outcomes moves by +-0.17 at a_i = 0.5, which at batch 1 swung the choice
     between k = 0, 1 and k_max every few dozen steps).
 
+    A position the current k does not reach is not observed, and a frozen estimate there can
+    starve: on the GPU, a short unlucky stretch pulled the demo pair's pooled a_2 from ~0.8 to
+    0.23, the policy moved to k = 1, nothing observed position 2 again, and every later request
+    started from 0.23 (k = 1 for the rest of the run, at 0.55-0.97x of always speculating). So
+    each step moves the positions it did not observe (pooled, and the batch's own rows) a fraction
+    `recovery` of the way up to their target, max(prior, long-run rate), the long-run rate being
+    a slow EMA (alpha / 10) of what the position showed whenever it was observed. The estimate
+    then climbs back until the policy tries the deeper k and sees for itself; if the position is
+    really poor, that costs a dwell's worth of steps every few hundred, near the point where the
+    two choices are worth about the same. Estimates above the target are left alone: a position
+    the policy values highly is one it uses, and so observes.
+
     Per-request state lives in numpy rows (a row per tracked request, reused after `forget`), so
     a step's update and the policy's sums cost a few array operations, not a Python loop over
     the batch: at batch 256 that loop cost ~0.3 ms per step, a fifth of a small model's step."""
 
-    def __init__(self, k_max: int, alpha: float = 0.05, prior: float = 0.5, request_alpha: float = 0.05):
+    def __init__(self, k_max: int, alpha: float = 0.05, prior: float = 0.5, request_alpha: float = 0.05,
+                 recovery: float = 0.002):
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         for label, value in (("alpha", alpha), ("request_alpha", request_alpha)):
             if not 0.0 < value <= 1.0:
                 raise ValueError(f"{label} must be in (0, 1], got {value}")
+        if not 0.0 <= recovery <= 1.0:
+            raise ValueError(f"recovery must be in [0, 1], got {recovery}")
         if not 0.0 <= prior <= 1.0:
             raise ValueError(f"prior must be in [0, 1], got {prior}")
         self.k_max = k_max
@@ -68,6 +83,8 @@ class AcceptanceEstimator:
         self.request_alpha = request_alpha
         self.prior = float(prior)  # each rate before any evidence
         self._pooled = [float(prior)] * k_max
+        self.recovery = float(recovery)
+        self._long_run = np.full(k_max, float(prior))  # slow EMA of each position's observed rate
         # rid -> row of _rates / _seen; a row is created when a request is first observed (from
         # then on its own data refine the pool's guess) and freed when it is forgotten.
         self._per_request: dict[str, int] = {}
@@ -126,6 +143,24 @@ class AcceptanceEstimator:
         self._rates[rows, :width] = rates + weight * (outcome - rates)
         self._seen[rows, :width] = seen
 
+    def _update_pooled(self, position: int, rate: float) -> None:
+        """Fold one step's observed rate at 0-based `position` into the pooled and long-run EMAs."""
+        self._pooled[position] += self.alpha * (rate - self._pooled[position])
+        self._long_run[position] += self.alpha / 10 * (rate - self._long_run[position])
+
+    def _recover(self, rids: list[str], first: int) -> None:
+        """0-based positions first.. went unobserved this step: move the pooled estimate and the
+        batch's rows a fraction `recovery` of the way up to max(prior, long-run rate)."""
+        if first >= self.k_max or not self.recovery:
+            return
+        target = np.maximum(self._long_run[first:], self.prior)
+        for i, goal in enumerate(target.tolist(), start=first):
+            if self._pooled[i] < goal:
+                self._pooled[i] += self.recovery * (goal - self._pooled[i])
+        rows = self._rows(rids)
+        block = self._rates[rows, first:]
+        self._rates[rows, first:] = block + self.recovery * np.maximum(target[None, :] - block, 0.0)
+
     def record_verify(self, rids: list[str], num_out: list[int], k_step: int) -> None:
         """One speculative step with k_step drafts: request rids[r] produced num_out[r] tokens
         (1..k_step + 1). Position i was observed iff num_out >= i (every earlier draft was
@@ -153,7 +188,8 @@ class AcceptanceEstimator:
         for i in range(1, k_step + 1):
             observed, accepted = at_least[i], at_least[i + 1]
             if observed:
-                self._pooled[i - 1] += self.alpha * (accepted / observed - self._pooled[i - 1])
+                self._update_pooled(i - 1, accepted / observed)
+        self._recover(rids, k_step)
 
     def record_probe(self, rids: list[str], hits: list[bool]) -> None:
         """A PLAIN step's free probe: whether the draft's top-1 proposal equalled the target's
@@ -165,7 +201,8 @@ class AcceptanceEstimator:
             return
         accepted = np.asarray(hits, dtype=np.int64)
         self._observe(rids, np.ones(len(rids), dtype=np.int64), accepted)
-        self._pooled[0] += self.alpha * (float(accepted.mean()) - self._pooled[0])
+        self._update_pooled(0, float(accepted.mean()))
+        self._recover(rids, 1)
 
     def rates(self, rid: Optional[str] = None) -> list[float]:
         """a_1..a_kmax for the request, or the pooled rates for None or an unknown request."""
@@ -211,6 +248,7 @@ class AcceptanceEstimator:
     def summary(self) -> dict:
         return {
             "acceptance_rates": [round(a, 4) for a in self._pooled],
+            "acceptance_rates_long_run": [round(float(a), 4) for a in self._long_run],
             "expected_tokens": {k: round(self.expected_tokens(k), 4) for k in range(self.k_max + 1)},
             "tracked_requests": len(self._per_request),
         }
@@ -424,6 +462,9 @@ class ThresholdPolicy(SpecPolicy):
         return {**super().summary(), "threshold": self.threshold}
 
 
+REEVALUATE_EVERY = 4  # steps between the cost policy's evaluations of an unchanged batch size
+
+
 def _bucket_lookup(keys: list[int], table: dict, batch_size: int, default):
     """The entry with the largest key <= batch_size (keys sorted), else default."""
     i = bisect_right(keys, batch_size)
@@ -475,6 +516,7 @@ class CostPolicy(SpecPolicy):
         # The objective at the last step that evaluated it (steps held by dwell do not), for
         # logs and tests.
         self.last_objective: dict[int, float] = {}
+        self._evaluated_bs = -1  # the batch size of the last evaluation
 
     def candidates_for(self, batch_size: int) -> list[int]:
         return _bucket_lookup(self._bs_keys, self.candidates_by_bs, batch_size, self.candidates)
@@ -497,8 +539,15 @@ class CostPolicy(SpecPolicy):
             return cur if cur is not None else self.candidates[0]
         bs = len(rids) + num_plain_only
         candidates = self.candidates_for(bs)
-        if cur is not None and cur in candidates and self.steps_in_current < self.min_dwell:
-            return cur
+        if cur is not None and cur in candidates:
+            if self.steps_in_current < self.min_dwell:
+                return cur
+            # Past the dwell, the same batch size is re-evaluated every REEVALUATE_EVERY steps: the
+            # objective costs the host ~10-30 us, a few percent of a small model's step, and the
+            # estimates it reads move by alpha per step.
+            if bs == self._evaluated_bs and self.steps_in_current % REEVALUATE_EVERY:
+                return cur
+        self._evaluated_bs = bs
         obj = self.objective(rids, candidates, context_tokens, num_plain_only)
         self.last_objective = obj
         best = _best(obj)

@@ -38,6 +38,39 @@ class TritonAttnBackend(AttentionBackend):
         self.retired_workspaces: list[torch.Tensor] = []
         self.extend_meta = None
 
+    def precompile(self, model_runner) -> None:
+        """Compile extend attention now for every tile shape `launch_config` can pick for this
+        model. BLOCK_M follows the longest new part of a batch in powers of two, so otherwise the
+        first prefill whose longest new part falls in a smaller class (a radix-cache hit that
+        leaves a few tokens, a catch-up piece) compiles the kernel while every request waits.
+        One request over slot 0 (the pools' padding slot) through a scratch req_to_token row,
+        with q laid out both ways the models pass it (a slice of the fused qkv output, and
+        contiguous after a q/k norm); the pools are not written."""
+        if torch.device(self.device).type != "cuda":
+            return
+        cfg = model_runner.model_config
+        kv_heads, head_dim, dtype = cfg.num_key_value_heads, self.head_dim, cfg.dtype
+        pool = model_runner.token_to_kv_pool
+        real_rows = model_runner.req_to_token_pool.req_to_token
+        rows = torch.zeros((1, real_rows.shape[1]), dtype=real_rows.dtype, device=self.device)
+        first_row = torch.zeros(1, dtype=torch.int64, device=self.device)
+        compiled = set()
+        new_tokens = 1
+        while new_tokens <= real_rows.shape[1]:
+            tile = self._extend.launch_config(head_dim, dtype, self.num_heads // kv_heads, new_tokens)["BLOCK_M"]
+            if tile not in compiled:
+                compiled.add(tile)
+                qkv = torch.zeros((new_tokens, (self.num_heads + 2 * kv_heads) * head_dim), dtype=dtype,
+                                  device=self.device)
+                lens = torch.full((1,), new_tokens, dtype=torch.int64, device=self.device)
+                for q in (qkv[:, : self.num_heads * head_dim].view(new_tokens, self.num_heads, head_dim),
+                          torch.zeros((new_tokens, self.num_heads, head_dim), dtype=dtype, device=self.device)):
+                    self._extend.extend_attention_fwd(
+                        q, torch.empty_like(q), pool.get_key_buffer(0), pool.get_value_buffer(0), rows, first_row,
+                        lens, lens, first_row, new_tokens, head_dim**-0.5)
+            new_tokens *= 2
+        torch.cuda.synchronize(self.device)
+
     def _decode_workspace(self, bs: int) -> torch.Tensor:
         if self.workspace is None or self.workspace.shape[0] < bs:
             if self.workspace is not None:
