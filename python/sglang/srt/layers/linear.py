@@ -19,21 +19,30 @@ SKINNY_MAX_ROWS = 16  # = sgl_kernel.skinny_gemm.MAX_ROWS (imported lazily: trit
 skinny_gemm_enabled = os.environ.get(SKINNY_GEMM_ENV, "0").lower() not in ("1", "true", "yes", "on")
 
 
+_kernel_module = None
+
+
+def _skinny():
+    """sgl_kernel.skinny_gemm, imported on first use (triton is not a CPU dependency)."""
+    global _kernel_module
+    if _kernel_module is None:
+        from sgl_kernel import skinny_gemm as module
+
+        _kernel_module = module
+    return _kernel_module
+
+
 def uses_skinny_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if not (skinny_gemm_enabled and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
             and weight.dtype == x.dtype and weight.dim() == 2 and weight.stride(-1) == 1 and x.shape[-1] > 0
             and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]):
         return False
-    from sgl_kernel.skinny_gemm import faster_than_cublas
-
-    return faster_than_cublas(x.numel() // x.shape[-1], *weight.shape)
+    return _skinny().faster_than_cublas(x.numel() // x.shape[-1], *weight.shape)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if uses_skinny_gemm(x, weight):
-        from sgl_kernel.skinny_gemm import skinny_gemm
-
-        return skinny_gemm(x, weight, bias)
+        return _skinny().skinny_gemm(x, weight, bias)
     return torch.nn.functional.linear(x, weight, bias)
 
 
