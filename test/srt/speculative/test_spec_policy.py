@@ -368,6 +368,39 @@ def test_an_unchanged_batch_is_re_evaluated_every_few_steps_and_a_new_size_at_on
     assert evaluated[-1] == 256, "a new batch size is evaluated on its first step"
 
 
+def test_a_step_bound_by_the_host_is_priced_at_the_host_time():
+    """On a small model the graphs replay in a fraction of the scheduler's own time per step: the
+    device times alone make k_max look dearer than k = 1, while both take the host's time. Host
+    times shorter than the device's change nothing, and a k whose host time has not been seen at
+    this bucket is priced by the table."""
+    cost = CostTable({1: 1.0e-3}, {(1, 1): 1.26e-3, (1, K_MAX): 1.8e-3})  # a tiny model's graph replays
+    rids = ["r"]
+
+    def policy_after(host: dict[int, float]) -> CostPolicy:
+        policy = CostPolicy([0, 1, K_MAX], cost, AcceptanceEstimator(K_MAX, prior=0.5))
+        for k, seconds in host.items():
+            for _ in range(3):
+                policy.observe_host_seconds(1, k, seconds)
+        return policy
+
+    # a = 0.5: k = 1 yields 1.5 tokens a step, k_max 1.875, at 1.26 and 1.8 ms: k = 1 wins by 14%
+    # on the device's times alone.
+    assert policy_after({}).choose(rids) == 1
+    slow_host = 3 * cost.seconds(1, K_MAX)
+    assert policy_after({0: slow_host, 1: slow_host, K_MAX: slow_host}).choose(rids) == K_MAX
+    fast_host = 0.5 * cost.seconds(1, 0)
+    assert policy_after({0: fast_host, 1: fast_host, K_MAX: fast_host}).choose(rids) == 1
+    seen = policy_after({1: slow_host})  # k = 1 seen slow, the others not: priced by the table
+    assert seen.seconds(1, 1) == pytest.approx(slow_host)
+    assert seen.seconds(1, K_MAX) == pytest.approx(cost.seconds(1, K_MAX))
+    assert seen.choose(rids) == K_MAX
+    assert seen.summary()["host_ms"] == {1: {1: pytest.approx(1e3 * slow_host)}}
+    seen.observe_host_seconds(1, 7, 1.0)  # a k the table does not have, and nonsense, are ignored
+    seen.observe_host_seconds(0, 1, 1.0)
+    seen.observe_host_seconds(1, 1, float("nan"))
+    assert seen.seconds(1, 1) == pytest.approx(slow_host)
+
+
 def alternating_cost() -> CostTable:
     """k_max = 1, acceptance 0.5 (1.5 tokens per verify): at batch 1 spec is better by 0.5%, at
     batch 2 plain is better by 0.5%."""

@@ -152,12 +152,21 @@ class Scheduler:
             self._process_in_flight()
         self._drop_aborted()
         if self._can_overlap_decode():
+            start = time.perf_counter()
             batch = self._schedule_decode(overlapped=True)
             if batch is not None:
                 previous = self.in_flight
                 self.in_flight = (batch, self._launch(batch))
                 self._process(*previous)
-                return self._collect_outputs()
+                outputs = self._collect_outputs()
+                if self.spec_k and batch.spec_steps == previous[0].spec_steps:
+                    # The host's own time for a steady pipelined step (the wait for the device
+                    # excluded): what the cost policy prices a step at when it is longer than the
+                    # graphs' replay time (a small model's step is bound by the host).
+                    self.spec_policy.observe_host_seconds(
+                        batch.batch_size, batch.spec_steps,
+                        time.perf_counter() - start - getattr(previous[1], "waited_s", 0.0))
+                return outputs
         self._process_in_flight()
         batch = self._schedule_prefill() or self._schedule_decode()
         if batch is not None:

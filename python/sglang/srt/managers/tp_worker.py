@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import Optional
 
 import torch
@@ -38,8 +39,12 @@ class HostCopies:
             self.copy_done.record()
 
     def wait_host(self) -> dict:
+        """The host copies, once the step has produced them; `waited_s`: how long that took."""
+        self.waited_s = 0.0
         if self.copy_done is not None:
+            start = time.perf_counter()
             self.copy_done.synchronize()
+            self.waited_s = time.perf_counter() - start
         return self.host
 
 
