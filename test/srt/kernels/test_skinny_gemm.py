@@ -62,19 +62,22 @@ def test_skinny_gemm_rejects_what_it_cannot_compute():
         skinny_gemm(x[:2], w.t().contiguous().t())
 
 
-def test_the_models_decode_the_same_tokens_through_the_skinny_kernel(monkeypatch):
-    """The demo pair (target and EAGLE-3 draft) with every product of at most 16 rows routed
-    through the kernel (as CUDA decode steps at small batch are; here under the interpreter, in
-    float32) against torch's: the prompts' prefill, the target's verify and the draft's steps all
-    go through it, and the logits (lm_head) too, so a wrong column anywhere changes the greedy
-    tokens."""
+def test_the_models_decode_the_same_tokens_through_the_skinny_kernel(tiny_model_paths, tmp_path, monkeypatch):
+    """A tiny random Llama and an EAGLE-3 draft for it, with every product of at most 16 rows
+    routed through the kernel (as CUDA decode steps at small batch are; here under the
+    interpreter, in float32) against torch's: the prompts' prefill, the target's verify and the
+    draft's steps all go through it, and the logits (lm_head) too, so a wrong column anywhere
+    changes the greedy tokens."""
     from sglang.srt.layers import linear
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
     from sglang.test.runner_utils import run_to_completion
+    from sglang.test.tiny_models import make_tiny_eagle3_draft
 
+    target = tiny_model_paths["llama"]
+    draft = make_tiny_eagle3_draft(str(tmp_path / "draft"), target, draft_vocab_size=200)
     routed = []
 
     def route(x, weight):
@@ -85,12 +88,14 @@ def test_the_models_decode_the_same_tokens_through_the_skinny_kernel(monkeypatch
     outputs = {}
     for skinny in (False, True):
         monkeypatch.setattr(linear, "uses_skinny_gemm", route if skinny else (lambda x, weight: False))
-        scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=True,
+        scheduler = Scheduler(ServerArgs(model_path=target, dtype="float32", device="cpu", disable_overlap_schedule=True,
                                          max_total_tokens=512, speculative_algorithm="EAGLE3",
-                                         speculative_num_steps=2))
-        for i, ids in enumerate([[5, 17, 300, 41, 9, 77], [12, 13, 14, 15, 16, 17, 18, 19, 20]]):
-            params = SamplingParams(max_new_tokens=5, temperature=0, ignore_eos=True)
+                                         speculative_draft_model_path=draft, speculative_num_steps=2))
+        # r1 decodes alone once r0 is done: products of one row as well as of several.
+        for i, (ids, max_new) in enumerate([([5, 17, 300, 41, 9, 77], 4), ([12, 13, 14, 15, 16, 17, 18, 19, 20], 12)]):
+            params = SamplingParams(max_new_tokens=max_new, temperature=0, ignore_eos=True)
             scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
         outputs[skinny] = {rid: out["ids"] for rid, out in run_to_completion(scheduler).items()}
-    assert outputs[True] == outputs[False] and all(len(ids) == 5 for ids in outputs[True].values())
+    assert outputs[True] == outputs[False]
+    assert [len(outputs[True][rid]) for rid in ("r0", "r1")] == [4, 12]
     assert sum(routed) > 20

@@ -106,8 +106,17 @@ def check_against_plain(pair, overlap: bool, policy: str) -> dict:
     assert outputs[ABORTED]["reason"]["type"] == "abort"
     for rid in ("r0", "r1", "r3", "r4"):
         assert outputs[rid] == reference[rid], (policy, overlap, rid)
-    assert state["cached_tokens_by_rid"]["r4"] > 0  # r4 reused r0's prompt from the radix cache
+    assert_radix_hit(state, policy)
     return state
+
+
+def assert_radix_hit(state: dict, policy: str) -> None:
+    """r4 reused r0's prompt from the radix cache. Not asserted for the cost policy: whether the
+    draft follows r0 and r4 is decided at admission from step times measured on this CPU (the
+    table at start-up, the host's time per step since), and a prompt cached without draft KV is
+    no hit for a request the draft follows."""
+    if policy != "cost":
+        assert state["cached_tokens_by_rid"]["r4"] > 0
 
 
 @pytest.mark.parametrize("overlap", [False, True])
@@ -309,7 +318,7 @@ def test_catch_up_strategy_gives_plain_decodings_output(demo_paths, policy, over
     outputs, state = run(demo_paths, overlap, spec, alternating_k if policy == "alternating" else None)
     for rid in ("r0", "r1", "r3", "r4"):
         assert outputs[rid] == reference[rid], (policy, overlap, rid)
-    assert state["cached_tokens_by_rid"]["r4"] > 0
+    assert_radix_hit(state, policy)
     if policy != "cost":  # the cost policy's choices follow CPU timings measured at start-up
         assert state["spec_steps_by_k"].get("0", 0) > 0 and len(state["spec_steps_by_k"]) > 1
 
