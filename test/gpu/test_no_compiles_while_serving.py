@@ -4,7 +4,7 @@ Triton compiles a kernel again for every new specialization (constexpr tile size
 alignment, integers equal to 1 or multiples of 16); a compile while requests run stalls them all
 for 0.3-1 s. After start-up (graphs captured, extend tiles precompiled) a mix of batches that a
 server meets (prompt lengths odd and even, batches of 1 to 24 requests, radix-cache hits that leave
-one to three new tokens, greedy and sampled requests, and with a draft: steps switching between
+one to three new tokens, greedy and sampled requests (with and without top-k / top-p), and with a draft: steps switching between
 plain and speculative) must compile nothing. Each case runs in a fresh process, since kernels
 compiled by earlier tests in this process would hide a missing precompile."""
 
@@ -49,7 +49,9 @@ def submit(ids, max_new, **sampling):
 for wave, batch in enumerate([1, 2, 3, 5, 8, 9, 16, 17, 24, 1]):
     for i in range(batch):
         length = 5 + 37 * ((wave * 7 + i) % 9)
-        sampling = {} if i % 3 else {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "sampling_seed": i}
+        # greedy; sampled with filters (torch); sampled without (the fused Triton kernel)
+        sampling = ({} if i % 3 == 1 else {"temperature": 0.8, "top_p": 0.9, "top_k": 20, "sampling_seed": i}
+                    if i % 3 == 2 else {"temperature": 0.7, "sampling_seed": i})
         submit(torch.randint(10, vocab, (length,), generator=gen).tolist(), 20 + 9 * (i % 4), **sampling)
     run_to_completion(scheduler)
 submit(shared, 8)

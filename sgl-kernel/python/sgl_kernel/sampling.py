@@ -89,6 +89,21 @@ def _split_vocab(
     return triton.cdiv(blocks_per_row, blocks_per_chunk), blocks_per_chunk
 
 
+def compile_classes(vocab_size: int, max_batch_size: int, block_size: int = 1024) -> list[int]:
+    """One batch size per distinct compiled form of `gumbel_max_sample` for batches of 1 to
+    max_batch_size: the chunking follows the batch size, BLOCKS_PER_CHUNK and the reduce's BLOCK
+    are compile-time constants, and Triton specializes the chunk count on being 1 or a multiple
+    of 16. Sampling once at each of these sizes compiles everything a server can meet."""
+    seen, sizes = set(), []
+    for batch_size in range(1, max_batch_size + 1):
+        chunks, per_chunk = _split_vocab(batch_size, vocab_size, None, block_size)
+        key = (per_chunk, triton.next_power_of_2(chunks), chunks == 1, chunks % 16 == 0)
+        if key not in seen:
+            seen.add(key)
+            sizes.append(batch_size)
+    return sizes
+
+
 def _debug_noise(seeds, offsets, width, stream, gumbel):
     batch_size = seeds.shape[0]
     out = torch.empty(batch_size, width, dtype=torch.float32, device=seeds.device)

@@ -163,3 +163,24 @@ def test_default_split_covers_the_vocab_with_no_empty_chunk(batch_size, vocab_si
     assert (num_chunks - 1) * chunk_size < vocab_size <= num_chunks * chunk_size
     if batch_size == 1 and vocab_size > 100_000:
         assert num_chunks >= 64  # a lone row is spread over many programs
+
+
+@pytest.mark.parametrize("vocab_size, max_batch_size", [(128256, 512), (6144, 256), (151936, 64), (50, 8)])
+def test_compile_classes_name_one_batch_size_per_compiled_form(vocab_size, max_batch_size):
+    """Sampler.precompile samples once at each of these sizes on CUDA: every batch size up to the
+    maximum must share its compiled form (chunk constants, chunk count's specialization) with
+    one of them, or the first sampled batch of that size compiles while requests wait."""
+    from sgl_kernel.sampling import compile_classes
+
+    def form(bs):
+        chunks, per_chunk = _split_vocab(bs, vocab_size, None, 1024)
+        return per_chunk, 1 << (chunks - 1).bit_length(), chunks == 1, chunks % 16 == 0
+
+    sizes = compile_classes(vocab_size, max_batch_size)
+    assert sizes[0] == 1 and sizes == sorted(set(sizes)) and sizes[-1] <= max_batch_size
+    forms = [form(bs) for bs in sizes]
+    assert len(set(forms)) == len(forms), "one size per form"
+    assert {form(bs) for bs in range(1, max_batch_size + 1)} == set(forms)
+    if vocab_size == 128256:
+        assert len(sizes) > 4, "a Llama-3 vocabulary takes several forms up to 512 requests"
+

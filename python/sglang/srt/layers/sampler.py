@@ -10,6 +10,22 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 
 class Sampler:
+    def precompile(self, vocab_size: int, max_batch_size: int, device) -> None:
+        """On CUDA, compile the fused sampling kernel for every form a batch of 1 to
+        max_batch_size can take (its chunking follows the batch size), so that the first sampled
+        batch of a new size does not compile it while every running request waits."""
+        if torch.device(device).type != "cuda":
+            return
+        from sgl_kernel.sampling import compile_classes, gumbel_max_sample
+
+        for bs in compile_classes(vocab_size, max_batch_size):
+            gumbel_max_sample(torch.zeros(bs, vocab_size, dtype=torch.float32, device=device),
+                              torch.ones(bs, dtype=torch.float32, device=device),
+                              torch.zeros(bs, dtype=torch.int64, device=device),
+                              torch.zeros(bs, dtype=torch.int64, device=device),
+                              torch.zeros(bs, dtype=torch.bool, device=device))
+        torch.cuda.synchronize(device)
+
     def __call__(
         self, logits: torch.Tensor, info: SamplingBatchInfo, offsets: torch.Tensor
     ) -> torch.Tensor:

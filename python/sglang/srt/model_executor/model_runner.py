@@ -72,6 +72,8 @@ class ModelRunner:
         if hasattr(self.attn_backend, "precompile"):
             self.attn_backend.precompile(self)  # no kernel compiles in the middle of serving
         self.sampler = Sampler()
+        if target is None:
+            self.sampler.precompile(model_config.vocab_size, self.memory.max_running_requests, self.device)
         # One CUDA graph memory pool per engine: a draft's graphs share its target's.
         self._graph_pool_owner = target if target is not None else self
         self._graph_pool = None
