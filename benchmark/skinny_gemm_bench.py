@@ -104,15 +104,15 @@ def main() -> None:
             timed.sort(key=lambda tc: tc[0])
             if rows == 8:
                 ranked_dot = [cfg for _, cfg in timed]
-            best = (timed[0][1], timed[0][0]) if timed else None
-            swept = len(timed)
             default = time_graph(lambda a, w: skinny_gemm(a, w), x, weights)
             row = {"shape": name, "n": n, "k": k, "rows": rows, "cublas_us": t_cublas * 1e6,
                    "cublas_gb_s": nbytes / t_cublas / 1e9, "default_us": default * 1e6,
-                   "default_gb_s": nbytes / default / 1e9, "configs_swept": swept}
-            if best:
-                row.update(best_config=dataclasses.asdict(best[0]), top5=[[t * 1e6, dataclasses.asdict(c)] for t, c in timed[:5]],
-                           best_us=best[1] * 1e6, best_gb_s=nbytes / best[1] / 1e9)
+                   "default_gb_s": nbytes / default / 1e9, "configs_swept": len(timed)}
+            if timed:
+                best_t, best_cfg = timed[0]
+                row.update(best_config=dataclasses.asdict(best_cfg), best_us=best_t * 1e6,
+                           best_gb_s=nbytes / best_t / 1e9,
+                           top5=[[t * 1e6, dataclasses.asdict(c)] for t, c in timed[:5]])
             report["results"].append(row)
             print(f"{name:13s} rows {rows:2d}: cuBLAS {row['cublas_us']:7.1f} us ({row['cublas_gb_s']:5.0f} GB/s) | "
                   f"default {row['default_us']:7.1f} us ({row['default_gb_s']:5.0f}) | best "

@@ -15,7 +15,6 @@ import torch
 from torch import nn
 
 SKINNY_GEMM_ENV = "SGLANG_DISABLE_SKINNY_GEMM"
-SKINNY_MAX_ROWS = 16  # = sgl_kernel.skinny_gemm.MAX_ROWS (imported lazily: triton is not a CPU dependency)
 skinny_gemm_enabled = os.environ.get(SKINNY_GEMM_ENV, "0").lower() not in ("1", "true", "yes", "on")
 
 
@@ -34,10 +33,9 @@ def _skinny():
 
 def uses_skinny_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
     if not (skinny_gemm_enabled and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype == x.dtype and weight.dim() == 2 and weight.stride(-1) == 1 and x.shape[-1] > 0
-            and x.numel() <= SKINNY_MAX_ROWS * x.shape[-1]):
+            and weight.dtype == x.dtype and weight.dim() == 2 and weight.stride(-1) == 1 and x.shape[-1] > 0):
         return False
-    return _skinny().faster_than_cublas(x.numel() // x.shape[-1], *weight.shape)
+    return _skinny().faster_than_cublas(x.numel() // x.shape[-1], *weight.shape)  # rows <= MAX_ROWS included
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
