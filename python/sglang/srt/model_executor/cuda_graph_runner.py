@@ -9,6 +9,7 @@ bucket: padded rows write their KV to the padding slot 0 and read a one-token se
 from __future__ import annotations
 
 import bisect
+import gc
 import logging
 import time
 from typing import Callable, Optional
@@ -19,6 +20,31 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 logger = logging.getLogger(__name__)
+
+
+def capture_graph(run: Callable, pool) -> tuple[torch.cuda.CUDAGraph, object]:
+    """Run `run` twice outside a graph (lazy initialisation, kernel compiles), then capture it
+    into a new graph in `pool`; returns (graph, what the captured call returned).
+
+    The garbage collector is held off during the capture: a collection in the middle of it can
+    free an unreachable object holding CUDA state (another engine's graphs or events, which
+    tests and benchmarks leave behind), and the runtime call that releases it invalidates the
+    capture (seen as CUBLAS_STATUS_INTERNAL_ERROR from the next GEMM). Garbage is collected
+    once before instead."""
+    for _ in range(2):
+        run()
+    torch.cuda.synchronize()
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            out = run()
+    finally:
+        if was_enabled:
+            gc.enable()
+    return graph, out
 
 
 def default_batch_sizes(max_bs: int) -> list[int]:
@@ -90,14 +116,8 @@ class CudaGraphRunner:
         )
 
     def _capture_one(self, bs: int) -> None:
-        run: Callable[[], LogitsProcessorOutput] = lambda: self.model_runner.forward_eager(self._static_batch(bs))  # noqa: E731
-        for _ in range(2):  # warm up: lazy initialisation and autotuning happen outside the graph
-            run()
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.model_runner.graph_memory_pool()):
-            self.outputs[bs] = run()
-        self.graphs[bs] = graph
+        self.graphs[bs], self.outputs[bs] = capture_graph(
+            lambda: self.model_runner.forward_eager(self._static_batch(bs)), self.model_runner.graph_memory_pool())
 
     def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:
         bs = fb.batch_size

@@ -39,7 +39,7 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import GenerationBatchResult, HostCopies, TpModelWorker
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_loader.loader import safetensors_files
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_graph, graph_batch_sizes
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.llama_eagle3 import default_aux_layer_ids
@@ -735,13 +735,8 @@ class SpecStepGraphs:
                     self.batch_sizes, time.perf_counter() - start)
 
     def _capture_one(self, bs: int) -> None:
-        for _ in range(2):  # warm up outside the graph
-            self._run(bs)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.worker.model_runner.graph_memory_pool()):
-            self.outputs[bs] = self._run(bs)
-        self.graphs[bs] = graph
+        self.graphs[bs], self.outputs[bs] = capture_graph(lambda: self._run(bs),
+                                                          self.worker.model_runner.graph_memory_pool())
 
     def replay(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, behind: Optional[torch.Tensor] = None,
                opted_out: Optional[torch.Tensor] = None):
