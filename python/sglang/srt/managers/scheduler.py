@@ -84,6 +84,9 @@ class Scheduler:
         self.overlap = not server_args.disable_overlap_schedule
         self.num_decode_steps = 0
         self.in_flight = None  # (ScheduleBatch, GenerationBatchResult) launched, not yet processed
+        # The last pipelined decode step, if it ran at the k of the one before it: (batch size,
+        # k, its start, its wait for the device), for _observe_host_period.
+        self._steady_step: Optional[tuple] = None
         COMPILE_WATCH.mark_serving()
 
     def model_info(self) -> dict:
@@ -151,6 +154,7 @@ class Scheduler:
             # A request's KV extent is exact only once no speculative step of it is in flight.
             self._process_in_flight()
         self._drop_aborted()
+        steady, self._steady_step = self._steady_step, None
         if self._can_overlap_decode():
             start = time.perf_counter()
             batch = self._schedule_decode(overlapped=True)
@@ -158,15 +162,11 @@ class Scheduler:
                 previous = self.in_flight
                 self.in_flight = (batch, self._launch(batch))
                 self._process(*previous)
-                outputs = self._collect_outputs()
                 if self.spec_k and batch.spec_steps == previous[0].spec_steps:
-                    # The host's own time for a steady pipelined step (the wait for the device
-                    # excluded): what the cost policy prices a step at when it is longer than the
-                    # graphs' replay time (a small model's step is bound by the host).
-                    self.spec_policy.observe_host_seconds(
-                        batch.batch_size, batch.spec_steps,
-                        time.perf_counter() - start - getattr(previous[1], "waited_s", 0.0))
-                return outputs
+                    self._observe_host_period(steady, start)
+                    self._steady_step = (batch.batch_size, batch.spec_steps, start,
+                                         getattr(previous[1], "waited_s", 0.0))
+                return self._collect_outputs()
         self._process_in_flight()
         batch = self._schedule_prefill() or self._schedule_decode()
         if batch is not None:
@@ -176,6 +176,16 @@ class Scheduler:
             else:
                 self._process(batch, result)
         return self._collect_outputs()
+
+    def _observe_host_period(self, steady: Optional[tuple], now: float) -> None:
+        """Tells the policy the host's time for the last pipelined decode step: from its start to
+        this one's (the server loop's receiving and sending in between included), less its wait
+        for the device. Only between two steady steps (same k, nothing else in between): that
+        is what the cost policy prices a step at when it is longer than the graphs' replay time
+        (a small model's step is bound by the host)."""
+        if steady is not None:
+            batch_size, k, started, waited = steady
+            self.spec_policy.observe_host_seconds(batch_size, k, now - started - waited)
 
     def spec_steps_for(self, batch_size: int) -> int:
         """Draft tokens for the next decode step of the running requests (0: a plain step), as

@@ -14,6 +14,7 @@ not touch the device or sync with it."""
 from __future__ import annotations
 
 import json
+import statistics
 from abc import ABC, abstractmethod
 from bisect import bisect_left, bisect_right
 from typing import Optional
@@ -475,6 +476,7 @@ class ThresholdPolicy(SpecPolicy):
 
 REEVALUATE_EVERY = 4  # steps between the cost policy's evaluations of an unchanged batch size
 HOST_ALPHA = 0.05  # EMA weight of each new host-time sample
+HOST_FIRST_SAMPLES = 5  # a host-time estimate starts from the median of this many samples
 
 
 def _bucket_lookup(keys: list[int], table: dict, batch_size: int, default):
@@ -529,8 +531,10 @@ class CostPolicy(SpecPolicy):
         # logs and tests.
         self.last_objective: dict[int, float] = {}
         self._evaluated_bs = -1  # the batch size of the last evaluation
-        # (bucket, k) -> EMA of the host's seconds per pipelined step (observe_host_seconds).
-        self._host_seconds: dict[tuple[int, int], float] = {}
+        # (bucket, speculative?) -> EMA of the host's seconds per pipelined step, and the first
+        # samples of a key until there are enough to start it (observe_host_seconds).
+        self._host_seconds: dict[tuple[int, bool], float] = {}
+        self._host_first: dict[tuple[int, bool], list[float]] = {}
 
     def candidates_for(self, batch_size: int) -> list[int]:
         return _bucket_lookup(self._bs_keys, self.candidates_by_bs, batch_size, self.candidates)
@@ -545,21 +549,40 @@ class CostPolicy(SpecPolicy):
 
     def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
         """What a step of k drafts takes: the device's time from the cost table, or the host's
-        own time per step where that is longer and has been seen. A pipelined step cannot finish
-        faster than the scheduler prepares it: on a small model the host takes ~0.8 ms a step
-        while the graphs replay in 0.3-0.4 ms, and the device times alone made k = 3 look 27%
-        dearer than k = 1 when both cost the same wall time. A k not yet seen at this bucket is
-        priced by the table (if it is chosen, its host time is then seen)."""
+        own time per step where that is longer and has been measured. A pipelined step cannot
+        finish faster than the server loop prepares it: on a small model the host takes ~0.8 ms
+        a step while the graphs replay in 0.3-0.4 ms, and the device times alone made k = 3 look
+        27% dearer than k = 1 when both cost the same wall time.
+
+        Host time is kept per batch-size bucket for plain steps and for speculative ones, the
+        latter pooled over k: the host's work per step hardly depends on k, and an estimate
+        kept per k is refreshed only while that k runs, so one slow sample could price a k out
+        for good (a demo-pair server sat at k = 1 for a whole level that way). Until a bucket's
+        plain or speculative host time is known, the table alone prices it."""
         device = self.cost.seconds(batch_size, k, context_tokens)
-        host = self._host_seconds.get((self.cost.bucket(batch_size, k), k))
+        host = self._host_seconds.get(self._host_key(batch_size, k))
         return device if host is None else max(device, host)
 
+    def _host_key(self, batch_size: int, k: int) -> tuple[int, bool]:
+        # One grouping of batch sizes for every k (the largest k's buckets).
+        return self.cost.bucket(batch_size, self.cost.measured_steps[-1]), k > 0
+
     def observe_host_seconds(self, batch_size: int, k: int, seconds: float) -> None:
-        if k not in self.cost.measured_steps or batch_size < 1 or not seconds > 0:
+        """One host-time sample. An estimate starts at the median of its first
+        HOST_FIRST_SAMPLES samples (the first steps at a new shape carry one-off work), then
+        follows an EMA."""
+        if k not in self.cost.measured_steps or batch_size < 1 or not seconds > 0 or seconds == float("inf"):
             return
-        key = (self.cost.bucket(batch_size, k), k)
+        key = self._host_key(batch_size, k)
         previous = self._host_seconds.get(key)
-        self._host_seconds[key] = seconds if previous is None else previous + HOST_ALPHA * (seconds - previous)
+        if previous is not None:
+            self._host_seconds[key] = previous + HOST_ALPHA * (seconds - previous)
+            return
+        first = self._host_first.setdefault(key, [])
+        first.append(seconds)
+        if len(first) == HOST_FIRST_SAMPLES:
+            self._host_seconds[key] = statistics.median(first)
+            del self._host_first[key]
 
     def _margin(self, batch_size: int, current: int, best: int) -> float:
         margins = _bucket_lookup(self._hyst_keys, self.hysteresis_by_bs, batch_size, {})
@@ -606,8 +629,9 @@ class CostPolicy(SpecPolicy):
         return {**super().summary(), "candidates": self.candidates,
                 "candidates_by_bs": self.candidates_by_bs, "hysteresis": self.hysteresis,
                 "min_dwell": self.min_dwell, "cost": self.cost.summary(),
-                "host_ms": {k: {bs: round(1e3 * t, 4) for (bs, kk), t in sorted(self._host_seconds.items()) if kk == k}
-                            for k in sorted({k for _, k in self._host_seconds})}}
+                "host_ms": {mode: {bs: round(1e3 * t, 4) for (bs, spec), t in sorted(self._host_seconds.items())
+                                   if spec == (mode == "spec")}
+                            for mode in ("plain", "spec")}}
 
 
 def _best(objective: dict[int, float]) -> int:
