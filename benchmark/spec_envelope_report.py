@@ -50,6 +50,7 @@ def envelope(no_draft: dict[int, dict], always: dict[int, dict], dynamic: dict[i
                  "always_accept_length": always[level].get("accept_length"),
                  "dynamic_accept_length": dynamic[level].get("accept_length"),
                  "dynamic_step_share_by_k": dynamic[level].get("spec_step_share_by_k"),
+                 "dynamic_prompts_without_draft": dynamic[level].get("spec_prompts_without_draft"),
                  "shortest_run_s": min(rows[level].get("duration", float("inf"))
                                        for rows in (no_draft, always, dynamic))}
         points.append(point)
@@ -88,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
         report["dynamic_server"] = {key: state.get(key) for key in ("spec_steps_by_k", "spec_policy",
                                                                     "avg_spec_accept_length")}
     print(f"{'conc':>5} {'no draft':>10} {'always':>10} {'dynamic':>10} {'dyn/best':>9} {'dyn/plain':>9}"
-          f"  dynamic's steps per k")
+          f"  dynamic's steps per k, prompts without the draft")
     for p in report["points"]:
         shares = " ".join(f"k{k}:{v:.0%}" for k, v in (p["dynamic_step_share_by_k"] or {}).items())
+        if p["dynamic_prompts_without_draft"]:
+            shares += f", {p['dynamic_prompts_without_draft']} cold"
         print(f"{p['concurrency']:>5} {p['no_draft_tok_s']:>10.1f} {p['always_tok_s']:>10.1f} "
               f"{p['dynamic_tok_s']:>10.1f} {p['dynamic_vs_best']:>9.3f} {p['dynamic_vs_no_draft']:>9.3f}  {shares}")
     for line in report["problems"] + report["missed"] + report["notes"]:

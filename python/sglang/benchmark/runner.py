@@ -216,13 +216,15 @@ async def server_spec_counters(session: aiohttp.ClientSession, base_url: str) ->
     if not isinstance(state.get("spec_steps_by_k"), dict):
         return None
     return {"steps_by_k": {int(k): int(n) for k, n in state["spec_steps_by_k"].items()},
-            "verifies": int(state.get("spec_verifies", 0)), "tokens": int(state.get("spec_tokens", 0))}
+            "verifies": int(state.get("spec_verifies", 0)), "tokens": int(state.get("spec_tokens", 0)),
+            "prompts_without_draft": int(state.get("spec_prompts_without_draft", 0))}
 
 
 def spec_level_fields(before: dict, after: dict | None) -> dict:
     """What the server did during one level: decode steps per chosen k (0: plain), each k's share
-    of the steps, and the accept length of the level's speculative steps alone (the cumulative
-    /get_server_info value mixes in earlier levels and the warm-up)."""
+    of the steps, the accept length of the level's speculative steps alone (the cumulative
+    /get_server_info value mixes in earlier levels and the warm-up), and how many prompts were
+    admitted without the draft (those requests decode plainly even in speculative steps)."""
     if after is None:
         return {}
     steps = {k: after["steps_by_k"].get(k, 0) - before["steps_by_k"].get(k, 0)
@@ -232,7 +234,8 @@ def spec_level_fields(before: dict, after: dict | None) -> dict:
     verifies = after["verifies"] - before["verifies"]
     return {"spec_steps_by_k": {str(k): n for k, n in steps.items()},
             "spec_step_share_by_k": {str(k): n / total for k, n in steps.items()} if total else {},
-            "spec_accept_length": (after["tokens"] - before["tokens"]) / verifies if verifies > 0 else None}
+            "spec_accept_length": (after["tokens"] - before["tokens"]) / verifies if verifies > 0 else None,
+            "spec_prompts_without_draft": after.get("prompts_without_draft", 0) - before.get("prompts_without_draft", 0)}
 
 
 async def flush_cache(session: aiohttp.ClientSession, base_url: str) -> None:

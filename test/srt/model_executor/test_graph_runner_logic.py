@@ -169,3 +169,37 @@ def test_every_k_the_policy_can_reach_has_its_graphs(rerun_graphs, eager_outputs
     assert generate(True, choose=choose, **spec) == eager_outputs["plain"]  # graph per forward
     shapes = {shape[:2] for shape in rerun_graphs}
     assert {("TARGET_VERIFY", 2), ("TARGET_VERIFY", 4), ("DRAFT_EXTEND", 2), ("DRAFT_EXTEND", 4)} <= shapes
+
+
+def test_capture_runs_twice_then_captures_with_the_garbage_collector_held_off(monkeypatch):
+    """A garbage collection inside a capture can free another engine's CUDA state and so
+    invalidate the capture (torch no longer collects before one): the forward is run twice
+    outside the graph, captured once with the collector off, and the collector is on again after,
+    also when the capture fails."""
+    import contextlib
+    import gc
+
+    captured = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", lambda: "graph")
+
+    @contextlib.contextmanager
+    def graph(g, pool=None):
+        captured.append(("capture", g, pool))
+        yield
+
+    monkeypatch.setattr(torch.cuda, "graph", graph)
+    calls = []
+    assert gc.isenabled()
+    got = cuda_graph_runner.capture_graph(lambda: calls.append(gc.isenabled()) or len(calls), pool="pool")
+    assert got == ("graph", 3) and calls == [True, True, False]
+    assert captured == [("capture", "graph", "pool")] and gc.isenabled()
+
+    def failing():
+        calls.append(gc.isenabled())
+        if len(calls) > 5:
+            raise RuntimeError("capture failed")
+
+    with pytest.raises(RuntimeError, match="capture failed"):
+        cuda_graph_runner.capture_graph(failing, pool=None)
+    assert calls[3:] == [True, True, False] and gc.isenabled()

@@ -68,6 +68,7 @@ def test_bench_serving_reports_the_accept_length(spec_server, tmp_path, backend)
     # The level's own steps, from the server's counters: this server always speculates at k = 3.
     assert line["spec_step_share_by_k"] == {"3": 1.0} and line["spec_steps_by_k"]["3"] >= 24 / 4
     assert line["accept_length"] == line["spec_accept_length"]
+    assert line["spec_prompts_without_draft"] == 0  # the draft reads every prompt of an `always` server
 
 
 def test_decode_log_line_reports_accept_length(spec_server):  # last in this file: it stops the server

@@ -180,9 +180,10 @@ class Scheduler:
     def _observe_host_period(self, steady: Optional[tuple], now: float) -> None:
         """Tells the policy the host's time for the last pipelined decode step: from its start to
         this one's (the server loop's receiving and sending in between included), less its wait
-        for the device. Only between two steady steps (same k, nothing else in between): that
-        is what the cost policy prices a step at when it is longer than the graphs' replay time
-        (a small model's step is bound by the host)."""
+        for the device. Only between two steady steps (same k, nothing else in between). The
+        policy reports it as `host_ms` beside its table of device times, which shows whether the
+        server is bound by the host (a small model's is); see CostPolicy.seconds for why the
+        choice does not price it."""
         if steady is not None:
             batch_size, k, started, waited = steady
             self.spec_policy.observe_host_seconds(batch_size, k, now - started - waited)
