@@ -16,7 +16,7 @@
 # no-draft sweep serves both 8B configs. The report runs when OUT holds all three sweeps.
 # Env: LEVELS, INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, PER_CONC, MAX_PROMPTS, SWEEP_TIMEOUT_S (as
 # serving_sweep_gpu.sh; defaults here: input 1024, output 128, 32 prompts or 3 per unit of
-# concurrency; for the demo input 256, at least 160 prompts and 32 per unit of concurrency up to 2048), DATASET (demo: code or random), EXTRA_SERVER_ARGS (added to every server, e.g. `--device cpu` for a dry run),
+# concurrency; for the demo input 256, at least 160 prompts and 64 per unit of concurrency up to 2048), DATASET (demo: code or random), EXTRA_SERVER_ARGS (added to every server, e.g. `--device cpu` for a dry run),
 # MODEL / DRAFT (override the config's pair, e.g. tiny models for a dry run).
 set -u -o pipefail
 OUT=${1:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
@@ -46,9 +46,10 @@ PY
     # The pair was trained on 512-token windows: input + output stay inside that, or its draft
     # stops predicting (at 1024 in it accepted 0.24 at the first position). A step takes under a
     # millisecond, so short levels are noisy (session 7: levels of 1-3 s differed by up to 40%
-    # between servers making the same choice): at least 160 prompts and 32 per unit of
-    # concurrency up to 2048 give levels of 3-9 s and sweeps of ~1-1.5 min.
-    export INPUT_LEN=${INPUT_LEN:-256} NUM_PROMPTS=${NUM_PROMPTS:-160} PER_CONC=${PER_CONC:-32}
+    # between servers making the same choice): at least 160 prompts and 64 per unit of
+    # concurrency up to 2048. Session 8's 32 per unit left levels 4 and 8 at 2.3-3 s; 64 gives
+    # them ~4-6 s, and sweeps of ~1.5-2 min.
+    export INPUT_LEN=${INPUT_LEN:-256} NUM_PROMPTS=${NUM_PROMPTS:-160} PER_CONC=${PER_CONC:-64}
     export MAX_PROMPTS=${MAX_PROMPTS:-2048}
     if [ "${DATASET:-code}" = code ]; then  # the pair's own domain: its real acceptance
       MAX_LEVEL=$(echo "${LEVELS:-256}" | tr , '\n' | sort -n | tail -1)

@@ -20,7 +20,8 @@ def write(tmp_path, name: str, throughputs: dict[int, float], failed: int = 0) -
     path = tmp_path / f"{name}.jsonl"
     path.write_text("".join(json.dumps({"max_concurrency": c, "output_throughput": t, "failed": failed,
                                         "accept_length": 2.5 if name != "plain" else None,
-                                        "spec_step_share_by_k": {"0": c / 256, "3": 1 - c / 256}}) + "\n"
+                                        "spec_step_share_by_k": {"0": c / 256, "3": 1 - c / 256},
+                                        "spec_prompts_without_draft": c // 64}) + "\n"
                             for c, t in throughputs.items()))
     return str(path)
 
@@ -40,6 +41,8 @@ def test_an_envelope_that_holds_passes_with_the_ratios(tmp_path):
     assert first["dynamic_vs_best"] == pytest.approx(216 / 220)
     assert result["points"][-1]["dynamic_vs_no_draft"] == pytest.approx(7950 / 8000)
     assert first["dynamic_step_share_by_k"] == {"0": 1 / 256, "3": 255 / 256}  # the mode mix of each point
+    # and how many of the level's prompts the dynamic server admitted without the draft
+    assert [p["dynamic_prompts_without_draft"] for p in result["points"]] == [0, 1, 4]
     assert result["notes"] == []  # the lines carry no durations: nothing to flag
 
 
