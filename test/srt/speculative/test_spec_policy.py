@@ -10,12 +10,15 @@ import json
 import math
 import random
 
+import numpy as np
 import pytest
 
+from sglang.srt.speculative import spec_policy
 from sglang.srt.speculative.spec_policy import (
     DEFAULT_ADAPTIVE_CONFIG,
     HOST_FIRST_SAMPLES,
     POLICY_NAMES,
+    SMALL_BATCH,
     AcceptanceEstimator,
     CostPolicy,
     CostTable,
@@ -138,12 +141,43 @@ def test_forget_drops_request_state():
     est.forget("never-seen")  # finishing a request that never speculated is fine
 
 
-def test_estimator_rejects_impossible_verify():
+@pytest.mark.parametrize("rids", [["a"], [f"r{i}" for i in range(SMALL_BATCH + 1)]])
+def test_estimator_rejects_impossible_verify(rids):
     est = AcceptanceEstimator(K_MAX)
-    with pytest.raises(ValueError, match="produced 5 tokens from 3 drafts"):
-        est.record_verify(["a"], [5], 3)
+    for bad in (5, 0):
+        with pytest.raises(ValueError, match=f"request 'a|r0' produced {bad} tokens from 3 drafts"):
+            est.record_verify(rids, [bad] + [1] * (len(rids) - 1), 3)
     with pytest.raises(ValueError, match="k_step 4"):
-        est.record_verify(["a"], [1], 4)
+        est.record_verify(rids, [1] * len(rids), 4)
+    assert est.rates() == [est.prior] * K_MAX  # nothing recorded
+
+
+def test_small_batches_update_the_estimates_exactly_as_large_ones(monkeypatch):
+    """record_verify updates batches of up to SMALL_BATCH requests element by element and larger
+    ones with array operations: the same random history (batches of 1 to 2 x SMALL_BATCH, new
+    and finished requests, every k) leaves the same pooled, long-run and per-request rates
+    either way."""
+    def history(small_batch: int) -> AcceptanceEstimator:
+        monkeypatch.setattr(spec_policy, "SMALL_BATCH", small_batch)
+        rng = np.random.default_rng(7)
+        est, live, next_id = AcceptanceEstimator(K_MAX), [], 0
+        for _ in range(300):
+            while len(live) < rng.integers(1, 2 * SMALL_BATCH + 1):
+                live.append(f"r{next_id}")
+                next_id += 1
+            batch = [rid for rid in live if rng.random() < 0.8] or live[:1]
+            k = int(rng.integers(1, K_MAX + 1))
+            est.record_verify(batch, rng.integers(1, k + 2, len(batch)).tolist(), k)
+            if rng.random() < 0.2:
+                est.forget(live.pop(int(rng.integers(len(live)))))
+        return est, live
+
+    small, live = history(SMALL_BATCH)
+    arrays, live_again = history(0)
+    assert live == live_again and small.summary() == arrays.summary()
+    assert small.rates() == pytest.approx(arrays.rates(), abs=1e-12)
+    for rid in live:
+        assert small.rates(rid) == pytest.approx(arrays.rates(rid), abs=1e-12)
 
 
 # --- CostTable -------------------------------------------------------------------------------
