@@ -585,12 +585,12 @@ class CostPolicy(SpecPolicy):
         """What a step of k drafts takes, from the cost table's device times.
 
         The host's own time per step is measured (observe_host_seconds, `host_ms` in the
-        summary) but not priced. On a host-bound small model (the demo pair on an H200) the
-        steady-step host times misstated what a step costs the server: 0.29 ms plain and 0.95
-        ms speculative at batch 4, against 0.56 and 1.32 ms of wall time per step from the
-        sweeps' throughput. Priced at those, plain looked best at batches 4-16, where always
-        speculating was 27% faster, and 576 of ~8400 prompts were admitted without the draft;
-        kept per k, one slow first sample held k = 3 off for a whole level. The device times
+        summary) but not priced. On a host-bound small model (the demo pair on an H200, session
+        8) the steady-step host times misstated what a step costs the server: 0.29 ms plain and
+        0.95 ms speculative at batch 4, where the sweeps' throughput gives 0.56 and 1.32 ms of
+        wall time per step. Priced at those, the policy admitted 576 of ~8400 prompts without
+        the draft, although always speculating was 27% faster than not at that load; kept per
+        k, one slow early sample held k = 3 off for a whole level. The device times
         favour more tokens per step whenever acceptance is good, which is what the host-bound
         server needs too (its cost is mostly per step and per request, not per token)."""
         return self.cost.seconds(batch_size, k, context_tokens)
