@@ -20,6 +20,7 @@ setup(
         "uvicorn>=0.29",
         "uvloop; sys_platform != 'win32'",
         "pydantic>=2",
+        "orjson>=3.6",
         "prometheus-client>=0.20",
     ],
     extras_require={

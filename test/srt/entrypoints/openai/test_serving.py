@@ -498,3 +498,24 @@ def test_a_template_that_raises_is_a_400_naming_messages():
     tm.tokenizer.chat_template = "{{ raise_exception('roles must alternate') }}"
     _, status, body = chat(tm=tm)
     assert status == 400 and body["error"]["param"] == "messages" and "roles must alternate" in body["error"]["message"]
+
+
+def test_server_sent_events_carry_json_a_strict_parser_reads():
+    """One event per chunk: `data: <json>` and a blank line; text stays unescaped UTF-8, ids and
+    numbers round-trip, integer keys become strings, and non-finite floats (which strict JSON
+    parsers reject as NaN / Infinity) become null."""
+    chunk = {"text": "naïve 名前 \n\"quoted\"", "output_ids": list(range(64)),
+             "meta_info": {"e2e_latency": 0.125, "finish_reason": None, "logprob": float("-inf"),
+                           "ratio": float("nan"), "by_k": {3: 0.5}}}
+    event = http_utils.sse(chunk)
+    assert event.startswith(b"data: ") and event.endswith(b"\n\n") and event.count(b"\n\n") == 1
+    assert "名前".encode() in event  # not \u-escaped
+
+    def strict(token):
+        raise ValueError(f"not JSON: {token}")
+
+    parsed = json.loads(event[len(b"data: "):-2], parse_constant=strict)
+    assert parsed["text"] == chunk["text"] and parsed["output_ids"] == chunk["output_ids"]
+    assert parsed["meta_info"] == {"e2e_latency": 0.125, "finish_reason": None, "logprob": None, "ratio": None,
+                                   "by_k": {"3": 0.5}}
+    assert http_utils.sse("[DONE]") == b"data: [DONE]\n\n"
