@@ -5,9 +5,10 @@ size picked from the batch's shape) or a different answer to "is this pointer 16
 is this integer 1 or a multiple of 16". A compile in the middle of serving stalls every running
 request for its duration (0.3-1 s on the H200), which shows as a p99 time-to-first-token spike
 the first time a batch takes the new shape. The engine avoids the known sources (aligned packed
-copies, `TritonAttnBackend.precompile`, `Sampler.precompile`); this watch reports the rest: once the engine is
-ready, each compile is logged as a warning naming the kernel and its specialization, and counted
-in `/get_server_info` (`kernel_compiles_while_serving`, `kernel_compile_seconds_while_serving`).
+copies, `TritonAttnBackend.precompile`, `Sampler.precompile`); this watch reports the rest: once
+the engine is ready, each compile is logged as a warning naming the kernel and its
+specialization, and counted in `/get_server_info` (`kernel_compiles_while_serving`,
+`kernel_compile_seconds_while_serving`).
 """
 
 from __future__ import annotations

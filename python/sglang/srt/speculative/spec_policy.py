@@ -14,6 +14,7 @@ not touch the device or sync with it."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from abc import ABC, abstractmethod
 from bisect import bisect_left, bisect_right
@@ -595,18 +596,15 @@ class CostPolicy(SpecPolicy):
         server needs too (its cost is mostly per step and per request, not per token)."""
         return self.cost.seconds(batch_size, k, context_tokens)
 
-    def _host_key(self, batch_size: int, k: int) -> tuple[int, bool]:
-        # One grouping of batch sizes for every k (the largest k's buckets).
-        return self.cost.bucket(batch_size, self.cost.measured_steps[-1]), k > 0
-
     def observe_host_seconds(self, batch_size: int, k: int, seconds: float) -> None:
         """One host-time sample, kept per bucket for plain and for speculative steps (pooled over
         k) and shown as `host_ms`: next to the table's device times it tells whether the server
         is bound by the host. An estimate starts at the median of its first HOST_FIRST_SAMPLES
         samples (the first steps at a new shape carry one-off work), then follows an EMA."""
-        if k not in self.cost.measured_steps or batch_size < 1 or not seconds > 0 or seconds == float("inf"):
+        if k not in self.cost.measured_steps or batch_size < 1 or not 0 < seconds < math.inf:
             return
-        key = self._host_key(batch_size, k)
+        # One grouping of batch sizes for every k: the largest k's buckets.
+        key = self.cost.bucket(batch_size, self.cost.measured_steps[-1]), k > 0
         previous = self._host_seconds.get(key)
         if previous is not None:
             self._host_seconds[key] = previous + HOST_ALPHA * (seconds - previous)
