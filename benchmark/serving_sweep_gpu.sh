@@ -30,9 +30,7 @@ if [ ! -f "$MODEL/config.json" ]; then  # never write into a directory that alre
   python -m sglang.tools.make_random_model "$MODEL" --config llama-3.1-8b --device cuda || exit 1
 fi
 
-healthy() {
-  python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$PORT/health', timeout=5).status != 200)" 2>/dev/null
-}
+source "$(dirname "$0")/serve_lib.sh"
 
 echo "== $(date +%T) starting the server on $MODEL"
 python -m sglang.launch_server --model-path "$MODEL" --port "$PORT" --max-running-requests 256 \
@@ -41,33 +39,17 @@ SERVER=$!
 trap 'kill $SERVER 2>/dev/null; wait $SERVER 2>/dev/null' EXIT
 
 start=$SECONDS
-until healthy; do
-  if ! kill -0 $SERVER 2>/dev/null; then
-    echo "server exited before /health answered; its log:"; tail -50 "$D.server.log"; exit 1
-  fi
-  if (( SECONDS - start > HEALTH_DEADLINE_S )); then
-    echo "no /health within ${HEALTH_DEADLINE_S} s; server log:"; tail -50 "$D.server.log"; exit 1
-  fi
-  sleep 2
-done
+wait_healthy $SERVER "$PORT" "$D.server.log" "$HEALTH_DEADLINE_S" || exit 1
 echo "== $(date +%T) server healthy after $((SECONDS - start)) s"
 
-if [ -n "${DATASET_PATH:-}" ]; then  # prompts from a file (ShareGPT layout), fixed output length
-  data=(--dataset-name sharegpt --dataset-path "$DATASET_PATH" --sharegpt-output-len "${OUTPUT_LEN:-128}")
-else
-  data=(--dataset-name random --random-input-len "${INPUT_LEN:-1024}" --random-output-len "${OUTPUT_LEN:-128}"
-    --random-range-ratio 1)
-fi
-sweep=(python -m sglang.bench_serving --backend sglang --port "$PORT" "${data[@]}"
-  --num-prompts "${NUM_PROMPTS:-64}" --prompts-per-concurrency "${PER_CONC:-4}"
-  ${MAX_PROMPTS:+--max-prompts-per-level "$MAX_PROMPTS"} --max-concurrency "${LEVELS:-1,2,4,8,16,32,64,128,256}"
-  --warmup-requests 8 --flush-cache --disable-tqdm --label "$LABEL" --output-file "$D.jsonl")
+bench_args
+sweep=(python -m sglang.bench_serving --backend sglang --port "$PORT" "${BENCH_ARGS[@]}" --label "$LABEL"
+  --output-file "$D.jsonl")
 if (( SWEEP_TIMEOUT_S > 0 )); then sweep=(timeout "$SWEEP_TIMEOUT_S" "${sweep[@]}"); fi
 t0=$SECONDS
 "${sweep[@]}"
 rc=$?
-python -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$PORT/get_server_info', timeout=10).read().decode())" \
-  > "$D.server_info.json" 2>/dev/null || rm -f "$D.server_info.json"
+save_server_info "$PORT" "$D.server_info.json"
 echo "== $(date +%T) sweep exit $rc after $((SECONDS - t0)) s; $( [ -f "$D.jsonl" ] && wc -l < "$D.jsonl" || echo 0) levels written"
 
 python -m sglang.bench_serving plot "$D.jsonl" --output "$D.png" --title "${TITLE:-bench_serving, Llama-3.1-8B shapes, 1 x H200}" \

@@ -16,8 +16,12 @@
 # no-draft sweep serves both 8B configs. The report runs when OUT holds all three sweeps.
 # Env: LEVELS, INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, PER_CONC, MAX_PROMPTS, SWEEP_TIMEOUT_S (as
 # serving_sweep_gpu.sh; defaults here: input 1024, output 128, 32 prompts or 3 per unit of
-# concurrency; for the demo input 256, at least 160 prompts and 64 per unit of concurrency up to 2048), DATASET (demo: code or random), EXTRA_SERVER_ARGS (added to every server, e.g. `--device cpu` for a dry run),
-# MODEL / DRAFT (override the config's pair, e.g. tiny models for a dry run).
+# concurrency; for the demo see below), ROUNDS (> 0: all servers up at once, each level measured
+# ROUNDS times per server in turn by interleaved_sweep.py; the demo's default is 2, the 8B
+# configs' 0, one sweep per server: three 8B servers do not fit one GPU's memory with KV for
+# concurrency 256), DATASET (demo: code or random), EXTRA_SERVER_ARGS (added to every server,
+# e.g. `--device cpu` for a dry run), MODEL / DRAFT (override the config's pair, e.g. tiny models
+# for a dry run), PORT (the first server's; the others take the next ones), KV_TOKENS (see below).
 set -u -o pipefail
 OUT=${1:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
 CONFIG=${2:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
@@ -45,12 +49,18 @@ PY
     SIM=""; PAIR=demo
     # The pair was trained on 512-token windows: input + output stay inside that, or its draft
     # stops predicting (at 1024 in it accepted 0.24 at the first position). A step takes under a
-    # millisecond, so short levels are noisy (session 7: levels of 1-3 s differed by up to 40%
-    # between servers making the same choice): at least 160 prompts and 64 per unit of
-    # concurrency up to 2048. Session 8's 32 per unit left levels 4 and 8 at 2.3-3 s; 64 gives
-    # them ~4-6 s, and sweeps of ~1.5-2 min.
-    export INPUT_LEN=${INPUT_LEN:-256} NUM_PROMPTS=${NUM_PROMPTS:-160} PER_CONC=${PER_CONC:-64}
-    export MAX_PROMPTS=${MAX_PROMPTS:-2048}
+    # millisecond, so the host sets the speed and sweeps run one after another are noisy (session
+    # 9: two servers making the same choices differed by up to 37% at a level). So by default the
+    # demo's servers run at once and are measured in turn at every level (ROUNDS=2: A B C, C B A),
+    # each round at least 96 prompts and 32 per unit of concurrency up to 1024 (levels of ~2-5 s
+    # per round). ROUNDS=0 gives the sequential sweeps: at least 160 and 64 per unit up to 2048.
+    export ROUNDS=${ROUNDS:-2}
+    if (( ROUNDS > 0 )); then
+      export NUM_PROMPTS=${NUM_PROMPTS:-96} PER_CONC=${PER_CONC:-32} MAX_PROMPTS=${MAX_PROMPTS:-1024}
+    else
+      export NUM_PROMPTS=${NUM_PROMPTS:-160} PER_CONC=${PER_CONC:-64} MAX_PROMPTS=${MAX_PROMPTS:-2048}
+    fi
+    export INPUT_LEN=${INPUT_LEN:-256}
     if [ "${DATASET:-code}" = code ]; then  # the pair's own domain: its real acceptance
       MAX_LEVEL=$(echo "${LEVELS:-256}" | tr , '\n' | sort -n | tail -1)
       NEED=$(( NUM_PROMPTS > PER_CONC * MAX_LEVEL ? NUM_PROMPTS : PER_CONC * MAX_LEVEL ))
@@ -64,24 +74,57 @@ PY
 esac
 SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
 EXTRA=${EXTRA_SERVER_ARGS:-}
-run() {  # file name, label, extra env, server args
-  env NAME="$1" LABEL="$2" TITLE="envelope $CONFIG" SERVER_ARGS="$4 $EXTRA" $3 \
-    bash benchmark/serving_sweep_gpu.sh "$OUT" "$MODEL" 2>&1 | tail -4
+server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), ARGS (launch_server flags)
+  case "$1" in
+    no_draft) NAME=${PAIR}_no_draft LABEL=no_draft ENV="" ARGS="" ;;
+    always) NAME=${CONFIG}_always LABEL=always ENV=$SIM ARGS=$SPEC ;;
+    dynamic) NAME=${CONFIG}_dynamic LABEL=dynamic ENV=$SIM ARGS="$SPEC --speculative-adaptive" ;;
+    never_warm) NAME=${CONFIG}_never_warm LABEL="plain, draft warm" ENV=$SIM
+      ARGS="$SPEC --speculative-policy never --speculative-draft-sync warm" ;;
+    never_catch_up) NAME=${CONFIG}_never_catch_up LABEL="plain, draft catch-up" ENV=$SIM
+      ARGS="$SPEC --speculative-policy never --speculative-draft-sync catch-up" ;;
+    *) echo "unknown server $1"; exit 2 ;;
+  esac
 }
 FAILED=""
-for server in $SERVERS; do
-  echo "== $(date +%T) $CONFIG: $server"
-  case "$server" in
-    no_draft) run "${PAIR}_no_draft" no_draft "" "" ;;
-    always) run "${CONFIG}_always" always "$SIM" "$SPEC" ;;
-    dynamic) run "${CONFIG}_dynamic" dynamic "$SIM" "$SPEC --speculative-adaptive" ;;
-    never_warm) run "${CONFIG}_never_warm" "plain, draft warm" "$SIM" \
-      "$SPEC --speculative-policy never --speculative-draft-sync warm" ;;
-    never_catch_up) run "${CONFIG}_never_catch_up" "plain, draft catch-up" "$SIM" \
-      "$SPEC --speculative-policy never --speculative-draft-sync catch-up" ;;
-    *) echo "unknown server $server"; exit 2 ;;
-  esac || FAILED="$FAILED $server"
-done
+if (( ${ROUNDS:-0} > 0 )); then
+  # All servers up at once, each on its own port, measured in turn at every level by
+  # interleaved_sweep.py: a drift of the machine's speed falls on all alike. Each server's KV
+  # cache is capped at KV_TOKENS (default 1M tokens, ~10 GiB on the demo pair; concurrency 256 at
+  # input 256 + output 128 needs ~100K): servers starting together size their cache from the free
+  # memory they see, and a fraction of it would leave the last one none.
+  source benchmark/serve_lib.sh
+  set -- $SERVERS
+  PIDS=() URLS=() NAMES=()
+  trap 'kill ${PIDS[@]} 2>/dev/null; wait 2>/dev/null' EXIT
+  for s in "$@"; do
+    server "$s"; port=$(( ${PORT:-30000} + ${#PIDS[@]} ))
+    env $ENV python -m sglang.launch_server --model-path "$MODEL" --port $port --max-running-requests 256 \
+      --max-total-tokens "${KV_TOKENS:-1048576}" $ARGS $EXTRA > "$OUT/$NAME.server.log" 2>&1 &
+    PIDS+=($!) URLS+=("$NAME=http://127.0.0.1:$port") NAMES+=("$NAME")
+  done
+  echo "== $(date +%T) $CONFIG: starting $SERVERS"
+  for i in "${!PIDS[@]}"; do
+    wait_healthy "${PIDS[$i]}" $(( ${PORT:-30000} + i )) "$OUT/${NAMES[$i]}.server.log" "${HEALTH_DEADLINE_S:-300}" \
+      || FAILED="$FAILED ${NAMES[$i]}"
+  done
+  if [ -z "$FAILED" ]; then
+    echo "== $(date +%T) all healthy; $ROUNDS rounds per level"
+    bench_args
+    timeout $(( SWEEP_TIMEOUT_S * $# )) python benchmark/interleaved_sweep.py "${URLS[@]/#/--server=}" --rounds "$ROUNDS" \
+      --out-dir "$OUT" "${BENCH_ARGS[@]}" | grep "^concurrency" || FAILED="$FAILED interleaved sweep"
+    for i in "${!PIDS[@]}"; do
+      save_server_info $(( ${PORT:-30000} + i )) "$OUT/${NAMES[$i]}.server_info.json"
+    done
+  fi
+else
+  for s in $SERVERS; do
+    echo "== $(date +%T) $CONFIG: $s"
+    server "$s"
+    env NAME="$NAME" LABEL="$LABEL" TITLE="envelope $CONFIG" SERVER_ARGS="$ARGS $EXTRA" $ENV \
+      bash benchmark/serving_sweep_gpu.sh "$OUT" "$MODEL" 2>&1 | tail -4 || FAILED="$FAILED $s"
+  done
+fi
 N=$OUT/${PAIR}_no_draft.jsonl A=$OUT/${CONFIG}_always.jsonl D=$OUT/${CONFIG}_dynamic.jsonl
 if [ -f "$N" ] && [ -f "$A" ] && [ -f "$D" ]; then
   python benchmark/spec_envelope_report.py --no-draft "$N" --always "$A" --dynamic "$D" \
@@ -90,10 +133,11 @@ if [ -f "$N" ] && [ -f "$A" ] && [ -f "$D" ]; then
     --title "envelope $CONFIG, 1 x H200"
 fi
 # At most 8 files come back from a device call: the sweeps' JSONL, the report and the plot stay
-# loose; the single-sweep plots go, the server logs and /get_server_info snapshots go into one archive.
+# loose; the single-sweep plots go; the server logs, /get_server_info snapshots and the rounds' lines of an
+# interleaved run go into one archive.
 find "$OUT" -maxdepth 1 -name '*.png' ! -name '*_envelope.png' -delete
-(cd "$OUT" && tar czf "${CONFIG}_servers.tgz" *.server.log *.server_info.json 2>/dev/null \
-  && rm -f *.server.log *.server_info.json)
+(cd "$OUT" && tar czf "${CONFIG}_servers.tgz" *.server.log *.server_info.json $(ls *.rounds.jsonl 2>/dev/null) \
+  && rm -f *.server.log *.server_info.json *.rounds.jsonl)
 if [ -n "$FAILED" ]; then
   echo "sweeps that failed:$FAILED (their server logs are in ${CONFIG}_servers.tgz)"; exit 1
 fi

@@ -9,6 +9,9 @@ import hashlib
 import json
 import os
 import subprocess
+import tarfile
+
+import pytest
 
 from sglang import demo
 
@@ -23,10 +26,12 @@ def digest(directory: str) -> str:
     return h.hexdigest()
 
 
-def test_envelope_script_runs_three_servers_and_reports(tmp_path):
+@pytest.mark.parametrize("rounds", [2, 0], ids=["interleaved", "one_sweep_each"])
+def test_envelope_script_runs_three_servers_and_reports(tmp_path, rounds):
     before = {path: digest(path) for path in (demo.TARGET_PATH, demo.DRAFT_PATH)}
     env = dict(os.environ, LEVELS="1,2", NUM_PROMPTS="2", PER_CONC="1", INPUT_LEN="16", OUTPUT_LEN="8",
-               EXTRA_SERVER_ARGS="--device cpu", PORT="30871", SWEEP_TIMEOUT_S="200")
+               EXTRA_SERVER_ARGS="--device cpu", PORT="30871", SWEEP_TIMEOUT_S="200", ROUNDS=str(rounds),
+               KV_TOKENS="4096")
     proc = subprocess.run(["bash", "benchmark/spec_envelope_gpu.sh", str(tmp_path), "demo"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -38,3 +43,23 @@ def test_envelope_script_runs_three_servers_and_reports(tmp_path):
     assert all(p["always_accept_length"] > 1 and p["dynamic_step_share_by_k"] for p in report["points"])
     assert report["dynamic_server"]["spec_policy"]["name"] == "cost"
     assert {path: digest(path) for path in before} == before
+    with tarfile.open(tmp_path / "demo_servers.tgz") as archive:
+        names = set(archive.getnames())
+        rounds_lines = {name: [json.loads(line) for line in archive.extractfile(name).read().splitlines()]
+                        for name in names if name.endswith(".rounds.jsonl")}
+    assert {f"demo_{s}.server.log" for s in ("no_draft", "always", "dynamic")} <= names
+    if not rounds:
+        assert not rounds_lines
+        return
+    # Interleaved: every server measured twice per level, first in the order given, then reversed;
+    # the loose line pools both rounds.
+    assert sorted(rounds_lines) == [f"demo_{s}.rounds.jsonl" for s in ("always", "dynamic", "no_draft")]
+    first = {name.split(".")[0]: [(r["max_concurrency"], r["round"], r["position"]) for r in lines]
+             for name, lines in rounds_lines.items()}
+    assert first["demo_no_draft"] == [(1, 0, 0), (1, 1, 2), (2, 0, 0), (2, 1, 2)]
+    assert first["demo_always"] == [(1, 0, 1), (1, 1, 1), (2, 0, 1), (2, 1, 1)]
+    for server in ("no_draft", "always", "dynamic"):
+        for line in map(json.loads, (tmp_path / f"demo_{server}.jsonl").read_text().splitlines()):
+            assert line["rounds"] == 2 and len(line["round_output_throughput"]) == 2
+            assert line["completed"] == 4 and line["failed"] == 0  # 2 prompts per round
+            assert line["output_throughput"] == pytest.approx(line["total_output_tokens"] / line["duration"])

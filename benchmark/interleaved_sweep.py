@@ -1,0 +1,145 @@
+"""bench_serving against several running servers at once, interleaved: at every concurrency level
+each server is measured in turn, for several rounds, the order reversed every other round (A B C,
+C B A, ...), so a drift of the machine's speed during the run falls on every server alike.
+
+    python benchmark/interleaved_sweep.py --server no_draft=http://127.0.0.1:30000 \\
+        --server dynamic=http://127.0.0.1:30001 --rounds 2 --out-dir OUT [bench_serving's options]
+
+Why: on a model whose steps take under a millisecond the host sets the speed, and sweeps run one
+after another on the same machine differed by up to 37% between two servers making the same
+choices (session 9); a sweep per server cannot read a 2% envelope.
+
+Every server gets the same prompts at each level and round (one dataset draw per server, seeded
+alike). Writes OUT/NAME.rounds.jsonl (every round's bench_serving line, with "round" and
+"position") and OUT/NAME.jsonl (one line per level, the rounds pooled: throughputs are total
+tokens over total measured time, counts and steps per k are summed, latency statistics are the
+rounds' means), the layout spec_envelope_report.py reads."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import statistics
+import sys
+
+import aiohttp
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "python"))
+from sglang.bench_serving import make_parser  # noqa: E402
+from sglang.benchmark import runner  # noqa: E402
+from sglang.benchmark.datasets import DatasetError  # noqa: E402
+
+SUMMED = ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
+          "token_count_mismatches", "spec_prompts_without_draft")
+POOLED_RATES = {"request_throughput": "completed", "input_throughput": "total_input_tokens",
+                "output_throughput": "total_output_tokens"}
+
+
+def parse_server(value: str) -> tuple[str, str]:
+    name, sep, url = value.partition("=")
+    plain_name = name.replace("_", "").replace("-", "")
+    if not sep or not plain_name.isalnum() or not url.startswith(("http://", "https://")):
+        raise argparse.ArgumentTypeError(f"--server takes NAME=http://host:port with NAME of letters, digits, "
+                                         f"_ and -, got {value!r}")
+    return name, url.rstrip("/")
+
+
+def make_sweep_parser() -> argparse.ArgumentParser:
+    parser = make_parser()
+    parser.description = __doc__
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("--server", type=parse_server, action="append", required=True,
+                        help="NAME=URL of one running server (give two or more)")
+    parser.add_argument("--rounds", type=int, default=2, help="measurements per server and level (default 2)")
+    parser.add_argument("--out-dir", required=True)
+    return parser
+
+
+def round_order(names: list[str], round_index: int) -> list[str]:
+    return names if round_index % 2 == 0 else names[::-1]
+
+
+def pool(lines: list[dict]) -> dict:
+    """One level's rounds for one server as one line (see the module docstring)."""
+    pooled = dict(lines[0])
+    for key in SUMMED:
+        if key in lines[0]:
+            pooled[key] = sum(line[key] or 0 for line in lines)
+    for rate, amount in POOLED_RATES.items():
+        pooled[rate] = pooled[amount] / pooled["duration"]
+    pooled["total_throughput"] = pooled["input_throughput"] + pooled["output_throughput"]
+    pooled["concurrency"] = sum(line["concurrency"] * line["duration"] for line in lines) / pooled["duration"]
+    averaged = [key for key, value in lines[0].items()
+                if key.endswith("_ms") or key in ("accept_length", "spec_accept_length", "max_output_tokens_per_s")]
+    for key in averaged:
+        values = [line[key] for line in lines if isinstance(line.get(key), (int, float))]
+        pooled[key] = statistics.fmean(values) if values else None
+    if "spec_steps_by_k" in lines[0]:
+        steps: dict[str, int] = {}
+        for line in lines:
+            for k, n in line["spec_steps_by_k"].items():
+                steps[k] = steps.get(k, 0) + n
+        total = sum(steps.values())
+        pooled["spec_steps_by_k"] = steps
+        pooled["spec_step_share_by_k"] = {k: n / total for k, n in steps.items()} if total else {}
+    pooled["errors"] = [error for line in lines for error in line["errors"]]
+    pooled["rounds"] = len(lines)
+    pooled["round_output_throughput"] = [line["output_throughput"] for line in lines]
+    pooled["round_duration"] = [line["duration"] for line in lines]
+    return pooled
+
+
+async def sweep(args: argparse.Namespace) -> int:
+    names = [name for name, _ in args.server]
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=runner.CONNECT_TIMEOUT_S, sock_read=args.request_timeout)
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=runner.CLIENT_KEEPALIVE_S)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        benches = {}
+        for name, url in args.server:
+            server_args = copy.copy(args)
+            server_args.base_url, server_args.label = url, name
+            server_args.output_file = None  # written here, with the round and the position
+            benches[name] = await runner.connect(server_args, session)
+            await runner.warm_up(benches[name].client, benches[name].dataset.sample(args.warmup_requests,
+                                                                                   benches[name].data_rng))
+        levels = args.max_concurrency or [None]
+        for level in levels:
+            rounds: dict[str, list[dict]] = {name: [] for name in names}
+            for round_index in range(args.rounds):
+                for position, name in enumerate(round_order(names, round_index)):
+                    desc = f"{name} concurrency {level or 'unlimited'} round {round_index + 1}/{args.rounds}"
+                    line = await runner.measure_level(benches[name], level, desc)
+                    line.update(round=round_index, position=position)
+                    runner.append_line(os.path.join(args.out_dir, f"{name}.rounds.jsonl"), line)
+                    rounds[name].append(line)
+                    if line["failed"]:
+                        await runner.check_alive(session, benches[name].base_url, line)
+            for name in names:
+                runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pool(rounds[name]))
+            print(f"concurrency {level}: " + ", ".join(
+                f"{name} {' / '.join(f'{t:.0f}' for t in (r['output_throughput'] for r in rounds[name]))} tok/s"
+                for name in names), flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_sweep_parser()
+    args = parser.parse_args(argv)
+    names = [name for name, _ in args.server]
+    if len(set(names)) != len(names) or len(names) < 2:
+        parser.error(f"--server needs two or more servers with distinct names, got {names}")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    os.makedirs(args.out_dir, exist_ok=True)
+    try:
+        return asyncio.run(sweep(args))
+    except (runner.BenchmarkError, DatasetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

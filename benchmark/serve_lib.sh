@@ -1,0 +1,37 @@
+# Shell functions the GPU scripts share (sourced): is a server on a port healthy, and waiting
+# for one to be.
+
+healthy() {  # PORT
+  python -c "import urllib.request,sys; sys.exit(urllib.request.urlopen('http://127.0.0.1:$1/health', timeout=5).status != 200)" 2>/dev/null
+}
+
+wait_healthy() {  # PID PORT LOG DEADLINE_S: 0 once /health answers; else prints why and the log's tail, 1
+  local pid=$1 port=$2 log=$3 deadline=$4 start=$SECONDS
+  until healthy "$port"; do
+    if ! kill -0 "$pid" 2>/dev/null; then
+      echo "server exited before /health answered; its log:"; tail -50 "$log"; return 1
+    fi
+    if (( SECONDS - start > deadline )); then
+      echo "no /health on port $port within ${deadline} s; server log:"; tail -50 "$log"; return 1
+    fi
+    sleep 2
+  done
+}
+
+save_server_info() {  # PORT FILE: the server's /get_server_info (no file when it does not answer)
+  python -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$1/get_server_info', timeout=10).read().decode())" \
+    > "$2" 2>/dev/null || rm -f "$2"
+}
+
+bench_args() {  # fills BENCH_ARGS: bench_serving's data and level options from the environment
+  # (DATASET_PATH or random ids at INPUT_LEN; OUTPUT_LEN, NUM_PROMPTS, PER_CONC, MAX_PROMPTS, LEVELS)
+  if [ -n "${DATASET_PATH:-}" ]; then  # prompts from a file (ShareGPT layout), fixed output length
+    BENCH_ARGS=(--dataset-name sharegpt --dataset-path "$DATASET_PATH" --sharegpt-output-len "${OUTPUT_LEN:-128}")
+  else
+    BENCH_ARGS=(--dataset-name random --random-input-len "${INPUT_LEN:-1024}" --random-output-len "${OUTPUT_LEN:-128}"
+      --random-range-ratio 1)
+  fi
+  BENCH_ARGS+=(--num-prompts "${NUM_PROMPTS:-64}" --prompts-per-concurrency "${PER_CONC:-4}"
+    ${MAX_PROMPTS:+--max-prompts-per-level "$MAX_PROMPTS"} --max-concurrency "${LEVELS:-1,2,4,8,16,32,64,128,256}"
+    --warmup-requests 8 --flush-cache --disable-tqdm)
+}
