@@ -15,6 +15,8 @@
 #               never + warm / never + catch-up)
 # offstate      what a loaded, unused draft costs: no draft and policy never at concurrency 64, 256
 # phases        issue 6's phase split (draft / verify / extend) at batch 1..256, both pairs
+# hostprof      the scheduler's host profile under serving load, demo pair, always k = 3 and no draft,
+#               concurrency 1 and 16 (host_profile_gpu.sh; ~2 min)
 # tests         pytest test/gpu (kernels, sampling, speculative graphs, switching)
 # timing        issue 4: gpu_check exactness / floor / bench / profile (greedy fp32 output across
 #               backends, graphs and overlap; the floor ratio; where the batch-1 step goes)
@@ -51,6 +53,9 @@ case "$PART" in
       --workdir /tmp/spec_envelope --out "$OUT/phases_8b.json" 2>&1 | tail -12
     timeout 150 python benchmark/spec_speed.py --pair demo --disable-step-graph --batch-sizes 1,2,4,8,16,32,64,128,256 \
       --out "$OUT/phases_demo.json" 2>&1 | tail -12
+    ;;
+  hostprof)
+    timeout 230 bash benchmark/host_profile_gpu.sh "$OUT" 2>&1 | tail -12
     ;;
   tests)
     timeout 400 python -m pytest test/gpu -q 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import cProfile
+import io
 import logging
 import os
+import pstats
 import signal
 import traceback
 
@@ -16,6 +19,44 @@ from sglang.srt.utils import configure_logger
 
 logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 1000
+PROFILE_ENV = "SGLANG_SCHEDULER_PROFILE"
+PROFILE_TOP = 60
+
+
+class BusyProfiler:
+    """Diagnosis only (`SGLANG_SCHEDULER_PROFILE=PREFIX`): profiles the scheduler loop with
+    cProfile and, once the loop has idled for a poll interval, writes the busy period just ended
+    as PREFIX.N.prof (pstats) and PREFIX.N.txt (the top functions by own and by cumulative time),
+    then starts a new period. Each burst of load separated by a second of idleness gets its own
+    files. cProfile's overhead on every Python call slows the loop while on."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.periods = 0
+        self.busy = False
+        self.profile = cProfile.Profile()
+
+    def start(self) -> None:
+        self.profile.enable()
+
+    def on_idle(self) -> None:
+        """Called when the loop has idled a full poll interval."""
+        if not self.busy:
+            return
+        self.profile.disable()
+        path = f"{self.prefix}.{self.periods}"
+        self.profile.dump_stats(path + ".prof")
+        text = io.StringIO()
+        stats = pstats.Stats(self.profile, stream=text)
+        for key in ("tottime", "cumulative"):
+            stats.sort_stats(key).print_stats(PROFILE_TOP)
+        with open(path + ".txt", "w", encoding="utf-8") as f:
+            f.write(text.getvalue())
+        logger.info("scheduler profile of busy period %d written to %s.{prof,txt}", self.periods, path)
+        self.periods += 1
+        self.busy = False
+        self.profile = cProfile.Profile()
+        self.profile.enable()
 
 
 def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pipe) -> None:
@@ -48,11 +89,20 @@ class SchedulerLoop:
         self.send_to_detokenizer.connect(port_args.detokenizer_ipc)
         self.send_to_tokenizer = ctx.socket(zmq.PUSH)
         self.send_to_tokenizer.connect(port_args.tokenizer_ipc)
+        prefix = os.environ.get(PROFILE_ENV)
+        self.profiler = BusyProfiler(prefix) if prefix else None
+        if self.profiler:
+            logger.warning("%s is set: the scheduler runs under cProfile (slow; diagnosis only), "
+                           "writing %s.N.{prof,txt} after each busy period", PROFILE_ENV, prefix)
 
     def run(self) -> None:
+        if self.profiler:
+            self.profiler.start()
         while True:
             self._receive(block=not self.scheduler.has_work())
             out = self.scheduler.step()
+            if self.profiler and out is not None:
+                self.profiler.busy = True
             if out is not None:
                 self.send_to_detokenizer.send_pyobj(out)
 
@@ -61,6 +111,8 @@ class SchedulerLoop:
             while not self.recv_from_tokenizer.poll(IDLE_POLL_MS):
                 if os.getppid() != self.parent_pid:
                     raise SystemExit("the parent process is gone")
+                if self.profiler:
+                    self.profiler.on_idle()
         while True:
             try:
                 msg = self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK)
