@@ -10,8 +10,8 @@ after another on the same machine differed by up to 37% between two servers maki
 choices (session 9); a sweep per server cannot read a 2% envelope.
 
 Every server gets the same prompts at each level and round (one dataset draw per server, seeded
-alike). Writes OUT/NAME.rounds.jsonl (every round's bench_serving line, with "round" and
-"position") and OUT/NAME.jsonl (one line per level, the rounds pooled: throughputs are total
+alike). Writes OUT/NAME.rounds.jsonl (every round's bench_serving line, with "round",
+"position" and its wall-clock span "started_unix" / "ended_unix", for monitor_report.py) and OUT/NAME.jsonl (one line per level, the rounds pooled: throughputs are total
 tokens over total measured time, counts and steps per k are summed, latency statistics are the
 rounds' means), the layout spec_envelope_report.py reads."""
 
@@ -24,6 +24,7 @@ import json
 import os
 import statistics
 import sys
+import time
 
 import aiohttp
 
@@ -111,8 +112,9 @@ async def sweep(args: argparse.Namespace) -> int:
             for round_index in range(args.rounds):
                 for position, name in enumerate(round_order(names, round_index)):
                     desc = f"{name} concurrency {level or 'unlimited'} round {round_index + 1}/{args.rounds}"
+                    started = time.time()
                     line = await runner.measure_level(benches[name], level, desc)
-                    line.update(round=round_index, position=position)
+                    line.update(round=round_index, position=position, started_unix=started, ended_unix=time.time())
                     runner.append_line(os.path.join(args.out_dir, f"{name}.rounds.jsonl"), line)
                     rounds[name].append(line)
                     if line["failed"]:

@@ -35,3 +35,33 @@ bench_args() {  # fills BENCH_ARGS: bench_serving's data and level options from 
     ${MAX_PROMPTS:+--max-prompts-per-level "$MAX_PROMPTS"} --max-concurrency "${LEVELS:-1,2,4,8,16,32,64,128,256}"
     --warmup-requests 8 --flush-cache --disable-tqdm)
 }
+
+start_monitor() {  # FILE_PREFIX: samples, every 250 ms until stop_monitor, what may set a host-bound
+  # server's speed: the GPU's clocks, power and utilization (nvidia-smi, read-only) into
+  # PREFIX.gpu.csv, and the CPUs' mean / min / max MHz and the load average into PREFIX.cpu.csv
+  MONITOR_PIDS=()
+  if command -v nvidia-smi > /dev/null; then
+    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,pstate,temperature.gpu,clocks_event_reasons.active \
+      --format=csv -lms 250 > "$1.gpu.csv" 2>/dev/null &
+    MONITOR_PIDS+=($!)
+  fi
+  python - "$1.cpu.csv" <<'PY' &
+import sys, time
+with open(sys.argv[1], "w") as out:
+    out.write("time,mhz_mean,mhz_min,mhz_max,load1\n")
+    while True:
+        with open("/proc/cpuinfo") as f:
+            mhz = [float(line.split(":")[1]) for line in f if line.startswith("cpu MHz")]
+        with open("/proc/loadavg") as f:
+            load = f.read().split()[0]
+        if mhz:
+            out.write(f"{time.time():.3f},{sum(mhz) / len(mhz):.0f},{min(mhz):.0f},{max(mhz):.0f},{load}\n")
+        out.flush()
+        time.sleep(0.25)
+PY
+  MONITOR_PIDS+=($!)
+}
+
+stop_monitor() {
+  kill "${MONITOR_PIDS[@]}" 2>/dev/null
+}

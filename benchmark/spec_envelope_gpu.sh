@@ -110,9 +110,13 @@ if (( ${ROUNDS:-0} > 0 )); then
   done
   if [ -z "$FAILED" ]; then
     echo "== $(date +%T) all healthy; $ROUNDS rounds per level"
+    start_monitor "$OUT/${CONFIG}_monitor"
     bench_args
     timeout $(( SWEEP_TIMEOUT_S * $# )) python benchmark/interleaved_sweep.py "${URLS[@]/#/--server=}" --rounds "$ROUNDS" \
       --out-dir "$OUT" "${BENCH_ARGS[@]}" | grep "^concurrency" || FAILED="$FAILED interleaved sweep"
+    stop_monitor
+    python benchmark/monitor_report.py --monitor "$OUT/${CONFIG}_monitor" "$OUT"/*.rounds.jsonl \
+      > "$OUT/${CONFIG}_monitor.txt" 2>&1
     for i in "${!PIDS[@]}"; do
       save_server_info $(( ${PORT:-30000} + i )) "$OUT/${NAMES[$i]}.server_info.json"
     done
@@ -136,8 +140,8 @@ fi
 # loose; the single-sweep plots go; the server logs, /get_server_info snapshots and the rounds' lines of an
 # interleaved run go into one archive.
 find "$OUT" -maxdepth 1 -name '*.png' ! -name '*_envelope.png' -delete
-(cd "$OUT" && tar czf "${CONFIG}_servers.tgz" *.server.log *.server_info.json $(ls *.rounds.jsonl 2>/dev/null) \
-  && rm -f *.server.log *.server_info.json *.rounds.jsonl)
+(cd "$OUT" && tar czf "${CONFIG}_servers.tgz" *.server.log *.server_info.json $(ls *.rounds.jsonl *_monitor.* 2>/dev/null) \
+  && rm -f *.server.log *.server_info.json *.rounds.jsonl *_monitor.*)
 if [ -n "$FAILED" ]; then
   echo "sweeps that failed:$FAILED (their server logs are in ${CONFIG}_servers.tgz)"; exit 1
 fi

@@ -54,6 +54,7 @@ def test_envelope_script_runs_three_servers_and_reports(tmp_path, rounds):
     # Interleaved: every server measured twice per level, first in the order given, then reversed;
     # the loose line pools both rounds.
     assert sorted(rounds_lines) == [f"demo_{s}.rounds.jsonl" for s in ("always", "dynamic", "no_draft")]
+    assert {"demo_monitor.cpu.csv", "demo_monitor.txt"} <= names  # the machine's clocks over each round
     first = {name.split(".")[0]: [(r["max_concurrency"], r["round"], r["position"]) for r in lines]
              for name, lines in rounds_lines.items()}
     assert first["demo_no_draft"] == [(1, 0, 0), (1, 1, 2), (2, 0, 0), (2, 1, 2)]
