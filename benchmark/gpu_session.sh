@@ -15,6 +15,8 @@
 #               never + warm / never + catch-up)
 # offstate      what a loaded, unused draft costs: no draft and policy never at concurrency 64, 256
 # phases        issue 6's phase split (draft / verify / extend) at batch 1..256, both pairs
+# prefill       what admitting 1 / 4 requests costs a running batch of 16, no draft and k = 3, demo pair
+#               (input 256) and 8B shapes (input 1024): prefill_cost.py (~3 min)
 # hostprof      the scheduler's host profile under serving load, demo pair, always k = 3 and no draft,
 #               concurrency 1 and 16 (host_profile_gpu.sh; ~2 min)
 # tests         pytest test/gpu (kernels, sampling, speculative graphs, switching)
@@ -53,6 +55,10 @@ case "$PART" in
       --workdir /tmp/spec_envelope --out "$OUT/phases_8b.json" 2>&1 | tail -12
     timeout 150 python benchmark/spec_speed.py --pair demo --disable-step-graph --batch-sizes 1,2,4,8,16,32,64,128,256 \
       --out "$OUT/phases_demo.json" 2>&1 | tail -12
+    ;;
+  prefill)
+    timeout 200 python benchmark/prefill_cost.py --pair demo --out "$OUT/prefill_cost_demo.json" 2>&1 | tail -5
+    timeout 300 python benchmark/prefill_cost.py --pair 8b --input-len 1024 --out "$OUT/prefill_cost_8b.json" 2>&1 | tail -5
     ;;
   hostprof)
     timeout 230 bash benchmark/host_profile_gpu.sh "$OUT" 2>&1 | tail -12
