@@ -83,7 +83,7 @@ def measure(model: str, draft: str | None, batch: int, input_len: int, new_count
         """Refills the running batch (a request that reached the context length is replaced),
         then runs it into steady overlapped decoding; not timed."""
         for _ in range(batch - len(scheduler.running_reqs)):
-            add("run", context - input_len - 8)
+            add("run", min(context - input_len - 8, 4096))
         run_until(lambda: not scheduler.waiting_queue and len(scheduler.running_reqs) >= batch, "a full batch")
         for _ in range(2 * STEADY_STEPS):
             scheduler.step()
