@@ -15,6 +15,9 @@
 #               never + warm / never + catch-up)
 # offstate      what a loaded, unused draft costs: no draft and policy never at concurrency 64, 256
 # phases        issue 6's phase split (draft / verify / extend) at batch 1..256, both pairs
+# noise         where the demo pair's run-to-run spread comes from: a default and a pinned no-draft
+#               server, six interleaved rounds at concurrency 1, 8, 64, with the GPU's and CPUs'
+#               clocks per round (noise_probe_gpu.sh; ~4 min)
 # prefill       what admitting 1 / 4 requests costs a running batch of 16, no draft and k = 3, demo pair
 #               (input 256) and 8B shapes (input 1024): prefill_cost.py (~3 min)
 # hostprof      the scheduler's host profile under serving load, demo pair, always k = 3 and no draft,
@@ -55,6 +58,9 @@ case "$PART" in
       --workdir /tmp/spec_envelope --out "$OUT/phases_8b.json" 2>&1 | tail -12
     timeout 150 python benchmark/spec_speed.py --pair demo --disable-step-graph --batch-sizes 1,2,4,8,16,32,64,128,256 \
       --out "$OUT/phases_demo.json" 2>&1 | tail -12
+    ;;
+  noise)
+    bash benchmark/noise_probe_gpu.sh "$OUT" 2>&1 | tail -24
     ;;
   prefill)
     timeout 200 python benchmark/prefill_cost.py --pair demo --out "$OUT/prefill_cost_demo.json" 2>&1 | tail -5

@@ -111,6 +111,12 @@ def main(argv: list[str] | None = None) -> int:
     groups = collections.defaultdict(list)
     for r in rows:
         groups[(r["server"], r["conc"])].append(r)
+    print("per server and level: mean tok/s over the rounds, and their coefficient of variation")
+    for (server, conc), group in sorted(groups.items(), key=lambda item: (item[0][1], item[0][0])):
+        values = [r["tok_s"] for r in group]
+        cv = statistics.pstdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0
+        print(f"  {server:<16} conc {conc:>4}: {statistics.fmean(values):9.0f} tok/s over {len(values)} rounds, "
+              f"CV {cv:.1%}")
     for key in ("sm_mhz", "cpu_mhz", "util_pct"):
         xs, ys = [], []
         for group in groups.values():

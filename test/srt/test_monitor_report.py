@@ -54,6 +54,8 @@ def test_rounds_get_their_windows_clocks_and_the_spread_is_set_against_them(tmp_
         ("demo_always", "0", "10000", "1980"), ("demo_no_draft", "0", "7000", "990"),
         ("demo_always", "1", "6000", "990"), ("demo_no_draft", "1", "11000", "1980")]
     assert all(r[6] == "120.5" and r[7] == "40" and r[8] == "P0" for r in rows)
+    assert "demo_always      conc    8:      8000 tok/s over 2 rounds, CV 25.0%" in out
+    assert "demo_no_draft    conc    8:      9000 tok/s over 2 rounds, CV 22.2%" in out
     assert "vs sm_mhz's: r = 1.00 over 4 rounds (largest throughput deviation 25%)" in out
     assert "vs cpu_mhz's: r = - over 4 rounds" in out  # a constant clock explains nothing
 
