@@ -463,9 +463,9 @@ class Scheduler:
             num_out = [1] * batch.batch_size
         else:
             num_out = host["num_out"].tolist()
-            live = torch.zeros(batch.batch_size, dtype=torch.bool)
-            live[live_rows] = True
-            rejected = (torch.arange(width) >= host["num_out"].reshape(-1, 1)) & live[:, None]
+            rejected = torch.arange(width) >= host["num_out"].reshape(-1, 1)
+            if len(live_rows) < batch.batch_size:  # the finished gave their slots back already
+                rejected[[i for i, req in enumerate(batch.reqs) if req.finished()]] = False
             # The host copy of the slots: reading the device's would wait for the step launched after this one.
             self.kv_manager.allocator.free(batch.out_cache_loc_host.view(-1, width)[rejected])
         token_logprobs = host["token_logprobs"].tolist() if "token_logprobs" in host else None
