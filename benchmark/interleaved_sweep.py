@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import json
 import os
 import statistics
 import sys
@@ -35,6 +34,7 @@ from sglang.benchmark.datasets import DatasetError  # noqa: E402
 
 SUMMED = ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
           "token_count_mismatches", "spec_prompts_without_draft")
+ROUND_FIELDS = ("round", "position", "started_unix", "ended_unix")  # one round's, not the pool's
 POOLED_RATES = {"request_throughput": "completed", "input_throughput": "total_input_tokens",
                 "output_throughput": "total_output_tokens"}
 
@@ -65,7 +65,7 @@ def round_order(names: list[str], round_index: int) -> list[str]:
 
 def pool(lines: list[dict]) -> dict:
     """One level's rounds for one server as one line (see the module docstring)."""
-    pooled = dict(lines[0])
+    pooled = {key: value for key, value in lines[0].items() if key not in ROUND_FIELDS}
     for key in SUMMED:
         if key in lines[0]:
             pooled[key] = sum(line[key] or 0 for line in lines)
@@ -106,7 +106,7 @@ async def sweep(args: argparse.Namespace) -> int:
             benches[name] = await runner.connect(server_args, session)
             await runner.warm_up(benches[name].client, benches[name].dataset.sample(args.warmup_requests,
                                                                                    benches[name].data_rng))
-        levels = args.max_concurrency or [None]
+        levels, empty = args.max_concurrency or [None], []
         for level in levels:
             rounds: dict[str, list[dict]] = {name: [] for name in names}
             for round_index in range(args.rounds):
@@ -120,10 +120,16 @@ async def sweep(args: argparse.Namespace) -> int:
                     if line["failed"]:
                         await runner.check_alive(session, benches[name].base_url, line)
             for name in names:
-                runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pool(rounds[name]))
+                pooled = pool(rounds[name])
+                runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pooled)
+                if not pooled["completed"]:
+                    empty.append(f"{name} at concurrency {level}")
             print(f"concurrency {level}: " + ", ".join(
                 f"{name} {' / '.join(f'{t:.0f}' for t in (r['output_throughput'] for r in rounds[name]))} tok/s"
                 for name in names), flush=True)
+    if empty:  # as bench_serving: a level where nothing completed is an error
+        print(f"error: no request completed for {', '.join(empty)}; see the errors above", file=sys.stderr)
+        return 1
     return 0
 
 

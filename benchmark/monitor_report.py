@@ -17,8 +17,16 @@ import math
 import statistics
 import sys
 
-GPU_FIELDS = {"sm_mhz": "clocks.current.sm [MHz]", "mem_mhz": "clocks.current.memory [MHz]",
-              "power_w": "power.draw [W]", "util_pct": "utilization.gpu [%]"}
+# Our names for nvidia-smi's columns, found by the start of their headers ("clocks.current.sm [MHz]").
+GPU_FIELDS = {"sm_mhz": ("clocks.current.sm", "clocks.sm"), "mem_mhz": ("clocks.current.memory", "clocks.mem"),
+              "power_w": ("power.draw",), "util_pct": ("utilization.gpu",)}
+
+
+def column(row: dict, prefixes: tuple[str, ...]) -> str:
+    for header, value in row.items():
+        if header and header.strip().split(" ")[0] in prefixes:
+            return value or ""
+    return ""
 
 
 def number(text: str) -> float | None:
@@ -38,7 +46,7 @@ def read_gpu(path: str) -> list[dict]:
             except (KeyError, ValueError):
                 continue
             sample = {"time": when, "pstate": (row.get("pstate") or "").strip()}
-            sample.update({name: number(row.get(column, "")) for name, column in GPU_FIELDS.items()})
+            sample.update({name: number(column(row, prefixes)) for name, prefixes in GPU_FIELDS.items()})
             samples.append(sample)
     return samples
 

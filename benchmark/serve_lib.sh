@@ -41,7 +41,7 @@ start_monitor() {  # FILE_PREFIX: samples, every 250 ms until stop_monitor, what
   # PREFIX.gpu.csv, and the CPUs' mean / min / max MHz and the load average into PREFIX.cpu.csv
   MONITOR_PIDS=()
   if command -v nvidia-smi > /dev/null; then
-    nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,utilization.gpu,pstate,temperature.gpu,clocks_event_reasons.active \
+    nvidia-smi --query-gpu=timestamp,clocks.current.sm,clocks.current.memory,power.draw,utilization.gpu,pstate,temperature.gpu \
       --format=csv -lms 250 > "$1.gpu.csv" 2>/dev/null &
     MONITOR_PIDS+=($!)
   fi

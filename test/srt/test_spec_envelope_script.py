@@ -61,6 +61,6 @@ def test_envelope_script_runs_three_servers_and_reports(tmp_path, rounds):
     assert first["demo_always"] == [(1, 0, 1), (1, 1, 1), (2, 0, 1), (2, 1, 1)]
     for server in ("no_draft", "always", "dynamic"):
         for line in map(json.loads, (tmp_path / f"demo_{server}.jsonl").read_text().splitlines()):
-            assert line["rounds"] == 2 and len(line["round_output_throughput"]) == 2
+            assert line["rounds"] == 2 and len(line["round_output_throughput"]) == 2 and "round" not in line
             assert line["completed"] == 4 and line["failed"] == 0  # 2 prompts per round
             assert line["output_throughput"] == pytest.approx(line["total_output_tokens"] / line["duration"])

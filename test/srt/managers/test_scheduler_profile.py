@@ -32,3 +32,16 @@ def test_each_busy_period_gets_its_own_profile_files(tmp_path):
     profiler.profile.disable()
     second = pstats.Stats(prefix + ".1.prof").stats
     assert not any(func[2] == "decode_like_work" for func in second)
+
+
+def test_an_unwritable_prefix_stops_profiling_not_the_server(tmp_path, caplog):
+    profiler = BusyProfiler(str(tmp_path / "missing-dir" / "sched"))
+    profiler.start()
+    decode_like_work(1000)
+    profiler.busy = True
+    profiler.on_idle()  # logs and returns
+    assert "cannot write" in caplog.text and "missing-dir" in caplog.text
+    decode_like_work(1000)
+    profiler.busy = True
+    profiler.on_idle()  # stopped: nothing more is tried
+    assert caplog.text.count("cannot write") == 1

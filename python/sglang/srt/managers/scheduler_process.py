@@ -34,6 +34,7 @@ class BusyProfiler:
         self.prefix = prefix
         self.periods = 0
         self.busy = False
+        self.stopped = False
         self.profile = cProfile.Profile()
 
     def start(self) -> None:
@@ -41,22 +42,27 @@ class BusyProfiler:
 
     def on_idle(self) -> None:
         """Called when the loop has idled a full poll interval."""
-        if not self.busy:
+        if not self.busy or self.stopped:
             return
         self.profile.disable()
+        self.busy = False
         path = f"{self.prefix}.{self.periods}"
-        self.profile.dump_stats(path + ".prof")
         text = io.StringIO()
         stats = pstats.Stats(self.profile, stream=text)
         for key in ("tottime", "cumulative"):
             stats.sort_stats(key).print_stats(PROFILE_TOP)
-        with open(path + ".txt", "w", encoding="utf-8") as f:
-            f.write(text.getvalue())
+        try:
+            self.profile.dump_stats(path + ".prof")
+            with open(path + ".txt", "w", encoding="utf-8") as f:
+                f.write(text.getvalue())
+        except OSError as e:  # a diagnosis aid never stops the server: profiling stops instead
+            logger.error("%s: cannot write %s.{prof,txt} (%s); profiling stops", PROFILE_ENV, path, e)
+            self.stopped = True
+            return
         logger.info("scheduler profile of busy period %d written to %s.{prof,txt}", self.periods, path)
         self.periods += 1
-        self.busy = False
         self.profile = cProfile.Profile()
-        self.profile.enable()
+        self.start()
 
 
 def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pipe) -> None:
