@@ -183,3 +183,37 @@ def test_requests_adopted_by_the_draft_mid_decode_match_plain_through_graphs(syn
     assert out == plain
     assert state["spec_prompts_without_draft"] == 2 and state["spec_draft_adoptions"] == 1
     assert state["spec_steps_by_k"].get("3", 0) > 0
+
+
+def test_launches_never_wait_for_the_device():
+    """What the scheduler launches under overlap (prefills with the draft's pass over the prompt,
+    plain and speculative steps) never synchronizes with the device: a hidden sync would stall
+    the pipeline the overlap builds, and on a small model the host is the bottleneck. Every
+    launch of the second pass runs under torch's sync debug mode "error"; the first pass runs
+    the same shapes (first-time work, such as a kernel's compile, is not the point)."""
+    spec = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="cost",
+                speculative_candidate_steps=[0, 1, 3], disable_overlap_schedule=False)
+    scheduler = make_scheduler(**spec)
+    pattern = [3, 0, 1, 3, 3, 0]
+    steps = []
+    scheduler.spec_steps_for = lambda bs: steps.append(pattern[len(steps) % len(pattern)]) or steps[-1]
+    forward = scheduler.tp_worker.forward_batch_generation
+    strict, launched = [False], []
+
+    def checked(batch):
+        if not strict[0]:
+            return forward(batch)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return forward(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            launched.append((batch.forward_mode, batch.spec_steps))
+
+    scheduler.tp_worker.forward_batch_generation = checked
+    for attempt in range(2):
+        strict[0] = attempt == 1
+        submit_random(scheduler, [24, 24, 24], seed=attempt)
+        run_to_completion(scheduler)
+    assert any(mode == ForwardMode.EXTEND for mode, _ in launched)
+    assert {0, 1, 3} <= {k for mode, k in launched if mode.is_decode()}

@@ -267,7 +267,7 @@ class EAGLEWorkerV2(TpModelWorker):
             warm_ids, warm_offsets = next_ids[sub], offsets[sub]
         last = draft_fb.last_token_indices()
         if finals:
-            rows = torch.tensor(finals, dtype=torch.int64).to(self.device)
+            rows = host_to_device(finals, self.device)  # pinned: a plain .to() would wait for the target's forward
             input_ids[last[rows]] = warm_ids[rows]
         draft_out = self.draft_runner.forward(draft_fb)
         self._store_next_draft(draft_fb.req_pool_indices, draft_out.next_token_logits, draft_out.hidden_states[last],
