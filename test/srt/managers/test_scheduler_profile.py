@@ -3,8 +3,10 @@ period (a burst of load followed by a second of idleness)."""
 
 from __future__ import annotations
 
+import logging
 import pstats
 
+from sglang.srt.managers import scheduler_process
 from sglang.srt.managers.scheduler_process import BusyProfiler
 
 
@@ -34,14 +36,29 @@ def test_each_busy_period_gets_its_own_profile_files(tmp_path):
     assert not any(func[2] == "decode_like_work" for func in second)
 
 
-def test_an_unwritable_prefix_stops_profiling_not_the_server(tmp_path, caplog):
-    profiler = BusyProfiler(str(tmp_path / "missing-dir" / "sched"))
-    profiler.start()
-    decode_like_work(1000)
-    profiler.busy = True
-    profiler.on_idle()  # logs and returns
-    assert "cannot write" in caplog.text and "missing-dir" in caplog.text
-    decode_like_work(1000)
-    profiler.busy = True
-    profiler.on_idle()  # stopped: nothing more is tried
-    assert caplog.text.count("cannot write") == 1
+def test_an_unwritable_prefix_stops_profiling_not_the_server(tmp_path):
+    # Read from the module's logger itself, at its own level: an earlier test in the process may
+    # have configured the root logger (an Engine made with log_level="critical" does).
+    records = []
+    handler = logging.Handler(logging.ERROR)
+    handler.emit = records.append
+    log = logging.getLogger(scheduler_process.__name__)
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        profiler = BusyProfiler(str(tmp_path / "missing-dir" / "sched"))
+        profiler.start()
+        decode_like_work(1000)
+        profiler.busy = True
+        profiler.on_idle()  # logs and returns
+        decode_like_work(1000)
+        profiler.busy = True
+        profiler.on_idle()  # stopped: nothing more is tried
+        profiler.profile.disable()
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    assert profiler.stopped
+    assert len(records) == 1
+    assert "cannot write" in records[0].getMessage() and "missing-dir" in records[0].getMessage()
