@@ -15,9 +15,9 @@
 #               never + warm / never + catch-up)
 # offstate      what a loaded, unused draft costs: no draft and policy never at concurrency 64, 256
 # phases        issue 6's phase split (draft / verify / extend) at batch 1..256, both pairs
-# noise         where the demo pair's run-to-run spread comes from: a default and a pinned no-draft
-#               server, six interleaved rounds at concurrency 1, 8, 64, with the GPU's and CPUs'
-#               clocks per round (noise_probe_gpu.sh; ~4 min)
+# noise         where the demo pair's run-to-run spread comes from: default, OMP_NUM_THREADS=1 and
+#               pinned no-draft servers, six interleaved rounds at concurrency 1, 8, 64, with the
+#               GPU's and CPUs' clocks per round (noise_probe_gpu.sh; ~6 min)
 # prefill       what admitting 1 / 4 requests costs a running batch of 16, no draft and k = 3, demo pair
 #               (input 256) and 8B shapes (input 1024): prefill_cost.py (~3 min)
 # hostprof      the scheduler's host profile under serving load, demo pair, always k = 3 and no draft,
