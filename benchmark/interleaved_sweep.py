@@ -11,9 +11,10 @@ choices (session 9); a sweep per server cannot read a 2% envelope.
 
 Every server gets the same prompts at each level and round (one dataset draw per server, seeded
 alike). Writes OUT/NAME.rounds.jsonl (every round's bench_serving line, with "round",
-"position" and its wall-clock span "started_unix" / "ended_unix", for monitor_report.py) and OUT/NAME.jsonl (one line per level, the rounds pooled: throughputs are total
-tokens over total measured time, counts and steps per k are summed, latency statistics are the
-rounds' means), the layout spec_envelope_report.py reads."""
+"position" and its wall-clock span "started_unix" / "ended_unix", for monitor_report.py) and
+OUT/NAME.jsonl (one line per level, the rounds pooled: throughputs are total tokens over total
+measured time, counts and steps per k are summed, latency statistics are the rounds' means),
+the layout spec_envelope_report.py reads."""
 
 from __future__ import annotations
 

@@ -41,7 +41,9 @@ def measure(model: str, draft: str | None, batch: int, input_len: int, new_count
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
 
-    spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=3) if draft else {}
+    spec = {}
+    if draft:
+        spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=3)
     most = batch + max(new_counts)
     args = ServerArgs(model_path=model, device=device, max_running_requests=most, cuda_graph_max_bs=most,
                       log_level="warning", **spec)
