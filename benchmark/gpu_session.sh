@@ -20,6 +20,9 @@
 #               GPU's and CPUs' clocks per round (noise_probe_gpu.sh; ~6 min)
 # prefill       what admitting 1 / 4 requests costs a running batch of 16, no draft and k = 3, demo pair
 #               (input 256) and 8B shapes (input 1024): prefill_cost.py (~3 min)
+# prefillgraphs prefill CUDA graphs: their GPU tests (replay = eager prefill, plain and EAGLE-3; no launch
+#               waits for the device), then prefill_cost.py with prefill graphs off and up to 512 tokens,
+#               demo pair and 8B shapes, input 256 (~7 min)
 # hostprof      the scheduler's host profile under serving load, demo pair, always k = 3 and no draft,
 #               concurrency 1 and 16 (host_profile_gpu.sh; ~2 min)
 # tests         pytest test/gpu (kernels, sampling, speculative graphs, switching)
@@ -65,6 +68,14 @@ case "$PART" in
   prefill)
     timeout 200 python benchmark/prefill_cost.py --pair demo --out "$OUT/prefill_cost_demo.json" 2>&1 | tail -5
     timeout 300 python benchmark/prefill_cost.py --pair 8b --input-len 1024 --out "$OUT/prefill_cost_8b.json" 2>&1 | tail -5
+    ;;
+  prefillgraphs)
+    timeout 240 python -m pytest test/gpu/test_spec_cuda.py -q -s -k "prefill or launches or replay_and_match" 2>&1 \
+      | grep -v "^\s*$" | tail -20 | tee "$OUT/gpu_prefill_graph_tests.log"
+    timeout 200 python benchmark/prefill_cost.py --pair demo --new 1,4 --repeats 12 \
+      --out "$OUT/prefill_graphs_demo.json" 2>&1 | tail -9
+    timeout 240 python benchmark/prefill_cost.py --pair 8b --new 1,4 --repeats 8 \
+      --out "$OUT/prefill_graphs_8b.json" 2>&1 | tail -9
     ;;
   hostprof)
     timeout 230 bash benchmark/host_profile_gpu.sh "$OUT" 2>&1 | tail -12

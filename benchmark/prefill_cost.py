@@ -3,9 +3,10 @@ on the demo pair the speculative server loses to plain decoding at concurrency 8
 admits requests one at a time, each in its own eager prefill forward).
 
     python benchmark/prefill_cost.py --out prefill_cost.json [--pair demo|8b] [--batch 16]
-        [--input-len 256] [--new 1,4] [--repeats 20]
+        [--input-len 256] [--new 1,4] [--repeats 20] [--prefill-graph-max-tokens 0,512]
 
-For no draft and EAGLE-3 at k = 3 (each in its own process): a decode batch of --batch requests
+For no draft and EAGLE-3 at k = 3, each with every --prefill-graph-max-tokens value (0: prefills
+run eagerly; each configuration in its own process): a decode batch of --batch requests
 runs in steady overlapped steps; then, --repeats times, --new requests of --input-len tokens
 arrive with max_new_tokens 1 (so they finish at their prefill and the batch stays as it was), and
 the steps until the batch is back in steady state are timed. Reported per configuration:
@@ -35,7 +36,7 @@ STEADY_STEPS = 8
 
 
 def measure(model: str, draft: str | None, batch: int, input_len: int, new_counts: list[int], repeats: int,
-            device: str, prompt_kind: str) -> list[dict]:
+            device: str, prompt_kind: str, prefill_graph_max_tokens: int) -> list[dict]:
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -46,7 +47,7 @@ def measure(model: str, draft: str | None, batch: int, input_len: int, new_count
         spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=3)
     most = batch + max(new_counts)
     args = ServerArgs(model_path=model, device=device, max_running_requests=most, cuda_graph_max_bs=most,
-                      log_level="warning", **spec)
+                      log_level="warning", prefill_cuda_graph_max_tokens=prefill_graph_max_tokens, **spec)
     scheduler = Scheduler(args)
     worker = scheduler.tp_worker
     launches: list[float] = []
@@ -119,7 +120,8 @@ def measure(model: str, draft: str | None, batch: int, input_len: int, new_count
                 overlapped = overlapped + 1 if steady_now else 0
             prefill_launch.append(sum(launches))
             admission.append(time.perf_counter() - start - steps * step_s)
-        results.append({"config": "EAGLE-3 k=3" if draft else "no draft", "batch": batch, "new": new,
+        results.append({"config": "EAGLE-3 k=3" if draft else "no draft",
+                        "prefill_graph_max_tokens": prefill_graph_max_tokens, "batch": batch, "new": new,
                         "input_len": input_len, "repeats": repeats,
                         "steady_step_ms": 1e3 * statistics.median(steady),
                         "admission_ms": 1e3 * statistics.median(admission),
@@ -138,30 +140,35 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--workdir", default="/tmp/spec_envelope")
+    parser.add_argument("--prefill-graph-max-tokens", default="0,512",
+                        help="--prefill-cuda-graph-max-tokens values to compare (a comma list; 0: eager prefills)")
     parser.add_argument("--one", choices=["plain", "spec"], default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     new_counts = [int(x) for x in args.new.split(",")]
+    graph_limits = [int(x) for x in args.prefill_graph_max_tokens.split(",")]
     if args.batch < 1 or args.repeats < 1 or min(new_counts) < 1:
         parser.error("--batch, --repeats and every --new count must be at least 1")
     target, draft = make_pair(args.pair, args.workdir)
     kind = "code" if args.pair == "demo" else "random"
     if args.one:
         print(json.dumps(measure(target, draft if args.one == "spec" else None, args.batch, args.input_len,
-                                 new_counts, args.repeats, args.device, kind)), flush=True)
+                                 new_counts, args.repeats, args.device, kind, graph_limits[0])), flush=True)
         return 0
     results = []
-    for one in ("plain", "spec"):  # each in its own process: one engine per process
+    # Each in its own process: one engine per process.
+    for one, limit in [(one, limit) for one in ("plain", "spec") for limit in graph_limits]:
         proc = subprocess.run([sys.executable, __file__, "--out", args.out, "--pair", args.pair, "--batch",
                                str(args.batch), "--input-len", str(args.input_len), "--new", args.new, "--repeats",
-                               str(args.repeats), "--device", args.device, "--workdir", args.workdir, "--one", one],
-                              capture_output=True, text=True)
+                               str(args.repeats), "--device", args.device, "--workdir", args.workdir, "--one", one,
+                               "--prefill-graph-max-tokens", str(limit)], capture_output=True, text=True)
         if proc.returncode != 0:
-            print(f"{one}: failed\n{proc.stderr[-3000:]}", flush=True)
-            results.append({"config": one, "error": proc.stderr[-3000:]})
+            print(f"{one}, prefill graphs up to {limit}: failed\n{proc.stderr[-3000:]}", flush=True)
+            results.append({"config": one, "prefill_graph_max_tokens": limit, "error": proc.stderr[-3000:]})
             continue
         for r in json.loads(proc.stdout.strip().splitlines()[-1]):
             results.append(r)
-            print(f"{r['config']}, batch {r['batch']} + {r['new']} new of {r['input_len']} tokens: steady step "
+            print(f"{r['config']}, prefill graphs up to {limit} tokens, batch {r['batch']} + {r['new']} new of "
+                  f"{r['input_len']} tokens: steady step "
                   f"{r['steady_step_ms']:.2f} ms, admission costs {r['admission_ms']:.2f} ms, prefill launch "
                   f"{r['prefill_launch_ms']:.2f} ms, prefill step {r['prefill_wall_ms']:.2f} ms", flush=True)
     with open(args.out, "w") as f:

@@ -11,6 +11,7 @@ import torch
 from sglang import demo
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.model_executor.cuda_graph_runner import PrefillGraphRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
@@ -96,6 +97,26 @@ def test_speculative_graph_runners_are_used():
         scheduler.step()
     verify, chain, extend = counts
     assert verify > 0 and extend == verify and chain == 2 * verify  # k - 1 = 2 chain steps per verify
+
+
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "eagle3"])
+@pytest.mark.parametrize("num_reqs", [1, 5])
+def test_prefill_graphs_replay_and_match_eager_prefills(spec, num_reqs):
+    """Prefills of one request (8 tokens, padded to 16) and of five (70 tokens, padded to eight
+    requests and 96 tokens), and the draft's pass over them, replay prefill graphs (kept by the
+    start-up timing on this host-bound pair) and give the eager prefills' output."""
+    kwargs = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3) if spec else {}
+    eager, _ = run(num_reqs, max_new=16, prefill_cuda_graph_max_tokens=0, **kwargs)
+    scheduler = make_scheduler(**kwargs)
+    model_runners = [scheduler.tp_worker.model_runner] + ([scheduler.tp_worker.draft_runner] if spec else [])
+    runners = [r for mr in model_runners for r in mr.graph_runners if isinstance(r, PrefillGraphRunner)]
+    assert len(runners) == len(model_runners)
+    print({r.forward_mode.name: {f"{bs}x{n}": [round(t * 1e3, 3) for t in times] for (bs, n), times
+                                 in r.timings.items()} for r in runners})  # replay / eager launch, ms
+    counts = count_replays(runners)
+    submit_random(scheduler, [16] * num_reqs)
+    assert outputs(scheduler, num_reqs) == eager
+    assert all(count == 1 for count in counts), counts
 
 
 @pytest.mark.parametrize("sync", ["warm", "catch-up"])

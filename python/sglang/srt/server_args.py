@@ -55,6 +55,7 @@ class ServerArgs:
     disable_overlap_schedule: bool = False
     cuda_graph_max_bs: int = 256
     cuda_graph_bs: Optional[tuple[int, ...]] = None
+    prefill_cuda_graph_max_tokens: int = 512
     # Speculative decoding (EAGLE-3, chain drafting).
     speculative_algorithm: Optional[str] = None
     speculative_draft_model_path: Optional[str] = None
@@ -138,6 +139,9 @@ class ServerArgs:
         _check_positive("--cuda-graph-max-bs", self.cuda_graph_max_bs)
         for bs in self.cuda_graph_bs or ():
             _check_positive("--cuda-graph-bs", bs)
+        if self.prefill_cuda_graph_max_tokens < 0:
+            raise ValueError(f"--prefill-cuda-graph-max-tokens must be >= 0 (0 turns prefill graphs off), "
+                             f"got {self.prefill_cuda_graph_max_tokens}")
         if self.attention_backend == "triton" and self.device != "cuda":
             raise ValueError("--attention-backend triton needs --device cuda; use torch_native on the CPU")
         self._check_speculative()
@@ -293,6 +297,11 @@ class ServerArgs:
                                  "every 8 to 64 and every 16 beyond); larger batches run eagerly.")
         parser.add_argument("--cuda-graph-bs", type=int, nargs="+", default=None,
                             help="Explicit list of batch sizes to capture (overrides --cuda-graph-max-bs).")
+        parser.add_argument("--prefill-cuda-graph-max-tokens", type=int,
+                            default=d["prefill_cuda_graph_max_tokens"].default,
+                            help="Largest prefill (in new tokens, up to 8 requests) replayed from a CUDA graph; "
+                                 "each graph is kept only where it beats launching the forward eagerly, "
+                                 "measured at start-up. 0 turns prefill graphs off.")
         spec = parser.add_argument_group("speculative decoding")
         spec.add_argument("--speculative-algorithm", type=str, default=None, choices=SPECULATIVE_ALGORITHM_CHOICES,
                           help="EAGLE3 (EAGLE is accepted as the same): a one-layer draft proposes "

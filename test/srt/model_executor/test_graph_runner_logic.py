@@ -14,7 +14,8 @@ import torch
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor import cuda_graph_runner
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, PrefillGraphRunner
+from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import eagle_worker_v2
@@ -61,10 +62,24 @@ def fake_step_capture_one(self, bs):
     self.graphs[bs] = RerunStepGraph(lambda: self._run(bs), self.outputs[bs])
 
 
+def fake_capture_graph(run, pool):
+    outputs = run()
+    return RerunGraph(run, outputs), outputs
+
+
 @pytest.fixture
 def rerun_graphs(monkeypatch):
     replays = []
     monkeypatch.setattr(CudaGraphRunner, "_capture_one", fake_capture_one)
+    monkeypatch.setattr(cuda_graph_runner, "capture_graph", fake_capture_graph)  # prefill graphs
+    monkeypatch.setattr(ModelRunner, "graph_memory_pool", lambda self: None)
+    prefill_replay = PrefillGraphRunner.replay
+
+    def counted_prefill(self, fb):
+        replays.append(("PREFILL_" + self.forward_mode.name, fb.num_tokens, fb.batch_size))
+        return prefill_replay(self, fb)
+
+    monkeypatch.setattr(PrefillGraphRunner, "replay", counted_prefill)
     monkeypatch.setattr(eagle_worker_v2.SpecStepGraphs, "_capture_one", fake_step_capture_one)
     step_replay = eagle_worker_v2.SpecStepGraphs.replay
 
@@ -104,6 +119,10 @@ def generate(spec: bool, choose=None, num_reqs: int = 3, step_graph: bool = Fals
     return {rid: out["ids"] for rid, out in run_to_completion(scheduler).items()}
 
 
+def decode_shapes(replays: list) -> list:
+    return [shape for shape in replays if not shape[0].startswith("PREFILL")]
+
+
 @pytest.fixture(scope="module")
 def eager_outputs():
     return {"plain": generate(False), "spec": generate(True)}
@@ -111,13 +130,15 @@ def eager_outputs():
 
 def test_plain_decode_graphs_replay_like_eager(rerun_graphs, eager_outputs):
     assert generate(False) == eager_outputs["plain"]
-    assert {shape[:2] for shape in rerun_graphs} == {("DECODE", 1)}
+    assert {shape[:2] for shape in decode_shapes(rerun_graphs)} == {("DECODE", 1)}
+    assert ("PREFILL_EXTEND", 40, 3) in rerun_graphs  # the three prompts, padded to 4 requests, 48 tokens
     assert {bs for _, _, bs in rerun_graphs} >= {3, 2, 1}  # 3 runs padded to the bucket of 4
 
 
 def test_speculative_graphs_replay_like_eager(rerun_graphs, eager_outputs):
     assert generate(True) == eager_outputs["plain"] == eager_outputs["spec"]
-    shapes = {shape[:2] for shape in rerun_graphs}
+    assert ("PREFILL_EXTEND", 40, 3) in rerun_graphs and ("PREFILL_DRAFT_EXTEND", 40, 3) in rerun_graphs
+    shapes = {shape[:2] for shape in decode_shapes(rerun_graphs)}
     assert shapes == {("TARGET_VERIFY", 4), ("DECODE", 1), ("DRAFT_EXTEND", 4)}
 
 

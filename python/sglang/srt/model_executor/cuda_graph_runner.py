@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import gc
+import itertools
 import logging
 import time
 from typing import Callable, Optional
@@ -146,6 +147,182 @@ class CudaGraphRunner:
         return LogitsProcessorOutput(next_token_logits=logits, aux_hidden_states=aux, hidden_states=hidden)
 
 
+# A prefill graph holds up to this many requests; larger prefill batches run eagerly.
+PREFILL_GRAPH_REQUEST_BUCKETS = (1, 2, 4, 8)
+
+
+def prefill_token_buckets(max_tokens: int) -> list[int]:
+    """16, 24, 32, 48, 64, 96, 128, ... (powers of two and the points halfway between), ending
+    at max_tokens: a prefill pads at most half its tokens."""
+    sizes, n = [], 16
+    while n < max_tokens:
+        sizes.append(n)
+        n = n * 3 // 2 if n & (n - 1) == 0 else n * 4 // 3
+    return sizes + [max_tokens] if max_tokens >= 1 else []
+
+
+class PrefillGraphRunner:
+    """CUDA graphs of prefill-shaped forwards (EXTEND, or the EAGLE-3 draft's DRAFT_EXTEND over
+    a prefill's positions) with any mix of requests and lengths, one graph per (requests bucket,
+    tokens bucket). An eager prefill of a small model costs the host far more than the device
+    (one Python launch per kernel, ~150 for the demo pair), and stops the decode pipeline while
+    it runs; a replay costs a few copies.
+
+    The layout is an input: each request's new-token count, first token, KV length and last
+    token's index are copied to the device per replay. The batch's tokens stay packed; the
+    padding tokens after them join the last request (positions after all of its real tokens, so
+    under causal attention no real token sees them), write their KV to the padding slot 0 and
+    read whatever the request's table row holds past its end; padding requests have no tokens.
+    Logits are computed at each request's last real token only.
+
+    `keep_if_faster`: on CUDA, after capture each graph's replay (device time included) is timed
+    against the host time of merely launching the same forward eagerly; a graph that loses (a
+    model bound by the device, where launches hide behind the work and padding only adds work)
+    is dropped, and so is every larger one of its requests bucket."""
+
+    def __init__(self, model_runner, forward_mode: ForwardMode, max_tokens: int, spec_hidden_width: int = 0,
+                 capture_aux: bool = False, keep_if_faster: bool = True):
+        self.model_runner = model_runner
+        self.forward_mode = forward_mode
+        self.spec_hidden_width = spec_hidden_width
+        self.capture_aux = capture_aux
+        self.keep_if_faster = keep_if_faster
+        self.device = model_runner.device
+        self.row_width = model_runner.req_to_token_pool.req_to_token.shape[1]
+        self.token_buckets = prefill_token_buckets(min(max_tokens, self.row_width))
+        self.request_buckets = [bs for bs in PREFILL_GRAPH_REQUEST_BUCKETS
+                                if bs <= min(model_runner.memory.max_running_requests, self.token_buckets[-1])]
+        self.max_tokens, self.max_reqs = self.token_buckets[-1], self.request_buckets[-1]
+        # Per requests bucket, the token buckets with a graph (ascending).
+        self.kept: dict[int, list[int]] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], LogitsProcessorOutput] = {}
+        self.timings: dict[tuple[int, int], tuple[float, float]] = {}  # (replay s, eager launch s)
+        zeros = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=self.device)  # noqa: E731
+        # input ids, positions, KV slots: one buffer, so padding is zeroed in one launch.
+        self.tokens = zeros(3, self.max_tokens)
+        self.input_ids, self.positions, self.out_cache_loc = self.tokens
+        self.req_pool_indices = zeros(self.max_reqs)
+        # Per requests bucket: new tokens, first token, KV length, last token index; one copy each.
+        self.layouts = {bs: zeros(4, bs) for bs in self.request_buckets}
+        self.spec_hidden = None
+        if spec_hidden_width:
+            self.spec_hidden = torch.zeros(self.max_tokens, spec_hidden_width, device=self.device,
+                                           dtype=model_runner.model_config.dtype)
+
+    def _key(self, fb: ForwardBatch) -> Optional[tuple[int, int]]:
+        i = bisect.bisect_left(self.request_buckets, fb.batch_size)
+        if i == len(self.request_buckets):
+            return None
+        bs = self.request_buckets[i]
+        kept = self.kept.get(bs, [])
+        j = bisect.bisect_left(kept, fb.num_tokens)
+        return (bs, kept[j]) if j < len(kept) else None
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        hidden = fb.spec_hidden_states
+        if fb.forward_mode != self.forward_mode or fb.return_all_logits or fb.seq_lens_cpu is None \
+                or fb.capture_aux_hidden_states and not self.capture_aux \
+                or (hidden.shape[-1] if hidden is not None else 0) != self.spec_hidden_width:
+            return False
+        key = self._key(fb)
+        # The padding extends the last request: its table row must have room for it.
+        return key is not None and fb.seq_lens_cpu[-1] + key[1] - fb.num_tokens <= self.row_width
+
+    def capture(self) -> None:
+        start = time.perf_counter()
+        for bs in reversed(self.request_buckets):  # largest first, as CudaGraphRunner
+            for n in reversed(self.token_buckets):
+                if n >= bs:
+                    self._capture_one(bs, n)
+        for bs in self.request_buckets:
+            self.kept[bs] = [n for n in self.token_buckets if (bs, n) in self.graphs]
+        captured = len(self.graphs)
+        if self.keep_if_faster and torch.device(self.device).type == "cuda":
+            self._drop_slower_than_eager()
+        logger.info("captured %d prefill CUDA graphs (%s, up to %d requests and %d tokens) in %.1f s; kept %d: %s",
+                    captured, self.forward_mode.name, self.max_reqs, self.max_tokens, time.perf_counter() - start,
+                    len(self.graphs), {bs: kept[-1] if kept else 0 for bs, kept in self.kept.items()})
+
+    def _static_batch(self, bs: int, n: int) -> ForwardBatch:
+        lens, starts, seq_lens, last = self.layouts[bs]
+        return ForwardBatch(
+            forward_mode=self.forward_mode, batch_size=bs, input_ids=self.input_ids[:n],
+            positions=self.positions[:n], req_pool_indices=self.req_pool_indices[:bs], seq_lens=seq_lens,
+            out_cache_loc=self.out_cache_loc[:n], seq_lens_cpu=None,
+            extend_seq_lens_cpu=[n] + [0] * (bs - 1),  # only bounds the longest request (the grid)
+            extend_prefix_lens_cpu=None, capture_aux_hidden_states=self.capture_aux,
+            spec_hidden_states=self.spec_hidden[:n] if self.spec_hidden is not None else None,
+            extend_seq_lens=lens, extend_start_loc=starts, last_token_index=last,
+        )
+
+    def _capture_one(self, bs: int, n: int) -> None:
+        # The capture runs the forward: give it a valid layout (one request of n tokens).
+        self.layouts[bs].zero_()
+        self.layouts[bs][0, 0] = self.layouts[bs][2, 0] = n
+        self.layouts[bs][3, 0] = n - 1
+        self.graphs[bs, n], self.outputs[bs, n] = capture_graph(
+            lambda: self.model_runner.forward_eager(self._static_batch(bs, n)), self.model_runner.graph_memory_pool())
+
+    def _drop_slower_than_eager(self, repeats: int = 3) -> None:
+        for bs, kept in self.kept.items():
+            for i, n in enumerate(kept):
+                graph = self.graphs[bs, n]
+                graph.replay()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                for _ in range(repeats):
+                    graph.replay()
+                torch.cuda.synchronize()
+                replay_s = (time.perf_counter() - start) / repeats
+                launch_s = 0.0
+                for _ in range(repeats):
+                    start = time.perf_counter()
+                    self.model_runner.forward_eager(self._static_batch(bs, n))
+                    launch_s += (time.perf_counter() - start) / repeats
+                    torch.cuda.synchronize()
+                self.timings[bs, n] = (replay_s, launch_s)
+                if replay_s > launch_s:
+                    for m in kept[i:]:
+                        del self.graphs[bs, m], self.outputs[bs, m]
+                    self.kept[bs] = kept[:i]
+                    break
+
+    def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:
+        bs, n = fb.batch_size, fb.num_tokens
+        graph_bs, graph_n = self._key(fb)
+        lens = list(fb.extend_seq_lens_cpu)
+        ends = list(itertools.accumulate(lens))
+        seq_lens = list(fb.seq_lens_cpu)
+        pad, no_requests = graph_n - n, [0] * (graph_bs - bs)
+        lens[-1] += pad
+        seq_lens[-1] += pad
+        starts = [end - length for end, length in zip(ends, fb.extend_seq_lens_cpu)]
+        layout = [lens + no_requests, starts + [graph_n] * (graph_bs - bs), seq_lens + no_requests,
+                  [end - 1 for end in ends] + no_requests]
+        self.layouts[graph_bs].copy_(_pinned(layout, self.device), non_blocking=True)
+        self.input_ids[:n].copy_(fb.input_ids, non_blocking=True)
+        self.positions[:n].copy_(fb.positions, non_blocking=True)
+        self.out_cache_loc[:n].copy_(fb.out_cache_loc, non_blocking=True)
+        if pad:
+            self.tokens[:, n:graph_n].zero_()
+        self.req_pool_indices[:bs].copy_(fb.req_pool_indices, non_blocking=True)
+        if self.spec_hidden is not None:
+            self.spec_hidden[:n].copy_(fb.spec_hidden_states, non_blocking=True)
+        self.graphs[graph_bs, graph_n].replay()
+        out = self.outputs[graph_bs, graph_n]
+        aux = out.aux_hidden_states[:n] if out.aux_hidden_states is not None and fb.capture_aux_hidden_states \
+            else None
+        hidden = out.hidden_states[:n] if out.hidden_states is not None else None
+        return LogitsProcessorOutput(next_token_logits=out.next_token_logits[:bs], aux_hidden_states=aux,
+                                     hidden_states=hidden)
+
+
+def _pinned(rows: list[list[int]], device) -> torch.Tensor:
+    tensor = torch.tensor(rows, dtype=torch.int64)
+    return tensor.pin_memory() if torch.device(device).type == "cuda" else tensor
+
+
 def graph_batch_sizes(model_runner) -> Optional[list[int]]:
     """The batch-size buckets to capture, or None when graphs are off or cannot be used here."""
     args = model_runner.server_args
@@ -164,5 +341,18 @@ def maybe_graph_runner(model_runner) -> Optional[CudaGraphRunner]:
     if sizes is None:
         return None
     runner = CudaGraphRunner(model_runner, sizes)
+    runner.capture()
+    return runner
+
+
+def maybe_prefill_graph_runner(model_runner, forward_mode: ForwardMode = ForwardMode.EXTEND,
+                               spec_hidden_width: int = 0, capture_aux: bool = False) -> Optional[PrefillGraphRunner]:
+    """Prefill graphs up to --prefill-cuda-graph-max-tokens (and the chunk size), captured; None
+    when graphs are off or cannot be used here."""
+    args = model_runner.server_args
+    max_tokens = min(args.prefill_cuda_graph_max_tokens, args.chunked_prefill_size)
+    if max_tokens == 0 or graph_batch_sizes(model_runner) is None:
+        return None
+    runner = PrefillGraphRunner(model_runner, forward_mode, max_tokens, spec_hidden_width, capture_aux)
     runner.capture()
     return runner

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import itertools
 from typing import TYPE_CHECKING, Optional
 
 import torch
+
+from sglang.srt.utils import host_to_device
 
 if TYPE_CHECKING:
     from sglang.srt.layers.attention.base import AttentionBackend
@@ -63,6 +66,14 @@ class ForwardBatch:
     # target's aux hidden states, DRAFT_EXTEND) or [num_tokens, hidden] (the draft's own previous
     # output, a chain step).
     spec_hidden_states: Optional[torch.Tensor] = None
+    # Device copies of the extend layout, for a graph whose layout changes from replay to replay
+    # (a prefill graph): new tokens per request and each request's first token, [bs] int64; with
+    # them, `extend_seq_lens_cpu` only bounds the longest request. None: built from the host lists.
+    extend_seq_lens: Optional[torch.Tensor] = None
+    extend_start_loc: Optional[torch.Tensor] = None
+    # [bs] int64 index of each request's last new token, on the device (a prefill graph's input);
+    # None: computed from `extend_seq_lens_cpu`.
+    last_token_index: Optional[torch.Tensor] = None
     # Set by the ModelRunner before the forward.
     req_to_token_pool: Optional["ReqToTokenPool"] = None
     token_to_kv_pool: Optional["MHATokenToKVPool"] = None
@@ -74,5 +85,7 @@ class ForwardBatch:
 
     def last_token_indices(self) -> torch.Tensor:
         """Index of each request's last new token in the flattened token dimension."""
-        lens = torch.tensor(self.extend_seq_lens_cpu, dtype=torch.int64)
-        return (torch.cumsum(lens, 0) - 1).to(self.input_ids.device, non_blocking=True)
+        if self.last_token_index is not None:
+            return self.last_token_index
+        return host_to_device(list(itertools.accumulate(self.extend_seq_lens_cpu, initial=-1))[1:],
+                              self.input_ids.device)

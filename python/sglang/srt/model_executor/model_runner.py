@@ -14,7 +14,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from sglang.srt.model_executor.cuda_graph_runner import maybe_graph_runner
+from sglang.srt.model_executor.cuda_graph_runner import maybe_graph_runner, maybe_prefill_graph_runner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.loader import load_model
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -46,12 +46,15 @@ class ModelRunner:
 
     def __init__(self, model_config: ModelConfig, server_args: ServerArgs,
                  target: Optional["ModelRunner"] = None, draft_kv_bytes_per_token: int = 0,
-                 extra_positions: int = 0, reserve_bytes: int = 0, extra_rows: int = 0):
+                 extra_positions: int = 0, reserve_bytes: int = 0, extra_rows: int = 0,
+                 capture_prefill_graphs: bool = True):
         """draft_kv_bytes_per_token: KV memory a draft model will need per slot (planned here,
         since the pools share slots). extra_positions: table columns beyond the context length
         (a verify step writes up to k positions past a request's last kept token). reserve_bytes:
         device memory kept out of the KV plan (a draft model loaded after it). extra_rows: request
-        table rows beyond the running limit (a speculative worker's padding row)."""
+        table rows beyond the running limit (a speculative worker's padding row).
+        capture_prefill_graphs: False where the caller captures its own (a speculative worker's
+        target, whose prefills also return the draft's aux hidden states)."""
         self.model_config = model_config
         self.server_args = server_args
         self.device = server_args.device
@@ -80,8 +83,10 @@ class ModelRunner:
         # Plain decode's graphs; a speculative worker adds its own shapes to `graph_runners`.
         self.graph_runners: list = []
         if target is None:
-            runner = maybe_graph_runner(self)
-            self.graph_runners += [runner] if runner is not None else []
+            runners = [maybe_graph_runner(self)]
+            if capture_prefill_graphs:
+                runners.append(maybe_prefill_graph_runner(self))
+            self.graph_runners += [runner for runner in runners if runner is not None]
 
     def graph_memory_pool(self):
         """The memory pool every CUDA graph of this engine is captured into (made on first use).

@@ -39,7 +39,8 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import GenerationBatchResult, HostCopies, TpModelWorker
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_loader.loader import safetensors_files
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, capture_graph, graph_batch_sizes
+from sglang.srt.model_executor.cuda_graph_runner import (CudaGraphRunner, capture_graph, graph_batch_sizes,
+                                                          maybe_prefill_graph_runner)
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.llama_eagle3 import default_aux_layer_ids
@@ -114,7 +115,8 @@ class EAGLEWorkerV2(TpModelWorker):
                                                     draft_config.head_dim, draft_config.num_hidden_layers)
         draft_weights = sum(os.path.getsize(f) for f in safetensors_files(draft_config.path))
         self.model_runner = ModelRunner(model_config, server_args, draft_kv_bytes_per_token=draft_kv,
-                                        extra_positions=margin, reserve_bytes=draft_weights, extra_rows=1)
+                                        extra_positions=margin, reserve_bytes=draft_weights, extra_rows=1,
+                                        capture_prefill_graphs=False)
         # A request-table row no request gets: the padding rows of the step graphs point at it.
         self.scratch_row = self.model_runner.req_to_token_pool.alloc()
         self.draft_runner = ModelRunner(draft_config, server_args, target=self.model_runner)
@@ -188,8 +190,13 @@ class EAGLEWorkerV2(TpModelWorker):
                                              spec_hidden_width=aux_width))
         for runner in target_runners + draft_runners:
             runner.capture()
-        self.model_runner.graph_runners += target_runners
-        self.draft_runner.graph_runners += draft_runners
+        # Prefills (and the draft's pass over them) of up to --prefill-cuda-graph-max-tokens; last,
+        # so that the fixed shapes above take the batches they fit.
+        target_runners.append(maybe_prefill_graph_runner(self.model_runner, capture_aux=True))
+        draft_runners.append(maybe_prefill_graph_runner(self.draft_runner, ForwardMode.DRAFT_EXTEND,
+                                                        spec_hidden_width=aux_width))
+        self.model_runner.graph_runners += [runner for runner in target_runners if runner is not None]
+        self.draft_runner.graph_runners += [runner for runner in draft_runners if runner is not None]
         if not server_args.disable_speculative_step_graph:
             plain = [0] if server_args.speculative_policy != "always" else []
             for k in plain + self.reachable_steps:  # k = 0: the plain step

@@ -36,10 +36,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         out = torch.empty_like(q)
         start = 0
         seq_lens = fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens.tolist()
+        new_lens = fb.extend_seq_lens.tolist() if fb.extend_seq_lens is not None else fb.extend_seq_lens_cpu
         # A loop over requests is the point of a reference backend: each request is
         # computed on its own, so nothing in the batch can leak into it.
         for i in range(fb.batch_size):
-            new_len, seq_len = fb.extend_seq_lens_cpu[i], seq_lens[i]
+            new_len, seq_len = new_lens[i], seq_lens[i]
+            if new_len == 0:  # a prefill graph's padding request
+                continue
             slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[i], :seq_len].to(torch.int64)
             out[start : start + new_len] = _causal_attention(
                 q[start : start + new_len], k_cache[slots], v_cache[slots], layer.scaling

@@ -86,6 +86,9 @@ class TritonAttnBackend(AttentionBackend):
     def init_forward_metadata(self, fb: "ForwardBatch") -> None:
         if fb.forward_mode.is_decode():
             return
+        if fb.extend_seq_lens is not None:  # a prefill graph's layout, already on the device
+            self.extend_meta = (fb.extend_seq_lens, fb.extend_start_loc, max(fb.extend_seq_lens_cpu))
+            return
         if fb.input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
             # A graph of an extend-shaped mode (verify, draft extend) has the same number of new
             # tokens in every row; build the metadata on the device, inside the graph, since a

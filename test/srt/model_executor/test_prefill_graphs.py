@@ -1,0 +1,176 @@
+"""Prefill CUDA graphs, on the CPU: a stand-in for capture re-runs the captured forward on the
+runner's static buffers at each replay, so the layout handling (request and token buckets, the
+padding that joins the last request, prefixes, the per-replay layout copy, logits at each
+request's last real token, aux states of the real tokens) must reproduce the eager forward
+exactly, for any mix of requests. Which graphs are kept is decided by timing each replay
+against an eager launch; that rule is checked with stand-in timings."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from sglang.srt.model_executor import cuda_graph_runner
+from sglang.srt.model_executor.cuda_graph_runner import PrefillGraphRunner, prefill_token_buckets
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.server_args import ServerArgs
+from sglang.test.runner_utils import make_cpu_runner
+
+
+class RerunGraph:
+    def __init__(self, run, outputs):
+        self.run, self.outputs = run, outputs
+
+    @torch.inference_mode()  # as ModelRunner.forward runs it
+    def replay(self):
+        fresh = self.run()
+        for name in ("next_token_logits", "aux_hidden_states"):
+            if getattr(self.outputs, name) is not None:
+                getattr(self.outputs, name).copy_(getattr(fresh, name))
+
+
+@pytest.fixture(params=["torch_native", "triton"])
+def runner(tiny_model_paths, monkeypatch, request):
+    """The triton backend (run by Triton's interpreter here) reads the layout from the device
+    tensors; the reference backend from their host copy."""
+    def fake_capture_graph(run, pool):
+        outputs = run()
+        return RerunGraph(run, outputs), outputs
+
+    monkeypatch.setattr(cuda_graph_runner, "capture_graph", fake_capture_graph)
+    monkeypatch.setattr(ModelRunner, "graph_memory_pool", lambda self: None)
+    model_runner = make_cpu_runner(tiny_model_paths["llama"], max_total_tokens=4096)
+    model_runner.model.set_eagle3_layers_to_capture([0, 2, 1])
+    if request.param == "triton":
+        model_runner.attn_backend = TritonAttnBackend(model_runner)
+    prefill = PrefillGraphRunner(model_runner, ForwardMode.EXTEND, max_tokens=64, capture_aux=True)
+    prefill.capture()
+    return model_runner, prefill
+
+
+def make_batch(model_runner, layout: list[tuple[int, int]], seed: int, aux: bool = True) -> ForwardBatch:
+    """Requests with (cached prefix, new tokens) each, in fresh table rows and KV slots; the
+    prefix KV is random (both paths read the same)."""
+    gen = torch.Generator().manual_seed(seed)
+    rows, ids, positions, slots, seq_lens = [], [], [], [], []
+    pool = model_runner.token_to_kv_pool
+    for prefix, new in layout:
+        row = model_runner.req_to_token_pool.alloc()
+        row_slots = model_runner.token_to_kv_pool_allocator.alloc(prefix + new)
+        model_runner.req_to_token_pool.write(row, 0, row_slots)
+        for layer in range(model_runner.model_config.num_hidden_layers):
+            for buffer in (pool.get_key_buffer(layer), pool.get_value_buffer(layer)):
+                buffer[row_slots[:prefix]] = torch.randn(buffer[row_slots[:prefix]].shape, generator=gen)
+        rows.append(row)
+        ids += torch.randint(1, 300, (new,), generator=gen).tolist()
+        positions += range(prefix, prefix + new)
+        slots.append(row_slots[prefix:])
+        seq_lens.append(prefix + new)
+    return ForwardBatch(
+        forward_mode=ForwardMode.EXTEND, batch_size=len(layout), input_ids=torch.tensor(ids),
+        positions=torch.tensor(positions), req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(seq_lens),
+        out_cache_loc=torch.cat(slots), seq_lens_cpu=seq_lens, extend_seq_lens_cpu=[new for _, new in layout],
+        extend_prefix_lens_cpu=[prefix for prefix, _ in layout], capture_aux_hidden_states=aux,
+    )
+
+
+LAYOUTS = {
+    "one request, padded": [(0, 5)],
+    "one request, on a bucket": [(0, 16)],
+    "one request after a cached prefix": [(7, 9)],
+    "three requests, padded to four": [(0, 3), (4, 10), (0, 1)],
+    "two long requests": [(2, 20), (0, 30)],
+    "five requests, padded to eight": [(0, 4), (1, 2), (0, 9), (3, 3), (0, 6)],
+    "the largest graph": [(0, 60), (5, 4)],
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_replay_gives_the_eager_forward(runner, name):
+    model_runner, prefill = runner
+    batch = make_batch(model_runner, LAYOUTS[name], seed=len(name))
+    assert prefill.can_run(batch)
+    eager = model_runner.forward_eager(batch)
+    kv = model_runner.token_to_kv_pool.get_key_buffer(1)[batch.out_cache_loc].clone()
+    model_runner.token_to_kv_pool.get_key_buffer(1)[batch.out_cache_loc] = 0
+    graphed = prefill.replay(batch)
+    assert graphed.next_token_logits.shape == eager.next_token_logits.shape == (batch.batch_size, 384)
+    torch.testing.assert_close(graphed.next_token_logits, eager.next_token_logits, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(graphed.aux_hidden_states, eager.aux_hidden_states, rtol=1e-4, atol=1e-5)
+    # The real tokens' KV is written where the eager forward writes it.
+    torch.testing.assert_close(model_runner.token_to_kv_pool.get_key_buffer(1)[batch.out_cache_loc], kv)
+
+
+def test_one_runner_serves_batches_without_aux_and_a_padded_replay_after_a_larger_one(runner):
+    model_runner, prefill = runner
+    large = make_batch(model_runner, [(0, 30), (0, 14)], seed=1)
+    prefill.replay(large)  # leaves its tokens in the static buffers past the next batch's end
+    small = make_batch(model_runner, [(3, 11)], seed=2, aux=False)
+    assert prefill.can_run(small)
+    graphed = prefill.replay(small)
+    assert graphed.aux_hidden_states is None
+    torch.testing.assert_close(graphed.next_token_logits, model_runner.forward_eager(small).next_token_logits,
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_batches_no_graph_fits_run_eagerly(runner):
+    model_runner, prefill = runner
+    assert not prefill.can_run(make_batch(model_runner, [(0, 65)], seed=3))  # more tokens than any graph
+    assert not prefill.can_run(make_batch(model_runner, [(0, 2)] * 9, seed=4))  # more requests than any graph
+    every_logit = make_batch(model_runner, [(0, 5)], seed=5)
+    every_logit.return_all_logits = True
+    assert not prefill.can_run(every_logit)
+    decode = make_batch(model_runner, [(4, 1)], seed=6)
+    decode.forward_mode = ForwardMode.DECODE
+    assert not prefill.can_run(decode)
+    # The padding joins the last request: past the end of its table row there is no room for it.
+    width = prefill.row_width
+    near_end = make_batch(model_runner, [(width - 20, 17)], seed=7)
+    assert not prefill.can_run(near_end)  # 17 tokens pad to 24, and the row ends 3 tokens later
+    assert prefill.can_run(make_batch(model_runner, [(width - 24, 17)], seed=8))
+
+
+def test_graphs_slower_than_an_eager_launch_are_dropped_with_every_larger_one(runner, monkeypatch):
+    """Stand-in timings: a replay takes 50 us per token, an eager launch 2 ms, so graphs above
+    40 tokens lose; 48 and 64 are dropped in every requests bucket, and a batch of 44 tokens then
+    runs eagerly."""
+    model_runner, prefill = runner
+
+    class TimedGraph:
+        def __init__(self, tokens):
+            self.tokens = tokens
+
+        def replay(self):
+            time.sleep(50e-6 * self.tokens)
+
+    for bs, n in prefill.graphs:
+        prefill.graphs[bs, n] = TimedGraph(n)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(model_runner, "forward_eager", lambda fb: time.sleep(2e-3))
+    prefill._drop_slower_than_eager()
+    assert prefill.kept == {1: [16, 24, 32], 2: [16, 24, 32], 4: [16, 24, 32], 8: [16, 24, 32]}
+    assert set(prefill.graphs) == {(bs, n) for bs in (1, 2, 4, 8) for n in (16, 24, 32)}
+    assert not prefill.can_run(make_batch(model_runner, [(0, 44)], seed=9))
+    assert prefill.can_run(make_batch(model_runner, [(0, 30)], seed=10))
+
+
+def test_token_buckets_pad_at_most_half():
+    assert prefill_token_buckets(512) == [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512]
+    assert prefill_token_buckets(100) == [16, 24, 32, 48, 64, 96, 100]
+    assert prefill_token_buckets(8) == [8]
+    for lower, upper in zip(prefill_token_buckets(4096), prefill_token_buckets(4096)[1:]):
+        assert upper <= 1.5 * lower
+
+
+def test_the_flag_is_checked_and_documented():
+    with pytest.raises(ValueError, match="--prefill-cuda-graph-max-tokens must be >= 0"):
+        ServerArgs(prefill_cuda_graph_max_tokens=-1)
+    parser = __import__("argparse").ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    assert "--prefill-cuda-graph-max-tokens" in parser.format_help()
+    assert ServerArgs.from_cli_args(parser.parse_args(["--prefill-cuda-graph-max-tokens", "0"])) \
+        .prefill_cuda_graph_max_tokens == 0
