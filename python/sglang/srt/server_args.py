@@ -55,7 +55,7 @@ class ServerArgs:
     disable_overlap_schedule: bool = False
     cuda_graph_max_bs: int = 256
     cuda_graph_bs: Optional[tuple[int, ...]] = None
-    prefill_cuda_graph_max_tokens: int = 512
+    prefill_cuda_graph_max_tokens: int = 2048
     # Speculative decoding (EAGLE-3, chain drafting).
     speculative_algorithm: Optional[str] = None
     speculative_draft_model_path: Optional[str] = None
@@ -299,7 +299,7 @@ class ServerArgs:
                             help="Explicit list of batch sizes to capture (overrides --cuda-graph-max-bs).")
         parser.add_argument("--prefill-cuda-graph-max-tokens", type=int,
                             default=d["prefill_cuda_graph_max_tokens"].default,
-                            help="Largest prefill (in new tokens, up to 8 requests) replayed from a CUDA graph; "
+                            help="Largest prefill (in new tokens, up to 16 requests) replayed from a CUDA graph; "
                                  "each graph is kept only where it beats launching the forward eagerly, "
                                  "measured at start-up. 0 turns prefill graphs off.")
         spec = parser.add_argument_group("speculative decoding")

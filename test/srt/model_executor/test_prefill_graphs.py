@@ -7,7 +7,7 @@ against an eager launch; that rule is checked with stand-in timings."""
 
 from __future__ import annotations
 
-import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -85,6 +85,7 @@ LAYOUTS = {
     "three requests, padded to four": [(0, 3), (4, 10), (0, 1)],
     "two long requests": [(2, 20), (0, 30)],
     "five requests, padded to eight": [(0, 4), (1, 2), (0, 9), (3, 3), (0, 6)],
+    "eleven requests, padded to sixteen": [(i % 3, 1 + i % 4) for i in range(11)],
     "the largest graph": [(0, 60), (5, 4)],
 }
 
@@ -120,7 +121,7 @@ def test_one_runner_serves_batches_without_aux_and_a_padded_replay_after_a_large
 def test_batches_no_graph_fits_run_eagerly(runner):
     model_runner, prefill = runner
     assert not prefill.can_run(make_batch(model_runner, [(0, 65)], seed=3))  # more tokens than any graph
-    assert not prefill.can_run(make_batch(model_runner, [(0, 2)] * 9, seed=4))  # more requests than any graph
+    assert not prefill.can_run(make_batch(model_runner, [(0, 2)] * 17, seed=4))  # more requests than any graph
     every_logit = make_batch(model_runner, [(0, 5)], seed=5)
     every_logit.return_all_logits = True
     assert not prefill.can_run(every_logit)
@@ -135,25 +136,31 @@ def test_batches_no_graph_fits_run_eagerly(runner):
 
 
 def test_graphs_slower_than_an_eager_launch_are_dropped_with_every_larger_one(runner, monkeypatch):
-    """Stand-in timings: a replay takes 50 us per token, an eager launch 2 ms, so graphs above
-    40 tokens lose; 48 and 64 are dropped in every requests bucket, and a batch of 44 tokens then
-    runs eagerly."""
+    """Stand-in timings on a stand-in clock: a replay takes 50 us per token, an eager launch
+    2 ms, so graphs above 40 tokens lose; 48 and 64 are dropped in every requests bucket, and a
+    batch of 44 tokens then runs eagerly."""
     model_runner, prefill = runner
+    now = [0.0]
 
     class TimedGraph:
         def __init__(self, tokens):
             self.tokens = tokens
 
         def replay(self):
-            time.sleep(50e-6 * self.tokens)
+            now[0] += 50e-6 * self.tokens
+
+    def eager_launch(fb):
+        now[0] += 2e-3
 
     for bs, n in prefill.graphs:
         prefill.graphs[bs, n] = TimedGraph(n)
+    monkeypatch.setattr(cuda_graph_runner, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(model_runner, "forward_eager", lambda fb: time.sleep(2e-3))
+    monkeypatch.setattr(model_runner, "forward_eager", eager_launch)
     prefill._drop_slower_than_eager()
-    assert prefill.kept == {1: [16, 24, 32], 2: [16, 24, 32], 4: [16, 24, 32], 8: [16, 24, 32]}
-    assert set(prefill.graphs) == {(bs, n) for bs in (1, 2, 4, 8) for n in (16, 24, 32)}
+    assert prefill.kept == {bs: [16, 24, 32] for bs in (1, 2, 4, 8, 16)}
+    assert set(prefill.graphs) == {(bs, n) for bs in (1, 2, 4, 8, 16) for n in (16, 24, 32)}
+    assert prefill.timings[1, 48] == pytest.approx((2.4e-3, 2e-3))
     assert not prefill.can_run(make_batch(model_runner, [(0, 44)], seed=9))
     assert prefill.can_run(make_batch(model_runner, [(0, 30)], seed=10))
 

@@ -148,7 +148,7 @@ class CudaGraphRunner:
 
 
 # A prefill graph holds up to this many requests; larger prefill batches run eagerly.
-PREFILL_GRAPH_REQUEST_BUCKETS = (1, 2, 4, 8)
+PREFILL_GRAPH_REQUEST_BUCKETS = (1, 2, 4, 8, 16)
 
 
 def prefill_token_buckets(max_tokens: int) -> list[int]:
