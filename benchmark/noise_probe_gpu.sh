@@ -21,22 +21,8 @@ mkdir -p "$OUT" "$WORK"
 source benchmark/serve_lib.sh
 MODEL=$(python -c "from sglang import demo; print(demo.TARGET_PATH)")
 PORT=${PORT:-30000}
-# The first logical CPU of each physical core: the pinned server gets four cores, the client two.
-read -r SERVER_CPUS CLIENT_CPUS < <(python - <<'PY'
-import subprocess
-try:
-    rows = [line.split(",") for line in subprocess.run(["lscpu", "-p=CPU,CORE"], capture_output=True,
-                                                          text=True, check=True).stdout.splitlines()
-            if line and not line.startswith("#")]
-    first = {}
-    for cpu, core in rows:
-        first.setdefault(core, cpu)
-    cpus = list(first.values())
-except (OSError, subprocess.CalledProcessError):
-    cpus = []
-print(",".join(cpus[:4]) or "0", ",".join(cpus[4:6]) or "0")
-PY
-)
+# Four physical cores for the pinned server, two for the client (cpu_sets in serve_lib.sh).
+{ read -r SERVER_CPUS; read -r CLIENT_CPUS; } < <(cpu_sets 1)
 echo "== pinned server on CPUs $SERVER_CPUS, client on $CLIENT_CPUS"
 PIDS=() URLS=()
 trap 'kill ${PIDS[@]} 2>/dev/null; wait 2>/dev/null' EXIT

@@ -21,7 +21,9 @@
 # configs' 0, one sweep per server: three 8B servers do not fit one GPU's memory with KV for
 # concurrency 256), DATASET (demo: code or random), EXTRA_SERVER_ARGS (added to every server,
 # e.g. `--device cpu` for a dry run), MODEL / DRAFT (override the config's pair, e.g. tiny models
-# for a dry run), PORT (the first server's; the others take the next ones), KV_TOKENS (see below).
+# for a dry run), PORT (the first server's; the others take the next ones), KV_TOKENS (see below),
+# PIN (1, with ROUNDS > 0: each server on CPUs of its own with OMP_NUM_THREADS=1, the client on
+# two more; cpu_sets in serve_lib.sh).
 set -u -o pipefail
 OUT=${1:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
 CONFIG=${2:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
@@ -97,9 +99,17 @@ if (( ${ROUNDS:-0} > 0 )); then
   set -- $SERVERS
   PIDS=() URLS=() NAMES=()
   trap 'kill ${PIDS[@]} 2>/dev/null; wait 2>/dev/null' EXIT
+  CPUS=() CLIENT=()
+  if [ "${PIN:-0}" = 1 ]; then
+    mapfile -t CPUS < <(cpu_sets $#)
+    CLIENT=(taskset -c "${CPUS[$#]}")
+    echo "== pinned: servers on CPUs ${CPUS[*]:0:$#}, the client on ${CPUS[$#]}"
+  fi
   for s in "$@"; do
     server "$s"; port=$(( ${PORT:-30000} + ${#PIDS[@]} ))
-    env $ENV python -m sglang.launch_server --model-path "$MODEL" --port $port --max-running-requests 256 \
+    PREFIX=()
+    [ "${PIN:-0}" = 1 ] && PREFIX=(taskset -c "${CPUS[${#PIDS[@]}]}" env OMP_NUM_THREADS=1)
+    "${PREFIX[@]}" env $ENV python -m sglang.launch_server --model-path "$MODEL" --port $port --max-running-requests 256 \
       --max-total-tokens "${KV_TOKENS:-1048576}" $ARGS $EXTRA > "$OUT/$NAME.server.log" 2>&1 &
     PIDS+=($!) URLS+=("$NAME=http://127.0.0.1:$port") NAMES+=("$NAME")
   done
@@ -112,7 +122,7 @@ if (( ${ROUNDS:-0} > 0 )); then
     echo "== $(date +%T) all healthy; $ROUNDS rounds per level"
     start_monitor "$OUT/${CONFIG}_monitor"
     bench_args
-    timeout $(( SWEEP_TIMEOUT_S * $# )) python benchmark/interleaved_sweep.py "${URLS[@]/#/--server=}" --rounds "$ROUNDS" \
+    "${CLIENT[@]}" timeout $(( SWEEP_TIMEOUT_S * $# )) python benchmark/interleaved_sweep.py "${URLS[@]/#/--server=}" --rounds "$ROUNDS" \
       --out-dir "$OUT" "${BENCH_ARGS[@]}" | grep "^concurrency" || FAILED="$FAILED interleaved sweep"
     stop_monitor
     python benchmark/monitor_report.py --monitor "$OUT/${CONFIG}_monitor" "$OUT"/*.rounds.jsonl \
