@@ -2,7 +2,7 @@
 and utilization and the CPUs' clock over each round's span (serve_lib.sh's start_monitor), beside
 the round's throughput, and how far each round's throughput strays from its server's mean at that
 level against the same for the SM clock (a host-bound server whose speed follows the GPU's clock
-or the CPUs' shows it here).
+or the CPUs' shows it here), and the CPU each server process and the client used over each round.
 
     python benchmark/monitor_report.py --monitor OUT/demo_monitor OUT/*.rounds.jsonl"""
 
@@ -57,6 +57,37 @@ def read_cpu(path: str) -> list[dict]:
                 for row in csv.DictReader(f)]
 
 
+PROCESS_ROLES = ("http", "sched", "detok", "client")
+
+
+def read_procs(path: str) -> dict[tuple[str, int], dict[int, list[tuple[float, float]]]]:
+    """start_monitor's PREFIX.procs.csv: {(role, port): {pid: [(time, CPU seconds so far)]}}."""
+    series: dict = collections.defaultdict(lambda: collections.defaultdict(list))
+    with open(path, encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            series[row["role"], int(row["port"])][int(row["pid"])].append((float(row["time"]), float(row["cpu_s"])))
+    return series
+
+
+def cpu_percent(series: dict, role: str, port: int, start: float, end: float) -> float | None:
+    """The CPU the role's processes of the server on `port` used over [start, end], in percent of
+    one core (the client's port is 0), between the last sample at or before `start` and the first
+    at or after `end`; None where no pair of samples brackets the window."""
+    used, seconds = 0.0, None
+    for samples in series.get((role, port), {}).values():
+        before = [s for s in samples if s[0] <= start]
+        after = [s for s in samples if s[0] >= end]
+        if before and after:
+            used += after[0][1] - before[-1][1]
+            seconds = max(seconds or 0.0, after[0][0] - before[-1][0])
+    return None if seconds is None else 100 * used / seconds
+
+
+def server_port(base_url: str) -> int:
+    tail = base_url.rstrip("/").rsplit(":", 1)[-1]
+    return int(tail) if tail.isdigit() else 0
+
+
 def window_means(samples: list[dict], start: float, end: float, keys: list[str]) -> dict:
     inside = [s for s in samples if start <= s["time"] <= end]
     means = {}
@@ -91,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         cpu = read_cpu(args.monitor + ".cpu.csv")
     except OSError:
         print("no CPU samples")
+    procs = {}
+    try:
+        procs = read_procs(args.monitor + ".procs.csv")
+    except OSError:
+        print("no process samples")
     rows = []
     for path in args.rounds:
         with open(path, encoding="utf-8") as f:
@@ -103,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
                        "tok_s": line["output_throughput"]}
                 row.update(window_means(gpu, line["started_unix"], line["ended_unix"], list(GPU_FIELDS)))
                 row.update(window_means(cpu, line["started_unix"], line["ended_unix"], ["cpu_mhz", "load1"]))
+                port = server_port(line.get("base_url", ""))
+                for role in PROCESS_ROLES:
+                    row[role] = cpu_percent(procs, role, 0 if role == "client" else port,
+                                            line["started_unix"], line["ended_unix"])
                 rows.append(row)
     rows.sort(key=lambda r: (r["conc"], r["round"], r["server"]))
 
@@ -115,6 +155,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['server']:<16} {r['conc']:>4} {r['round']:>3} {show(r['tok_s'], 8)} {show(r.get('sm_mhz'), 7)} "
               f"{show(r.get('mem_mhz'), 7)} {show(r.get('power_w'), 6, 1)} {show(r.get('util_pct'), 5)} "
               f"{r.get('pstate') or '-':>6} {show(r.get('cpu_mhz'), 7)} {show(r.get('load1'), 5, 2)}")
+    if procs:
+        print("CPU per process over each round, % of one core (a process near 100% sets the pace): the server's "
+              "HTTP front end, scheduler, detokenizer, and the benchmark client")
+        print(f"{'server':<16} {'conc':>4} {'rnd':>3} {'tok/s':>8} " + " ".join(f"{role + '%':>7}" for role in PROCESS_ROLES))
+        for r in rows:
+            print(f"{r['server']:<16} {r['conc']:>4} {r['round']:>3} {show(r['tok_s'], 8)} "
+                  + " ".join(show(r.get(role), 7) for role in PROCESS_ROLES))
     # Each round against its server's mean at that level: does the spread follow a clock?
     groups = collections.defaultdict(list)
     for r in rows:

@@ -38,8 +38,47 @@ bench_args() {  # fills BENCH_ARGS: bench_serving's data and level options from 
 
 start_monitor() {  # FILE_PREFIX: samples, every 250 ms until stop_monitor, what may set a host-bound
   # server's speed: the GPU's clocks, power and utilization (nvidia-smi, read-only) into
-  # PREFIX.gpu.csv, and the CPUs' mean / min / max MHz and the load average into PREFIX.cpu.csv
+  # PREFIX.gpu.csv, the CPUs' mean / min / max MHz and the load average into PREFIX.cpu.csv, and
+  # the CPU seconds used so far by each server process (sglang-http / -sched / -detok, keyed by
+  # the server's port) and by the benchmark client into PREFIX.procs.csv
   MONITOR_PIDS=()
+  python - "$1.procs.csv" <<'PY' &
+import os, sys, time
+tick = os.sysconf("SC_CLK_TCK")
+
+def read(pid, name):
+    with open(f"/proc/{pid}/{name}", "rb") as f:
+        return f.read()
+
+def port_of(cmdline):
+    args = cmdline.split(b"\0")
+    return int(args[args.index(b"--port") + 1]) if b"--port" in args[:-1] else 0
+
+with open(sys.argv[1], "w") as out:
+    out.write("time,pid,role,port,cpu_s\n")
+    while True:
+        now = time.time()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = read(pid, "stat")
+                comm = stat[stat.index(b"(") + 1:stat.rindex(b")")].decode(errors="replace")
+                fields = stat[stat.rindex(b")") + 2:].split()
+                if comm.startswith("sglang-"):
+                    role = comm[len("sglang-"):]
+                    owner = pid if role == "http" else fields[1].decode()  # children: their parent's port
+                    port = port_of(read(owner, "cmdline"))
+                elif b"interleaved_sweep" in read(pid, "cmdline") or b"bench_serving" in read(pid, "cmdline"):
+                    role, port = "client", 0
+                else:
+                    continue
+                cpu = (int(fields[11]) + int(fields[12])) / tick
+            except (OSError, ValueError, IndexError):
+                continue
+            out.write(f"{now:.3f},{pid},{role},{port},{cpu:.2f}\n")
+        out.flush()
+        time.sleep(0.25)
+PY
+  MONITOR_PIDS+=($!)
   if command -v nvidia-smi > /dev/null; then
     nvidia-smi --query-gpu=timestamp,clocks.current.sm,clocks.current.memory,power.draw,utilization.gpu,pstate,temperature.gpu \
       --format=csv -lms 250 > "$1.gpu.csv" 2>/dev/null &

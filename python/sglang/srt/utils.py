@@ -44,6 +44,17 @@ def _as_ids(value) -> set[int]:
     return {int(v) for v in value} if isinstance(value, (list, tuple)) else {int(value)}
 
 
+def name_process(name: str) -> None:
+    """Show this process as `name` (at most 15 characters) in top, ps -o comm and /proc/PID/comm,
+    so the server's processes can be told apart (and monitored) by name. Linux only; elsewhere,
+    or where /proc is read-only, nothing happens."""
+    try:
+        with open("/proc/self/comm", "w") as f:
+            f.write(name[:15])
+    except OSError:
+        pass
+
+
 def configure_logger(log_level: str, prefix: str = "") -> None:
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),

@@ -327,10 +327,11 @@ def _event_loop() -> str:
 
 def main(argv: list[str]) -> None:
     from sglang.srt.server_args import prepare_server_args
-    from sglang.srt.utils import configure_logger
+    from sglang.srt.utils import configure_logger, name_process
 
     server_args = prepare_server_args(argv)
     configure_logger(server_args.log_level)
+    name_process("sglang-http")  # its children: sglang-sched, sglang-detok
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGINT, _stop_on_signal)
     try:

@@ -12,7 +12,7 @@ import zmq
 from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut
 from sglang.srt.server_args import PortArgs, ServerArgs
-from sglang.srt.utils import configure_logger
+from sglang.srt.utils import configure_logger, name_process
 
 logger = logging.getLogger(__name__)
 # Tokens decoded again before the new ones, so that merges across the boundary come out right.
@@ -103,6 +103,7 @@ def _common_prefix(a: str, b: str) -> str:
 
 def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> None:
     configure_logger(server_args.log_level, " Detokenizer")
+    name_process("sglang-detok")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent_pid = os.getppid()
     manager = DetokenizerManager(get_tokenizer(server_args.tokenizer_path))

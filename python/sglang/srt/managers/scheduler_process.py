@@ -15,7 +15,7 @@ import zmq
 from sglang.srt.managers.io_struct import AbortReq, ControlReply, ControlReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.server_args import PortArgs, ServerArgs
-from sglang.srt.utils import configure_logger
+from sglang.srt.utils import configure_logger, name_process
 
 logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 1000
@@ -67,6 +67,7 @@ class BusyProfiler:
 
 def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pipe) -> None:
     configure_logger(server_args.log_level, " Scheduler")
+    name_process("sglang-sched")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     parent_pid = os.getppid()
     try:
