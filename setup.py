@@ -19,6 +19,7 @@ setup(
         "fastapi>=0.110",
         "uvicorn>=0.29",
         "uvloop; sys_platform != 'win32'",
+        "httptools>=0.6",  # uvicorn parses HTTP with it instead of h11: 20-30% less front-end CPU per request
         "pydantic>=2",
         "orjson>=3.6",
         "prometheus-client>=0.20",

@@ -21,7 +21,7 @@
 # prefill       what admitting 1 / 4 requests costs a running batch of 16, no draft and k = 3, demo pair
 #               (input 256) and 8B shapes (input 1024): prefill_cost.py (~3 min)
 # prefillgraphs prefill CUDA graphs: their GPU tests (replay = eager prefill, plain and EAGLE-3; no launch
-#               waits for the device), then prefill_cost.py with prefill graphs off and up to 512 tokens,
+#               waits for the device), then prefill_cost.py with prefill graphs off and on (2048 tokens),
 #               demo pair and 8B shapes, input 256 (~7 min)
 # hostprof      the scheduler's host profile under serving load, demo pair, always k = 3 and no draft,
 #               concurrency 1 and 16 (host_profile_gpu.sh; ~2 min)

@@ -3,7 +3,7 @@ on the demo pair the speculative server loses to plain decoding at concurrency 8
 admits requests one at a time, each in its own eager prefill forward).
 
     python benchmark/prefill_cost.py --out prefill_cost.json [--pair demo|8b] [--batch 16]
-        [--input-len 256] [--new 1,4] [--repeats 20] [--prefill-graph-max-tokens 0,512]
+        [--input-len 256] [--new 1,4] [--repeats 20] [--prefill-graph-max-tokens 0,2048]
 
 For no draft and EAGLE-3 at k = 3, each with every --prefill-graph-max-tokens value (0: prefills
 run eagerly; each configuration in its own process): a decode batch of --batch requests
@@ -140,7 +140,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--workdir", default="/tmp/spec_envelope")
-    parser.add_argument("--prefill-graph-max-tokens", default="0,512",
+    parser.add_argument("--prefill-graph-max-tokens", default="0,2048",
                         help="--prefill-cuda-graph-max-tokens values to compare (a comma list; 0: eager prefills)")
     parser.add_argument("--one", choices=["plain", "spec"], default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
