@@ -64,15 +64,18 @@ def configure_logger(log_level: str, prefix: str = "") -> None:
     )
 
 
-def host_to_device(values: list, device, dtype=None):
-    """A tensor of `values` (int64 unless `dtype`) on `device`; from pinned memory on CUDA, so
-    the copy is truly asynchronous instead of a hidden sync."""
+def host_tensor(values: list, device, dtype=None):
+    """A host tensor of `values` (int64 unless `dtype`), in pinned memory when it is bound for a
+    CUDA `device`, so that copying it there is truly asynchronous instead of a hidden sync."""
     import torch
 
     tensor = torch.tensor(values, dtype=dtype or torch.int64)
-    if torch.device(device).type == "cuda":
-        tensor = tensor.pin_memory()
-    return tensor.to(device, non_blocking=True)
+    return tensor.pin_memory() if torch.device(device).type == "cuda" else tensor
+
+
+def host_to_device(values: list, device, dtype=None):
+    """A tensor of `values` (int64 unless `dtype`) on `device`, copied from pinned memory."""
+    return host_tensor(values, device, dtype).to(device, non_blocking=True)
 
 
 def host_to_device_rows(rows: list[list], device, dtype=None) -> list:

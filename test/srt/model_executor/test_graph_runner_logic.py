@@ -19,24 +19,9 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import eagle_worker_v2
-from sglang.test.runner_utils import run_to_completion
+from sglang.test.runner_utils import RerunGraph, fake_capture_graph, run_to_completion
 
 BUCKETS = [1, 2, 4, 8]
-
-
-class RerunGraph:
-    """Replays by running the captured forward again and writing its results into the tensors
-    the capture returned, as a CUDA graph replay writes into its output memory."""
-
-    def __init__(self, run, outputs):
-        self.run, self.outputs = run, outputs
-
-    def replay(self):
-        fresh = self.run()
-        for name in ("next_token_logits", "aux_hidden_states", "hidden_states"):
-            target = getattr(self.outputs, name)
-            if target is not None:
-                target.copy_(getattr(fresh, name))
 
 
 def fake_capture_one(self, bs):
@@ -60,11 +45,6 @@ class RerunStepGraph:
 def fake_step_capture_one(self, bs):
     self.outputs[bs] = self._run(bs)
     self.graphs[bs] = RerunStepGraph(lambda: self._run(bs), self.outputs[bs])
-
-
-def fake_capture_graph(run, pool):
-    outputs = run()
-    return RerunGraph(run, outputs), outputs
 
 
 @pytest.fixture

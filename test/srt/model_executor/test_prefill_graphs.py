@@ -18,29 +18,13 @@ from sglang.srt.model_executor.cuda_graph_runner import PrefillGraphRunner, pref
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
-from sglang.test.runner_utils import make_cpu_runner
-
-
-class RerunGraph:
-    def __init__(self, run, outputs):
-        self.run, self.outputs = run, outputs
-
-    @torch.inference_mode()  # as ModelRunner.forward runs it
-    def replay(self):
-        fresh = self.run()
-        for name in ("next_token_logits", "aux_hidden_states"):
-            if getattr(self.outputs, name) is not None:
-                getattr(self.outputs, name).copy_(getattr(fresh, name))
+from sglang.test.runner_utils import fake_capture_graph, make_cpu_runner
 
 
 @pytest.fixture(params=["torch_native", "triton"])
 def runner(tiny_model_paths, monkeypatch, request):
     """The triton backend (run by Triton's interpreter here) reads the layout from the device
     tensors; the reference backend from their host copy."""
-    def fake_capture_graph(run, pool):
-        outputs = run()
-        return RerunGraph(run, outputs), outputs
-
     monkeypatch.setattr(cuda_graph_runner, "capture_graph", fake_capture_graph)
     monkeypatch.setattr(ModelRunner, "graph_memory_pool", lambda self: None)
     model_runner = make_cpu_runner(tiny_model_paths["llama"], max_total_tokens=4096)

@@ -19,6 +19,7 @@ import torch
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.utils import host_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -300,7 +301,7 @@ class PrefillGraphRunner:
         starts = [end - length for end, length in zip(ends, fb.extend_seq_lens_cpu)]
         layout = [lens + no_requests, starts + [graph_n] * (graph_bs - bs), seq_lens + no_requests,
                   [end - 1 for end in ends] + no_requests]
-        self.layouts[graph_bs].copy_(_pinned(layout, self.device), non_blocking=True)
+        self.layouts[graph_bs].copy_(host_tensor(layout, self.device), non_blocking=True)
         self.input_ids[:n].copy_(fb.input_ids, non_blocking=True)
         self.positions[:n].copy_(fb.positions, non_blocking=True)
         self.out_cache_loc[:n].copy_(fb.out_cache_loc, non_blocking=True)
@@ -316,11 +317,6 @@ class PrefillGraphRunner:
         hidden = out.hidden_states[:n] if out.hidden_states is not None else None
         return LogitsProcessorOutput(next_token_logits=out.next_token_logits[:bs], aux_hidden_states=aux,
                                      hidden_states=hidden)
-
-
-def _pinned(rows: list[list[int]], device) -> torch.Tensor:
-    tensor = torch.tensor(rows, dtype=torch.int64)
-    return tensor.pin_memory() if torch.device(device).type == "cuda" else tensor
 
 
 def graph_batch_sizes(model_runner) -> Optional[list[int]]:
