@@ -11,7 +11,9 @@
 # pair with its real acceptance: prompts are windows of Python standard-library files, its domain,
 # made by make_code_dataset.py; DATASET=random gives random token ids, where its draft accepts
 # ~0.05 per position). SERVER: no_draft, always, dynamic (the default three), never_warm,
-# never_catch_up (policy `never`, the draft kept warm / caught up). The no-draft sweep does not
+# never_catch_up (policy `never`, the draft kept warm / caught up), no_draft_per_step /
+# always_per_step (SGLANG_STREAM_EVERY_STEP=1: the front end without coalescing, for A/B runs
+# against no_draft / always). The no-draft sweep does not
 # depend on the accept length: it is named after the model (8b_no_draft, demo_no_draft), so one
 # no-draft sweep serves both 8B configs. The report runs when OUT holds all three sweeps.
 # Env: LEVELS, INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, PER_CONC, MAX_PROMPTS, SWEEP_TIMEOUT_S (as
@@ -85,6 +87,10 @@ server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), 
       ARGS="$SPEC --speculative-policy never --speculative-draft-sync warm" ;;
     never_catch_up) NAME=${CONFIG}_never_catch_up LABEL="plain, draft catch-up" ENV=$SIM
       ARGS="$SPEC --speculative-policy never --speculative-draft-sync catch-up" ;;
+    no_draft_per_step) NAME=${PAIR}_no_draft_per_step LABEL="no draft, every step streamed"
+      ENV=SGLANG_STREAM_EVERY_STEP=1 ARGS="" ;;
+    always_per_step) NAME=${CONFIG}_always_per_step LABEL="always, every step streamed"
+      ENV="$SIM SGLANG_STREAM_EVERY_STEP=1" ARGS=$SPEC ;;
     *) echo "unknown server $1"; exit 2 ;;
   esac
 }

@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 
 from sglang import bench_serving
 from sglang.benchmark import plot
-from sglang.benchmark.backends import RequestResult, _spread_tokens_over_chunks
+from sglang.benchmark.backends import RequestResult, ServerError, _parse_event, _spread_tokens_over_chunks
 from sglang.benchmark.datasets import DatasetError, ShareGPTDataset
 from sglang.test.server_fixture import ServerProcess, assert_server_kv_accounting, free_port, server_state
 
@@ -214,6 +214,15 @@ def test_openai_chunks_share_their_tokens_for_the_itl():
     _spread_tokens_over_chunks(result)
     assert result.itl == [0.5, 1.0]
     assert sum(n for _, n in result.chunks) == 5
+
+
+def test_stream_events_parse_fast_and_still_take_what_python_json_takes():
+    assert _parse_event(b'{"output_ids": [1, 2], "meta_info": {"finish_reason": null}}') == \
+        {"output_ids": [1, 2], "meta_info": {"finish_reason": None}}
+    # Python's JSON writes NaN for a non-finite logprob; orjson alone would refuse the event.
+    assert _parse_event(b'{"logprob": NaN}')["logprob"] != _parse_event(b'{"logprob": NaN}')["logprob"]
+    with pytest.raises(ServerError, match="malformed event from the server: b'{\"text\": '"):
+        _parse_event(b'{"text": ')
 
 
 def test_plot_draws_one_line_per_result_file(sweep, tmp_path):

@@ -8,6 +8,8 @@ import asyncio
 import dataclasses
 import itertools
 import logging
+import os
+import pickle
 import time
 import uuid
 from typing import AsyncIterator, Callable, Optional
@@ -25,6 +27,11 @@ from sglang.srt.server_args import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
 WATCHDOG_INTERVAL_S = 1.0
+# Bounds how long the streams wait while queued outputs are read (each message is one step).
+MAX_MESSAGES_PER_WAKE = 64
+# Diagnosis only: "1" reads one message per wake, so every stream sends each step on its own
+# however far behind it is (the front end before coalescing, for A/B measurements).
+STREAM_EVERY_STEP_ENV = "SGLANG_STREAM_EVERY_STEP"
 
 
 @dataclasses.dataclass
@@ -52,7 +59,13 @@ class TokenizerManager:
         self.send_to_scheduler.connect(port_args.scheduler_input_ipc)
         self.recv_from_workers = self.ctx.socket(zmq.PULL)
         self.recv_from_workers.bind(port_args.tokenizer_ipc)
+        self.recv_queued = zmq.Socket.shadow(self.recv_from_workers.underlying)  # the same socket, not awaited
         self.rid_to_state: dict[str, ReqState] = {}
+        self.messages_per_wake = MAX_MESSAGES_PER_WAKE
+        if os.environ.get(STREAM_EVERY_STEP_ENV) == "1":
+            logger.warning("%s=1: streams send every step on its own, even when behind (diagnosis only)",
+                           STREAM_EVERY_STEP_ENV)
+            self.messages_per_wake = 1
         self.control_waiters: dict[int, asyncio.Future] = {}
         self.control_ids = itertools.count()
         self.dead_reason: Optional[str] = None
@@ -208,13 +221,24 @@ class TokenizerManager:
             if not await self.recv_from_workers.poll(WATCHDOG_INTERVAL_S * 1000):
                 self._check_children()
                 continue
-            msg = await self.recv_from_workers.recv_pyobj()
-            if isinstance(msg, BatchStrOut):
-                self._handle_str_out(msg)
-            elif isinstance(msg, ControlReply):
-                future = self.control_waiters.pop(msg.id, None)
-                if future is not None and not future.done():
-                    future.set_result(msg.result)
+            # Every message already queued is handled before the waiting streams run: a stream
+            # that fell behind sends the steps it missed as one chunk instead of one per step, so
+            # the front end's work per token drops as its load rises. The reads are synchronous:
+            # an awaited receive hands control to the streams after each message.
+            for _ in range(self.messages_per_wake):
+                try:
+                    msg = pickle.loads(self.recv_queued.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    break
+                self._dispatch(msg)
+
+    def _dispatch(self, msg) -> None:
+        if isinstance(msg, BatchStrOut):
+            self._handle_str_out(msg)
+        elif isinstance(msg, ControlReply):
+            future = self.control_waiters.pop(msg.id, None)
+            if future is not None and not future.done():
+                future.set_result(msg.result)
 
     def _handle_str_out(self, out: BatchStrOut) -> None:
         for i, rid in enumerate(out.rids):

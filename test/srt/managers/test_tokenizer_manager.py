@@ -1,0 +1,71 @@
+"""The tokenizer manager's receiving side, driven over its real ZMQ sockets by a stand-in
+detokenizer (no scheduler or model)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+
+import zmq
+
+from sglang.srt.managers.io_struct import BatchStrOut, GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.server_args import PortArgs, ServerArgs
+
+VOCAB = 384
+
+
+def _step(rid: str, token: int, done: bool = False) -> BatchStrOut:
+    return BatchStrOut(rids=[rid], new_texts=[f"<{token}>"], new_token_ids=[[token]],
+                       finished_reasons=[{"type": "length", "length": 1} if done else None], prompt_tokens=[3],
+                       completion_tokens=[token], cached_tokens=[0], new_token_logprobs=[None],
+                       new_top_logprobs=[None], admit_times=[None], first_token_times=[None])
+
+
+async def _stream_while_steps_arrive_in_bursts(model_path: str, bursts: list[int]) -> list[dict]:
+    """One streamed request; the stand-in detokenizer sends `bursts[i]` one-token steps at once
+    (all queued before the server's event loop runs again), then waits for the chunk."""
+    port_args = PortArgs.create()
+    args = ServerArgs(model_path=model_path, device="cpu")
+    tm = TokenizerManager(args, port_args, {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8},
+                          lambda: None)
+    ctx = zmq.Context()
+    detok = ctx.socket(zmq.PUSH)
+    detok.connect(port_args.tokenizer_ipc)
+    chunks = []
+    try:
+        agen = tm.generate_request(GenerateReqInput(input_ids=[1, 2, 3], rid="r", stream=True,
+                                                    sampling_params={"max_new_tokens": 64}))
+        reader = asyncio.ensure_future(agen.__anext__())
+        await asyncio.sleep(0.05)  # the request is sent; the reader waits for output
+        token = 0
+        for b, size in enumerate(bursts):
+            for _ in range(size):
+                token += 1
+                detok.send_pyobj(_step("r", token, done=b == len(bursts) - 1 and _ == size - 1))
+            time.sleep(0.05)  # blocks the loop: the whole burst is queued when it next runs
+            chunks.append(await asyncio.wait_for(reader, 5))
+            if b < len(bursts) - 1:
+                reader = asyncio.ensure_future(agen.__anext__())
+        await agen.aclose()
+    finally:
+        detok.close(linger=0)
+        ctx.term()
+        await tm.close()
+        shutil.rmtree(port_args.ipc_dir, ignore_errors=True)
+    return chunks
+
+
+def test_a_stream_that_fell_behind_gets_the_missed_steps_in_one_chunk(tiny_model_paths):
+    chunks = asyncio.run(_stream_while_steps_arrive_in_bursts(tiny_model_paths["llama"], [1, 5, 3]))
+    # One chunk per burst, each carrying everything so far: 1, then 1 + 5, then 1 + 5 + 3 tokens.
+    assert [c["output_ids"] for c in chunks] == [[1], [1, 2, 3, 4, 5, 6], list(range(1, 10))]
+    assert chunks[-1]["text"] == "".join(f"<{t}>" for t in range(1, 10))
+    assert [c["meta_info"]["finish_reason"] for c in chunks] == [None, None, {"type": "length", "length": 1}]
+
+
+def test_the_per_step_diagnosis_sends_one_step_per_chunk(tiny_model_paths, monkeypatch):
+    monkeypatch.setenv("SGLANG_STREAM_EVERY_STEP", "1")
+    chunks = asyncio.run(_stream_while_steps_arrive_in_bursts(tiny_model_paths["llama"], [1, 5, 3]))
+    assert [c["output_ids"] for c in chunks] == [[1], [1, 2], [1, 2, 3]]
