@@ -21,19 +21,31 @@ from sglang.srt.server_args import ServerArgs
 from sglang.test.runner_utils import fake_capture_graph, make_cpu_runner
 
 
-@pytest.fixture(params=["torch_native", "triton"])
-def runner(tiny_model_paths, monkeypatch, request):
-    """The triton backend (run by Triton's interpreter here) reads the layout from the device
-    tensors; the reference backend from their host copy."""
-    monkeypatch.setattr(cuda_graph_runner, "capture_graph", fake_capture_graph)
-    monkeypatch.setattr(ModelRunner, "graph_memory_pool", lambda self: None)
-    model_runner = make_cpu_runner(tiny_model_paths["llama"], max_total_tokens=4096)
+def _captured_runner(model_path: str, backend: str):
+    model_runner = make_cpu_runner(model_path, max_total_tokens=4096)
     model_runner.model.set_eagle3_layers_to_capture([0, 2, 1])
-    if request.param == "triton":
+    if backend == "triton":
         model_runner.attn_backend = TritonAttnBackend(model_runner)
     prefill = PrefillGraphRunner(model_runner, ForwardMode.EXTEND, max_tokens=64, capture_aux=True)
-    prefill.capture()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cuda_graph_runner, "capture_graph", fake_capture_graph)
+        patch.setattr(ModelRunner, "graph_memory_pool", lambda self: None)
+        prefill.capture()
     return model_runner, prefill
+
+
+@pytest.fixture
+def runner(tiny_model_paths):
+    """A fresh runner on the reference backend, which reads the layout from its host copy."""
+    return _captured_runner(tiny_model_paths["llama"], "torch_native")
+
+
+@pytest.fixture(scope="module")
+def triton_runner(tiny_model_paths):
+    """The triton backend (run by Triton's interpreter here) reads the layout from the device
+    tensors. Captured once for the module: under the interpreter each capture is a forward, and
+    its replays then also start from what earlier tests left in the static buffers."""
+    return _captured_runner(tiny_model_paths["llama"], "triton")
 
 
 def make_batch(model_runner, layout: list[tuple[int, int]], seed: int, aux: bool = True) -> ForwardBatch:
@@ -74,9 +86,10 @@ LAYOUTS = {
 }
 
 
+@pytest.mark.parametrize("backend", ["torch_native", "triton"])
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_replay_gives_the_eager_forward(runner, name):
-    model_runner, prefill = runner
+def test_replay_gives_the_eager_forward(request, backend, name):
+    model_runner, prefill = request.getfixturevalue("runner" if backend == "torch_native" else "triton_runner")
     batch = make_batch(model_runner, LAYOUTS[name], seed=len(name))
     assert prefill.can_run(batch)
     eager = model_runner.forward_eager(batch)
