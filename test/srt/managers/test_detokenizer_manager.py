@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from sglang.srt.managers.detokenizer_manager import DetokenizerManager
+from sglang.srt.managers.detokenizer_manager import DetokenizerManager, merge_token_outputs
 from sglang.srt.managers.io_struct import BatchTokenIDOut, finish_length, finish_matched
 from sglang.test.tiny_models import build_tokenizer
 
@@ -74,3 +74,44 @@ def test_two_requests_are_detokenized_independently(tokenizer):
                 reason = finish_length(len(ids)) if i == len(ids) - 1 else None
                 texts[rid] += manager.handle(one_token_message(rid, ids[i], reason)).new_texts[0]
     assert texts == {"a": "alpha 你好", "b": "beta café"}
+
+
+def test_steps_merged_while_the_detokenizer_was_busy_give_the_same_stream(tokenizer):
+    """Steps queued while a batch was decoded are merged into one message: each request gets
+    its ids, logprobs and latest counts in one piece, and its text is what the steps gave one
+    at a time (a finished request's final text included)."""
+    ids_a = tokenizer.encode(TEXT)[:9]
+    ids_b = tokenizer.encode("naïve café")[:6]
+
+    def step(k):  # request a streams 9 steps and finishes; b joins at step 2 and runs on
+        rids = ["a"] * (k < 9) + ["b"] * (2 <= k < 8)
+        token = {"a": ids_a[k] if k < 9 else None, "b": ids_b[k - 2] if 2 <= k < 8 else None}
+        return BatchTokenIDOut(
+            rids=rids, new_token_ids=[[token[r]] for r in rids],
+            finished_reasons=[finish_length(9) if r == "a" and k == 8 else None for r in rids],
+            skip_special_tokens=[True] * len(rids), prompt_tokens=[3] * len(rids),
+            completion_tokens=[k + 1 if r == "a" else k - 1 for r in rids], cached_tokens=[0] * len(rids),
+            stop_strs=[[] for _ in rids], no_stop_trim=[False] * len(rids),
+            new_token_logprobs=[[(-0.5 * k, token[r])] if r == "a" else None for r in rids],
+            new_top_logprobs=[None] * len(rids), admit_times=[1.0] * len(rids), first_token_times=[2.0] * len(rids),
+            spec_verify_ct=[k] * len(rids))
+
+    steps = [step(k) for k in range(9)]
+    one_by_one, merged = DetokenizerManager(tokenizer), DetokenizerManager(tokenizer)
+    texts = {"a": "", "b": ""}
+    for out in steps:
+        for rid, text in zip(out.rids, one_by_one.handle(out).new_texts):
+            texts[rid] += text
+    merged_texts = {"a": "", "b": ""}
+    for group in (steps[:1], steps[1:5], steps[5:]):  # the scheduler ran ahead twice
+        out = merge_token_outputs(group)
+        for rid, text in zip(out.rids, merged.handle(out).new_texts):
+            merged_texts[rid] += text
+    assert merged_texts == texts and texts["a"] == tokenizer.decode(ids_a)
+    last = merge_token_outputs(steps[5:])
+    assert last.rids == ["a", "b"]
+    assert last.new_token_ids == [ids_a[5:9], ids_b[3:6]]
+    assert last.new_token_logprobs == [[(-0.5 * k, ids_a[k]) for k in range(5, 9)], None]
+    assert last.finished_reasons == [finish_length(9), None]
+    assert last.completion_tokens == [9, 6] and last.spec_verify_ct == [8, 7]
+    assert merge_token_outputs(steps[:1]) is steps[0]

@@ -17,6 +17,8 @@ from sglang.srt.utils import configure_logger, name_process
 logger = logging.getLogger(__name__)
 # Tokens decoded again before the new ones, so that merges across the boundary come out right.
 CONTEXT_TOKENS = 5
+# Bounds how many queued scheduler steps are merged into one message.
+MAX_STEPS_PER_MESSAGE = 64
 
 
 @dataclasses.dataclass
@@ -83,6 +85,39 @@ class DetokenizerManager:
         return full[len(sent) :] if full.startswith(sent) else full[len(_common_prefix(full, sent)) :]
 
 
+def merge_token_outputs(outs: list[BatchTokenIDOut]) -> BatchTokenIDOut:
+    """Consecutive scheduler steps as one: per request (in order of first appearance) its new
+    ids and logprobs joined, its latest counts, times and finish reason."""
+    if len(outs) == 1:
+        return outs[0]
+    parts: dict[str, list[tuple[BatchTokenIDOut, int]]] = {}
+    for out in outs:
+        for i, rid in enumerate(out.rids):
+            parts.setdefault(rid, []).append((out, i))
+    rids = list(parts)
+    last = [parts[rid][-1] for rid in rids]
+
+    def joined(field: str) -> list:
+        merged = []
+        for rid in rids:
+            pieces = [getattr(out, field)[i] for out, i in parts[rid]]
+            merged.append(None if pieces[-1] is None else [x for piece in pieces for x in piece])
+        return merged
+
+    def latest(field: str) -> list:
+        return [getattr(out, field)[i] for out, i in last]
+
+    return BatchTokenIDOut(
+        rids=rids, new_token_ids=joined("new_token_ids"), finished_reasons=latest("finished_reasons"),
+        skip_special_tokens=latest("skip_special_tokens"), prompt_tokens=latest("prompt_tokens"),
+        completion_tokens=latest("completion_tokens"), cached_tokens=latest("cached_tokens"),
+        stop_strs=latest("stop_strs"), no_stop_trim=latest("no_stop_trim"),
+        new_token_logprobs=joined("new_token_logprobs"), new_top_logprobs=joined("new_top_logprobs"),
+        admit_times=latest("admit_times"), first_token_times=latest("first_token_times"),
+        spec_verify_ct=None if outs[-1].spec_verify_ct is None else latest("spec_verify_ct"),
+    )
+
+
 def _stop_prefix_len(text: str, stop_strs: list[str]) -> int:
     """Length of the longest end of `text` that is a proper prefix of some stop string."""
     longest = 0
@@ -117,4 +152,12 @@ def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> Non
             if os.getppid() != parent_pid:
                 return
             continue
-        send.send_pyobj(manager.handle(recv.recv_pyobj()))
+        # Steps queued while the last batch was decoded are decoded as one: a request's new ids
+        # are decoded once, not once per step, and the HTTP process gets one message for them.
+        outs = [recv.recv_pyobj()]
+        while len(outs) < MAX_STEPS_PER_MESSAGE:
+            try:
+                outs.append(recv.recv_pyobj(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        send.send_pyobj(manager.handle(merge_token_outputs(outs)))
