@@ -25,6 +25,9 @@
 #               demo pair and 8B shapes, input 256 (~7 min)
 # hostprof      the scheduler's host profile under serving load, demo pair, always k = 3 and no draft,
 #               concurrency 1 and 16 (host_profile_gpu.sh; ~2 min)
+# spy           where each demo server's scheduler and HTTP process spend their host time under load
+#               (always, dynamic, no draft at concurrency 4 and 64), sampled with py-spy (sched_spy_gpu.sh;
+#               ~3 min; stage py-spy with stage_device_extras.sh); read with spy_report.py
 # tests         pytest test/gpu (kernels, sampling, speculative graphs, switching)
 # timing        issue 4: gpu_check exactness / floor / bench / profile (greedy fp32 output across
 #               backends, graphs and overlap; the floor ratio; where the batch-1 step goes)
@@ -80,6 +83,9 @@ case "$PART" in
   hostprof)
     timeout 230 bash benchmark/host_profile_gpu.sh "$OUT" 2>&1 | tail -12
     ;;
+  spy)
+    SPY_HTTP=1 timeout 420 bash benchmark/sched_spy_gpu.sh "$OUT" 2>&1 | grep -v "^\s*$" | tail -30
+    ;;
   tests)
     timeout 400 python -m pytest test/gpu -q 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"
     ;;
@@ -111,5 +117,5 @@ case "$PART" in
       --steps 128 --out "$OUT/peer_gpt_fast_bs8.json" 2>&1 | tail -10
     ;;
   *)
-    echo "unknown part $PART (env-8b-acc3, env-8b-acc2, env-demo, check, offstate, phases, tests, timing, peers, gptfast)"; exit 2 ;;
+    echo "unknown part $PART (env-8b-acc3, env-8b-acc2, env-demo, check, offstate, phases, spy, tests, timing, peers, gptfast)"; exit 2 ;;
 esac
