@@ -26,7 +26,7 @@
 # hostprof      the scheduler's host profile under serving load, demo pair, always k = 3 and no draft,
 #               concurrency 1 and 16 (host_profile_gpu.sh; ~2 min)
 # spy           where each demo server's scheduler and HTTP process spend their host time under load
-#               (always, dynamic, no draft at concurrency 4 and 64), sampled with py-spy (sched_spy_gpu.sh;
+#               (always, dynamic, no draft at concurrency 1, 4 and 64), sampled with py-spy (sched_spy_gpu.sh;
 #               ~3 min; stage py-spy with stage_device_extras.sh); read with spy_report.py
 # tests         pytest test/gpu (kernels, sampling, speculative graphs, switching)
 # timing        issue 4: gpu_check exactness / floor / bench / profile (greedy fp32 output across
@@ -84,7 +84,7 @@ case "$PART" in
     timeout 230 bash benchmark/host_profile_gpu.sh "$OUT" 2>&1 | tail -12
     ;;
   spy)
-    SPY_HTTP=1 timeout 420 bash benchmark/sched_spy_gpu.sh "$OUT" 2>&1 | grep -v "^\s*$" | tail -30
+    SPY_HTTP=1 NATIVE=${NATIVE:-0} timeout 420 bash benchmark/sched_spy_gpu.sh "$OUT" 2>&1 | grep -v "^\s*$" | tail -30
     ;;
   tests)
     timeout 400 python -m pytest test/gpu -q 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"

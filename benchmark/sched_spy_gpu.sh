@@ -10,7 +10,7 @@
 # Needs py-spy on the PATH (the GPU machine: `benchmark/stage_device_extras.sh` stages its wheel;
 # it lands in /tmp/site/bin). Writes OUT/spy.tgz (raw collapsed stacks per server and level,
 # `spy_SERVER_cCONC_ROLE.txt`, for benchmark/spy_report.py; the server logs) and OUT/spy.jsonl
-# (bench_serving's lines). Env: LEVELS (4,64), PROMPTS_PER_CONC (175), NUM_DATA (prompts made, 2560), SPY_S (4), NATIVE (1: C frames too), RATE (samples
+# (bench_serving's lines). Env: LEVELS (1,4,64), PROMPTS_PER_CONC (175), NUM_DATA (prompts made, 2560), SPY_S (4), NATIVE (1: C frames too; slow to unwind through torch's libraries: session 12 got 1-20 samples in 4 s), RATE (samples
 # per second, 200), PORT (30000), OUTPUT_LEN (128), EXTRA_SERVER_ARGS (`--device cpu` for a dry
 # run), KV_TOKENS (each server's KV cache, 1M tokens), SPY_HTTP (1: the HTTP process as well).
 set -u -o pipefail
@@ -44,8 +44,8 @@ python benchmark/make_code_dataset.py "$MODEL" "$DATA" --num "$NUM_DATA" --input
 for i in "${!SERVERS[@]}"; do
   wait_healthy "${PIDS[$i]}" $(( PORT + i )) "$WORK/${SERVERS[$i]}.server.log" 300 || exit 1
 done
-NATIVE_FLAG=(); [ "${NATIVE:-1}" = 1 ] && NATIVE_FLAG=(--native)
-for level in $(echo "${LEVELS:-4,64}" | tr , ' '); do
+NATIVE_FLAG=(); [ "${NATIVE:-0}" = 1 ] && NATIVE_FLAG=(--native)
+for level in $(echo "${LEVELS:-1,4,64}" | tr , ' '); do
   for i in "${!SERVERS[@]}"; do
     name=${SERVERS[$i]}
     sched=$(pgrep -P "${PIDS[$i]}" sglang-sched | head -1)
@@ -64,7 +64,7 @@ for level in $(echo "${LEVELS:-4,64}" | tr , ' '); do
     spies=()
     for target in "${targets[@]}"; do
       role=${target%%:*} pid=${target#*:}
-      py-spy record -p "$pid" -r "${RATE:-200}" -d "${SPY_S:-4}" -f raw "${NATIVE_FLAG[@]}" \
+      py-spy record -p "$pid" -r "${RATE:-200}" -d "${SPY_S:-4}" -f raw --idle "${NATIVE_FLAG[@]}" \
         -o "$WORK/spy_${name}_c${level}_$role.txt" > "$WORK/spy_${name}_c${level}_$role.log" 2>&1 &
       spies+=($!)
     done
