@@ -9,7 +9,9 @@
 #               k = 3, dynamic, one run (~7.5 min); report + plot
 # env-8b-acc2   the same at 2.0
 # env-demo      the same on the demo pair with its real acceptance (code prompts): the three servers
-#               up at once, measured in turn at every level, two rounds (A B C, C B A; ~5 min)
+#               up at once, measured in turn at every level, two rounds (A B C, C B A; ~5 min);
+#               ENVELOPE_SERVERS picks the servers (e.g. "no_draft always dynamic always_b" with the
+#               A/A control), PIN=roles pins every server alike (spec_envelope_gpu.sh)
 # check         pytest test/gpu/test_spec_cuda.py (speculative graphs, switching, requests the draft
 #               does not follow), then spec_speed --off-state (prefill and decode speed, no draft /
 #               never + warm / never + catch-up)
@@ -47,7 +49,8 @@ mkdir -p "$OUT"
 case "$PART" in
   env-8b-acc3|env-8b-acc2|env-demo)
     default_timeout=150; [ "$PART" = env-demo ] && default_timeout=160
-    SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-$default_timeout} bash benchmark/spec_envelope_gpu.sh "$OUT" "${PART#env-}" 2>&1 \
+    SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-$default_timeout} bash benchmark/spec_envelope_gpu.sh "$OUT" "${PART#env-}" \
+      ${ENVELOPE_SERVERS:-} 2>&1 \
       | grep -v "^\s*$" | tail -40 | tee "$OUT/envelope.log"
     ;;
   check)

@@ -105,31 +105,26 @@ stop_monitor() {
   kill "${MONITOR_PIDS[@]}" 2>/dev/null
 }
 
-cpu_sets() {  # N: N + 1 lines, the CPU lists (taskset -c form) for N servers and then a client.
-  # Four physical cores per server (the first logical CPU of each) and two for the client where the
-  # machine has them; otherwise its logical CPUs split evenly (siblings together), two for the client.
-  python - "$1" <<'PY'
-import subprocess
-import sys
+cpu_sets() {  # N: N + 1 lines, the CPU lists for N servers and then a client (benchmark/cpu_sets.py)
+  python benchmark/cpu_sets.py servers "$1"
+}
 
-n = int(sys.argv[1])
-try:
-    rows = [line.split(",") for line in subprocess.run(["lscpu", "-p=CPU,CORE"], capture_output=True, text=True,
-                                                          check=True).stdout.splitlines()
-            if line and not line.startswith("#")]
-except (OSError, subprocess.CalledProcessError):
-    rows = [["0", "0"]]
-by_core = {}
-for cpu, core in rows:
-    by_core.setdefault(int(core), []).append(cpu)
-cores = [by_core[c] for c in sorted(by_core)]
-if len(cores) >= 4 * n + 2:
-    sets = [[c[0] for c in cores[4 * i:4 * i + 4]] for i in range(n)] + [[c[0] for c in cores[4 * n:4 * n + 2]]]
-else:
-    logical = [cpu for c in cores for cpu in c]
-    each = max(1, (len(logical) - 2) // n)
-    sets = [logical[i * each:(i + 1) * each] or logical[:1] for i in range(n)] + [logical[n * each:] or logical[-1:]]
-for cpus in sets:
-    print(",".join(cpus))
-PY
+role_cpu_sets() {  # 4 lines: the CPU lists for every server's HTTP process, scheduler and detokenizer,
+  # and for the client (benchmark/cpu_sets.py)
+  python benchmark/cpu_sets.py roles
+}
+
+pin_roles() {  # PID HTTP_CPUS SCHED_CPUS DETOK_CPUS: every thread of the server launched as PID (its
+  # HTTP process) and of its scheduler and detokenizer children onto the CPUs of its role; threads
+  # started later inherit it. 1 if a process is missing.
+  local child comm found=0
+  taskset -a -p -c "$2" "$1" > /dev/null || return 1
+  for child in $(pgrep -P "$1"); do
+    comm=$(cat "/proc/$child/comm" 2>/dev/null)
+    case "$comm" in
+      sglang-sched) taskset -a -p -c "$3" "$child" > /dev/null && found=$(( found + 1 )) ;;
+      sglang-detok) taskset -a -p -c "$4" "$child" > /dev/null && found=$(( found + 1 )) ;;
+    esac
+  done
+  (( found == 2 ))
 }

@@ -25,7 +25,11 @@
 # e.g. `--device cpu` for a dry run), MODEL / DRAFT (override the config's pair, e.g. tiny models
 # for a dry run), PORT (the first server's; the others take the next ones), KV_TOKENS (see below),
 # PIN (1, with ROUNDS > 0: each server on CPUs of its own with OMP_NUM_THREADS=1, the client on
-# two more; cpu_sets in serve_lib.sh).
+# two more; cpu_sets in serve_lib.sh; or roles, with ROUNDS > 0: every server's HTTP process,
+# scheduler and detokenizer on the same two CPUs per role, since one server is measured at a
+# time, OMP_NUM_THREADS=1, the client on two more: no server's result depends on where the kernel
+# put it). Server always_b is a second always server, a control: its ratio to always at each
+# level is the spread between identical servers, which the report prints beside the envelope.
 set -u -o pipefail
 OUT=${1:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
 CONFIG=${2:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
@@ -91,6 +95,7 @@ server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), 
       ENV=SGLANG_STREAM_EVERY_STEP=1 ARGS="" ;;
     always_per_step) NAME=${CONFIG}_always_per_step LABEL="always, every step streamed"
       ENV="$SIM SGLANG_STREAM_EVERY_STEP=1" ARGS=$SPEC ;;
+    always_b) NAME=${CONFIG}_always_b LABEL="always (control)" ENV=$SIM ARGS=$SPEC ;;
     *) echo "unknown server $1"; exit 2 ;;
   esac
 }
@@ -105,16 +110,22 @@ if (( ${ROUNDS:-0} > 0 )); then
   set -- $SERVERS
   PIDS=() URLS=() NAMES=()
   trap 'kill ${PIDS[@]} 2>/dev/null; wait 2>/dev/null' EXIT
-  CPUS=() CLIENT=()
+  CPUS=() CLIENT=() ROLE_CPUS=()
   if [ "${PIN:-0}" = 1 ]; then
     mapfile -t CPUS < <(cpu_sets $#)
     CLIENT=(taskset -c "${CPUS[$#]}")
     echo "== pinned: servers on CPUs ${CPUS[*]:0:$#}, the client on ${CPUS[$#]}"
+  elif [ "${PIN:-0}" = roles ]; then
+    mapfile -t ROLE_CPUS < <(role_cpu_sets)
+    CLIENT=(taskset -c "${ROLE_CPUS[3]}")
+    echo "== pinned by role, alike for every server: HTTP on CPUs ${ROLE_CPUS[0]}, scheduler on ${ROLE_CPUS[1]}," \
+      "detokenizer on ${ROLE_CPUS[2]}, the client on ${ROLE_CPUS[3]}"
   fi
   for s in "$@"; do
     server "$s"; port=$(( ${PORT:-30000} + ${#PIDS[@]} ))
     PREFIX=()
     [ "${PIN:-0}" = 1 ] && PREFIX=(taskset -c "${CPUS[${#PIDS[@]}]}" env OMP_NUM_THREADS=1)
+    [ "${PIN:-0}" = roles ] && PREFIX=(env OMP_NUM_THREADS=1)
     "${PREFIX[@]}" env $ENV python -m sglang.launch_server --model-path "$MODEL" --port $port --max-running-requests 256 \
       --max-total-tokens "${KV_TOKENS:-1048576}" $ARGS $EXTRA > "$OUT/$NAME.server.log" 2>&1 &
     PIDS+=($!) URLS+=("$NAME=http://127.0.0.1:$port") NAMES+=("$NAME")
@@ -124,6 +135,11 @@ if (( ${ROUNDS:-0} > 0 )); then
     wait_healthy "${PIDS[$i]}" $(( ${PORT:-30000} + i )) "$OUT/${NAMES[$i]}.server.log" "${HEALTH_DEADLINE_S:-300}" \
       || FAILED="$FAILED ${NAMES[$i]}"
   done
+  if [ -z "$FAILED" ] && [ "${PIN:-0}" = roles ]; then
+    for i in "${!PIDS[@]}"; do
+      pin_roles "${PIDS[$i]}" "${ROLE_CPUS[@]:0:3}" || FAILED="$FAILED ${NAMES[$i]}(pinning)"
+    done
+  fi
   if [ -z "$FAILED" ]; then
     echo "== $(date +%T) all healthy; $ROUNDS rounds per level"
     start_monitor "$OUT/${CONFIG}_monitor"
@@ -146,8 +162,10 @@ else
   done
 fi
 N=$OUT/${PAIR}_no_draft.jsonl A=$OUT/${CONFIG}_always.jsonl D=$OUT/${CONFIG}_dynamic.jsonl
+B=$OUT/${CONFIG}_always_b.jsonl
 if [ -f "$N" ] && [ -f "$A" ] && [ -f "$D" ]; then
   python benchmark/spec_envelope_report.py --no-draft "$N" --always "$A" --dynamic "$D" \
+    $( [ -f "$B" ] && echo --control "$B" ) \
     $( [ -f "$OUT/${CONFIG}_dynamic.server_info.json" ] && echo --server-info "$OUT/${CONFIG}_dynamic.server_info.json" ) --out "$OUT/${CONFIG}_envelope.json"
   python -m sglang.bench_serving plot "$N" "$A" "$D" --output "$OUT/${CONFIG}_envelope.png" \
     --title "envelope $CONFIG, 1 x H200"

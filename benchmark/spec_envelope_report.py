@@ -2,7 +2,11 @@
 the same model: a server without a draft, one that always speculates, one with the mode switch.
 
     python benchmark/spec_envelope_report.py --no-draft A.jsonl --always B.jsonl --dynamic C.jsonl \
-        [--server-info C.server_info.json] --out report.json
+        [--server-info C.server_info.json] [--control B2.jsonl] --out report.json
+
+--control: a second sweep of a server configured like `always` (an A/A control). Its ratio to
+always at each level is what two identical servers differ by in this run: a dynamic / best ratio
+within that distance of the goal is not resolved by the run. It is reported, not judged.
 
 For every concurrency the three sweeps share: output throughput of each, the ratio of dynamic to
 the better of the other two (goal >= 0.98) and to no draft (goal >= 0.99 at the largest level),
@@ -34,7 +38,8 @@ def load(path: str) -> dict[int, dict]:
     return rows
 
 
-def envelope(no_draft: dict[int, dict], always: dict[int, dict], dynamic: dict[int, dict]) -> dict:
+def envelope(no_draft: dict[int, dict], always: dict[int, dict], dynamic: dict[int, dict],
+             control: dict[int, dict] | None = None) -> dict:
     levels = sorted(set(no_draft) & set(always) & set(dynamic))
     if not levels:
         raise ValueError("the three sweeps share no concurrency level")
@@ -58,6 +63,17 @@ def envelope(no_draft: dict[int, dict], always: dict[int, dict], dynamic: dict[i
             missed.append(f"concurrency {level}: dynamic {dyn:.1f} tok/s is {point['dynamic_vs_best']:.3f} x the "
                           f"better of no draft / always ({best:.1f}); goal {GOAL_ENVELOPE}")
     notes = []
+    if control is not None:
+        for point in points:
+            level = point["concurrency"]
+            if level in control:
+                point["control_tok_s"] = control[level]["output_throughput"]
+                point["control_vs_always"] = point["control_tok_s"] / point["always_tok_s"]
+        spreads = [abs(p["control_vs_always"] - 1) for p in points if "control_vs_always" in p]
+        if spreads:
+            notes.append(f"control: two identical always servers differed by up to {max(spreads):.1%} at a level "
+                         f"(mean {sum(spreads) / len(spreads):.1%}); ratios that close to a goal are within this "
+                         f"run's spread")
     short = [p["concurrency"] for p in points if p["shortest_run_s"] < MIN_LEVEL_SECONDS]
     if short:
         notes.append(f"levels {short} ran shorter than {MIN_LEVEL_SECONDS:.0f} s in at least one sweep: "
@@ -76,10 +92,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dynamic", required=True)
     parser.add_argument("--server-info", default=None,
                         help="the dynamic server's /get_server_info after the sweep (steps per k, switches)")
+    parser.add_argument("--control", default=None, help="a second always sweep (A/A control; reported only)")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     try:
-        report = envelope(load(args.no_draft), load(args.always), load(args.dynamic))
+        control = load(args.control) if args.control else None
+        report = envelope(load(args.no_draft), load(args.always), load(args.dynamic), control)
     except (OSError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -88,14 +106,16 @@ def main(argv: list[str] | None = None) -> int:
             state = json.load(f)["internal_states"][0]
         report["dynamic_server"] = {key: state.get(key) for key in ("spec_steps_by_k", "spec_policy",
                                                                     "avg_spec_accept_length")}
+    with_control = any("control_vs_always" in p for p in report["points"])
     print(f"{'conc':>5} {'no draft':>10} {'always':>10} {'dynamic':>10} {'dyn/best':>9} {'dyn/plain':>9}"
-          f"  dynamic's steps per k, prompts without the draft")
+          + (f" {'ctrl/alw':>9}" if with_control else "") + "  dynamic's steps per k, prompts without the draft")
     for p in report["points"]:
         shares = " ".join(f"k{k}:{v:.0%}" for k, v in (p["dynamic_step_share_by_k"] or {}).items())
         if p["dynamic_prompts_without_draft"]:
             shares += f", {p['dynamic_prompts_without_draft']} cold"
         print(f"{p['concurrency']:>5} {p['no_draft_tok_s']:>10.1f} {p['always_tok_s']:>10.1f} "
-              f"{p['dynamic_tok_s']:>10.1f} {p['dynamic_vs_best']:>9.3f} {p['dynamic_vs_no_draft']:>9.3f}  {shares}")
+              f"{p['dynamic_tok_s']:>10.1f} {p['dynamic_vs_best']:>9.3f} {p['dynamic_vs_no_draft']:>9.3f}"
+              + (f" {p.get('control_vs_always', float('nan')):>9.3f}" if with_control else "") + f"  {shares}")
     for line in report["problems"] + report["missed"] + report["notes"]:
         print(line)
     if args.out:

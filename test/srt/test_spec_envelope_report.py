@@ -72,3 +72,19 @@ def test_failed_requests_or_no_common_level_exit_2(tmp_path, capsys):
     assert rc == 2 and "failed requests" in result["problems"][0]
     rc, _ = run(tmp_path, {1: 100}, {2: 200}, {4: 200})
     assert rc == 2 and "share no concurrency level" in capsys.readouterr().err
+
+
+def test_a_control_sweep_reports_the_spread_between_identical_servers_without_judging(tmp_path, capsys):
+    """--control: a second always server. Its ratio to always per level, and the largest and mean
+    distance from 1, are printed and written; a control far off does not fail the envelope."""
+    control = write(tmp_path, "always_b", {1: 231, 64: 2400, 256: 4000})
+    out = tmp_path / "report.json"
+    rc = report.main(["--no-draft", write(tmp_path, "plain", {1: 100, 64: 3000, 256: 8000}),
+                      "--always", write(tmp_path, "always", {1: 220, 64: 2500, 256: 4000}),
+                      "--dynamic", write(tmp_path, "dynamic", {1: 216, 64: 2990, 256: 7950}),
+                      "--control", control, "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert rc == 0 and not result["missed"]
+    assert [p["control_vs_always"] for p in result["points"]] == pytest.approx([1.05, 0.96, 1.0])
+    assert any("up to 5.0%" in note and "mean 3.0%" in note for note in result["notes"]), result["notes"]
+    assert "ctrl/alw" in capsys.readouterr().out

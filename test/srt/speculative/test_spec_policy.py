@@ -180,6 +180,27 @@ def test_small_batches_update_the_estimates_exactly_as_large_ones(monkeypatch):
         assert small.rates(rid) == pytest.approx(arrays.rates(rid), abs=1e-12)
 
 
+@pytest.mark.parametrize("batch_size", [1, 3, SMALL_BATCH])
+def test_small_batches_expect_the_same_tokens_as_large_ones(monkeypatch, batch_size):
+    """The cost policy's per-step sums (expected tokens of the batch for every k) come from plain
+    Python up to SMALL_BATCH requests and from arrays above: both agree with expected_tokens per
+    request, for tracked requests with rates of their own, for ones not seen yet (the pooled
+    rates), and for the batch of the last update or any other."""
+    est = AcceptanceEstimator(K_MAX)
+    rng = np.random.default_rng(3)
+    tracked = [f"t{i}" for i in range(batch_size)]
+    for _ in range(20):
+        est.record_verify(tracked, rng.integers(1, K_MAX + 2, batch_size).tolist(), K_MAX)
+    mixed = tracked[: batch_size // 2] + [f"new{i}" for i in range(batch_size - batch_size // 2)]
+    for rids in (tracked, mixed, tracked[::-1]):
+        expected = [sum(est.expected_tokens(k, rid) for rid in rids) for k in range(K_MAX + 1)]
+        small = est.batch_expected_tokens(rids, K_MAX)
+        monkeypatch.setattr(spec_policy, "SMALL_BATCH", 0)
+        arrays = est.batch_expected_tokens(rids, K_MAX)
+        monkeypatch.setattr(spec_policy, "SMALL_BATCH", SMALL_BATCH)
+        assert small == pytest.approx(expected, abs=1e-9) and arrays == pytest.approx(expected, abs=1e-9)
+
+
 # --- CostTable -------------------------------------------------------------------------------
 
 
@@ -386,9 +407,10 @@ def test_recovery_costs_little_where_a_deeper_position_is_really_poor(rates):
     assert policy.num_switches <= steps // 100, policy.summary()
 
 
-def test_an_unchanged_batch_is_re_evaluated_every_few_steps_and_a_new_size_at_once(monkeypatch):
+def test_an_unchanged_bucket_is_re_evaluated_every_few_steps_and_a_new_one_at_once(monkeypatch):
     """Past the dwell the objective (tens of microseconds of host time a step) is evaluated every
-    REEVALUATE_EVERY steps while the batch size stays; a new batch size is evaluated at once."""
+    REEVALUATE_EVERY steps while the batch stays in its graph bucket, even if it changes size
+    within it; a batch in a new bucket is evaluated at once."""
     from sglang.srt.speculative import spec_policy
 
     policy = make_policy("cost", K_MAX, cost=make_cost())
@@ -400,7 +422,12 @@ def test_an_unchanged_batch_is_re_evaluated_every_few_steps_and_a_new_size_at_on
         policy.choose(rids)
     assert len(evaluated) == 1 + 4, evaluated  # the first step, then once per REEVALUATE_EVERY
     policy.choose([f"r{i}" for i in range(256)])
-    assert evaluated[-1] == 256, "a new batch size is evaluated on its first step"
+    assert evaluated[-1] == 256, "a new bucket is evaluated on its first step"
+    # 256 -> 250 -> 256 stays in the 256 bucket: evaluated on the REEVALUATE_EVERY rhythm only.
+    count = len(evaluated)
+    for step in range(policy.min_dwell + 2 * spec_policy.REEVALUATE_EVERY):
+        policy.choose([f"r{i}" for i in range(256 if step % 2 else 250)])
+    assert len(evaluated) - count <= 2 + 1, evaluated[count:]
 
 
 def test_host_times_are_reported_beside_the_table_but_not_priced():

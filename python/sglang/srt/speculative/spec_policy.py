@@ -261,6 +261,8 @@ class AcceptanceEstimator:
         policy needs each step, in a few array operations."""
         if k == 0 or not rids:
             return [float(len(rids))] + [float(len(rids))] * k
+        if len(rids) <= SMALL_BATCH:
+            return self._batch_expected_tokens_small(rids, k)
         if rids == self._last_rids:  # every request of the batch is tracked
             known, unknown = self._last_rows, 0
         else:
@@ -273,6 +275,23 @@ class AcceptanceEstimator:
             chains = chains + unknown * np.cumprod(self._pooled[:k])
         totals = float(len(rids)) + np.concatenate([[0.0], np.cumsum(chains)])
         return totals.tolist()
+
+    def _batch_expected_tokens_small(self, rids: list[str], k: int) -> list[float]:
+        """batch_expected_tokens for a few requests in plain Python: the array path's half-dozen
+        numpy calls cost a small batch more than its few multiplications."""
+        chains = [0.0] * k
+        for rid in rids:
+            row = self._per_request.get(rid)
+            rates = self._pooled if row is None else self._rates[row].tolist()
+            prod = 1.0
+            for i in range(k):
+                prod *= rates[i]
+                chains[i] += prod
+        totals, running = [float(len(rids))], float(len(rids))
+        for chain in chains:
+            running += chain
+            totals.append(running)
+        return totals
 
     def forget(self, rid: str) -> None:
         """The request finished: drop its state, so long-running servers do not leak."""
@@ -565,7 +584,7 @@ class CostPolicy(SpecPolicy):
         # The objective at the last step that evaluated it (steps held by dwell do not), for
         # logs and tests.
         self.last_objective: dict[int, float] = {}
-        self._evaluated_bs = -1  # the batch size of the last evaluation
+        self._evaluated_key: Optional[tuple] = None  # (graph bucket, candidate set) of the last evaluation
         # (bucket, speculative?) -> EMA of the host's seconds per pipelined step, and the first
         # samples of a key until there are enough to start it (observe_host_seconds).
         self._host_seconds: dict[tuple[int, bool], float] = {}
@@ -625,15 +644,19 @@ class CostPolicy(SpecPolicy):
             return cur if cur is not None else self.candidates[0]
         bs = len(rids) + num_plain_only
         candidates = self.candidates_for(bs)
+        # Batch sizes that replay the same graphs cost the same per step, so within a bucket (and
+        # candidate set) only the requests' estimates move the choice, by alpha per step.
+        key = (self.cost.bucket(bs, self.cost.measured_steps[-1]), id(candidates))
         if cur is not None and cur in candidates:
             if self.steps_in_current < self.min_dwell:
                 return cur
-            # Past the dwell, the same batch size is re-evaluated every REEVALUATE_EVERY steps: the
-            # objective costs the host ~10-30 us, a few percent of a small model's step, and the
-            # estimates it reads move by alpha per step.
-            if bs == self._evaluated_bs and self.steps_in_current % REEVALUATE_EVERY:
+            # Past the dwell, an unchanged bucket is re-evaluated every REEVALUATE_EVERY steps: the
+            # objective costs the host ~10-30 us, a few percent of a small model's step. A batch
+            # that grows or shrinks by a request within its bucket (at concurrency 4, every few
+            # steps) is no reason to evaluate afresh.
+            if key == self._evaluated_key and self.steps_in_current % REEVALUATE_EVERY:
                 return cur
-        self._evaluated_bs = bs
+        self._evaluated_key = key
         obj = self.objective(rids, candidates, context_tokens, num_plain_only)
         self.last_objective = obj
         best = _best(obj)
