@@ -185,8 +185,8 @@ def test_target_only_cache_entries_are_taken_over_by_a_request_the_draft_follows
 
 @pytest.mark.parametrize("sync", ["warm", "catch-up"])
 def test_an_estimate_gone_low_is_refreshed_by_an_exploring_request(monkeypatch, sync):
-    """The cost policy's estimate says the draft never hits, so requests are admitted without it
-    and nothing updates the estimate. After EXPLORE_EVERY such admissions in a row the next one
+    """The cost policy's estimate, pooled and long-run, says the draft never hits, so requests are
+    admitted without it and nothing updates the estimate. After EXPLORE_EVERY such admissions in a row the next one
     gets the draft (speculation could pay at batch 1 at the prior): its plain steps' probes (warm)
     or the speculative steps taken while it decodes (catch-up, whose plain steps do not probe)
     show the draft is good now (simulated accept length 3), and the requests after it speculate."""
@@ -197,7 +197,9 @@ def test_an_estimate_gone_low_is_refreshed_by_an_exploring_request(monkeypatch, 
     scheduler = make_scheduler(speculative_policy="cost", speculative_draft_sync=sync)
     cost = CostTable({1: 0.010}, {(1, 1): 0.011, (1, 3): 0.013})  # speculation pays at batch 1 if a_1 > ~0.2
     scheduler.spec_policy = make_policy("cost", 3, cost=cost)
-    scheduler.spec_policy.estimator._pooled = [0.0, 0.0, 0.0]  # gone low
+    estimator = scheduler.spec_policy.estimator
+    estimator._pooled = [0.0, 0.0, 0.0]  # gone low, for long: new requests are judged at the long-run rates too
+    estimator._long_run[:] = 0.0
     verify_ct = []
     for i in range(EXPLORE_EVERY + 8):  # one at a time
         submit(scheduler, f"q{i}", [205, 300 + i, 1100, 52], 24)

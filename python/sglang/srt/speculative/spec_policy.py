@@ -47,8 +47,8 @@ class AcceptanceEstimator:
     policy price every k from the same statistics: E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j,
     even for a k that has not run lately. The pooled estimate is an EMA over recent verifications
     of all requests; per-request estimates capture that some requests (code, repetition) are much
-    easier to draft for than others. A request's estimate starts at the pooled one and follows a
-    running mean (the pooled value weighted as _REQUEST_PRIOR_WEIGHT observations) until that is
+    easier to draft for than others. A request's estimate starts at new_request_rates (the pooled
+    one, or the long-run one where that is higher) and follows a running mean (the pooled value weighted as _REQUEST_PRIOR_WEIGHT observations) until that is
     slower than request_alpha, then an EMA at request_alpha: quick to tell a new request apart,
     yet not so noisy that one request's luck flips the decision (an EMA at 0.2 over one
     request's 0/1 outcomes moves by +-0.17 at a_i = 0.5, which at batch 1 swung the choice
@@ -127,9 +127,18 @@ class AcceptanceEstimator:
             self._seen = np.concatenate([self._seen, np.zeros_like(self._seen)])
             self._free_rows = list(range(2 * used - 1, used - 1, -1))
         row = self._free_rows.pop()
-        self._rates[row] = self._pooled
+        self._rates[row] = self.new_request_rates()
         self._seen[row] = 0
         return row
+
+    def new_request_rates(self) -> list[float]:
+        """What a request not seen yet is expected to accept: per position the larger of the pooled
+        and the long-run rate. At small batches the pooled EMA follows the few running requests
+        step by step, so one prompt the draft cannot predict pulls it far down within tens of
+        steps; judged by it, the requests after a hard one were admitted without the draft (and,
+        decoding plainly, never showed otherwise). The long-run rate moves ten times slower: a
+        workload that stays hard still brings new requests down with it."""
+        return [max(pooled, float(long_run)) for pooled, long_run in zip(self._pooled, self._long_run)]
 
     def _observe(self, rids: list[str], observed: np.ndarray, accepted: np.ndarray) -> None:
         """Fold outcomes into the requests' estimates: request r observed 0-based positions
@@ -241,9 +250,12 @@ class AcceptanceEstimator:
         self._recover(rids, 1)
 
     def rates(self, rid: Optional[str] = None) -> list[float]:
-        """a_1..a_kmax for the request, or the pooled rates for None or an unknown request."""
-        row = self._per_request.get(rid) if rid is not None else None
-        return list(self._pooled) if row is None else self._rates[row].tolist()
+        """a_1..a_kmax for the request (new_request_rates for one not seen yet), or the pooled
+        rates for None."""
+        if rid is None:
+            return list(self._pooled)
+        row = self._per_request.get(rid)
+        return self.new_request_rates() if row is None else self._rates[row].tolist()
 
     def expected_tokens(self, k: int, rid: Optional[str] = None) -> float:
         """Expected tokens one verify of k drafts yields: 1 + sum_{i<=k} prod_{j<=i} a_j (the
@@ -272,17 +284,21 @@ class AcceptanceEstimator:
         # Per position i: the batch's sum of prod_{j<=i} a_j (unknown requests at the pooled rates).
         chains = np.cumprod(self._rates[known, :k], axis=1).sum(axis=0) if len(known) else np.zeros(k)
         if unknown:
-            chains = chains + unknown * np.cumprod(self._pooled[:k])
+            chains = chains + unknown * np.cumprod(self.new_request_rates()[:k])
         totals = float(len(rids)) + np.concatenate([[0.0], np.cumsum(chains)])
         return totals.tolist()
 
     def _batch_expected_tokens_small(self, rids: list[str], k: int) -> list[float]:
         """batch_expected_tokens for a few requests in plain Python: the array path's half-dozen
         numpy calls cost a small batch more than its few multiplications."""
-        chains = [0.0] * k
+        chains, new_rates = [0.0] * k, None
         for rid in rids:
             row = self._per_request.get(rid)
-            rates = self._pooled if row is None else self._rates[row].tolist()
+            if row is None:
+                new_rates = new_rates or self.new_request_rates()
+                rates = new_rates
+            else:
+                rates = self._rates[row].tolist()
             prod = 1.0
             for i in range(k):
                 prod *= rates[i]
