@@ -27,7 +27,8 @@
 #               demo pair and 8B shapes, input 256 (~7 min)
 # hostprof      the scheduler's host profile under serving load, demo pair, always k = 3 and no draft,
 #               concurrency 1 and 16 (host_profile_gpu.sh; ~2 min)
-# spy           where each demo server's scheduler and HTTP process spend their host time under load
+# spy           where each demo server's scheduler and HTTP process spend their host time under load (py-spy
+#               returned no real samples on the GPU machine in session 12: throughputs only there)
 #               (always, dynamic, no draft at concurrency 1, 4 and 64), sampled with py-spy (sched_spy_gpu.sh;
 #               ~3 min; stage py-spy with stage_device_extras.sh); read with spy_report.py
 # tests         pytest test/gpu (kernels, sampling, speculative graphs, switching)

@@ -17,9 +17,7 @@ OUT=${1:?usage: host_profile_gpu.sh OUT}
 WORK=/tmp/host_profile
 rm -rf "$WORK"; mkdir -p "$OUT" "$WORK"
 source benchmark/serve_lib.sh
-MODEL=$(python -c "from sglang import demo; print(demo.TARGET_PATH)")
-DRAFT=$(python -c "from sglang import demo; print(demo.DRAFT_PATH)")
-SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
+demo_pair
 PORT=${PORT:-30000}
 PIDS=()
 trap 'kill ${PIDS[@]} 2>/dev/null; wait 2>/dev/null' EXIT

@@ -8,7 +8,10 @@
 #   bash benchmark/sched_spy_gpu.sh OUT [SERVER...]
 #
 # Needs py-spy on the PATH (the GPU machine: `benchmark/stage_device_extras.sh` stages its wheel;
-# it lands in /tmp/site/bin). Writes OUT/spy.tgz (raw collapsed stacks per server and level,
+# it lands in /tmp/site/bin). On the GPU machine py-spy does not sample these processes (session
+# 12: --native took 1-22 samples in 4 s; without it every sample of a busy process was the same
+# stale idle stack), so there this script gives throughputs only; on a CPU machine it profiles
+# (a dry run: KV_TOKENS=65536 LEVELS=4 SPY_S=2). Writes OUT/spy.tgz (raw collapsed stacks per server and level,
 # `spy_SERVER_cCONC_ROLE.txt`, for benchmark/spy_report.py; the server logs) and OUT/spy.jsonl
 # (bench_serving's lines). Env: LEVELS (1,4,64), PROMPTS_PER_CONC (175), NUM_DATA (prompts made, 2560), SPY_S (4), NATIVE (1: C frames too; slow to unwind through torch's libraries: session 12 got 1-20 samples in 4 s), RATE (samples
 # per second, 200), PORT (30000), OUTPUT_LEN (128), EXTRA_SERVER_ARGS (`--device cpu` for a dry
@@ -22,9 +25,7 @@ rm -rf "$WORK"; mkdir -p "$OUT" "$WORK"
 source benchmark/serve_lib.sh
 export PATH="/tmp/site/bin:$PATH"
 command -v py-spy > /dev/null || { echo "py-spy is not installed (benchmark/stage_device_extras.sh)"; exit 1; }
-MODEL=$(python -c "from sglang import demo; print(demo.TARGET_PATH)")
-DRAFT=$(python -c "from sglang import demo; print(demo.DRAFT_PATH)")
-SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
+demo_pair
 PORT=${PORT:-30000}
 PIDS=()
 trap 'kill ${PIDS[@]} 2>/dev/null; wait 2>/dev/null' EXIT

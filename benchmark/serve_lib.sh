@@ -18,6 +18,12 @@ wait_healthy() {  # PID PORT LOG DEADLINE_S: 0 once /health answers; else prints
   done
 }
 
+demo_pair() {  # sets MODEL and DRAFT to the shipped demo pair, SPEC to the EAGLE-3 flags (k = 3) for it
+  MODEL=$(python -c "from sglang import demo; print(demo.TARGET_PATH)")
+  DRAFT=$(python -c "from sglang import demo; print(demo.DRAFT_PATH)")
+  SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
+}
+
 save_server_info() {  # PORT FILE: the server's /get_server_info (no file when it does not answer)
   python -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$1/get_server_info', timeout=10).read().decode())" \
     > "$2" 2>/dev/null || rm -f "$2"

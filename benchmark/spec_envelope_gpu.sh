@@ -28,8 +28,9 @@
 # two more; cpu_sets in serve_lib.sh; or roles, with ROUNDS > 0: every server's HTTP process,
 # scheduler and detokenizer on the same two CPUs per role, since one server is measured at a
 # time, OMP_NUM_THREADS=1, the client on two more: no server's result depends on where the kernel
-# put it). Server always_b is a second always server, a control: its ratio to always at each
-# level is the spread between identical servers, which the report prints beside the envelope.
+# put it). Servers always_b and always_c are further always servers, controls: always_b's ratio
+# to always at each level is the spread between identical servers, which the report prints
+# beside the envelope.
 set -u -o pipefail
 OUT=${1:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
 CONFIG=${2:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
@@ -95,7 +96,7 @@ server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), 
       ENV=SGLANG_STREAM_EVERY_STEP=1 ARGS="" ;;
     always_per_step) NAME=${CONFIG}_always_per_step LABEL="always, every step streamed"
       ENV="$SIM SGLANG_STREAM_EVERY_STEP=1" ARGS=$SPEC ;;
-    always_b) NAME=${CONFIG}_always_b LABEL="always (control)" ENV=$SIM ARGS=$SPEC ;;
+    always_b|always_c) NAME=${CONFIG}_$1 LABEL="always (control ${1#always_})" ENV=$SIM ARGS=$SPEC ;;
     *) echo "unknown server $1"; exit 2 ;;
   esac
 }
