@@ -75,7 +75,8 @@ def print_diff(first: str, second: str, top: int, match: str, steps: list[int] |
     for name in rows:
         if match not in name:
             continue
-        print(f"  {b[name] * scale_b - a[name] * scale_a:+9.1f}  ({a[name] * scale_a:8.1f} -> {b[name] * scale_b:8.1f})  {name}")
+        before, after = a[name] * scale_a, b[name] * scale_b
+        print(f"  {after - before:+9.1f}  ({before:8.1f} -> {after:8.1f})  {name}")
         top -= 1
         if top == 0:
             break

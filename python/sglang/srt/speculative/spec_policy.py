@@ -48,9 +48,9 @@ class AcceptanceEstimator:
     even for a k that has not run lately. The pooled estimate is an EMA over recent verifications
     of all requests; per-request estimates capture that some requests (code, repetition) are much
     easier to draft for than others. A request's estimate starts at new_request_rates (the pooled
-    one, or the long-run one where that is higher) and follows a running mean (the pooled value weighted as _REQUEST_PRIOR_WEIGHT observations) until that is
-    slower than request_alpha, then an EMA at request_alpha: quick to tell a new request apart,
-    yet not so noisy that one request's luck flips the decision (an EMA at 0.2 over one
+    one, or the long-run one where that is higher) and follows a running mean (that start
+    weighted as _REQUEST_PRIOR_WEIGHT observations) until that is slower than request_alpha, then
+    an EMA at request_alpha: quick to tell a new request apart, yet not so noisy that one request's luck flips the decision (an EMA at 0.2 over one
     request's 0/1 outcomes moves by +-0.17 at a_i = 0.5, which at batch 1 swung the choice
     between k = 0, 1 and k_max every few dozen steps).
 
@@ -281,7 +281,7 @@ class AcceptanceEstimator:
             rows = [self._per_request.get(rid) for rid in rids]
             known = np.asarray([row for row in rows if row is not None], dtype=np.int64)
             unknown = len(rows) - len(known)
-        # Per position i: the batch's sum of prod_{j<=i} a_j (unknown requests at the pooled rates).
+        # Per position i: the batch's sum of prod_{j<=i} a_j (unknown requests at new_request_rates).
         chains = np.cumprod(self._rates[known, :k], axis=1).sum(axis=0) if len(known) else np.zeros(k)
         if unknown:
             chains = chains + unknown * np.cumprod(self.new_request_rates()[:k])
