@@ -31,6 +31,10 @@
 #               returned no real samples on the GPU machine in session 12: throughputs only there)
 #               (always, dynamic, no draft at concurrency 1, 4 and 64), sampled with py-spy (sched_spy_gpu.sh;
 #               ~3 min; stage py-spy with stage_device_extras.sh); read with spy_report.py
+# aa            are identical demo servers equally fast? always, always_b, always_c one at a time (each alone on
+#               the machine), then the same in the reverse order, levels 8 and 32 with ~8 s each (~7 min);
+#               one table of tok/s and TPOT per server, order and level; everything in aa.tgz.
+#               Env: AA_LEVELS (8,32), AA_PER_CONC (192), AA_MAX (2048), AA_NUM (768)
 # tests         pytest test/gpu (kernels, sampling, speculative graphs, switching)
 # timing        issue 4: gpu_check exactness / floor / bench / profile (greedy fp32 output across
 #               backends, graphs and overlap; the floor ratio; where the batch-1 step goes)
@@ -90,6 +94,25 @@ case "$PART" in
   spy)
     SPY_HTTP=1 NATIVE=${NATIVE:-0} timeout 420 bash benchmark/sched_spy_gpu.sh "$OUT" 2>&1 | grep -v "^\s*$" | tail -30
     ;;
+  aa)
+    for order in "always always_b always_c" "always_c always_b always"; do
+      dir=$OUT/$( [ "${order%% *}" = always ] && echo forward || echo reverse )
+      ROUNDS=0 LEVELS=${AA_LEVELS:-8,32} NUM_PROMPTS=${AA_NUM:-768} PER_CONC=${AA_PER_CONC:-192} \
+        MAX_PROMPTS=${AA_MAX:-2048} SWEEP_TIMEOUT_S=90 bash benchmark/spec_envelope_gpu.sh "$dir" demo $order 2>&1 \
+        | grep "^== \|failed" | tee -a "$OUT/aa.log"
+    done
+    python - "$OUT" <<'PY' | tee -a "$OUT/aa.log"
+import json, pathlib, sys
+print(f"{'order':8} {'server':16} {'conc':>5} {'tok/s':>9} {'TPOT ms':>8} {'s':>6}")
+for order in ("forward", "reverse"):
+    for path in sorted(pathlib.Path(sys.argv[1], order).glob("demo_always*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            print(f"{order:8} {path.stem:16} {row['max_concurrency']:>5} {row['output_throughput']:>9.0f} "
+                  f"{row['mean_tpot_ms']:>8.3f} {row['duration']:>6.1f}")
+PY
+    (cd "$OUT" && tar czf aa.tgz forward reverse aa.log && rm -rf forward reverse aa.log)
+    ;;
   tests)
     timeout 400 python -m pytest test/gpu -q 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"
     ;;
@@ -121,5 +144,5 @@ case "$PART" in
       --steps 128 --out "$OUT/peer_gpt_fast_bs8.json" 2>&1 | tail -10
     ;;
   *)
-    echo "unknown part $PART (env-8b-acc3, env-8b-acc2, env-demo, check, offstate, phases, spy, tests, timing, peers, gptfast)"; exit 2 ;;
+    echo "unknown part $PART (env-8b-acc3, env-8b-acc2, env-demo, check, offstate, phases, spy, aa, tests, timing, peers, gptfast)"; exit 2 ;;
 esac
