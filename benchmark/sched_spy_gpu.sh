@@ -11,11 +11,13 @@
 # it lands in /tmp/site/bin). On the GPU machine py-spy does not sample these processes (session
 # 12: --native took 1-22 samples in 4 s; without it every sample of a busy process was the same
 # stale idle stack), so there this script gives throughputs only; on a CPU machine it profiles
-# (a dry run: KV_TOKENS=65536 LEVELS=4 SPY_S=2). Writes OUT/spy.tgz (raw collapsed stacks per server and level,
-# `spy_SERVER_cCONC_ROLE.txt`, for benchmark/spy_report.py; the server logs) and OUT/spy.jsonl
-# (bench_serving's lines). Env: LEVELS (1,4,64), PROMPTS_PER_CONC (175), NUM_DATA (prompts made, 2560), SPY_S (4), NATIVE (1: C frames too; slow to unwind through torch's libraries: session 12 got 1-20 samples in 4 s), RATE (samples
-# per second, 200), PORT (30000), OUTPUT_LEN (128), EXTRA_SERVER_ARGS (`--device cpu` for a dry
-# run), KV_TOKENS (each server's KV cache, 1M tokens), SPY_HTTP (1: the HTTP process as well).
+# (a dry run: KV_TOKENS=65536 LEVELS=4 SPY_S=2).
+# Writes OUT/spy.tgz (raw collapsed stacks per server and level, `spy_SERVER_cCONC_ROLE.txt`, for
+# benchmark/spy_report.py; the server logs) and OUT/spy.jsonl (bench_serving's lines).
+# Env: LEVELS (1,4,64), PROMPTS_PER_CONC (175), NUM_DATA (prompts made, 2560), SPY_S (4), NATIVE
+# (1: C frames too, slow to unwind through torch's libraries), RATE (samples per second, 200),
+# PORT (30000), OUTPUT_LEN (128), EXTRA_SERVER_ARGS (`--device cpu` for a dry run), KV_TOKENS
+# (each server's KV cache, 1M tokens), SPY_HTTP (1: the HTTP process as well).
 set -u -o pipefail
 OUT=${1:?usage: sched_spy_gpu.sh OUT [SERVER...]}
 shift

@@ -600,6 +600,8 @@ class CostPolicy(SpecPolicy):
         # The objective at the last step that evaluated it (steps held by dwell do not), for
         # logs and tests.
         self.last_objective: dict[int, float] = {}
+        # One grouping of batch sizes into buckets for every k: the largest k's.
+        self._grouping_k = cost.measured_steps[-1]
         self._evaluated_key: Optional[tuple] = None  # (graph bucket, candidate set) of the last evaluation
         # (bucket, speculative?) -> EMA of the host's seconds per pipelined step, and the first
         # samples of a key until there are enough to start it (observe_host_seconds).
@@ -638,8 +640,7 @@ class CostPolicy(SpecPolicy):
         samples (the first steps at a new shape carry one-off work), then follows an EMA."""
         if k not in self.cost.measured_steps or batch_size < 1 or not 0 < seconds < math.inf:
             return
-        # One grouping of batch sizes for every k: the largest k's buckets.
-        key = self.cost.bucket(batch_size, self.cost.measured_steps[-1]), k > 0
+        key = self.cost.bucket(batch_size, self._grouping_k), k > 0
         previous = self._host_seconds.get(key)
         if previous is not None:
             self._host_seconds[key] = previous + HOST_ALPHA * (seconds - previous)
@@ -662,7 +663,7 @@ class CostPolicy(SpecPolicy):
         candidates = self.candidates_for(bs)
         # Batch sizes that replay the same graphs cost the same per step, so within a bucket (and
         # candidate set) only the requests' estimates move the choice, by alpha per step.
-        key = (self.cost.bucket(bs, self.cost.measured_steps[-1]), id(candidates))
+        key = (self.cost.bucket(bs, self._grouping_k), id(candidates))
         if cur is not None and cur in candidates:
             if self.steps_in_current < self.min_dwell:
                 return cur
