@@ -36,6 +36,9 @@
 #               one table of tok/s and TPOT per server, order and level; everything in aa.tgz.
 #               Env: AA_LEVELS (8,32), AA_PER_CONC (192), AA_MAX (2048), AA_NUM (768)
 # tests         pytest test/gpu (kernels, sampling, speculative graphs, switching)
+# host          what each small host operation of a step costs on this machine (host_ops_gpu.py), then the
+#               demo pair's decode in-process (no HTTP): no draft, always k = 3 and dynamic at batch 1..256,
+#               each in two processes in turn, every pass timed by phase (spec_speed.py --step-times; ~3 min)
 # timing        issue 4: gpu_check exactness / floor / bench / profile (greedy fp32 output across
 #               backends, graphs and overlap; the floor ratio; where the batch-1 step goes)
 # peers         issue 4: our decode step (gpu_check bench) and gpt-fast at batch 8, then batch 1,
@@ -97,7 +100,7 @@ case "$PART" in
   aa)
     for order in "always always_b always_c" "always_c always_b always"; do
       dir=$OUT/$( [ "${order%% *}" = always ] && echo forward || echo reverse )
-      ROUNDS=0 LEVELS=${AA_LEVELS:-8,32} NUM_PROMPTS=${AA_NUM:-768} PER_CONC=${AA_PER_CONC:-192} \
+      STEP_TIMES=1 ROUNDS=0 LEVELS=${AA_LEVELS:-8,32} NUM_PROMPTS=${AA_NUM:-768} PER_CONC=${AA_PER_CONC:-192} \
         MAX_PROMPTS=${AA_MAX:-2048} SWEEP_TIMEOUT_S=90 bash benchmark/spec_envelope_gpu.sh "$dir" demo $order 2>&1 \
         | grep "^== \|failed" | tee -a "$OUT/aa.log"
     done
@@ -111,10 +114,27 @@ for order in ("forward", "reverse"):
             print(f"{order:8} {path.stem:16} {row['max_concurrency']:>5} {row['output_throughput']:>9.0f} "
                   f"{row['mean_tpot_ms']:>8.3f} {row['duration']:>6.1f}")
 PY
+    { echo "transparent hugepages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null)"
+      for d in "$OUT"/forward "$OUT"/reverse; do
+        mkdir -p "$d/x" && tar xzf "$d/demo_servers.tgz" -C "$d/x" 2>/dev/null
+        for f in "$d"/x/*.steps.*.txt; do [ -f "$f" ] && { echo "== ${d##*/} ${f##*/}"; grep "spec_k3" "$f"; }; done
+        for f in "$d"/x/*.procstat; do
+          [ -f "$f" ] && awk -v n="${d##*/} ${f##*/}" '/^cpu /{for(i=2;i<=NF;i++){v[NR,i]=$i}; r[++c]=NR}
+            END{t=0; for(i=2;i<=9;i++) t+=v[r[2],i]-v[r[1],i]; s=v[r[2],9]-v[r[1],9];
+                printf "== %s steal %.2f%% of CPU time\n", n, t ? 100*s/t : 0}' "$f"
+        done
+        rm -rf "$d/x"
+      done; } 2>&1 | tee -a "$OUT/aa.log"
     (cd "$OUT" && tar czf aa.tgz forward reverse aa.log && rm -rf forward reverse aa.log)
     ;;
   tests)
     timeout 400 python -m pytest test/gpu -q 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"
+    ;;
+  host)
+    timeout 120 python benchmark/host_ops_gpu.py --out "$OUT/host_ops.json" 2>&1 | tail -30
+    timeout 400 python benchmark/spec_speed.py --pair demo --input-len 256 --output-len 256 \
+      --batch-sizes ${HOST_LEVELS:-1,4,16,64,256} --dynamic --step-times --repeats ${HOST_REPEATS:-2} \
+      --out "$OUT/sched_steps_demo.json" 2>&1 | grep -v "^\s*$" | tail -80 | tee "$OUT/sched_steps_demo.log"
     ;;
   timing)
     timeout 280 python benchmark/gpu_check.py --workdir /tmp/spec_envelope --out "$OUT" \
@@ -144,5 +164,5 @@ PY
       --steps 128 --out "$OUT/peer_gpt_fast_bs8.json" 2>&1 | tail -10
     ;;
   *)
-    echo "unknown part $PART (env-8b-acc3, env-8b-acc2, env-demo, check, offstate, phases, spy, aa, tests, timing, peers, gptfast)"; exit 2 ;;
+    echo "unknown part $PART (env-8b-acc3, env-8b-acc2, env-demo, check, offstate, phases, spy, aa, tests, host, timing, peers, gptfast)"; exit 2 ;;
 esac

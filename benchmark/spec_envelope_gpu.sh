@@ -28,9 +28,10 @@
 # two more; cpu_sets in serve_lib.sh; or roles, with ROUNDS > 0: every server's HTTP process,
 # scheduler and detokenizer on the same two CPUs per role, since one server is measured at a
 # time, OMP_NUM_THREADS=1, the client on two more: no server's result depends on where the kernel
-# put it). Servers always_b and always_c are further always servers, controls: always_b's ratio
-# to always at each level is the spread between identical servers, which the report prints
-# beside the envelope.
+# put it), STEP_TIMES (1: every server's scheduler times its steps by phase, SGLANG_STEP_TIMES,
+# one table per busy period, NAME.steps.N.txt in the archive). Servers always_b and always_c are
+# further always servers, controls: always_b's ratio to always at each level is the spread between
+# identical servers, which the report prints beside the envelope.
 set -u -o pipefail
 OUT=${1:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
 CONFIG=${2:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
@@ -99,6 +100,7 @@ server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), 
     always_b|always_c) NAME=${CONFIG}_$1 LABEL="always (control ${1#always_})" ENV=$SIM ARGS=$SPEC ;;
     *) echo "unknown server $1"; exit 2 ;;
   esac
+  [ "${STEP_TIMES:-0}" = 1 ] && ENV="$ENV SGLANG_STEP_TIMES=$OUT/$NAME.steps"
 }
 FAILED=""
 if (( ${ROUNDS:-0} > 0 )); then
@@ -158,8 +160,12 @@ else
   for s in $SERVERS; do
     echo "== $(date +%T) $CONFIG: $s"
     server "$s"
+    # The machine's CPU time by kind (user .. steal, /proc/stat) around the sweep: a virtual CPU
+    # the host takes away shows as steal.
+    { date +%T; grep '^cpu ' /proc/stat; } > "$OUT/$NAME.procstat" 2>/dev/null
     env NAME="$NAME" LABEL="$LABEL" TITLE="envelope $CONFIG" SERVER_ARGS="$ARGS $EXTRA" $ENV \
       bash benchmark/serving_sweep_gpu.sh "$OUT" "$MODEL" 2>&1 | tail -4 || FAILED="$FAILED $s"
+    { date +%T; grep '^cpu ' /proc/stat; } >> "$OUT/$NAME.procstat" 2>/dev/null
   done
 fi
 N=$OUT/${PAIR}_no_draft.jsonl A=$OUT/${CONFIG}_always.jsonl D=$OUT/${CONFIG}_dynamic.jsonl
@@ -175,8 +181,8 @@ fi
 # loose; the single-sweep plots go; the server logs, /get_server_info snapshots and the rounds' lines of an
 # interleaved run go into one archive.
 find "$OUT" -maxdepth 1 -name '*.png' ! -name '*_envelope.png' -delete
-(cd "$OUT" && tar czf "${CONFIG}_servers.tgz" *.server.log *.server_info.json $(ls *.rounds.jsonl *_monitor.* 2>/dev/null) \
-  && rm -f *.server.log *.server_info.json *.rounds.jsonl *_monitor.*)
+(cd "$OUT" && tar czf "${CONFIG}_servers.tgz" *.server.log *.server_info.json $(ls *.rounds.jsonl *_monitor.* *.steps.* *.procstat 2>/dev/null) \
+  && rm -f *.server.log *.server_info.json *.rounds.jsonl *_monitor.* *.steps.* *.procstat)
 if [ -n "$FAILED" ]; then
   echo "sweeps that failed:$FAILED (their server logs are in ${CONFIG}_servers.tgz)"; exit 1
 fi

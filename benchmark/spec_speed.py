@@ -47,11 +47,15 @@ def code_prompts(model: str, n: int, length: int) -> list[list[int]]:
 
 
 def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input_len: int, output_len: int,
-            device: str, prompt_kind: str = "random", step_graph: bool = True, draft_sync: str | None = None) -> list[dict]:
+            device: str, prompt_kind: str = "random", step_graph: bool = True, draft_sync: str | None = None,
+            dynamic: bool = False, step_times: bool = False) -> list[dict]:
     """One Scheduler (KV pool and graphs sized for the largest batch) runs every level in turn.
-    draft_sync: the draft is loaded but never used (policy `never`), kept warm or caught up."""
+    draft_sync: the draft is loaded but never used (policy `never`), kept warm or caught up.
+    dynamic: the default dynamic policy (cost) instead of always k. step_times: each level's
+    decode passes timed by phase (sglang.srt.managers.step_times), as `step_times`."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.step_times import NullStepClock, StepClock
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative.spec_stats import SpecStats
@@ -60,6 +64,8 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
                 disable_speculative_step_graph=not step_graph) if draft else {}
     if draft and draft_sync:
         spec.update(speculative_policy="never", speculative_draft_sync=draft_sync)
+    if draft and dynamic:
+        spec.update(speculative_adaptive=True)
     max_bs = max(batch_sizes)
     args = ServerArgs(model_path=model, device=device, max_running_requests=max_bs, cuda_graph_max_bs=max_bs,
                       log_level="warning", **spec)
@@ -91,9 +97,12 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
 
             profiler = cProfile.Profile()
             profiler.enable()
+        clock = scheduler.clock = StepClock("") if step_times else NullStepClock()
         start = time.perf_counter()
         while scheduler.has_work():
+            clock.begin()
             scheduler.step()
+            clock.end()
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
@@ -112,13 +121,17 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
                   "decode_tokens": decode_tokens, "seconds": seconds,
                   "tokens_per_s": decode_tokens / seconds, "prefill_seconds": prefill_seconds,
                   "prefill_tokens_per_s": bs * input_len / prefill_seconds}
+        if step_times:
+            result["step_times"] = clock.summary()
         if draft and draft_sync:
             result.update(config=f"never, draft {draft_sync}",
                           ms_per_step=1e3 * seconds / max(scheduler.get_internal_state()["spec_plain_steps"], 1))
         elif draft:
             state = scheduler.get_internal_state()
             result.update(accept_length=state["avg_spec_accept_length"], phase_ms=state["spec_phase_ms"],
-                          ms_per_step=1e3 * seconds / max(state["spec_steps"], 1))
+                          ms_per_step=1e3 * seconds / max(state["spec_steps"] + state["spec_plain_steps"], 1))
+            if dynamic:
+                result.update(config="dynamic", steps_by_k=state["spec_steps_by_k"])
         else:
             result["ms_per_step"] = 1e3 * seconds / max(decode_tokens / bs, 1)
         results.append(result)
@@ -157,35 +170,53 @@ def main() -> None:
                         help="speculative steps replay a graph per forward, not one per step")
     parser.add_argument("--off-state", action="store_true",
                         help="no draft vs policy never with the draft warm / caught up, instead of the k list")
+    parser.add_argument("--dynamic", action="store_true",
+                        help="also the default dynamic policy (cost, k up to the largest --steps)")
+    parser.add_argument("--step-times", action="store_true",
+                        help="time each decode pass by phase (SGLANG_STEP_TIMES' table) at every level")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run each variant in this many processes in turn (identical runs: their spread)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one variant in this process
     args = parser.parse_args()
     target, draft = make_pair(args.pair, args.workdir)
     batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
+    k_max = max(int(k) for k in args.steps.split(","))
     if args.one is not None:
         sync = args.one if args.one in ("warm", "catch-up") else None
-        k = 3 if sync else int(args.one)
+        dynamic = args.one == "dynamic"
+        k = 3 if sync else k_max if dynamic else int(args.one)
         print(json.dumps(measure(target, draft if k else None, k, batch_sizes, args.input_len, args.output_len,
                                  args.device, "code" if args.pair == "demo" else "random",
-                                 not args.disable_step_graph, sync)), flush=True)
+                                 not args.disable_step_graph, sync, dynamic, args.step_times)), flush=True)
         return
     results = []
     variants = ["0", "warm", "catch-up"] if args.off_state else ["0"] + args.steps.split(",")
-    for k in variants:
+    if args.dynamic:
+        variants.append("dynamic")
+    for run, k in [(run, k) for run in range(args.repeats) for k in variants]:
         cmd = [sys.executable, __file__, "--out", args.out, "--pair", args.pair, "--input-len", str(args.input_len),
                "--output-len", str(args.output_len), "--device", args.device, "--workdir", args.workdir,
-               "--batch-sizes", args.batch_sizes, "--one", k] + (["--disable-step-graph"] if args.disable_step_graph
-                                                                      else [])
+               "--batch-sizes", args.batch_sizes, "--steps", args.steps, "--one", k]
+        cmd += ["--disable-step-graph"] if args.disable_step_graph else []
+        cmd += ["--step-times"] if args.step_times else []
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            results.append({"k": k, "error": proc.stderr[-2000:]})
+            results.append({"k": k, "run": run, "error": proc.stderr[-2000:]})
             print(f"k {k}: failed\n{proc.stderr[-2000:]}", flush=True)
         else:
             for r in json.loads(proc.stdout.strip().splitlines()[-1]):
+                r["run"] = run
                 results.append(r)
                 print(f"bs {r['batch_size']} {r.get('config', 'k ' + k)}: {r['tokens_per_s']:.1f} tok/s, "
                       f"{r['ms_per_step']:.2f} ms/step, prefill {r['prefill_tokens_per_s']:.0f} tok/s"
-                      + (f", accept {r['accept_length']:.2f}, phases {r['phase_ms']}" if 'accept_length' in r else ""),
-                      flush=True)
+                      + (f", accept {r['accept_length']:.2f}, phases {r['phase_ms']}" if 'accept_length' in r else "")
+                      + (f", steps by k {r['steps_by_k']}" if 'steps_by_k' in r else ""), flush=True)
+                for group, row in r.get("step_times", {}).items():
+                    if row["steps"] >= 8:  # the level's decode groups (a few stray passes are left out)
+                        print(f"    run {run} {group}: {row['steps']} steps, us per step: schedule "
+                              f"{row['schedule_us']:.0f}, launch {row['launch_us']:.0f}, process {row['process_us']:.0f}, "
+                              f"wait {row['wait_us']:.0f}, collect {row['collect_us']:.0f}; pass p50 {row['p50_us']:.0f}, "
+                              f"p90 {row['p90_us']:.0f}", flush=True)
         with open(args.out, "w") as f:  # after every k: a cut-short run keeps what it measured
             json.dump({"pair": args.pair, "input_len": args.input_len, "output_len": args.output_len,
                        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",

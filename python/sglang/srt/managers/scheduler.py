@@ -21,6 +21,7 @@ from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, TokenizedGe
 from sglang.srt.managers.kv_manager import KVManager
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy, decode_reserve
+from sglang.srt.managers.step_times import NullStepClock
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.kernel_compiles import WATCH as COMPILE_WATCH
@@ -87,6 +88,7 @@ class Scheduler:
         # The last pipelined decode step, if it ran at the k of the one before it: (batch size,
         # k, its start, its wait for the device), for _observe_host_period.
         self._steady_step: Optional[tuple] = None
+        self.clock = NullStepClock()  # the server loop sets a StepClock under SGLANG_STEP_TIMES
         COMPILE_WATCH.mark_serving()
 
     def model_info(self) -> dict:
@@ -155,27 +157,43 @@ class Scheduler:
             self._process_in_flight()
         self._drop_aborted()
         steady, self._steady_step = self._steady_step, None
+        clock = self.clock
         if self._can_overlap_decode():
             start = time.perf_counter()
             batch = self._schedule_decode(overlapped=True)
+            clock.lap("schedule")
             if batch is not None:
                 previous = self.in_flight
                 self.in_flight = (batch, self._launch(batch))
+                clock.lap("launch")
                 self._process(*previous)
+                clock.waited(previous[1].waited_s)
+                clock.lap("process")
                 if self.spec_k and batch.spec_steps == previous[0].spec_steps:
                     self._observe_host_period(steady, start)
-                    self._steady_step = (batch.batch_size, batch.spec_steps, start,
-                                         getattr(previous[1], "waited_s", 0.0))
-                return self._collect_outputs()
-        self._process_in_flight()
+                    self._steady_step = (batch.batch_size, batch.spec_steps, start, previous[1].waited_s)
+                outputs = self._collect_outputs()
+                clock.lap("collect")
+                return outputs
+        if self.in_flight is not None:
+            result = self.in_flight[1]
+            self._process_in_flight()
+            clock.waited(result.waited_s)
+            clock.lap("process")
         batch = self._schedule_prefill() or self._schedule_decode()
+        clock.lap("schedule")
         if batch is not None:
             result = self._launch(batch)
+            clock.lap("launch")
             if self.overlap and batch.forward_mode.is_decode():
                 self.in_flight = (batch, result)
             else:
                 self._process(batch, result)
-        return self._collect_outputs()
+                clock.waited(result.waited_s)
+                clock.lap("process")
+        outputs = self._collect_outputs()
+        clock.lap("collect")
+        return outputs
 
     def _observe_host_period(self, steady: Optional[tuple], now: float) -> None:
         """Tells the policy the host's time for the last pipelined decode step: from its start to
@@ -421,6 +439,12 @@ class Scheduler:
         """Start the step on the device. The KV of its tokens is being written from now on, so
         kv_len counts them; a request gets a pending token unless this is a prefill chunk."""
         result = self.tp_worker.forward_batch_generation(batch)
+        if not batch.forward_mode.is_decode():
+            self.clock.launched("prefill", batch.batch_size)
+        elif self.spec_k and batch.spec_steps:
+            self.clock.launched(f"spec_k{batch.spec_steps}", batch.batch_size)
+        else:
+            self.clock.launched("decode", batch.batch_size)
         for req in batch.reqs:
             req.kv_len += req.extend_len
             if req.kv_len >= req.seq_len:

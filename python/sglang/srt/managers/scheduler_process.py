@@ -14,6 +14,7 @@ import zmq
 
 from sglang.srt.managers.io_struct import AbortReq, ControlReply, ControlReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.managers.step_times import ENV as STEP_TIMES_ENV, make_step_clock
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils import configure_logger, name_process
 
@@ -101,25 +102,36 @@ class SchedulerLoop:
         if self.profiler:
             logger.warning("%s is set: the scheduler runs under cProfile (slow; diagnosis only), "
                            "writing %s.N.{prof,txt} after each busy period", PROFILE_ENV, prefix)
+        self.clock = scheduler.clock = make_step_clock(os.environ.get(STEP_TIMES_ENV))
 
     def run(self) -> None:
         if self.profiler:
             self.profiler.start()
+        clock = self.clock
         while True:
-            self._receive(block=not self.scheduler.has_work())
+            if not self.scheduler.has_work():
+                self._wait_for_message()  # idle: not part of a step
+            clock.begin()
+            self._receive()
+            clock.lap("receive")
             out = self.scheduler.step()
             if self.profiler and out is not None:
                 self.profiler.busy = True
             if out is not None:
                 self.send_to_detokenizer.send_pyobj(out)
+            clock.lap("send")
+            clock.end()
 
-    def _receive(self, block: bool) -> None:
-        if block:
-            while not self.recv_from_tokenizer.poll(IDLE_POLL_MS):
-                if os.getppid() != self.parent_pid:
-                    raise SystemExit("the parent process is gone")
-                if self.profiler:
-                    self.profiler.on_idle()
+    def _wait_for_message(self) -> None:
+        while not self.recv_from_tokenizer.poll(IDLE_POLL_MS):
+            if os.getppid() != self.parent_pid:
+                raise SystemExit("the parent process is gone")
+            if self.profiler:
+                self.profiler.on_idle()
+            self.clock.on_idle()
+
+    def _receive(self) -> None:
+        """Everything queued, without waiting."""
         while True:
             try:
                 msg = self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK)

@@ -22,6 +22,7 @@ class HostCopies:
     Subclasses name their tensor fields in `_HOST_FIELDS`; the first one is always set."""
 
     _HOST_FIELDS: tuple[str, ...] = ()
+    waited_s = 0.0  # set by wait_host
 
     def start_copy_to_host(self) -> None:
         self.host, self.copy_done = {}, None
