@@ -36,7 +36,8 @@
 #               one table of tok/s and TPOT per server, order and level; everything in aa.tgz.
 #               Env: AA_LEVELS (8,32), AA_PER_CONC (192), AA_MAX (2048), AA_NUM (768)
 # tests         pytest test/gpu (kernels, sampling, speculative graphs, switching)
-# host          what each small host operation of a step costs on this machine (host_ops_gpu.py), then the
+# host          how fast each CPU runs the same Python, alone and all at once, and fresh processes on one CPU
+#               (cpu_speed_probe.py); what each small host operation of a step costs (host_ops_gpu.py), then the
 #               demo pair's decode in-process (no HTTP): no draft, always k = 3 and dynamic at batch 1..256,
 #               each in two processes in turn, every pass timed by phase (spec_speed.py --step-times; ~3 min)
 # timing        issue 4: gpu_check exactness / floor / bench / profile (greedy fp32 output across
@@ -131,6 +132,7 @@ PY
     timeout 400 python -m pytest test/gpu -q 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"
     ;;
   host)
+    timeout 90 python benchmark/cpu_speed_probe.py --out "$OUT/cpu_speed.json" 2>&1 | tail -20
     timeout 120 python benchmark/host_ops_gpu.py --out "$OUT/host_ops.json" 2>&1 | tail -30
     timeout 400 python benchmark/spec_speed.py --pair demo --input-len 256 --output-len 256 \
       --batch-sizes ${HOST_LEVELS:-1,4,16,64,256} --dynamic --step-times --repeats ${HOST_REPEATS:-2} \

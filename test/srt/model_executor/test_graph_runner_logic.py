@@ -64,7 +64,7 @@ def rerun_graphs(monkeypatch):
     step_replay = eagle_worker_v2.SpecStepGraphs.replay
 
     def counted_step(self, rows, out_cache_loc, behind=None, opted_out=None):
-        replays.append(("STEP" if self.draft else "TARGET_STEP", self.width, rows.shape[0]))
+        replays.append(("STEP" if self.draft else "TARGET_STEP", self.width, len(rows)))
         return step_replay(self, rows, out_cache_loc, behind, opted_out)
 
     monkeypatch.setattr(eagle_worker_v2.SpecStepGraphs, "replay", counted_step)

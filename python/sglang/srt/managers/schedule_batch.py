@@ -98,6 +98,33 @@ class Req:
         self.output_ids.append(token_id)
         self._check_finished(token_id)
 
+    def append_tokens(self, tokens: list[int], n: int) -> int:
+        """append_token for tokens[:n] in turn, stopping at the one that finishes the request;
+        returns how many were taken. One call for a speculative step's tokens (the per-token
+        checks inlined: a batch of 256 appends ~750 tokens a step)."""
+        if n <= 0:
+            return 0
+        out = self.output_ids
+        if not out:
+            self.first_token_time = time.time()
+        params = self.sampling_params
+        stop, min_new, max_new = self.stop_token_ids, params.min_new_tokens, params.max_new_tokens
+        room = self.context_len - len(self.origin_input_ids)  # outputs at which the context is full
+        for j in range(n):
+            token_id = tokens[j]
+            out.append(token_id)
+            count = len(out)
+            if token_id in stop and count > min_new:
+                self.finished_reason = finish_matched(token_id)
+            elif count >= max_new:
+                self.finished_reason = finish_length(max_new)
+            elif count >= room:
+                self.finished_reason = finish_length(count)
+            else:
+                continue
+            return j + 1
+        return n
+
     def check_stop_strings(self, decode) -> None:
         """Finish if the tail of the output text contains a stop string. `decode` maps token
         ids to text; only the last tokens are decoded, enough to hold the longest stop string."""
@@ -129,13 +156,15 @@ class Req:
 class ScheduleBatch:
     reqs: list[Req]
     forward_mode: ForwardMode
-    out_cache_loc: torch.Tensor  # [num_tokens] slots allocated for this step's new tokens
+    # [num_tokens] slots allocated for this step's new tokens, on the device; a speculative
+    # worker's decode step has them on the host (out_cache_loc_host) and copies them itself.
+    out_cache_loc: Optional[torch.Tensor]
     # DECODE under overlap: this step's input tokens, still on the device (set by the scheduler).
     input_ids_device: Optional[torch.Tensor] = None
     # With a draft model: draft tokens this decode step verifies (0: a plain step); None: the
     # worker's --speculative-num-steps.
     spec_steps: Optional[int] = None
-    # With a draft model: out_cache_loc's host copy (the scheduler frees rejected slots from it).
+    # With a draft model, DECODE: the slots on the host (the scheduler frees rejected ones from it).
     out_cache_loc_host: Optional[torch.Tensor] = None
     # With a draft model, DECODE: which requests the draft followed when the step was scheduled.
     speculating: Optional[list[bool]] = None

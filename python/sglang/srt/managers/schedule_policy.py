@@ -34,11 +34,14 @@ class PrefillAdder:
     """Accumulates the requests of one prefill step within the token budget, the KV memory
     (minus what running requests are expected to need) and the running-request limit."""
 
-    def __init__(self, token_budget: int, available_kv: int, free_running_slots: int):
+    def __init__(self, token_budget: int, available_kv: int, free_running_slots: int, running_reserve: int = 0):
         self.token_budget = token_budget
         self.available_kv = available_kv
         self.free_running_slots = free_running_slots
+        self.running_reserve = running_reserve  # decode_reserve of the running requests
         self.reqs: list[Req] = []
+        self.planned = 0  # extend_len of the requests added
+        self.reserved = 0  # their decode_reserve, each counted whether or not its prompt fit whole
 
     def try_add(self, req: Req, continuing_chunk: bool = False) -> bool:
         """Sets req.extend_len and returns True if it fits (possibly as a first chunk)."""
@@ -55,4 +58,6 @@ class PrefillAdder:
         if not continuing_chunk:
             self.free_running_slots -= 1
         self.reqs.append(req)
+        self.planned += extend_len
+        self.reserved += decode_reserve(req)
         return True

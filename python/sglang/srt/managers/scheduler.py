@@ -79,6 +79,7 @@ class Scheduler:
         self.num_draft_explorations = 0
         self._decode_steps_since_adoption_check = 0
         self._explorer: Optional[Req] = None  # the request draft_reads_prompt last chose to explore
+        self._admission_view: Optional[tuple] = None  # _running_view, while _schedule_prefill admits
         self.last_step_time = time.perf_counter()
         self.last_step_throughput = 0.0
         self.tokenizer = None
@@ -230,15 +231,23 @@ class Scheduler:
         self._explorer = None
         if req.sampling_params.disable_speculative_decoding:
             return False
-        batch = self.running_reqs + joining + [req]
-        rids = [r.rid for r in batch if not r.sampling_params.disable_speculative_decoding]
-        context = sum(r.seq_len for r in batch)
-        if self.spec_policy.would_speculate(rids, context, len(batch) - len(rids)):
+        running_rids, running_context = self._admission_view or self._running_view()
+        joining = joining + [req]
+        rids = running_rids + [r.rid for r in joining if not r.sampling_params.disable_speculative_decoding]
+        context = running_context + sum(r.seq_len for r in joining)
+        batch_size = len(self.running_reqs) + len(joining)
+        if self.spec_policy.would_speculate(rids, context, batch_size - len(rids)):
             return True
-        if self.admissions_without_draft >= EXPLORE_EVERY and self.spec_policy.would_speculate_at_prior(len(batch), context):
+        if self.admissions_without_draft >= EXPLORE_EVERY and self.spec_policy.would_speculate_at_prior(batch_size, context):
             self._explorer = req
             return True
         return False
+
+    def _running_view(self) -> tuple[list[str], int]:
+        """The running requests as draft_reads_prompt counts them: the rids of those that may
+        speculate, and their tokens of context."""
+        rids = [r.rid for r in self.running_reqs if not r.sampling_params.disable_speculative_decoding]
+        return rids, sum(r.seq_len for r in self.running_reqs)
 
     def _note_admission(self, req: Req, admitted: bool = True) -> None:
         """Counts an admission (or, `admitted` False, takes back one that was undone) for the
@@ -336,12 +345,18 @@ class Scheduler:
         reserve = sum(decode_reserve(r) for r in self.running_reqs)
         adder = PrefillAdder(self.server_args.chunked_prefill_size,
                              self.kv_manager.available_tokens() - reserve,
-                             self._free_running_slots())
+                             self._free_running_slots(), running_reserve=reserve)
         if self.chunked_req is not None:
             adder.try_add(self.chunked_req, continuing_chunk=True)
-        for req in self.policy.order(self.waiting_queue):
-            if not self._admit(req, adder):
-                break
+        # The running requests do not change while this step's admissions are decided: their
+        # view is taken once, not once per admission (O(running) each).
+        self._admission_view = self._running_view() if self.spec_k else None
+        try:
+            for req in self.policy.order(self.waiting_queue):
+                if not self._admit(req, adder):
+                    break
+        finally:
+            self._admission_view = None
         if not adder.reqs:
             return None
         out_cache_loc = self.kv_manager.alloc_for_step(adder.reqs)
@@ -374,9 +389,7 @@ class Scheduler:
 
     def _available_after_admission(self, adder: PrefillAdder) -> int:
         # Locking a cached prefix makes it unevictable: re-read what is still available.
-        planned = sum(r.extend_len for r in adder.reqs)
-        reserve = sum(decode_reserve(r) for r in self.running_reqs + adder.reqs)
-        return self.kv_manager.available_tokens() - planned - reserve
+        return self.kv_manager.available_tokens() - adder.planned - adder.reserved - adder.running_reserve
 
     def _undo_admission(self, reqs: list[Req]) -> None:
         for req in reversed(reqs):
@@ -397,13 +410,14 @@ class Scheduler:
             k_step = self.spec_steps_for(len(self.running_reqs)) if self.spec_k else 0
             for req in self.running_reqs:
                 req.extend_len = k_step + 1
-            slots_host = None
-            if self.spec_k:  # the worker records the slots, at positions only the device knows
+            slots_host = out_cache_loc = None
+            if self.spec_k:
+                # The worker records the slots, at positions only the device knows; it copies
+                # them to the device with the step's other inputs (ScheduleBatch.out_cache_loc_host).
                 slots_host = self.kv_manager.alloc_host(len(self.running_reqs) * (k_step + 1))
-                out_cache_loc = None if slots_host is None else slots_host.to(self.kv_manager.allocator.device, non_blocking=True)
             else:
                 out_cache_loc = self.kv_manager.alloc_for_step(self.running_reqs)
-            if out_cache_loc is not None:
+            if out_cache_loc is not None or slots_host is not None:
                 batch = ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE, out_cache_loc)
                 batch.spec_steps = k_step if self.spec_k else None
                 batch.out_cache_loc_host = slots_host
@@ -479,26 +493,30 @@ class Scheduler:
     def _process_spec(self, batch: ScheduleBatch, result) -> None:
         """Each request gets 1 .. k + 1 tokens; the KV slots of the rejected positions are freed."""
         host = result.wait_host()
-        width = batch.out_cache_loc.numel() // batch.batch_size  # k_step + 1
+        width = batch.spec_steps + 1
         tokens = host["tokens"].tolist()
         # A request that finished while this step was in flight gave all its slots back then.
         live_rows = [i for i, req in enumerate(batch.reqs) if not req.finished()]
         if width == 1:  # a plain step: one token each, nothing rejected
             num_out = [1] * batch.batch_size
         else:
-            num_out = host["num_out"].tolist()
-            rejected = torch.arange(width) >= host["num_out"].reshape(-1, 1)
+            # numpy, not torch: each torch op on these few host values costs 5-30 us of host time.
+            counts = host["num_out"].numpy()
+            num_out = counts.tolist()
+            rejected = np.arange(width) >= counts[:, None]
             if len(live_rows) < batch.batch_size:  # the finished gave their slots back already
                 rejected[[i for i, req in enumerate(batch.reqs) if req.finished()]] = False
             # The host copy of the slots: reading the device's would wait for the step launched after this one.
-            self.kv_manager.allocator.free(batch.out_cache_loc_host.view(-1, width)[rejected])
+            freed = batch.out_cache_loc_host.numpy().reshape(-1, width)[rejected]  # a copy
+            self.kv_manager.allocator.free(torch.from_numpy(freed), owned=True)
         token_logprobs = host["token_logprobs"].tolist() if "token_logprobs" in host else None
         top = (host["top_logprobs"].tolist(), host["top_logprob_ids"].tolist()) if "top_logprobs" in host else None
         # What this step says about acceptance, before any request finishes (and is forgotten).
         if width > 1:
             # Requests that do not speculate took one token without verifying anything.
             verified = [i for i in live_rows if batch.speculating[i]]
-            self.tp_worker.stats.record_step([num_out[i] for i in verified], result.timer.seconds(), width - 1)
+            phases = result.timer.seconds() if result.timer is not None else None  # timed steps only
+            self.tp_worker.stats.record_step([num_out[i] for i in verified], phases, width - 1)
             self.spec_policy.observe_verify([batch.reqs[i].rid for i in verified], [num_out[i] for i in verified],
                                             width - 1)
         else:
@@ -515,6 +533,15 @@ class Scheduler:
             req.num_pending -= 1
             # A plain step verifies nothing; nor does a speculative one for a request that opted out.
             req.spec_verify_ct += width > 1 and batch.speculating[i]
+            if not (req.return_logprob or req.stop_strs) and req.sampling_params.max_new_tokens:
+                # The common request: its tokens in one call, then finished or streamed once.
+                new_tokens += req.append_tokens(tokens[i], num_out[i])
+                if req.finished():
+                    self.running_reqs.remove(req)
+                    self._finish(req, req.finished_reason)
+                elif req.stream:
+                    self.pending_outputs.append(req)
+                continue
             for j, token_id in enumerate(tokens[i][: num_out[i]]):
                 if req.return_logprob:
                     req.output_token_logprobs.append((token_logprobs[i][j], token_id))

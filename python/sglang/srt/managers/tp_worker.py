@@ -14,6 +14,7 @@ from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils import step_stream
 
 
 class HostCopies:
@@ -35,9 +36,10 @@ class HostCopies:
                 self.host[name].copy_(value, non_blocking=True)
             else:
                 self.host[name] = value
-        if getattr(self, self._HOST_FIELDS[0]).is_cuda:
+        first = getattr(self, self._HOST_FIELDS[0])
+        if first.is_cuda:
             self.copy_done = torch.cuda.Event()
-            self.copy_done.record()
+            self.copy_done.record(step_stream(first.device))
 
     def wait_host(self) -> dict:
         """The host copies, once the step has produced them; `waited_s`: how long that took."""

@@ -49,9 +49,11 @@ class TokenToKVPoolAllocator:
         taken = self.alloc_host(num_tokens)
         return None if taken is None else taken.to(self.device, non_blocking=True)
 
-    def free(self, indices: torch.Tensor) -> None:
+    def free(self, indices: torch.Tensor, owned: bool = False) -> None:
+        """Gives the slots back. `owned`: `indices` is a 1-D int64 host tensor nobody else holds
+        (kept as it is); otherwise a copy is kept, since the caller's tensor (often a view into a
+        request's slot list) may change later."""
         if indices.numel() == 0:
             return
-        # A copy: the caller's tensor (often a view into a request's slot list) may change later.
-        self._freed.append(indices.to("cpu", torch.int64, copy=True).reshape(-1))
+        self._freed.append(indices if owned else indices.to("cpu", torch.int64, copy=True).reshape(-1))
         self._num_freed += int(indices.numel())

@@ -51,13 +51,15 @@ from sglang.srt.speculative.spec_sampling import (SIMULATE_ACC_LEN_ENV, ChainVer
                                                    simulate_acceptance, simulated_accept_rate, simulated_probe_hits,
                                                    verify_greedy, verify_sampled)
 from sglang.srt.speculative.spec_stats import SpecStats
-from sglang.srt.utils import host_to_device
+from sglang.srt.utils import HostStaging, host_to_device, step_stream
 
 logger = logging.getLogger(__name__)
 
 # --speculative-draft-sync catch-up: aux hidden states kept per request for this many plain steps;
 # a longer plain run is caught up by recomputing them with a target forward.
 CATCH_UP_BUFFER = 64
+# Speculative steps whose phases are timed (CUDA events): one in this many.
+PHASE_TIMED_EVERY = 8
 
 
 def catch_up_pieces(behind: list[tuple[int, int]], cap: int) -> list[list[tuple[int, int, int]]]:
@@ -152,6 +154,7 @@ class EAGLEWorkerV2(TpModelWorker):
                                            dtype=model_config.dtype, **zeros)
             self.pending_tokens = torch.zeros(rows, CATCH_UP_BUFFER + 1, dtype=torch.int64, **zeros)
         self.stats = SpecStats(self.k)
+        self._steps_since_timed = 0  # see _phase_timer
         self.num_draft_adoptions = 0  # requests adopted mid-decode (see _adopt)
         simulated = float(os.environ.get(SIMULATE_ACC_LEN_ENV) or "-1")
         self.simulated_rate = simulated_accept_rate(simulated, self.k) if simulated >= 0 else None
@@ -288,24 +291,27 @@ class EAGLEWorkerV2(TpModelWorker):
         greedy step without logprobs replays one graph for the whole step when one is captured."""
         k = self.k if batch.spec_steps is None else batch.spec_steps
         bs = batch.batch_size
-        timer = _StepTimer(self.device)
-        rows = host_to_device([req.req_pool_idx for req in batch.reqs], self.device)
-        self._adopt(batch, rows)
-        self._catch_up(batch, rows)
+        timer = self._phase_timer()
+        row_ids = [req.req_pool_idx for req in batch.reqs]
+        rows = self._draft_work(batch, row_ids)
         logprobs = any(req.return_logprob for req in batch.reqs)
         greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
         # Requests the draft does not follow (opted out, or admitted without the draft's pass)
         # take plain decoding's token.
         opted = [not req.speculates for req in batch.reqs]
-        opted_out = host_to_device(opted, self.device).bool() if any(opted) else None
+        any_opted = any(opted)
         graphs = self.step_graphs.get(k)
         if graphs is not None and graphs.can_run(bs, greedy, logprobs):
-            tokens, num_out = graphs.replay(rows, batch.out_cache_loc, opted_out=opted_out)
-            timer.mark("step")
+            tokens, num_out = graphs.replay(row_ids, batch.out_cache_loc_host.numpy(),
+                                            opted_out=opted if any_opted else None)
+            if timer is not None:
+                timer.mark("step")
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
         else:
+            rows = host_to_device(row_ids, self.device) if rows is None else rows
+            opted_out = host_to_device(opted, self.device).bool() if any_opted else None
             info = self.sampling_info(batch.reqs)
-            tokens, num_out, target_logits = self._spec_body(rows, batch.out_cache_loc, k, info, timer,
+            tokens, num_out, target_logits = self._spec_body(rows, self._device_slots(batch), k, info, timer,
                                                              opted_out=opted_out)
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
             if logprobs:
@@ -403,22 +409,24 @@ class EAGLEWorkerV2(TpModelWorker):
         the same position keeps the draft's KV, hidden state and next guess current. So the next
         step can speculate again with no catch-up, and the output is plain decoding's. A batch
         with no request the draft follows (see Req.draft_cold) runs the target alone."""
-        rows = host_to_device([req.req_pool_idx for req in batch.reqs], self.device)
-        self._adopt(batch, rows)
+        row_ids = [req.req_pool_idx for req in batch.reqs]
+        rows = self._draft_work(batch, row_ids, catch_up=False)
         # No request the draft follows: the target alone, through plain decoding's graphs.
         follow = any(req.speculates for req in batch.reqs)
         behind = None
         if self.draft_sync == "catch-up" and follow:
-            behind = host_to_device([req.draft_behind for req in batch.reqs], self.device)
+            behind = [req.draft_behind for req in batch.reqs]
             for req in batch.reqs:
                 req.draft_behind += req.speculates
         logprobs = any(req.return_logprob for req in batch.reqs)
         greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
         graphs = self.step_graphs.get(0) if follow else self.target_step_graphs
         if graphs is not None and graphs.can_run(batch.batch_size, greedy, logprobs):
-            next_ids, hits = graphs.replay(rows, batch.out_cache_loc, behind)
+            next_ids, hits = graphs.replay(row_ids, batch.out_cache_loc_host.numpy(), behind)
         else:
-            next_ids, target_logits, hits = self._plain_body(rows, batch.out_cache_loc,
+            rows = host_to_device(row_ids, self.device) if rows is None else rows
+            behind = None if behind is None else host_to_device(behind, self.device)
+            next_ids, target_logits, hits = self._plain_body(rows, self._device_slots(batch),
                                                              self.sampling_info(batch.reqs), behind,
                                                              draft=follow)
         # num_out None: one token each (the host needs no copy to know it); no phase timer.
@@ -427,6 +435,32 @@ class EAGLEWorkerV2(TpModelWorker):
             self._add_step_logprobs(result, target_logits[:, None], max(r.top_logprobs_num for r in batch.reqs))
         result.start_copy_to_host()
         return result
+
+    def _phase_timer(self) -> Optional["_StepTimer"]:
+        """A phase timer for one speculative step in PHASE_TIMED_EVERY (the first included): the
+        phase times are a mean over recent steps, and two timing events cost a step ~10 us."""
+        self._steps_since_timed = (self._steps_since_timed + 1) % PHASE_TIMED_EVERY
+        return _StepTimer(self.device) if self._steps_since_timed == 1 % PHASE_TIMED_EVERY else None
+
+    def _draft_work(self, batch: ScheduleBatch, row_ids: list[int], catch_up: bool = True) -> Optional[torch.Tensor]:
+        """Before a decode step: the draft's passes that bring requests it adopts (and, before a
+        speculative step, requests behind it; `catch_up`) level with the target. Returns the
+        rows on the device if it made them for that, else None (a step replayed from a graph
+        takes its rows as host values)."""
+        if not any(req.draft_adopting or (catch_up and req.draft_behind) for req in batch.reqs):
+            return None
+        rows = host_to_device(row_ids, self.device)
+        self._adopt(batch, rows)
+        if catch_up:
+            self._catch_up(batch, rows)
+        return rows
+
+    def _device_slots(self, batch: ScheduleBatch) -> torch.Tensor:
+        """The decode step's KV slots on the device, for the steps not replayed from a graph
+        (which copy the host slots with the rest of their inputs)."""
+        if batch.out_cache_loc is None:
+            batch.out_cache_loc = batch.out_cache_loc_host.to(self.device, non_blocking=True)
+        return batch.out_cache_loc
 
     def _plain_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, info: SamplingBatchInfo,
                     behind: Optional[torch.Tensor] = None, capturing: bool = False, draft: bool = True):
@@ -603,9 +637,10 @@ class EAGLEWorkerV2(TpModelWorker):
             rows = torch.full((bs,), self.scratch_row, dtype=torch.int64, device=self.device)
             info = SamplingBatchInfo.from_params([SamplingParams(temperature=0)] * bs, [0] * bs, self.vocab_size,
                                                  self.device)
+            row_ids = [self.scratch_row] * bs
             graphs = self.step_graphs.get(0)
             if graphs is not None and graphs.can_run(bs, True, False):
-                run = lambda: graphs.replay(rows, self._pad_slots(bs))  # noqa: E731
+                run = lambda: graphs.replay(row_ids, [0] * bs)  # noqa: E731
             else:
                 run = lambda: self._plain_body(rows, self._pad_slots(bs), info)  # noqa: E731
             plain[bs] = self._seconds_per_call(run, repeats)
@@ -613,7 +648,7 @@ class EAGLEWorkerV2(TpModelWorker):
                 slots = self._pad_slots(bs * (k + 1))
                 graphs = self.step_graphs.get(k)
                 if graphs is not None and graphs.can_run(bs, True, False):
-                    run = lambda: graphs.replay(rows, slots)  # noqa: E731
+                    run = lambda: graphs.replay(row_ids, [0] * (bs * (k + 1)))  # noqa: E731
                 else:
                     run = lambda: self._spec_body(rows, slots, k, info)  # noqa: E731
                 spec[(bs, k)] = self._seconds_per_call(run, repeats)
@@ -704,10 +739,18 @@ class SpecStepGraphs:
         self.max_bs = self.batch_sizes[-1]
         device = worker.device
         self.scratch = torch.tensor([worker.scratch_row], dtype=torch.int64, device=device)
-        self.rows = torch.full((self.max_bs,), worker.scratch_row, dtype=torch.int64, device=device)
-        self.slots = torch.zeros(self.max_bs * self.width, dtype=torch.int64, device=device)
-        self.behind = torch.zeros(self.max_bs, dtype=torch.int64, device=device)  # plain catch-up step
-        self.opted_out = torch.zeros(self.max_bs, dtype=torch.bool, device=device)  # speculative step
+        # Every input of a replay in one device buffer, which one copy from a host staging
+        # buffer fills: request rows, KV slots, plain steps behind (a catch-up plain step), and
+        # opted-out flags (a speculative step; 1: the row takes plain decoding's token).
+        n, width = self.max_bs, self.width
+        self.inputs = torch.zeros(n * (width + 3), dtype=torch.int64, device=device)
+        self.slots_at, self.behind_at, self.opted_at = n, n + n * width, 2 * n + n * width
+        self.rows = self.inputs[:n]
+        self.slots = self.inputs[self.slots_at:self.behind_at]
+        self.behind = self.inputs[self.behind_at:self.opted_at]
+        self.opted_out = self.inputs[self.opted_at:]
+        self.rows.fill_(worker.scratch_row)
+        self.staging = HostStaging(self.inputs.numel(), device)
         self.graphs: dict = {}
         self.outputs: dict = {}
 
@@ -723,7 +766,7 @@ class SpecStepGraphs:
             return tokens, hits
         tokens, num_out, _ = self.worker._spec_body(self.rows[:bs], self.slots[:bs * self.width], self.k,
                                                    self.greedy_info[bs], capturing=True,
-                                                   opted_out=self.opted_out[:bs])
+                                                   opted_out=self.opted_out[:bs] != 0)
         return tokens, num_out
 
     def capture(self) -> None:
@@ -745,25 +788,29 @@ class SpecStepGraphs:
         self.graphs[bs], self.outputs[bs] = capture_graph(lambda: self._run(bs),
                                                           self.worker.model_runner.graph_memory_pool())
 
-    def replay(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, behind: Optional[torch.Tensor] = None,
-               opted_out: Optional[torch.Tensor] = None):
-        """(tokens, num_out) of a speculative step (`opted_out`: bool[bs], rows that take plain
-        decoding's token; None: none); (tokens, probe hits or None) of a plain one."""
-        bs = rows.shape[0]
+    def replay(self, rows: list[int], slots, behind: Optional[list[int]] = None,
+               opted_out: Optional[list[bool]] = None):
+        """(tokens, num_out) of a speculative step (`opted_out`: per row, whether it takes plain
+        decoding's token; None: none does); (tokens, probe hits or None) of a plain one. All
+        inputs are host values (`slots`: the step's KV slots, a host int64 tensor or array of
+        bs * width); they reach the device in one copy."""
+        bs, width = len(rows), self.width
         graph_bs = next(b for b in self.batch_sizes if b >= bs)
-        self.rows[:bs].copy_(rows, non_blocking=True)
-        self.slots[:bs * self.width].copy_(out_cache_loc, non_blocking=True)
-        if behind is not None:
-            self.behind[:bs].copy_(behind, non_blocking=True)
-        if self.k > 0:
-            if opted_out is None:
-                self.opted_out[:graph_bs].zero_()
-            else:
-                self.opted_out[:bs].copy_(opted_out, non_blocking=True)
-                self.opted_out[bs:graph_bs].zero_()
-        if graph_bs != bs:
-            self.rows[bs:graph_bs].fill_(self.worker.scratch_row)
-            self.slots[bs * self.width:graph_bs * self.width].zero_()
+        host = self.staging.fill()
+        host[:bs] = rows
+        host[bs:graph_bs] = self.worker.scratch_row
+        at = self.slots_at
+        host[at:at + bs * width] = slots
+        host[at + bs * width:at + graph_bs * width] = 0
+        if self.k == 0:
+            host[self.behind_at:self.behind_at + graph_bs] = 0
+            if behind is not None:
+                host[self.behind_at:self.behind_at + bs] = behind
+        else:
+            host[self.opted_at:self.opted_at + graph_bs] = 0
+            if opted_out is not None:
+                host[self.opted_at:self.opted_at + bs] = opted_out
+        self.staging.send(self.inputs)
         self.graphs[graph_bs].replay()
         tokens, second = self.outputs[graph_bs]
         return tokens[:bs], (second[:bs] if second is not None else None)
@@ -793,7 +840,7 @@ class _StepTimer:
     def _now(self):
         if self.cuda:
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(step_stream("cuda"))
             return event
         return time.perf_counter()
 

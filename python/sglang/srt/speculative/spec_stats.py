@@ -4,6 +4,7 @@ each phase of a step, for the periodic log line, /get_server_info and /metrics."
 from __future__ import annotations
 
 from collections import deque
+from typing import Optional
 
 # Phase times are averaged over this many recent steps.
 RECENT_STEPS = 256
@@ -24,7 +25,9 @@ class SpecStats:
         self.window_verifies = 0
         self.window_tokens = 0
 
-    def record_step(self, num_out: list[int], phase_seconds: dict[str, float], k_step: int) -> None:
+    def record_step(self, num_out: list[int], phase_seconds: Optional[dict[str, float]], k_step: int) -> None:
+        """One speculative step: each request-verify's tokens, and the phase times if the step
+        was timed (None: not; the worker times a sample of its steps)."""
         self.steps_by_k[k_step] = self.steps_by_k.get(k_step, 0) + 1
         self.num_steps += 1
         self.num_drafts += k_step * len(num_out)
@@ -34,7 +37,8 @@ class SpecStats:
         self.window_tokens += sum(num_out)
         for n in num_out:
             self.histogram[n - 1] += 1
-        self.recent_phase_s.append(phase_seconds)
+        if phase_seconds is not None:
+            self.recent_phase_s.append(phase_seconds)
 
     def record_plain_step(self) -> None:
         self.steps_by_k[0] = self.steps_by_k.get(0, 0) + 1
