@@ -11,7 +11,7 @@ import torch
 from sglang import demo
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.model_executor.cuda_graph_runner import PrefillGraphRunner
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, PrefillGraphRunner
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
@@ -82,8 +82,9 @@ def test_speculative_graph_runners_are_used():
     width = worker.k + 1
 
     def runner(model_runner, mode, tokens_per_req):
-        (found,) = [r for r in model_runner.graph_runners
-                    if r.forward_mode == mode and r.tokens_per_req == tokens_per_req]
+        # The decode-shaped runners (a prefill graph runner of the same mode has no fixed width).
+        (found,) = [r for r in model_runner.graph_runners if isinstance(r, CudaGraphRunner)
+                    and r.forward_mode == mode and r.tokens_per_req == tokens_per_req]
         return found
 
     runners = [runner(worker.model_runner, ForwardMode.TARGET_VERIFY, width),

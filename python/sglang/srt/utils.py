@@ -124,7 +124,10 @@ class HostStaging:
     event recorded after it), so an overlapped step can fill the next one while the device
     still works through the last."""
 
-    def __init__(self, numel: int, device, depth: int = 4, dtype=None):
+    def __init__(self, numel: int, device, depth: int = 4, dtype=None, device_buffers: bool = False):
+        """`device_buffers`: each host buffer gets a device buffer of its own, which `send()`
+        without a target fills and returns (reused, like its host buffer, `depth` sends later:
+        by then the device has run every step that read it)."""
         import torch
 
         self.device = torch.device(device)
@@ -132,6 +135,7 @@ class HostStaging:
         dtype = dtype or torch.int64
         self.buffers = [torch.zeros(numel, dtype=dtype, pin_memory=self.cuda) for _ in range(depth)]
         self.arrays = [buffer.numpy() for buffer in self.buffers]
+        self.targets = [torch.zeros(numel, dtype=dtype, device=self.device) for _ in range(depth)] if device_buffers else None
         self.events = [torch.cuda.Event() if self.cuda else None for _ in range(depth)]
         self.used = [False] * depth
         self.next = 0
@@ -143,12 +147,15 @@ class HostStaging:
             self.events[i].synchronize()  # normally long done: it has depth - 1 copies after it
         return self.arrays[i]
 
-    def send(self, target) -> None:
+    def send(self, target=None):
         """Copies the buffer `fill` gave, whole, into `target` (a device tensor of its size and
-        dtype), without waiting. Whole: slicing a tensor costs more host time than the bytes."""
+        dtype; None: this buffer's own device buffer), without waiting, and returns the target.
+        Whole: slicing a tensor costs more host time than the bytes."""
         i = self.next
+        target = self.targets[i] if target is None else target
         target.copy_(self.buffers[i], non_blocking=True)
         if self.cuda:
             self.events[i].record(step_stream(self.device))
             self.used[i] = True
         self.next = (i + 1) % len(self.buffers)
+        return target

@@ -67,12 +67,15 @@ class KVManager:
 
     def alloc_for_step(self, reqs: list[Req]) -> torch.Tensor | None:
         """Slots for each request's `extend_len` new tokens, recorded in its table row."""
+        if all(req.extend_len == 1 for req in reqs):  # decode: one copy and one scatter for the whole batch
+            slots = self.alloc_host(len(reqs))
+            if slots is None:
+                return None
+            return self.req_to_token_pool.write_one_per_row([r.req_pool_idx for r in reqs], [r.kv_len for r in reqs],
+                                                            slots)
         slots = self.alloc(sum(req.extend_len for req in reqs))
         if slots is None:
             return None
-        if all(req.extend_len == 1 for req in reqs):  # decode: one scatter for the whole batch
-            self.req_to_token_pool.write_one_per_row([r.req_pool_idx for r in reqs], [r.kv_len for r in reqs], slots)
-            return slots
         offset = 0
         for req in reqs:
             self.req_to_token_pool.write(req.req_pool_idx, req.kv_len, slots[offset : offset + req.extend_len])
