@@ -1,0 +1,69 @@
+"""Reads `spec_speed.py --step-times` results and prints, per variant and batch size, the decode
+throughput of each run (process) and their mean, and the mean microseconds per phase of the
+level's own decode group (schedule, launch, process, device wait, collect). With two files
+(before, after), the after / before ratio of the mean throughput.
+
+    python benchmark/step_times_report.py RESULT.json [AFTER.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+
+PHASES = ("schedule", "launch", "process", "wait", "collect")
+
+
+def variant(result: dict) -> str:
+    return result.get("config") or f"k{result['k']}"
+
+
+def level_group(result: dict) -> dict | None:
+    """The level's own decode group: the one at its batch size's bucket with the most steps."""
+    bucket = 1 << (result["batch_size"] - 1).bit_length()
+    rows = [row for name, row in result.get("step_times", {}).items() if name.endswith(f"/bs{bucket}")]
+    return max(rows, key=lambda row: row["steps"]) if rows else None
+
+
+def summarize(path: str) -> dict:
+    """(variant, batch size) -> {"runs": [tok/s per run], "phases": {phase: mean us}}."""
+    with open(path) as f:
+        results = [r for r in json.load(f)["results"] if "error" not in r]
+    runs, phases = defaultdict(list), defaultdict(lambda: defaultdict(list))
+    for r in results:
+        key = (variant(r), r["batch_size"])
+        runs[key].append(r["tokens_per_s"])
+        group = level_group(r)
+        if group is not None:
+            for phase in PHASES:
+                phases[key][phase].append(group[f"{phase}_us"])
+    return {key: {"runs": runs[key], "phases": {p: statistics.mean(v) for p, v in phases[key].items()}}
+            for key in runs}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("files", nargs="+")
+    args = parser.parse_args()
+    tables = [summarize(path) for path in args.files[:2]]
+    head = f"{'variant':9} {'bs':>4} {'tok/s per run':>24} {'mean':>8} " + " ".join(f"{p:>8}" for p in PHASES)
+    if len(tables) == 2:
+        head += f" {'after/before':>12}"
+    print(head + "   (phases: mean us per step)")
+    for key in sorted(tables[-1], key=lambda k: (k[0], k[1])):
+        for i, table in enumerate(tables):
+            if key not in table:
+                continue
+            row = table[key]
+            label = ("before " if i == 0 else "after  ") if len(tables) == 2 else ""
+            line = f"{label + key[0]:9} {key[1]:>4} {' '.join(f'{x:.0f}' for x in row['runs']):>24} " \
+                   f"{statistics.mean(row['runs']):>8.0f} " + " ".join(f"{row['phases'].get(p, 0):>8.0f}" for p in PHASES)
+            if i == 1 and key in tables[0]:
+                line += f" {statistics.mean(row['runs']) / statistics.mean(tables[0][key]['runs']):>12.3f}"
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
