@@ -40,6 +40,10 @@
 #               (cpu_speed_probe.py); what each small host operation of a step costs (host_ops_gpu.py), then the
 #               demo pair's decode in-process (no HTTP): no draft, always k = 3 and dynamic at batch 1..256,
 #               each in two processes in turn, every pass timed by phase (spec_speed.py --step-times; ~3 min)
+# ab-code       the current code against another revision's (benchmark/stage_baseline.sh REV first), in-process
+#               on the demo pair: no draft, always k = 3 and dynamic, each run of each variant made with both trees
+#               in turn, every process pinned to CPU AB_CPU (8) (spec_speed.py --baseline-python; ~6 min);
+#               step_times_report.py's table with current / baseline per level
 # timing        issue 4: gpu_check exactness / floor / bench / profile (greedy fp32 output across
 #               backends, graphs and overlap; the floor ratio; where the batch-1 step goes)
 # peers         issue 4: our decode step (gpu_check bench) and gpt-fast at batch 8, then batch 1,
@@ -138,6 +142,15 @@ PY
       --batch-sizes ${HOST_LEVELS:-1,4,16,64,256} --dynamic --step-times --repeats ${HOST_REPEATS:-2} \
       --out "$OUT/sched_steps_demo.json" 2>&1 | grep -v "^\s*$" | tail -80 | tee "$OUT/sched_steps_demo.log"
     ;;
+  ab-code)
+    [ -d .device/baseline/python ] || { echo "no baseline: run benchmark/stage_baseline.sh REV first"; exit 2; }
+    echo "baseline $(cat .device/baseline/REV)"
+    timeout 540 python benchmark/spec_speed.py --pair demo --input-len 256 --output-len 256 \
+      --batch-sizes ${HOST_LEVELS:-1,4,16,64,256} --dynamic --step-times --repeats ${HOST_REPEATS:-2} \
+      --baseline-python .device/baseline/python --cpu ${AB_CPU:-8} \
+      --out "$OUT/ab_code_demo.json" 2>&1 | grep -v "^\s*$\|^    run" | tail -70
+    python benchmark/step_times_report.py "$OUT/ab_code_demo.json" | tee "$OUT/ab_code_demo.txt"
+    ;;
   timing)
     timeout 280 python benchmark/gpu_check.py --workdir /tmp/spec_envelope --out "$OUT" \
       --parts exactness,floor,bench,profile 2>&1 | tail -14
@@ -166,5 +179,5 @@ PY
       --steps 128 --out "$OUT/peer_gpt_fast_bs8.json" 2>&1 | tail -10
     ;;
   *)
-    echo "unknown part $PART (env-8b-acc3, env-8b-acc2, env-demo, check, offstate, phases, spy, aa, tests, host, timing, peers, gptfast)"; exit 2 ;;
+    echo "unknown part $PART (env-8b-acc3, env-8b-acc2, env-demo, check, offstate, phases, spy, aa, tests, host, ab-code, timing, peers, gptfast)"; exit 2 ;;
 esac

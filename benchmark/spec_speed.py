@@ -55,7 +55,6 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
     decode passes timed by phase (sglang.srt.managers.step_times), as `step_times`."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.managers.step_times import NullStepClock, StepClock
     from sglang.srt.sampling.sampling_params import SamplingParams
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative.spec_stats import SpecStats
@@ -97,7 +96,7 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
 
             profiler = cProfile.Profile()
             profiler.enable()
-        clock = scheduler.clock = StepClock("") if step_times else NullStepClock()
+        clock = _clock(scheduler, step_times)
         start = time.perf_counter()
         while scheduler.has_work():
             clock.begin()
@@ -138,6 +137,25 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
     return results
 
 
+class _NoClock:
+    def begin(self) -> None:
+        pass
+
+    def end(self) -> None:
+        pass
+
+
+def _clock(scheduler, step_times: bool):
+    """A StepClock on the scheduler (--step-times), else one that does nothing; imported only
+    when asked, so that a baseline tree from before step_times.py runs too."""
+    if not step_times:
+        return _NoClock()
+    from sglang.srt.managers.step_times import StepClock
+
+    scheduler.clock = StepClock("")
+    return scheduler.clock
+
+
 def make_pair(kind: str, workdir: str) -> tuple[str, str]:
     if kind == "demo":
         from sglang import demo
@@ -176,9 +194,17 @@ def main() -> None:
                         help="time each decode pass by phase (SGLANG_STEP_TIMES' table) at every level")
     parser.add_argument("--repeats", type=int, default=1,
                         help="run each variant in this many processes in turn (identical runs: their spread)")
+    parser.add_argument("--baseline-python", default=None,
+                        help="a directory holding another tree's `sglang` package (benchmark/stage_baseline.sh): "
+                             "every run of every variant is made with it too, right after the current code's, "
+                             "labelled code=baseline (its runs take no --step-times)")
+    parser.add_argument("--cpu", type=int, default=None, help="pin every run to this CPU")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one variant in this process
+    parser.add_argument("--pair-paths", default=None, help=argparse.SUPPRESS)  # internal: TARGET,DRAFT
     args = parser.parse_args()
-    target, draft = make_pair(args.pair, args.workdir)
+    if args.cpu is not None:
+        os.sched_setaffinity(0, {args.cpu})
+    target, draft = args.pair_paths.split(",") if args.pair_paths else make_pair(args.pair, args.workdir)
     batch_sizes = [int(x) for x in args.batch_sizes.split(",")]
     k_max = max(int(k) for k in args.steps.split(","))
     if args.one is not None:
@@ -193,21 +219,27 @@ def main() -> None:
     variants = ["0", "warm", "catch-up"] if args.off_state else ["0"] + args.steps.split(",")
     if args.dynamic:
         variants.append("dynamic")
-    for run, k in [(run, k) for run in range(args.repeats) for k in variants]:
+    codes = ["current"] + (["baseline"] if args.baseline_python else [])
+    for run, k, code in [(run, k, code) for run in range(args.repeats) for k in variants for code in codes]:
         cmd = [sys.executable, __file__, "--out", args.out, "--pair", args.pair, "--input-len", str(args.input_len),
                "--output-len", str(args.output_len), "--device", args.device, "--workdir", args.workdir,
-               "--batch-sizes", args.batch_sizes, "--steps", args.steps, "--one", k]
+               "--batch-sizes", args.batch_sizes, "--steps", args.steps, "--one", k, "--pair-paths", f"{target},{draft}"]
         cmd += ["--disable-step-graph"] if args.disable_step_graph else []
-        cmd += ["--step-times"] if args.step_times else []
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        cmd += ["--step-times"] if args.step_times and code == "current" else []
+        cmd += ["--cpu", str(args.cpu)] if args.cpu is not None else []
+        env = None
+        if code == "baseline":
+            path = os.path.abspath(args.baseline_python)
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [path, os.environ.get("PYTHONPATH")])))
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
-            results.append({"k": k, "run": run, "error": proc.stderr[-2000:]})
-            print(f"k {k}: failed\n{proc.stderr[-2000:]}", flush=True)
+            results.append({"k": k, "run": run, "code": code, "error": proc.stderr[-2000:]})
+            print(f"k {k} ({code}): failed\n{proc.stderr[-2000:]}", flush=True)
         else:
             for r in json.loads(proc.stdout.strip().splitlines()[-1]):
-                r["run"] = run
+                r["run"], r["code"] = run, code
                 results.append(r)
-                print(f"bs {r['batch_size']} {r.get('config', 'k ' + k)}: {r['tokens_per_s']:.1f} tok/s, "
+                print(f"bs {r['batch_size']} {r.get('config', 'k ' + k)} ({code}): {r['tokens_per_s']:.1f} tok/s, "
                       f"{r['ms_per_step']:.2f} ms/step, prefill {r['prefill_tokens_per_s']:.0f} tok/s"
                       + (f", accept {r['accept_length']:.2f}, phases {r['phase_ms']}" if 'accept_length' in r else "")
                       + (f", steps by k {r['steps_by_k']}" if 'steps_by_k' in r else ""), flush=True)

@@ -1,7 +1,8 @@
 """Reads `spec_speed.py --step-times` results and prints, per variant and batch size, the decode
 throughput of each run (process) and their mean, and the mean microseconds per phase of the
 level's own decode group (schedule, launch, process, device wait, collect). With two files
-(before, after), the after / before ratio of the mean throughput.
+(before, after), or one holding the runs of two trees (`--baseline-python`: the baseline is
+"before"), the after / before ratio of the mean throughput.
 
     python benchmark/step_times_report.py RESULT.json [AFTER.json]
 """
@@ -17,7 +18,9 @@ PHASES = ("schedule", "launch", "process", "wait", "collect")
 
 
 def variant(result: dict) -> str:
-    return result.get("config") or f"k{result['k']}"
+    """`dynamic`, `k0`, `k3`; `@baseline` for a run of the baseline tree (spec_speed --baseline-python)."""
+    name = result.get("config") or f"k{result['k']}"
+    return name + "@baseline" if result.get("code") == "baseline" else name
 
 
 def level_group(result: dict) -> dict | None:
@@ -48,6 +51,11 @@ def main() -> None:
     parser.add_argument("files", nargs="+")
     args = parser.parse_args()
     tables = [summarize(path) for path in args.files[:2]]
+    if len(tables) == 1 and any(name.endswith("@baseline") for name, _ in tables[0]):
+        # One file with both trees: the baseline's levels as "before", the current code's as "after".
+        both = tables[0]
+        tables = [{(name[:-len("@baseline")], bs): row for (name, bs), row in both.items() if name.endswith("@baseline")},
+                  {key: row for key, row in both.items() if not key[0].endswith("@baseline")}]
     head = f"{'variant':9} {'bs':>4} {'tok/s per run':>24} {'mean':>8} " + " ".join(f"{p:>8}" for p in PHASES)
     if len(tables) == 2:
         head += f" {'after/before':>12}"

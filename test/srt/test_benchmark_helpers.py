@@ -1,10 +1,13 @@
 """Small benchmark helpers the GPU scripts lean on: benchmark/cpu_sets.py (the CPU lists servers
-and the client are pinned to) and benchmark/spy_report.py (reading py-spy's collapsed stacks)."""
+and the client are pinned to), benchmark/spy_report.py (reading py-spy's collapsed stacks) and
+benchmark/step_times_report.py (spec_speed --step-times results, one tree or two)."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import sys
 
 import pytest
 
@@ -20,6 +23,7 @@ def load(name: str):
 
 cpu_sets = load("cpu_sets")
 spy_report = load("spy_report")
+step_times_report = load("step_times_report")
 
 
 @pytest.mark.parametrize("cores", [
@@ -64,3 +68,32 @@ def test_spy_report_diff_is_per_step_when_steps_are_given(tmp_path, capsys):
     out = capsys.readouterr().out
     # 100 -> 150 samples at 100 Hz over 1000 steps: 1000 -> 1500 us per step.
     assert "us/step" in out and "+500.0" in out and "1000.0 ->   1500.0" in out
+
+
+def spec_speed_result(config, bs, tok_s, code="current", launch_us=100.0, steps=90):
+    row = {"steps": steps, "schedule_us": 20.0, "launch_us": launch_us, "process_us": 60.0, "wait_us": 300.0,
+           "collect_us": 5.0}
+    stray = dict(row, steps=3, launch_us=9999.0)  # a few passes at a smaller bucket: not the level's
+    result = {"k": 3, "batch_size": bs, "tokens_per_s": tok_s, "code": code,
+              "step_times": {f"spec_k3/bs{bs}": row, "spec_k3/bs1": stray} if code == "current" else {}}
+    if config:
+        result["config"] = config
+    return result
+
+
+def test_step_times_report_pairs_each_level_of_the_two_trees(tmp_path, capsys, monkeypatch):
+    results = [spec_speed_result(None, 4, 1000.0), spec_speed_result(None, 4, 800.0, code="baseline"),
+               spec_speed_result(None, 4, 1200.0, launch_us=80.0), spec_speed_result(None, 4, 1000.0, code="baseline"),
+               spec_speed_result("dynamic", 16, 500.0), {"k": "dynamic", "run": 1, "code": "baseline", "error": "x"}]
+    path = tmp_path / "ab.json"
+    path.write_text(json.dumps({"results": results}))
+    summary = step_times_report.summarize(str(path))
+    assert summary[("k3", 4)]["runs"] == [1000.0, 1200.0]
+    assert summary[("k3@baseline", 4)]["runs"] == [800.0, 1000.0]
+    assert summary[("k3", 4)]["phases"]["launch"] == 90.0  # the level's bucket, not the stray passes
+    monkeypatch.setattr(sys, "argv", ["step_times_report.py", str(path)])
+    step_times_report.main()
+    lines = capsys.readouterr().out.splitlines()
+    after = next(line for line in lines if line.startswith("after  k3"))
+    assert after.split()[-1] == f"{1100 / 900:.3f}"  # mean current / mean baseline
+    assert any(line.startswith("after  dynamic") for line in lines)  # no baseline run: no ratio
