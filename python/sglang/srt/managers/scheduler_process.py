@@ -14,7 +14,7 @@ import zmq
 
 from sglang.srt.managers.io_struct import AbortReq, ControlReply, ControlReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.managers.step_times import ENV as STEP_TIMES_ENV, make_step_clock
+from sglang.srt.managers.step_times import ENV as STEP_TIMES_ENV, make_step_clock, write_period_files, write_text
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils import configure_logger, name_process
 
@@ -52,15 +52,12 @@ class BusyProfiler:
         stats = pstats.Stats(self.profile, stream=text)
         for key in ("tottime", "cumulative"):
             stats.sort_stats(key).print_stats(PROFILE_TOP)
-        try:
-            self.profile.dump_stats(path + ".prof")
-            with open(path + ".txt", "w", encoding="utf-8") as f:
-                f.write(text.getvalue())
-        except OSError as e:  # a diagnosis aid never stops the server: profiling stops instead
-            logger.error("%s: cannot write %s.{prof,txt} (%s); profiling stops", PROFILE_ENV, path, e)
+        report = text.getvalue()
+        if not write_period_files(PROFILE_ENV, path, {".prof": self.profile.dump_stats,
+                                                      ".txt": lambda p: write_text(p, report)}, "scheduler profiles",
+                                  logger):
             self.stopped = True
             return
-        logger.info("scheduler profile of busy period %d written to %s.{prof,txt}", self.periods, path)
         self.periods += 1
         self.profile = cProfile.Profile()
         self.start()

@@ -137,18 +137,34 @@ class StepClock(NullStepClock):
             return
         summary = self.summary()
         path = f"{self.prefix}.{self.periods}"
-        try:
-            with open(path + ".json", "w", encoding="utf-8") as f:
-                json.dump(summary, f, indent=1)
-            with open(path + ".txt", "w", encoding="utf-8") as f:
-                f.write(self.table(summary) + "\n")
-        except OSError as e:  # a diagnosis aid never stops the server: timing stops instead
-            logger.error("%s: cannot write %s.{json,txt} (%s); step timing stops", ENV, path, e)
+        table = self.table(summary) + "\n"
+        if not write_period_files(ENV, path, {".json": lambda p: write_text(p, json.dumps(summary, indent=1)),
+                                              ".txt": lambda p: write_text(p, table)}, "step times", logger):
             self.stopped = True
             return
-        logger.info("step times of busy period %d written to %s.{json,txt}", self.periods, path)
         self.periods += 1
         self._reset()
+
+
+def write_text(path: str, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def write_period_files(env: str, path: str, writers: dict, what: str, log: logging.Logger) -> bool:
+    """Writes a diagnosis aid's files of one busy period, PATH + each suffix through its writer
+    (suffix -> function of the file's path), and logs where on `log` (the aid's module's). On an
+    OSError it logs why and returns False: a diagnosis aid never stops the server, it stops
+    itself instead."""
+    suffixes = "{" + ",".join(suffix.lstrip(".") for suffix in writers) + "}"
+    try:
+        for suffix, write in writers.items():
+            write(path + suffix)
+    except OSError as e:
+        log.error("%s: cannot write %s.%s (%s); %s stop", env, path, suffixes, e, what)
+        return False
+    log.info("%s of a busy period written to %s.%s", what, path, suffixes)
+    return True
 
 
 def make_step_clock(prefix: Optional[str]) -> NullStepClock:
