@@ -126,8 +126,8 @@ class HostStaging:
 
     def __init__(self, numel: int, device, depth: int = 4, dtype=None, device_buffers: bool = False):
         """`device_buffers`: each host buffer gets a device buffer of its own, which `send()`
-        without a target fills and returns (reused, like its host buffer, `depth` sends later:
-        by then the device has run every step that read it)."""
+        without a target fills and returns (reused, like its host buffer, `depth` sends later;
+        that copy runs after every step that read the buffer, as they are on the same stream)."""
         import torch
 
         self.device = torch.device(device)

@@ -93,15 +93,12 @@ class Req:
         return self.kv_len >= self.seq_len - 1 and self.req_pool_idx is not None
 
     def append_token(self, token_id: int) -> None:
-        if not self.output_ids:
-            self.first_token_time = time.time()
-        self.output_ids.append(token_id)
-        self._check_finished(token_id)
+        self.append_tokens((token_id,), 1)
 
-    def append_tokens(self, tokens: list[int], n: int) -> int:
-        """append_token for tokens[:n] in turn, stopping at the one that finishes the request;
-        returns how many were taken. One call for a speculative step's tokens (the per-token
-        checks inlined: a batch of 256 appends ~750 tokens a step)."""
+    def append_tokens(self, tokens, n: int) -> int:
+        """Appends tokens[:n] in turn, stopping at the one that finishes the request (a stop
+        token past min_new_tokens, max_new_tokens, or the context length); returns how many were
+        taken. One call for a speculative step's tokens (a batch of 256 appends ~750 a step)."""
         if n <= 0:
             return 0
         out = self.output_ids
@@ -140,16 +137,6 @@ class Req:
             if stop in tail:
                 self.finished_reason = finish_matched(stop)
                 return
-
-    def _check_finished(self, token_id: int) -> None:
-        params = self.sampling_params
-        num_out = len(self.output_ids)
-        if token_id in self.stop_token_ids and num_out > params.min_new_tokens:
-            self.finished_reason = finish_matched(token_id)
-        elif num_out >= params.max_new_tokens:
-            self.finished_reason = finish_length(params.max_new_tokens)
-        elif self.seq_len >= self.context_len:
-            self.finished_reason = finish_length(num_out)
 
 
 @dataclasses.dataclass
