@@ -133,7 +133,7 @@ PY
     (cd "$OUT" && tar czf aa.tgz forward reverse aa.log && rm -rf forward reverse aa.log)
     ;;
   tests)
-    timeout 400 python -m pytest test/gpu -q 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"
+    timeout 560 python -m pytest test/gpu -q 2>&1 | tail -40 | tee "$OUT/gpu_tests.log"
     ;;
   host)
     timeout 90 python benchmark/cpu_speed_probe.py --out "$OUT/cpu_speed.json" 2>&1 | tail -20

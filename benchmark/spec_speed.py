@@ -17,6 +17,12 @@ runs the batch sizes in turn (so a model loads and captures its graphs once per 
 `--off-state` measures what a loaded draft costs when it is not used (issue 8): the server
 without a draft against the speculative server with `--speculative-policy never`, draft kept
 warm and caught up; for each, the prefill time of the batch's prompts and the decode speed.
+
+`--closed-loop ROUNDS` measures a loaded server's steady state without its HTTP front end: each
+batch size is a concurrency kept full by replacing finished requests with new prompts (output
+lengths spread, so prefill passes of a few requests interleave with decode steps as they do in
+a served load at high concurrency), output tokens per second over ROUNDS x concurrency
+completions.
 """
 
 from __future__ import annotations
@@ -48,11 +54,12 @@ def code_prompts(model: str, n: int, length: int) -> list[list[int]]:
 
 def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input_len: int, output_len: int,
             device: str, prompt_kind: str = "random", step_graph: bool = True, draft_sync: str | None = None,
-            dynamic: bool = False, step_times: bool = False) -> list[dict]:
+            dynamic: bool = False, step_times: bool = False, closed_loop: int = 0) -> list[dict]:
     """One Scheduler (KV pool and graphs sized for the largest batch) runs every level in turn.
     draft_sync: the draft is loaded but never used (policy `never`), kept warm or caught up.
     dynamic: the default dynamic policy (cost) instead of always k. step_times: each level's
-    decode passes timed by phase (sglang.srt.managers.step_times), as `step_times`."""
+    decode passes timed by phase (sglang.srt.managers.step_times), as `step_times`.
+    closed_loop: > 0 measures a server's steady state instead (see closed_loop_level)."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.sampling.sampling_params import SamplingParams
@@ -74,6 +81,18 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
         scheduler.flush_cache()  # every level prefills its prompts afresh
         if draft:
             scheduler.tp_worker.stats = SpecStats(k)
+        if closed_loop:
+            result = closed_loop_level(scheduler, model, bs, closed_loop, input_len, output_len, prompt_kind,
+                                       device, step_times)
+            result["k"] = k if draft else 0
+            if draft:
+                state = scheduler.get_internal_state()
+                result.update(accept_length=state["avg_spec_accept_length"], phase_ms=state["spec_phase_ms"],
+                              steps_by_k=state["spec_steps_by_k"])
+                if dynamic:
+                    result["config"] = "dynamic"
+            results.append(result)
+            continue
         prompts = code_prompts(model, bs, input_len) if prompt_kind == "code" else random_prompts(
             scheduler.model_config.vocab_size, bs, input_len)
         if device == "cuda":
@@ -135,6 +154,67 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
             result["ms_per_step"] = 1e3 * seconds / max(decode_tokens / bs, 1)
         results.append(result)
     return results
+
+
+def closed_loop_level(scheduler, model: str, concurrency: int, rounds: int, input_len: int, output_len: int,
+                      prompt_kind: str, device: str, step_times: bool) -> dict:
+    """A server's steady state without its front end: `concurrency` streaming requests in flight,
+    each replaced by a new prompt in the pass that reports it finished, until `rounds` x
+    concurrency requests have finished (the first fill is not measured, nor the drain). Output
+    lengths are drawn from [output_len / 2, 3 output_len / 2] (seeded: the same for every
+    variant), so requests finish spread over the steps and prefill passes of a few requests
+    interleave with the decode steps, as in a loaded server. tokens_per_s counts every token
+    reported while measuring."""
+    import random as _random
+
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    target_done = rounds * concurrency
+    total = concurrency + target_done
+    prompts = code_prompts(model, total, input_len) if prompt_kind == "code" else random_prompts(
+        scheduler.model_config.vocab_size, total, input_len)
+    lengths = _random.Random(0)
+    made = 0
+
+    def add() -> None:
+        nonlocal made
+        n = lengths.randint(max(1, output_len // 2), max(1, output_len * 3 // 2))
+        params = SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
+        scheduler.add_request(TokenizedGenerateReqInput(f"c{concurrency}-r{made}", prompts[made % total], params,
+                                                        stream=True))
+        made += 1
+
+    for _ in range(concurrency):
+        add()
+    while scheduler.waiting_queue or scheduler.chunked_req is not None or len(scheduler.running_reqs) < concurrency:
+        scheduler.step()
+    clock = _clock(scheduler, step_times)
+    tokens = done = passes = 0
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    while done < target_done:
+        clock.begin()
+        out = scheduler.step()
+        passes += 1
+        if out is not None:
+            tokens += sum(len(ids) for ids in out.new_token_ids)
+            finished = sum(1 for reason in out.finished_reasons if reason)
+            done += finished
+            for _ in range(finished):
+                if made < total:
+                    add()
+        clock.end()
+    seconds = time.perf_counter() - start
+    while scheduler.has_work():  # the drain, not measured
+        scheduler.step()
+    result = {"batch_size": concurrency, "closed_loop_rounds": rounds, "requests": done, "decode_tokens": tokens,
+              "seconds": seconds, "tokens_per_s": tokens / seconds, "passes": passes,
+              "ms_per_step": 1e3 * seconds / passes}
+    if step_times:
+        result["step_times"] = clock.summary()
+    return result
 
 
 class _NoClock:
@@ -199,6 +279,11 @@ def main() -> None:
                              "every run of every variant is made with it too, right after the current code's, "
                              "labelled code=baseline (its runs take no --step-times)")
     parser.add_argument("--cpu", type=int, default=None, help="pin every run to this CPU")
+    parser.add_argument("--closed-loop", type=int, default=0, metavar="ROUNDS",
+                        help="a server's steady state instead: each batch size is a concurrency, finished "
+                             "requests replaced at once by new prompts (output lengths spread over 0.5-1.5x "
+                             "--output-len), measured until ROUNDS x concurrency requests finished; prefill "
+                             "passes count (closed_loop_level)")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one variant in this process
     parser.add_argument("--pair-paths", default=None, help=argparse.SUPPRESS)  # internal: TARGET,DRAFT
     args = parser.parse_args()
@@ -213,7 +298,8 @@ def main() -> None:
         k = 3 if sync else k_max if dynamic else int(args.one)
         print(json.dumps(measure(target, draft if k else None, k, batch_sizes, args.input_len, args.output_len,
                                  args.device, "code" if args.pair == "demo" else "random",
-                                 not args.disable_step_graph, sync, dynamic, args.step_times)), flush=True)
+                                 not args.disable_step_graph, sync, dynamic, args.step_times, args.closed_loop)),
+              flush=True)
         return
     results = []
     variants = ["0", "warm", "catch-up"] if args.off_state else ["0"] + args.steps.split(",")
@@ -225,6 +311,7 @@ def main() -> None:
                "--output-len", str(args.output_len), "--device", args.device, "--workdir", args.workdir,
                "--batch-sizes", args.batch_sizes, "--steps", args.steps, "--one", k, "--pair-paths", f"{target},{draft}"]
         cmd += ["--disable-step-graph"] if args.disable_step_graph else []
+        cmd += ["--closed-loop", str(args.closed_loop)] if args.closed_loop else []
         cmd += ["--step-times"] if args.step_times and code == "current" else []
         cmd += ["--cpu", str(args.cpu)] if args.cpu is not None else []
         env = None
@@ -240,7 +327,7 @@ def main() -> None:
                 r["run"], r["code"] = run, code
                 results.append(r)
                 print(f"bs {r['batch_size']} {r.get('config', 'k ' + k)} ({code}): {r['tokens_per_s']:.1f} tok/s, "
-                      f"{r['ms_per_step']:.2f} ms/step, prefill {r['prefill_tokens_per_s']:.0f} tok/s"
+                      f"{r['ms_per_step']:.2f} ms/" + ("pass" if "passes" in r else f"step, prefill {r['prefill_tokens_per_s']:.0f} tok/s")
                       + (f", accept {r['accept_length']:.2f}, phases {r['phase_ms']}" if 'accept_length' in r else "")
                       + (f", steps by k {r['steps_by_k']}" if 'steps_by_k' in r else ""), flush=True)
                 for group, row in r.get("step_times", {}).items():

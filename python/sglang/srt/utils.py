@@ -64,13 +64,27 @@ def configure_logger(log_level: str, prefix: str = "") -> None:
     )
 
 
+_IS_CUDA: dict = {}
+
+
+def is_cuda_device(device) -> bool:
+    """Whether `device` (a string or torch.device) is a CUDA device; remembered per value, since
+    building a torch.device costs the host a few microseconds each time and a step asks often."""
+    known = _IS_CUDA.get(device)
+    if known is None:
+        import torch
+
+        known = _IS_CUDA[device] = torch.device(device).type == "cuda"
+    return known
+
+
 def host_tensor(values: list, device, dtype=None):
     """A host tensor of `values` (int64 unless `dtype`), in pinned memory when it is bound for a
     CUDA `device`, so that copying it there is truly asynchronous instead of a hidden sync."""
     import torch
 
     tensor = torch.tensor(values, dtype=dtype or torch.int64)
-    return tensor.pin_memory() if torch.device(device).type == "cuda" else tensor
+    return tensor.pin_memory() if is_cuda_device(device) else tensor
 
 
 def host_to_device(values: list, device, dtype=None):
@@ -89,7 +103,7 @@ def host_to_device_rows(rows: list[list], device, dtype=None) -> list:
     compiles the kernel again in the middle of serving (0.3-1 s with every request waiting)."""
     import torch
 
-    per_16_bytes = max(1, 16 // torch.empty(0, dtype=dtype or torch.int64).element_size())
+    per_16_bytes = max(1, 16 // (dtype or torch.int64).itemsize)
     flat, starts = [], []
     for row in rows:
         starts.append(len(flat))

@@ -48,9 +48,12 @@ def triton_runner(tiny_model_paths):
     return _captured_runner(tiny_model_paths["llama"], "triton")
 
 
-def make_batch(model_runner, layout: list[tuple[int, int]], seed: int, aux: bool = True) -> ForwardBatch:
+def make_batch(model_runner, layout: list[tuple[int, int]], seed: int, aux: bool = True,
+               host_rows: bool = False) -> ForwardBatch:
     """Requests with (cached prefix, new tokens) each, in fresh table rows and KV slots; the
-    prefix KV is random (both paths read the same)."""
+    prefix KV is random (both paths read the same). `host_rows`: the batch also carries host
+    copies of its token rows and table rows, as a scheduler's prefill does (the graph stages
+    those; without them it copies the device tensors)."""
     gen = torch.Generator().manual_seed(seed)
     rows, ids, positions, slots, seq_lens = [], [], [], [], []
     pool = model_runner.token_to_kv_pool
@@ -66,12 +69,16 @@ def make_batch(model_runner, layout: list[tuple[int, int]], seed: int, aux: bool
         positions += range(prefix, prefix + new)
         slots.append(row_slots[prefix:])
         seq_lens.append(prefix + new)
-    return ForwardBatch(
+    fb = ForwardBatch(
         forward_mode=ForwardMode.EXTEND, batch_size=len(layout), input_ids=torch.tensor(ids),
         positions=torch.tensor(positions), req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(seq_lens),
         out_cache_loc=torch.cat(slots), seq_lens_cpu=seq_lens, extend_seq_lens_cpu=[new for _, new in layout],
         extend_prefix_lens_cpu=[prefix for prefix, _ in layout], capture_aux_hidden_states=aux,
     )
+    if host_rows:
+        fb.input_ids_host, fb.positions_host, fb.req_pool_indices_host = ids, positions, rows
+        fb.out_cache_loc_host = fb.out_cache_loc.numpy()
+    return fb
 
 
 LAYOUTS = {
@@ -88,9 +95,10 @@ LAYOUTS = {
 
 @pytest.mark.parametrize("backend", ["torch_native", "triton"])
 @pytest.mark.parametrize("name", LAYOUTS)
-def test_replay_gives_the_eager_forward(request, backend, name):
+@pytest.mark.parametrize("host_rows", [False, True], ids=["device rows", "host rows"])
+def test_replay_gives_the_eager_forward(request, backend, name, host_rows):
     model_runner, prefill = request.getfixturevalue("runner" if backend == "torch_native" else "triton_runner")
-    batch = make_batch(model_runner, LAYOUTS[name], seed=len(name))
+    batch = make_batch(model_runner, LAYOUTS[name], seed=len(name), host_rows=host_rows)
     assert prefill.can_run(batch)
     eager = model_runner.forward_eager(batch)
     kv = model_runner.token_to_kv_pool.get_key_buffer(1)[batch.out_cache_loc].clone()

@@ -117,7 +117,7 @@ class DraftDriver:
     def chain_step(self, tokens: torch.Tensor, hidden: torch.Tensor):
         """Each request's chain entry goes to the next column; its RoPE position is that column."""
         slots = self._alloc(len(self.rows))
-        self.runner.req_to_token_pool.write_one_per_row(self.rows, self.kv_lens, slots)
+        self.runner.req_to_token_pool.write_scattered(self.rows, self.kv_lens, slots)
         positions = torch.tensor(self.kv_lens)
         return self._forward(ForwardMode.DECODE, tokens, positions, slots, [1] * len(self.rows), hidden, False)
 

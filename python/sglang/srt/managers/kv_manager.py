@@ -7,6 +7,10 @@ only by requests == total slots.
 
 from __future__ import annotations
 
+import itertools
+from typing import Optional
+
+import numpy as np
 import torch
 
 from sglang.srt.managers.schedule_batch import Req
@@ -65,22 +69,22 @@ class KVManager:
             self.tree_cache.evict(shortfall)
         return self.allocator.alloc_host(num_tokens)
 
-    def alloc_for_step(self, reqs: list[Req]) -> torch.Tensor | None:
-        """Slots for each request's `extend_len` new tokens, recorded in its table row."""
-        if all(req.extend_len == 1 for req in reqs):  # decode: one copy and one scatter for the whole batch
-            slots = self.alloc_host(len(reqs))
-            if slots is None:
-                return None
-            return self.req_to_token_pool.write_one_per_row([r.req_pool_idx for r in reqs], [r.kv_len for r in reqs],
-                                                            slots)
-        slots = self.alloc(sum(req.extend_len for req in reqs))
+    def alloc_for_step(self, reqs: list[Req]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
+        """Slots for each request's `extend_len` new tokens, recorded in its table row, in one
+        copy and one scatter for the whole batch: (on the device, on the host), or None."""
+        lens = [req.extend_len for req in reqs]
+        slots = self.alloc_host(sum(lens))
         if slots is None:
             return None
-        offset = 0
-        for req in reqs:
-            self.req_to_token_pool.write(req.req_pool_idx, req.kv_len, slots[offset : offset + req.extend_len])
-            offset += req.extend_len
-        return slots
+        if all(n == 1 for n in lens):  # decode
+            rows, columns = [r.req_pool_idx for r in reqs], [r.kv_len for r in reqs]
+        else:
+            rows = np.repeat([r.req_pool_idx for r in reqs], lens)
+            # Each token's column: its index in the batch, less where its request's tokens start,
+            # plus the request's KV length.
+            shift = np.repeat([r.kv_len - start for r, start in zip(reqs, itertools.accumulate(lens, initial=0))], lens)
+            columns = np.arange(len(slots)) + shift
+        return self.req_to_token_pool.write_scattered(rows, columns, slots), slots
 
     def release(self, req: Req) -> None:
         """Hand the request's KV to the radix cache (or free it), unlock its prefix, free its row.

@@ -144,15 +144,16 @@ class ScheduleBatch:
     reqs: list[Req]
     forward_mode: ForwardMode
     # [num_tokens] slots allocated for this step's new tokens, on the device; a speculative
-    # worker's decode step has them on the host (out_cache_loc_host) and copies them itself.
+    # worker's decode step has them on the host only (out_cache_loc_host) and copies them itself.
     out_cache_loc: Optional[torch.Tensor]
+    # The same slots on the host (int64). A prefill graph stages them with its other inputs; the
+    # scheduler frees a speculative step's rejected ones from them.
+    out_cache_loc_host: Optional[torch.Tensor] = None
     # DECODE under overlap: this step's input tokens, still on the device (set by the scheduler).
     input_ids_device: Optional[torch.Tensor] = None
     # With a draft model: draft tokens this decode step verifies (0: a plain step); None: the
     # worker's --speculative-num-steps.
     spec_steps: Optional[int] = None
-    # With a draft model, DECODE: the slots on the host (the scheduler frees rejected ones from it).
-    out_cache_loc_host: Optional[torch.Tensor] = None
     # With a draft model, DECODE: which requests the draft followed when the step was scheduled.
     speculating: Optional[list[bool]] = None
 
@@ -194,4 +195,8 @@ class ScheduleBatch:
             extend_seq_lens_cpu=extend_lens,
             extend_prefix_lens_cpu=prefix_lens,
         )
+        if not self.forward_mode.is_decode():
+            fb.input_ids_host, fb.positions_host, fb.req_pool_indices_host = input_ids, positions, rows[1]
+            if self.out_cache_loc_host is not None:
+                fb.out_cache_loc_host = self.out_cache_loc_host.numpy()
         return fb, offsets_d

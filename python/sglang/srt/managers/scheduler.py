@@ -359,11 +359,11 @@ class Scheduler:
             self._admission_view = None
         if not adder.reqs:
             return None
-        out_cache_loc = self.kv_manager.alloc_for_step(adder.reqs)
-        if out_cache_loc is None:  # the estimate above said it fits; memory says no
+        slots = self.kv_manager.alloc_for_step(adder.reqs)
+        if slots is None:  # the estimate above said it fits; memory says no
             self._undo_admission(adder.reqs)
             return None
-        return ScheduleBatch(adder.reqs, ForwardMode.EXTEND, out_cache_loc)
+        return ScheduleBatch(adder.reqs, ForwardMode.EXTEND, *slots)
 
     def _free_running_slots(self) -> int:
         return self.memory.max_running_requests - len(self.running_reqs) - (self.chunked_req is not None)
@@ -416,7 +416,7 @@ class Scheduler:
                 # them to the device with the step's other inputs (ScheduleBatch.out_cache_loc_host).
                 slots_host = self.kv_manager.alloc_host(len(self.running_reqs) * (k_step + 1))
             else:
-                out_cache_loc = self.kv_manager.alloc_for_step(self.running_reqs)
+                out_cache_loc, slots_host = self.kv_manager.alloc_for_step(self.running_reqs) or (None, None)
             if out_cache_loc is not None or slots_host is not None:
                 batch = ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE, out_cache_loc)
                 batch.spec_steps = k_step if self.spec_k else None

@@ -14,7 +14,8 @@ class ReqToTokenPool:
         self.max_context_len = max_context_len
         self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
         self.free_rows = list(range(size))
-        self._staging = None  # write_one_per_row's host buffers, made on first use
+        self._staging = None  # write_scattered's host buffers (made on first use) and their size
+        self._capacity = 0
 
     def available_size(self) -> int:
         return len(self.free_rows)
@@ -28,22 +29,25 @@ class ReqToTokenPool:
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         self.req_to_token[row, start : start + slots.numel()] = slots.to(torch.int32)
 
-    def write_one_per_row(self, rows: list[int], columns: list[int], slots: torch.Tensor) -> torch.Tensor:
-        """req_to_token[rows[i], columns[i]] = slots[i] (`slots`: host int64), in one scatter;
-        returns the slots on the device. Rows, columns and slots travel in one copy (a decode
-        step's; each separate copy of a few values costs the host ~20-30 us on CUDA)."""
-        n = len(rows)
-        if self._staging is None:
+    def write_scattered(self, rows, columns, slots: torch.Tensor) -> torch.Tensor:
+        """req_to_token[rows[i], columns[i]] = slots[i] (`slots`: host int64; rows and columns:
+        int sequences or arrays of its length), in one scatter; returns the slots on the device.
+        Rows, columns and slots travel in one copy (a decode step's one per request, a prefill's
+        one per new token; each separate copy of a few values costs the host ~20-30 us on CUDA)."""
+        n = len(slots)
+        if self._staging is None or n > self._capacity:  # grows to the largest write seen
             from sglang.srt.utils import HostStaging
 
-            self._staging = HostStaging(3 * self.size, self.req_to_token.device, device_buffers=True)
+            self._capacity = max(self.size, 1 << (n - 1).bit_length())
+            self._staging = HostStaging(3 * self._capacity, self.req_to_token.device, device_buffers=True)
+        cap = self._capacity
         host = self._staging.fill()
         host[:n] = rows
-        host[self.size:self.size + n] = columns
-        host[2 * self.size:2 * self.size + n] = slots.numpy()
+        host[cap:cap + n] = columns
+        host[2 * cap:2 * cap + n] = slots.numpy()
         sent = self._staging.send()
-        device_slots = sent[2 * self.size:2 * self.size + n]
-        self.req_to_token.index_put_((sent[:n], sent[self.size:self.size + n]), device_slots.to(torch.int32))
+        device_slots = sent[2 * cap:2 * cap + n]
+        self.req_to_token.index_put_((sent[:n], sent[cap:cap + n]), device_slots.to(torch.int32))
         return device_slots
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:

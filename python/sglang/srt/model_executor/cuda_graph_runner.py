@@ -15,11 +15,12 @@ import logging
 import time
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-from sglang.srt.utils import host_tensor
+from sglang.srt.utils import HostStaging
 
 logger = logging.getLogger(__name__)
 
@@ -199,13 +200,20 @@ class PrefillGraphRunner:
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], LogitsProcessorOutput] = {}
         self.timings: dict[tuple[int, int], tuple[float, float]] = {}  # (replay s, eager launch s)
-        zeros = lambda *shape: torch.zeros(shape, dtype=torch.int64, device=self.device)  # noqa: E731
-        # input ids, positions, KV slots: one buffer, so padding is zeroed in one launch.
-        self.tokens = zeros(3, self.max_tokens)
+        # Every integer input is a view of one buffer, which one copy from a host staging buffer
+        # fills per replay: input ids, positions and KV slots ([3, max_tokens]), the requests'
+        # table rows, and per requests bucket its layout (new tokens, first token, KV length,
+        # last token index per request).
+        mt = self.max_tokens
+        self._layout_at = dict(zip(self.request_buckets, itertools.accumulate(
+            (4 * bs for bs in self.request_buckets), initial=3 * mt + self.max_reqs)))
+        numel = 3 * mt + self.max_reqs + 4 * sum(self.request_buckets)
+        self.inputs = torch.zeros(numel, dtype=torch.int64, device=self.device)
+        self.tokens = self.inputs[:3 * mt].view(3, mt)
         self.input_ids, self.positions, self.out_cache_loc = self.tokens
-        self.req_pool_indices = zeros(self.max_reqs)
-        # Per requests bucket: new tokens, first token, KV length, last token index; one copy each.
-        self.layouts = {bs: zeros(4, bs) for bs in self.request_buckets}
+        self.req_pool_indices = self.inputs[3 * mt:3 * mt + self.max_reqs]
+        self.layouts = {bs: self.inputs[at:at + 4 * bs].view(4, bs) for bs, at in self._layout_at.items()}
+        self.staging = HostStaging(numel, self.device)
         self.spec_hidden = None
         if spec_hidden_width:
             self.spec_hidden = torch.zeros(self.max_tokens, spec_hidden_width, device=self.device,
@@ -292,22 +300,42 @@ class PrefillGraphRunner:
     def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:
         bs, n = fb.batch_size, fb.num_tokens
         graph_bs, graph_n = self._key(fb)
-        lens = list(fb.extend_seq_lens_cpu)
-        ends = list(itertools.accumulate(lens))
-        seq_lens = list(fb.seq_lens_cpu)
-        pad, no_requests = graph_n - n, [0] * (graph_bs - bs)
-        lens[-1] += pad
-        seq_lens[-1] += pad
-        starts = [end - length for end, length in zip(ends, fb.extend_seq_lens_cpu)]
-        layout = [lens + no_requests, starts + [graph_n] * (graph_bs - bs), seq_lens + no_requests,
-                  [end - 1 for end in ends] + no_requests]
-        self.layouts[graph_bs].copy_(host_tensor(layout, self.device), non_blocking=True)
-        self.input_ids[:n].copy_(fb.input_ids, non_blocking=True)
-        self.positions[:n].copy_(fb.positions, non_blocking=True)
-        self.out_cache_loc[:n].copy_(fb.out_cache_loc, non_blocking=True)
-        if pad:
-            self.tokens[:, n:graph_n].zero_()
-        self.req_pool_indices[:bs].copy_(fb.req_pool_indices, non_blocking=True)
+        mt = self.max_tokens
+        host = self.staging.fill()
+        # Token rows: the host copy where the batch has one, else the device tensor after the
+        # staged copy; padding tokens are zeros (token 0 at position 0, KV to the padding slot).
+        late = []
+        for row, (values, tensor) in enumerate(((fb.input_ids_host, fb.input_ids), (fb.positions_host, fb.positions),
+                                                (fb.out_cache_loc_host, fb.out_cache_loc))):
+            at = row * mt
+            if values is not None:
+                host[at:at + n] = values
+            else:
+                late.append((self.tokens[row, :n], tensor))
+            host[at + n:at + graph_n] = 0
+        at = 3 * mt
+        if fb.req_pool_indices_host is not None:
+            host[at:at + bs] = fb.req_pool_indices_host
+        else:
+            late.append((self.req_pool_indices[:bs], fb.req_pool_indices))
+        host[at + bs:at + graph_bs] = 0
+        # The layout; the padding tokens join the last request, padding requests have none.
+        layout = host[self._layout_at[graph_bs]:self._layout_at[graph_bs] + 4 * graph_bs].reshape(4, graph_bs)
+        lens = layout[0]
+        lens[:bs] = fb.extend_seq_lens_cpu
+        lens[bs:] = 0
+        np.cumsum(lens[:bs], out=layout[3, :bs])  # each request's end, then its last token
+        layout[1, :bs] = layout[3, :bs] - lens[:bs]
+        layout[1, bs:] = graph_n
+        layout[3, :bs] -= 1
+        layout[3, bs:] = 0
+        layout[2, :bs] = fb.seq_lens_cpu
+        layout[2, bs:] = 0
+        lens[bs - 1] += graph_n - n
+        layout[2, bs - 1] += graph_n - n
+        self.staging.send(self.inputs)
+        for target, tensor in late:
+            target.copy_(tensor, non_blocking=True)
         if self.spec_hidden is not None:
             self.spec_hidden[:n].copy_(fb.spec_hidden_states, non_blocking=True)
         self.graphs[graph_bs, graph_n].replay()

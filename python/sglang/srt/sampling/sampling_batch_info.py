@@ -42,6 +42,19 @@ class SamplingBatchInfo:
         device: torch.device | str,
     ) -> SamplingBatchInfo:
         greedy = [p.is_greedy for p in params]
+        if all(greedy):
+            # Every row takes the argmax, whatever its seed: one set of neutral tensors per batch
+            # size serves every such batch (building them costs ~15 host calls a batch, which a
+            # prefill pass of a small model pays on the critical path).
+            key = (len(params), vocab_size, str(device))
+            cached = _ALL_GREEDY.get(key)
+            if cached is None:
+                cached = _ALL_GREEDY[key] = cls._build(params, [0] * len(params), vocab_size, device, greedy)
+            return cached
+        return cls._build(params, seeds, vocab_size, device, greedy)
+
+    @classmethod
+    def _build(cls, params: list[SamplingParams], seeds: list[int], vocab_size: int, device, greedy: list[bool]):
         # Greedy rows get neutral values: they are argmaxed, and must not trigger the sort.
         temperatures = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         top_ps = [1.0 if g else p.top_p for p, g in zip(params, greedy)]
@@ -67,6 +80,10 @@ class SamplingBatchInfo:
 
     def __len__(self) -> int:
         return self.seeds.shape[0]
+
+
+# All-greedy batches' infos by (batch size, vocab size, device); only ever read.
+_ALL_GREEDY: dict[tuple, SamplingBatchInfo] = {}
 
 
 def _clamp_top_k(top_k: int, vocab_size: int) -> int:

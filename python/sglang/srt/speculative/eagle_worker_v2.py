@@ -260,7 +260,8 @@ class EAGLEWorkerV2(TpModelWorker):
         input_ids = host_to_device(shifted, self.device)
         if len(warm) == batch.batch_size:
             draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=input_ids,
-                                           capture_aux_hidden_states=False, spec_hidden_states=aux)
+                                           input_ids_host=None, capture_aux_hidden_states=False,
+                                           spec_hidden_states=aux)
             warm_ids, warm_offsets = next_ids, offsets
         else:
             lens = fb.extend_seq_lens_cpu
