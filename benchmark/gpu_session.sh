@@ -44,6 +44,9 @@
 #               on the demo pair: no draft, always k = 3 and dynamic, each run of each variant made with both trees
 #               in turn, every process pinned to CPU AB_CPU (8) (spec_speed.py --baseline-python; ~6 min);
 #               step_times_report.py's table with current / baseline per level
+# ab-loop       as ab-code, in a loaded server's steady state without its front end (spec_speed --closed-loop:
+#               no draft and always k = 3 at concurrency LOOP_LEVELS (16,64,256), finished requests replaced at once,
+#               so prefill passes of a few requests interleave with decode steps; ~5 min)
 # timing        issue 4: gpu_check exactness / floor / bench / profile (greedy fp32 output across
 #               backends, graphs and overlap; the floor ratio; where the batch-1 step goes)
 # peers         issue 4: our decode step (gpu_check bench) and gpt-fast at batch 8, then batch 1,
@@ -150,6 +153,18 @@ PY
       --baseline-python .device/baseline/python --cpu ${AB_CPU:-8} \
       --out "$OUT/ab_code_demo.json" 2>&1 | grep -v "^\s*$\|^    run" | tail -70
     python benchmark/step_times_report.py "$OUT/ab_code_demo.json" | tee "$OUT/ab_code_demo.txt"
+    ;;
+  ab-loop)
+    # The current tree against stage_baseline.sh's in a loaded server's steady state without its
+    # front end (spec_speed --closed-loop: prefill passes of a few requests between decode steps,
+    # as a served load at high concurrency has), interleaved, pinned to one CPU.
+    [ -d .device/baseline/python ] || { echo "no baseline: run benchmark/stage_baseline.sh REV first"; exit 2; }
+    echo "baseline $(cat .device/baseline/REV)"
+    timeout 540 python benchmark/spec_speed.py --pair demo --input-len 256 --output-len 128 \
+      --batch-sizes ${LOOP_LEVELS:-16,64,256} --closed-loop ${LOOP_ROUNDS:-4} --step-times --repeats ${HOST_REPEATS:-2} \
+      --baseline-python .device/baseline/python --cpu ${AB_CPU:-8} \
+      --out "$OUT/ab_loop_demo.json" 2>&1 | grep -v "^\s*$\|^    run" | tail -70
+    python benchmark/step_times_report.py "$OUT/ab_loop_demo.json" | tee "$OUT/ab_loop_demo.txt"
     ;;
   timing)
     timeout 280 python benchmark/gpu_check.py --workdir /tmp/spec_envelope --out "$OUT" \

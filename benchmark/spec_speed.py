@@ -277,7 +277,7 @@ def main() -> None:
     parser.add_argument("--baseline-python", default=None,
                         help="a directory holding another tree's `sglang` package (benchmark/stage_baseline.sh): "
                              "every run of every variant is made with it too, right after the current code's, "
-                             "labelled code=baseline (its runs take no --step-times)")
+                             "labelled code=baseline (with --step-times where that tree has step_times.py)")
     parser.add_argument("--cpu", type=int, default=None, help="pin every run to this CPU")
     parser.add_argument("--closed-loop", type=int, default=0, metavar="ROUNDS",
                         help="a server's steady state instead: each batch size is a concurrency, finished "
@@ -306,13 +306,16 @@ def main() -> None:
     if args.dynamic:
         variants.append("dynamic")
     codes = ["current"] + (["baseline"] if args.baseline_python else [])
+    # A baseline from before step_times.py (session 13) runs without --step-times.
+    baseline_times = bool(args.baseline_python) and os.path.isfile(
+        os.path.join(args.baseline_python, "sglang", "srt", "managers", "step_times.py"))
     for run, k, code in [(run, k, code) for run in range(args.repeats) for k in variants for code in codes]:
         cmd = [sys.executable, __file__, "--out", args.out, "--pair", args.pair, "--input-len", str(args.input_len),
                "--output-len", str(args.output_len), "--device", args.device, "--workdir", args.workdir,
                "--batch-sizes", args.batch_sizes, "--steps", args.steps, "--one", k, "--pair-paths", f"{target},{draft}"]
         cmd += ["--disable-step-graph"] if args.disable_step_graph else []
         cmd += ["--closed-loop", str(args.closed_loop)] if args.closed_loop else []
-        cmd += ["--step-times"] if args.step_times and code == "current" else []
+        cmd += ["--step-times"] if args.step_times and (code == "current" or baseline_times) else []
         cmd += ["--cpu", str(args.cpu)] if args.cpu is not None else []
         env = None
         if code == "baseline":
