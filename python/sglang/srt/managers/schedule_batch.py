@@ -4,6 +4,7 @@ turned into a ForwardBatch)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from typing import Optional
 
@@ -180,13 +181,17 @@ class ScheduleBatch:
         seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
         offsets = [len(req.output_ids) + req.num_pending for req in self.reqs]
         rows = [positions, [req.req_pool_idx for req in self.reqs], seq_lens, offsets]
+        extend = not self.forward_mode.is_decode()
+        if extend:  # each request's last new token, where the logits are taken
+            rows.append(list(itertools.accumulate(extend_lens, initial=-1))[1:])
         if input_ids is not None:
             rows.append(input_ids)
-        positions_d, pool_rows_d, seq_lens_d, offsets_d, *ids_d = host_to_device_rows(rows, device)
+        positions_d, pool_rows_d, seq_lens_d, offsets_d, *more = host_to_device_rows(rows, device)
+        last_d = more.pop(0) if extend else None
         fb = ForwardBatch(
             forward_mode=self.forward_mode,
             batch_size=self.batch_size,
-            input_ids=ids_d[0] if ids_d else self.input_ids_device,
+            input_ids=more[0] if more else self.input_ids_device,
             positions=positions_d,
             req_pool_indices=pool_rows_d,
             seq_lens=seq_lens_d,
@@ -194,8 +199,9 @@ class ScheduleBatch:
             seq_lens_cpu=seq_lens,
             extend_seq_lens_cpu=extend_lens,
             extend_prefix_lens_cpu=prefix_lens,
+            last_token_index=last_d,
         )
-        if not self.forward_mode.is_decode():
+        if extend:
             fb.input_ids_host, fb.positions_host, fb.req_pool_indices_host = input_ids, positions, rows[1]
             if self.out_cache_loc_host is not None:
                 fb.out_cache_loc_host = self.out_cache_loc_host.numpy()

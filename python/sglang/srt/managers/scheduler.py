@@ -20,7 +20,7 @@ from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, TokenizedGenerateReqInput, finish_abort
 from sglang.srt.managers.kv_manager import KVManager
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy, decode_reserve
+from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy, running_decode_reserve
 from sglang.srt.managers.step_times import NullStepClock
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -342,10 +342,11 @@ class Scheduler:
     def _schedule_prefill(self) -> Optional[ScheduleBatch]:
         if not self.waiting_queue and self.chunked_req is None:
             return None
-        reserve = sum(decode_reserve(r) for r in self.running_reqs)
-        adder = PrefillAdder(self.server_args.chunked_prefill_size,
-                             self.kv_manager.available_tokens() - reserve,
-                             self._free_running_slots(), running_reserve=reserve)
+        budget, free_running = self.server_args.chunked_prefill_size, self._free_running_slots()
+        reserve = running_decode_reserve(self.running_reqs, self.kv_manager.allocator.available_size(), budget,
+                                         free_running)
+        adder = PrefillAdder(budget, self.kv_manager.available_tokens() - reserve, free_running,
+                             running_reserve=reserve)
         if self.chunked_req is not None:
             adder.try_add(self.chunked_req, continuing_chunk=True)
         # The running requests do not change while this step's admissions are decided: their

@@ -71,8 +71,8 @@ class ForwardBatch:
     # them, `extend_seq_lens_cpu` only bounds the longest request. None: built from the host lists.
     extend_seq_lens: Optional[torch.Tensor] = None
     extend_start_loc: Optional[torch.Tensor] = None
-    # [bs] int64 index of each request's last new token, on the device (a prefill graph's input);
-    # None: computed from `extend_seq_lens_cpu`.
+    # [bs] int64 index of each request's last new token, on the device (a prefill graph's input;
+    # a scheduler's prefill sends it with its other rows); None: computed from `extend_seq_lens_cpu`.
     last_token_index: Optional[torch.Tensor] = None
     # Host copies of the token rows where the scheduler built them (a prefill's): a prefill graph
     # writes them into its inputs with the layout in one copy, instead of copying each device

@@ -277,7 +277,9 @@ class EAGLEWorkerV2(TpModelWorker):
             info = self.sampling_info([batch.reqs[i] for i in warm])
             warm_ids, warm_offsets = next_ids[sub], offsets[sub]
         last = draft_fb.last_token_indices()
-        if finals:
+        if len(finals) == len(warm):  # every prompt ends here (the common case): no row index needed
+            input_ids[last] = warm_ids
+        elif finals:
             rows = host_to_device(finals, self.device)  # pinned: a plain .to() would wait for the target's forward
             input_ids[last[rows]] = warm_ids[rows]
         draft_out = self.draft_runner.forward(draft_fb)
