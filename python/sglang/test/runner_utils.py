@@ -76,3 +76,45 @@ def fake_capture_graph(run, pool):
     """cuda_graph_runner.capture_graph's stand-in: (a RerunGraph, what the forward returned)."""
     outputs = run()
     return RerunGraph(run, outputs), outputs
+
+
+class RerunStepGraph:
+    """SpecStepGraphs' graph stand-in on the CPU: re-runs the captured step and writes each of
+    its outputs into the tensors the capture returned."""
+
+    def __init__(self, run, outputs):
+        self.run, self.outputs = run, outputs
+
+    def replay(self):
+        fresh = self.run()
+        with torch.inference_mode():  # outputs made by the sampler are inference tensors
+            for target, value in zip(self.outputs, fresh):
+                if target is not None:  # a catch-up plain step has no probe hits
+                    target.copy_(value)
+
+
+def fake_cuda_graphs(set_attr, batch_sizes: list[int]) -> None:
+    """Every CUDA graph the engine captures (decode and speculative shapes, prefills, whole
+    speculative steps) becomes a CPU stand-in that re-runs its forward at each replay, with
+    graphs "on" at `batch_sizes` whatever the device, so everything around the graphs runs as on
+    CUDA. `set_attr(obj, name, value)`: pytest's monkeypatch.setattr in tests (undone after),
+    the builtin setattr in a one-off script."""
+    from sglang.srt.model_executor import cuda_graph_runner
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+    from sglang.srt.speculative import eagle_worker_v2
+
+    def capture_one(self, bs):
+        run = lambda: self.model_runner.forward_eager(self._static_batch(bs))  # noqa: E731
+        self.outputs[bs] = run()
+        self.graphs[bs] = RerunGraph(run, self.outputs[bs])
+
+    def step_capture_one(self, bs):
+        self.outputs[bs] = self._run(bs)
+        self.graphs[bs] = RerunStepGraph(lambda: self._run(bs), self.outputs[bs])
+
+    set_attr(CudaGraphRunner, "_capture_one", capture_one)
+    set_attr(cuda_graph_runner, "capture_graph", fake_capture_graph)  # prefill graphs
+    set_attr(ModelRunner, "graph_memory_pool", lambda self: None)
+    set_attr(eagle_worker_v2.SpecStepGraphs, "_capture_one", step_capture_one)
+    for module in (cuda_graph_runner, eagle_worker_v2):
+        set_attr(module, "graph_batch_sizes", lambda runner: list(batch_sizes))

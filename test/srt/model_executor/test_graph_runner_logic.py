@@ -15,44 +15,18 @@ from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.model_executor import cuda_graph_runner
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, PrefillGraphRunner
-from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative import eagle_worker_v2
-from sglang.test.runner_utils import RerunGraph, fake_capture_graph, run_to_completion
+from sglang.test.runner_utils import fake_cuda_graphs, run_to_completion
 
 BUCKETS = [1, 2, 4, 8]
-
-
-def fake_capture_one(self, bs):
-    run = lambda: self.model_runner.forward_eager(self._static_batch(bs))  # noqa: E731
-    self.outputs[bs] = run()
-    self.graphs[bs] = RerunGraph(run, self.outputs[bs])
-
-
-class RerunStepGraph:
-    def __init__(self, run, outputs):
-        self.run, self.outputs = run, outputs
-
-    def replay(self):
-        fresh = self.run()
-        with torch.inference_mode():  # outputs made by the sampler are inference tensors
-            for target, value in zip(self.outputs, fresh):
-                if target is not None:  # a catch-up plain step has no probe hits
-                    target.copy_(value)
-
-
-def fake_step_capture_one(self, bs):
-    self.outputs[bs] = self._run(bs)
-    self.graphs[bs] = RerunStepGraph(lambda: self._run(bs), self.outputs[bs])
 
 
 @pytest.fixture
 def rerun_graphs(monkeypatch):
     replays = []
-    monkeypatch.setattr(CudaGraphRunner, "_capture_one", fake_capture_one)
-    monkeypatch.setattr(cuda_graph_runner, "capture_graph", fake_capture_graph)  # prefill graphs
-    monkeypatch.setattr(ModelRunner, "graph_memory_pool", lambda self: None)
+    fake_cuda_graphs(monkeypatch.setattr, BUCKETS)
     prefill_replay = PrefillGraphRunner.replay
 
     def counted_prefill(self, fb):
@@ -60,7 +34,6 @@ def rerun_graphs(monkeypatch):
         return prefill_replay(self, fb)
 
     monkeypatch.setattr(PrefillGraphRunner, "replay", counted_prefill)
-    monkeypatch.setattr(eagle_worker_v2.SpecStepGraphs, "_capture_one", fake_step_capture_one)
     step_replay = eagle_worker_v2.SpecStepGraphs.replay
 
     def counted_step(self, rows, out_cache_loc, behind=None, opted_out=None):
@@ -68,8 +41,6 @@ def rerun_graphs(monkeypatch):
         return step_replay(self, rows, out_cache_loc, behind, opted_out)
 
     monkeypatch.setattr(eagle_worker_v2.SpecStepGraphs, "replay", counted_step)
-    for module in (cuda_graph_runner, eagle_worker_v2):  # graphs "on" whatever the device
-        monkeypatch.setattr(module, "graph_batch_sizes", lambda runner: BUCKETS)
     original = CudaGraphRunner.replay
 
     def counted(self, fb):
