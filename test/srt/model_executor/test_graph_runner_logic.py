@@ -52,11 +52,12 @@ def rerun_graphs(monkeypatch):
 
 
 def generate(spec: bool, choose=None, num_reqs: int = 3, step_graph: bool = False, sampled: bool = False,
-             without_draft: tuple = (), **spec_kwargs) -> dict:
-    """`without_draft`: rids admitted as if speculation did not pay (the draft skips them)."""
+             without_draft: tuple = (), overlap: bool = False, **spec_kwargs) -> dict:
+    """`without_draft`: rids admitted as if speculation did not pay (the draft skips them).
+    `overlap`: each decode step is launched from the tokens the last one left on the device."""
     kwargs = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3,
                   disable_speculative_step_graph=not step_graph, **spec_kwargs) if spec else {}
-    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=True, **kwargs))
+    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=not overlap, **kwargs))
     if without_draft:
         scheduler.draft_reads_prompt = lambda req, joining: req.rid not in without_draft
     if choose is not None:
@@ -79,8 +80,9 @@ def eager_outputs():
     return {"plain": generate(False), "spec": generate(True)}
 
 
-def test_plain_decode_graphs_replay_like_eager(rerun_graphs, eager_outputs):
-    assert generate(False) == eager_outputs["plain"]
+@pytest.mark.parametrize("overlap", [False, True], ids=["token ids from the host", "token ids on the device"])
+def test_plain_decode_graphs_replay_like_eager(rerun_graphs, eager_outputs, overlap):
+    assert generate(False, overlap=overlap) == eager_outputs["plain"]
     assert {shape[:2] for shape in decode_shapes(rerun_graphs)} == {("DECODE", 1)}
     assert ("PREFILL_EXTEND", 40, 3) in rerun_graphs  # the three prompts, padded to 4 requests, 48 tokens
     assert {bs for _, _, bs in rerun_graphs} >= {3, 2, 1}  # 3 runs padded to the bucket of 4

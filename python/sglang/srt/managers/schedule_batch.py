@@ -201,8 +201,8 @@ class ScheduleBatch:
             extend_prefix_lens_cpu=prefix_lens,
             last_token_index=last_d,
         )
-        if extend:
-            fb.input_ids_host, fb.positions_host, fb.req_pool_indices_host = input_ids, positions, rows[1]
-            if self.out_cache_loc_host is not None:
-                fb.out_cache_loc_host = self.out_cache_loc_host.numpy()
+        # The host rows, for a graph that stages its inputs from them (None: on the device only).
+        fb.input_ids_host, fb.positions_host, fb.req_pool_indices_host = input_ids, positions, rows[1]
+        if self.out_cache_loc_host is not None:
+            fb.out_cache_loc_host = self.out_cache_loc_host.numpy()
         return fb, offsets_d
