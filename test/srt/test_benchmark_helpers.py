@@ -1,6 +1,7 @@
 """Small benchmark helpers the GPU scripts lean on: benchmark/cpu_sets.py (the CPU lists servers
-and the client are pinned to), benchmark/spy_report.py (reading py-spy's collapsed stacks) and
-benchmark/step_times_report.py (spec_speed --step-times results, one tree or two)."""
+and the client are pinned to), benchmark/spy_report.py (reading py-spy's collapsed stacks),
+benchmark/step_times_report.py (spec_speed --step-times results, one tree or two) and
+spec_speed's closed loop (a loaded server's steady state without its front end)."""
 
 from __future__ import annotations
 
@@ -97,3 +98,30 @@ def test_step_times_report_pairs_each_level_of_the_two_trees(tmp_path, capsys, m
     after = next(line for line in lines if line.startswith("after  k3"))
     assert after.split()[-1] == f"{1100 / 900:.3f}"  # mean current / mean baseline
     assert any(line.startswith("after  dynamic") for line in lines)  # no baseline run: no ratio
+
+
+def test_closed_loop_keeps_the_concurrency_full_and_counts_every_reported_token(tiny_model_paths):
+    """spec_speed --closed-loop: each finished request is replaced in the pass that reports it,
+    so prefill passes interleave with decode steps; it stops after ROUNDS x concurrency
+    completions and counts the tokens reported meanwhile (its drain is not measured)."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.server_args import ServerArgs
+
+    spec_speed = load("spec_speed")
+    scheduler = Scheduler(ServerArgs(model_path=tiny_model_paths["llama"], dtype="float32", device="cpu"))
+    seen = []
+    step = scheduler.step
+
+    def counted():
+        seen.append(len(scheduler.running_reqs) + len(scheduler.waiting_queue))
+        return step()
+
+    scheduler.step = counted
+    result = spec_speed.closed_loop_level(scheduler, tiny_model_paths["llama"], 3, 2, 8, 6, "random", "cpu", True)
+    assert result["requests"] >= 6 and result["passes"] > 0 and result["tokens_per_s"] > 0
+    # Output lengths 3-9 per request: at least the six finished requests' tokens were reported.
+    assert result["decode_tokens"] >= 6 * 3
+    assert max(seen) <= 3 and seen.count(3) > len(seen) // 2  # never more than 3 in flight, mostly 3
+    groups = result["step_times"]
+    assert any(name.startswith("prefill") for name in groups) and any(name.startswith("decode") for name in groups)
+    assert not scheduler.has_work()
