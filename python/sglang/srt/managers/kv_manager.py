@@ -19,6 +19,10 @@ from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixCache
 
 
+# When short of free slots, evict at least this share (1 / EVICT_SHARE) of the pool.
+EVICT_SHARE = 64
+
+
 class KVManager:
     def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator,
                  disable_radix_cache: bool, speculative: bool = False):
@@ -66,7 +70,11 @@ class KVManager:
         """`num_tokens` slots on the host (evicting cached prefixes if needed), or None."""
         shortfall = num_tokens - self.allocator.available_size()
         if shortfall > 0:
-            self.tree_cache.evict(shortfall)
+            # An eviction walks the whole tree and, on CUDA, brings the evicted slots to the host
+            # in one copy that waits for the device (the step in flight included). Once the cache
+            # fills the pool every allocation would evict; evicting a slice of the pool at a time
+            # pays that once per many steps instead of on most of them.
+            self.tree_cache.evict(max(shortfall, self.allocator.size // EVICT_SHARE))
         return self.allocator.alloc_host(num_tokens)
 
     def alloc_for_step(self, reqs: list[Req]) -> Optional[tuple[torch.Tensor, torch.Tensor]]:
