@@ -113,9 +113,11 @@ def test_a_served_load_is_timed_by_the_scheduler_process(tmp_path, tiny_model_pa
     engine = sglang.Engine(model_path=tiny_model_paths["llama"], dtype="float32", device="cpu", log_level="warning",
                            disable_overlap_schedule=True)
     try:
-        outs = engine.generate(input_ids=[[5, 6, 7, 8], [9, 10, 11]],
-                               sampling_params={"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})
-        assert [len(o["output_ids"]) for o in outs] == [12, 12]
+        # One request: two could reach the scheduler in separate passes, one decoding a step
+        # alone before the other joins (the step count would then depend on timing).
+        out = engine.generate(input_ids=[5, 6, 7, 8],
+                              sampling_params={"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})
+        assert len(out["output_ids"]) == 12
         path = prefix.with_name("sched.0.json")
         deadline = time.time() + 30
         while not path.exists() and time.time() < deadline:
@@ -126,7 +128,7 @@ def test_a_served_load_is_timed_by_the_scheduler_process(tmp_path, tiny_model_pa
     decode = {name: row for name, row in summary.items() if name.startswith("decode/")}
     prefill = {name: row for name, row in summary.items() if name.startswith("prefill/")}
     assert prefill and decode, summary
-    # The first token comes from the prefill; the other 11 of each request from decode steps of both.
+    # The first token comes from the prefill, the other 11 from decode steps.
     assert sum(row["steps"] for row in decode.values()) == 11
     for row in summary.values():
         assert row["pass_us"] == pytest.approx(sum(row[f"{p}_us"] for p in step_times.PHASES))
