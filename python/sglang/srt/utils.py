@@ -120,13 +120,13 @@ def step_stream(device):
     """The CUDA stream steps run on (the device's current stream when first asked), kept: torch's
     own `current_stream()` costs ~9 us of Python a call on the H200 machine (host_ops_gpu.py),
     and an event recorded without a stream asks for it. Steps never change streams; a graph
-    capture does, but records no events through this."""
-    import torch
-
-    key = torch.device(device).index
-    stream = _STREAMS.get(key)
+    capture does, but records no events through this. Kept by the device as given (a string or
+    torch.device): building a torch.device to normalize it would cost a few us a call too."""
+    stream = _STREAMS.get(device)
     if stream is None:
-        stream = _STREAMS[key] = torch.cuda.current_stream(device)
+        import torch
+
+        stream = _STREAMS[device] = torch.cuda.current_stream(device)
     return stream
 
 
