@@ -239,3 +239,66 @@ def test_launches_never_wait_for_the_device():
         run_to_completion(scheduler)
     assert any(mode == ForwardMode.EXTEND for mode, _ in launched)
     assert {0, 1, 3} <= {k for mode, k in launched if mode.is_decode()}
+
+
+def test_freeing_device_slots_does_not_wait_for_the_device():
+    """The allocator keeps slots freed from the device there (in stream order) until the host's
+    free slots run short: a free returns while the device is still busy, and the slots come
+    back exactly once."""
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+
+    alloc = TokenToKVPoolAllocator(64, device="cuda")
+    held = alloc.alloc(64)
+    torch.cuda._sleep(200_000_000)  # ~0.1 s of device time queued ahead of the frees
+    done = torch.cuda.Event()
+    done.record()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        alloc.free(held[10:20])
+        alloc.free(held[:5])
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert not done.query()  # the device is still sleeping: neither free waited for it
+    assert alloc.available_size() == 15
+    assert sorted(alloc.alloc_host(15).tolist()) == list(range(11, 21)) + list(range(1, 6))
+    assert alloc.alloc_host(1) is None
+
+
+def test_releasing_finished_requests_never_waits_for_the_device():
+    """A finished request's KV goes back (into the radix cache, its uncached tail and duplicate
+    positions to the free list) without waiting for the device: under overlap a wait would stall
+    the step in flight. Requests finish mid-step at different lengths; the second pass repeats
+    the prompts, so the cache holds them (duplicates, adoption of target-only entries). Every
+    release of the second pass runs under torch's sync debug mode "error"; the output is plain
+    decoding's and every slot comes back exactly once."""
+    max_new = [9, 14, 23, 31]
+    plain = make_scheduler()
+    submit_random(plain, max_new, seed=5)
+    expected = outputs(plain, len(max_new))
+    del plain
+    scheduler = make_scheduler(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="always",
+                               disable_overlap_schedule=False)
+    release = scheduler.kv_manager.release
+    strict, released = [False], [0]
+
+    def checked(req):
+        if not strict[0]:
+            return release(req)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return release(req)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            released[0] += 1
+
+    scheduler.kv_manager.release = checked
+    for attempt in range(2):
+        strict[0] = attempt == 1
+        submit_random(scheduler, max_new, seed=5)
+        assert outputs(scheduler, len(max_new)) == expected
+    assert released[0] >= len(max_new)
+    state = scheduler.get_internal_state()
+    assert state["free_slots"] + state["cached_slots"] == state["total_slots"]
+    assert scheduler.flush_cache()
+    allocator = scheduler.kv_manager.allocator
+    assert sorted(allocator.alloc_host(allocator.size).tolist()) == list(range(1, allocator.size + 1))

@@ -39,3 +39,36 @@ def test_many_small_frees_keep_every_slot_exactly_once():
     assert sorted(alloc.alloc(1000).tolist()) == list(range(1, 1001))
     alloc.clear()
     assert alloc.available_size() == 1000
+
+
+def test_slots_freed_on_a_device_stay_there_until_the_free_slots_on_the_host_run_out():
+    """Bringing freed device slots to the host at once would wait for the device (the step in
+    flight included) on every release. They are counted as free at once and read only when the
+    host's free slots run short. The meta device stands in for the GPU here: its tensors have no
+    values, so reading one raises."""
+    import pytest
+
+    from sglang.srt.mem_cache import allocator as allocator_module
+
+    alloc = TokenToKVPoolAllocator(10)
+    alloc.alloc_host(6)
+    for _ in range(allocator_module.MAX_DEVICE_PIECES + 1):  # more pieces than are kept apart
+        alloc.free(torch.empty(0, dtype=torch.int32, device="meta"))  # an empty free is nothing
+    alloc.free(torch.zeros(3, dtype=torch.int32, device="meta"))
+    assert alloc.available_size() == 7
+    assert alloc.alloc_host(4).tolist() == [7, 8, 9, 10]  # the never-used slots, nothing read
+    assert alloc.device_joins == 0 and alloc.available_size() == 3
+    with pytest.raises(NotImplementedError):  # now it reads them: the meta stand-in cannot
+        alloc.alloc_host(1)
+
+
+def test_many_device_pieces_are_joined_on_the_device_and_counted_exactly():
+    from sglang.srt.mem_cache import allocator as allocator_module
+
+    alloc = TokenToKVPoolAllocator(5000)
+    alloc.alloc_host(5000)
+    pieces = 3 * allocator_module.MAX_DEVICE_PIECES + 7
+    for _ in range(pieces):
+        alloc.free(torch.zeros(1, dtype=torch.int64, device="meta"))
+    assert alloc.available_size() == pieces
+    assert len(alloc._freed_device) < allocator_module.MAX_DEVICE_PIECES

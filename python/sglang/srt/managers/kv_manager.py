@@ -114,9 +114,13 @@ class KVManager:
         own = slots[req.cached_len : not_taken]
         if self.speculative and has_draft and len(own):
             # Target-only entries nobody uses take our slots, which have draft KV as well.
-            own = own[~self.tree_cache.adopt_draft_slots(ids[:not_taken], slots[:not_taken], req.cached_len)
-                      .to(own.device)]
-        self.allocator.free(own)
+            taken = self.tree_cache.adopt_draft_slots(ids[:not_taken], slots[:not_taken], req.cached_len)
+            # Slices, not a mask: a boolean mask on a device tensor waits for the device.
+            for start, end in _false_runs(taken.numpy()):
+                self.allocator.free(own[start:end])
+        else:
+            self.allocator.free(own)
+        # The device copies of the slots are freed where they are: nothing here waits for the device.
         self.allocator.free(slots[cacheable:])
         self.tree_cache.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
@@ -142,3 +146,9 @@ def _matchable_ids(req: Req) -> list[int]:
     # The last token is always computed, so its logits exist: match at most len - 1 tokens.
     ids = req.all_ids
     return ids[: len(ids) - 1]
+
+
+def _false_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """(start, end) of each run of False in a 1-D bool array, in order."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([True], mask, [True])).astype(np.int8)))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
