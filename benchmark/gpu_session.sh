@@ -11,7 +11,8 @@
 # env-demo      the same on the demo pair with its real acceptance (code prompts): the three servers
 #               up at once, measured in turn at every level, two rounds (A B C, C B A; ~5 min);
 #               ENVELOPE_SERVERS picks the servers (e.g. "no_draft always dynamic always_b" with the
-#               A/A control), PIN=roles pins every server alike (spec_envelope_gpu.sh)
+#               A/A control, or "no_draft always dynamic dynamic_b always_b" for two instances of each
+#               kind, judged pooled), PIN=roles pins every server alike (spec_envelope_gpu.sh)
 # check         pytest test/gpu/test_spec_cuda.py (speculative graphs, switching, requests the draft
 #               does not follow), then spec_speed --off-state (prefill and decode speed, no draft /
 #               never + warm / never + catch-up)

@@ -31,7 +31,10 @@
 # put it), STEP_TIMES (1: every server's scheduler times its steps by phase, SGLANG_STEP_TIMES,
 # one table per busy period, NAME.steps.N.txt in the archive). Servers always_b and always_c are
 # further always servers, controls: always_b's ratio to always at each level is the spread between
-# identical servers, which the report prints beside the envelope.
+# identical servers, which the report prints beside the envelope. With dynamic_b (a second
+# dynamic server) as well, always_b and dynamic_b are second instances instead: the report judges
+# each kind by its two instances pooled, which averages out an offset one server process keeps
+# through the run, and prints the spread between instances.
 set -u -o pipefail
 OUT=${1:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
 CONFIG=${2:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
@@ -98,6 +101,7 @@ server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), 
     always_per_step) NAME=${CONFIG}_always_per_step LABEL="always, every step streamed"
       ENV="$SIM SGLANG_STREAM_EVERY_STEP=1" ARGS=$SPEC ;;
     always_b|always_c) NAME=${CONFIG}_$1 LABEL="always (control ${1#always_})" ENV=$SIM ARGS=$SPEC ;;
+    dynamic_b) NAME=${CONFIG}_$1 LABEL="dynamic (instance b)" ENV=$SIM ARGS="$SPEC --speculative-adaptive" ;;
     *) echo "unknown server $1"; exit 2 ;;
   esac
   [ "${STEP_TIMES:-0}" = 1 ] && ENV="$ENV SGLANG_STEP_TIMES=$OUT/$NAME.steps"
@@ -169,10 +173,13 @@ else
   done
 fi
 N=$OUT/${PAIR}_no_draft.jsonl A=$OUT/${CONFIG}_always.jsonl D=$OUT/${CONFIG}_dynamic.jsonl
-B=$OUT/${CONFIG}_always_b.jsonl
+B=$OUT/${CONFIG}_always_b.jsonl D2=$OUT/${CONFIG}_dynamic_b.jsonl
 if [ -f "$N" ] && [ -f "$A" ] && [ -f "$D" ]; then
-  python benchmark/spec_envelope_report.py --no-draft "$N" --always "$A" --dynamic "$D" \
-    $( [ -f "$B" ] && echo --control "$B" ) \
+  # With dynamic_b as well, always_b and dynamic_b are second instances, each kind judged pooled;
+  # without it, always_b is the A/A control (reported, not judged).
+  if [ -f "$D2" ] && [ -f "$B" ]; then KINDS=(--always "$A" --always "$B" --dynamic "$D" --dynamic "$D2")
+  else KINDS=(--always "$A" --dynamic "$D" $( [ -f "$B" ] && echo --control "$B" )); fi
+  python benchmark/spec_envelope_report.py --no-draft "$N" "${KINDS[@]}" \
     $( [ -f "$OUT/${CONFIG}_dynamic.server_info.json" ] && echo --server-info "$OUT/${CONFIG}_dynamic.server_info.json" ) --out "$OUT/${CONFIG}_envelope.json"
   python -m sglang.bench_serving plot "$N" "$A" "$D" --output "$OUT/${CONFIG}_envelope.png" \
     --title "envelope $CONFIG, 1 x H200"

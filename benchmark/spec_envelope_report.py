@@ -8,6 +8,12 @@ the same model: a server without a draft, one that always speculates, one with t
 always at each level is what two identical servers differ by in this run: a dynamic / best ratio
 within that distance of the goal is not resolved by the run. It is reported, not judged.
 
+--always and --dynamic may each be given more than once: sweeps of identical servers (instances)
+measured in the same run. Each kind is then judged by its instances pooled (total output tokens
+over total measured time), which averages out what sets one server process apart from an
+identical one (on the demo pair, 2-3% that stays with a process through a run's rounds), and each
+instance's throughput and the spread between instances are reported.
+
 For every concurrency the three sweeps share: output throughput of each, the ratio of dynamic to
 the better of the other two (goal >= 0.98) and to no draft (goal >= 0.99 at the largest level),
 and the accept lengths the spec servers reported. Prints a table; exits 1 if a goal is missed,
@@ -38,6 +44,34 @@ def load(path: str) -> dict[int, dict]:
     return rows
 
 
+def pool(instances: list[dict[int, dict]]) -> dict[int, dict]:
+    """Sweeps of identical servers as one: at each level all of them ran, throughputs are total
+    tokens over total measured time, failures are summed, accept lengths and step shares are the
+    instances' means, and `instances_tok_s` lists each one's output throughput."""
+    if len(instances) == 1:
+        return instances[0]
+    pooled = {}
+    for level in sorted(set.intersection(*(set(rows) for rows in instances))):
+        rows = [rows[level] for rows in instances]
+        duration = sum(row["duration"] for row in rows)
+        row = {"max_concurrency": level, "duration": duration,
+               "failed": sum(row.get("failed", 0) for row in rows),
+               "output_throughput": sum(row["total_output_tokens"] for row in rows) / duration,
+               "instances_tok_s": [row["output_throughput"] for row in rows]}
+        lengths = [row["accept_length"] for row in rows if row.get("accept_length") is not None]
+        if lengths:
+            row["accept_length"] = sum(lengths) / len(lengths)
+        shares = [row["spec_step_share_by_k"] for row in rows if row.get("spec_step_share_by_k")]
+        if shares:
+            keys = sorted({k for share in shares for k in share}, key=int)
+            row["spec_step_share_by_k"] = {k: sum(share.get(k, 0) for share in shares) / len(shares) for k in keys}
+        cold = [row.get("spec_prompts_without_draft") for row in rows]
+        if any(c is not None for c in cold):
+            row["spec_prompts_without_draft"] = sum(c or 0 for c in cold)
+        pooled[level] = row
+    return pooled
+
+
 def envelope(no_draft: dict[int, dict], always: dict[int, dict], dynamic: dict[int, dict],
              control: dict[int, dict] | None = None) -> dict:
     levels = sorted(set(no_draft) & set(always) & set(dynamic))
@@ -58,6 +92,11 @@ def envelope(no_draft: dict[int, dict], always: dict[int, dict], dynamic: dict[i
                  "dynamic_prompts_without_draft": dynamic[level].get("spec_prompts_without_draft"),
                  "shortest_run_s": min(rows[level].get("duration", float("inf"))
                                        for rows in (no_draft, always, dynamic))}
+        for name, rows in (("always", always), ("dynamic", dynamic)):
+            each = rows[level].get("instances_tok_s")
+            if each:
+                point[f"{name}_instances_tok_s"] = each
+                point[f"{name}_instances_spread"] = max(each) / min(each) - 1
         points.append(point)
         if point["dynamic_vs_best"] < GOAL_ENVELOPE:
             missed.append(f"concurrency {level}: dynamic {dyn:.1f} tok/s is {point['dynamic_vs_best']:.3f} x the "
@@ -74,6 +113,11 @@ def envelope(no_draft: dict[int, dict], always: dict[int, dict], dynamic: dict[i
             notes.append(f"control: two identical always servers differed by up to {max(spreads):.1%} at a level "
                          f"(mean {sum(spreads) / len(spreads):.1%}); ratios that close to a goal are within this "
                          f"run's spread")
+    for name in ("always", "dynamic"):
+        spreads = [p[f"{name}_instances_spread"] for p in points if f"{name}_instances_spread" in p]
+        if spreads:
+            notes.append(f"{name}: {len(points[0][f'{name}_instances_tok_s'])} identical instances, pooled; they "
+                         f"differed by up to {max(spreads):.1%} at a level (mean {sum(spreads) / len(spreads):.1%})")
     short = [p["concurrency"] for p in points if p["shortest_run_s"] < MIN_LEVEL_SECONDS]
     if short:
         notes.append(f"levels {short} ran shorter than {MIN_LEVEL_SECONDS:.0f} s in at least one sweep: "
@@ -88,8 +132,10 @@ def envelope(no_draft: dict[int, dict], always: dict[int, dict], dynamic: dict[i
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--no-draft", required=True)
-    parser.add_argument("--always", required=True)
-    parser.add_argument("--dynamic", required=True)
+    parser.add_argument("--always", required=True, action="append",
+                        help="an always sweep; give it again for each identical instance (pooled)")
+    parser.add_argument("--dynamic", required=True, action="append",
+                        help="a dynamic sweep; give it again for each identical instance (pooled)")
     parser.add_argument("--server-info", default=None,
                         help="the dynamic server's /get_server_info after the sweep (steps per k, switches)")
     parser.add_argument("--control", default=None, help="a second always sweep (A/A control; reported only)")
@@ -97,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         control = load(args.control) if args.control else None
-        report = envelope(load(args.no_draft), load(args.always), load(args.dynamic), control)
+        report = envelope(load(args.no_draft), pool([load(path) for path in args.always]),
+                          pool([load(path) for path in args.dynamic]), control)
     except (OSError, ValueError, KeyError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -88,3 +88,37 @@ def test_a_control_sweep_reports_the_spread_between_identical_servers_without_ju
     assert [p["control_vs_always"] for p in result["points"]] == pytest.approx([1.05, 0.96, 1.0])
     assert any("up to 5.0%" in note and "mean 3.0%" in note for note in result["notes"]), result["notes"]
     assert "ctrl/alw" in capsys.readouterr().out
+
+
+def test_identical_instances_are_pooled_by_tokens_over_time_and_their_spread_reported(tmp_path):
+    """--always / --dynamic given twice: each kind is judged by its instances pooled (total output
+    tokens over total measured time), each instance's throughput and their spread are reported.
+    Here dynamic's first instance alone would miss at concurrency 8 (0.95 x always's first), the
+    pooled pair does not (an instance's own offset averages out), and the second instance's
+    longer measurement weighs more."""
+    def sweep(name, rows):
+        path = tmp_path / f"{name}.jsonl"
+        path.write_text("".join(json.dumps({"max_concurrency": c, "output_throughput": tokens / seconds,
+                                            "total_output_tokens": tokens, "duration": seconds, "failed": 0,
+                                            "accept_length": length, "spec_step_share_by_k": {"3": 1.0}}) + "\n"
+                                for c, (tokens, seconds, length) in rows.items()))
+        return str(path)
+
+    plain = sweep("plain", {8: (10_000, 10.0, None)})
+    always = [sweep("always", {8: (20_000, 10.0, 2.9)}), sweep("always_b", {8: (19_000, 10.0, 3.0)})]
+    dynamic = [sweep("dynamic", {8: (19_000, 10.0, 2.9)}), sweep("dynamic_b", {8: (40_000, 20.0, 3.1)})]
+    out = tmp_path / "r.json"
+    rc = report.main(["--no-draft", plain, "--always", always[0], "--always", always[1],
+                      "--dynamic", dynamic[0], "--dynamic", dynamic[1], "--out", str(out)])
+    result = json.loads(out.read_text())
+    point = result["points"][0]
+    assert rc == 0 and not result["missed"]
+    assert point["always_tok_s"] == pytest.approx(39_000 / 20)
+    assert point["dynamic_tok_s"] == pytest.approx(59_000 / 30)
+    assert point["dynamic_vs_best"] == pytest.approx((59_000 / 30) / (39_000 / 20))
+    assert point["dynamic_instances_tok_s"] == [1900, 2000]
+    assert point["always_instances_spread"] == pytest.approx(2000 / 1900 - 1)
+    assert point["dynamic_accept_length"] == pytest.approx(3.0)
+    assert any("always: 2 identical instances" in note for note in result["notes"])
+    # The first dynamic instance alone misses.
+    assert report.main(["--no-draft", plain, "--always", always[0], "--dynamic", dynamic[0]]) == 1
