@@ -309,7 +309,10 @@ def main() -> None:
     # A baseline from before step_times.py (session 13) runs without --step-times.
     baseline_times = bool(args.baseline_python) and os.path.isfile(
         os.path.join(args.baseline_python, "sglang", "srt", "managers", "step_times.py"))
-    for run, k, code in [(run, k, code) for run in range(args.repeats) for k in variants for code in codes]:
+    # Odd repeats run the baseline first: a process that runs first (after a variant switch, or on a
+    # machine just started) must not always be the same tree's.
+    for run, k, code in [(run, k, code) for run in range(args.repeats) for k in variants
+                         for code in (codes if run % 2 == 0 else codes[::-1])]:
         cmd = [sys.executable, __file__, "--out", args.out, "--pair", args.pair, "--input-len", str(args.input_len),
                "--output-len", str(args.output_len), "--device", args.device, "--workdir", args.workdir,
                "--batch-sizes", args.batch_sizes, "--steps", args.steps, "--one", k, "--pair-paths", f"{target},{draft}"]
