@@ -36,6 +36,14 @@ import time
 
 import torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cpu_speed_probe import work_ms  # noqa: E402
+
+# The CPU probe around each measurement (cpu_speed_probe.work_ms: ~5 ms at full speed on the GPU
+# machine, best of 3): on a host-bound level, tok/s x probe ms reads the code's speed with the
+# CPU's speed of the moment factored out (its vCPUs run the same Python at full or half speed).
+PROBE_WORK = 50_000
+
 
 def random_prompts(vocab: int, n: int, length: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(0)
@@ -116,6 +124,7 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
             profiler = cProfile.Profile()
             profiler.enable()
         clock = _clock(scheduler, step_times)
+        probe_before = work_ms(PROBE_WORK)
         start = time.perf_counter()
         while scheduler.has_work():
             clock.begin()
@@ -124,6 +133,7 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
         if device == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
+        probe_after = work_ms(PROBE_WORK)
         if profiler is not None:
             import io
             import pstats
@@ -138,7 +148,8 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
         result = {"batch_size": bs, "k": k if draft else 0, "step_graph": bool(draft) and step_graph,
                   "decode_tokens": decode_tokens, "seconds": seconds,
                   "tokens_per_s": decode_tokens / seconds, "prefill_seconds": prefill_seconds,
-                  "prefill_tokens_per_s": bs * input_len / prefill_seconds}
+                  "prefill_tokens_per_s": bs * input_len / prefill_seconds,
+                  "cpu_probe_ms": [probe_before, probe_after]}
         if step_times:
             result["step_times"] = clock.summary()
         if draft and draft_sync:
@@ -193,6 +204,7 @@ def closed_loop_level(scheduler, model: str, concurrency: int, rounds: int, inpu
     tokens = done = passes = 0
     if device == "cuda":
         torch.cuda.synchronize()
+    probe_before = work_ms(PROBE_WORK)
     start = time.perf_counter()
     while done < target_done:
         clock.begin()
@@ -207,11 +219,12 @@ def closed_loop_level(scheduler, model: str, concurrency: int, rounds: int, inpu
                     add()
         clock.end()
     seconds = time.perf_counter() - start
+    probe_after = work_ms(PROBE_WORK)
     while scheduler.has_work():  # the drain, not measured
         scheduler.step()
     result = {"batch_size": concurrency, "closed_loop_rounds": rounds, "requests": done, "decode_tokens": tokens,
               "seconds": seconds, "tokens_per_s": tokens / seconds, "passes": passes,
-              "ms_per_step": 1e3 * seconds / passes}
+              "ms_per_step": 1e3 * seconds / passes, "cpu_probe_ms": [probe_before, probe_after]}
     if step_times:
         result["step_times"] = clock.summary()
     return result

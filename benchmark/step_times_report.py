@@ -4,6 +4,12 @@ level's own decode group (schedule, launch, process, device wait, collect). With
 (before, after), or one holding the runs of two trees (`--baseline-python`: the baseline is
 "before"), the after / before ratio of the mean throughput.
 
+Runs that carry spec_speed's CPU probe (`cpu_probe_ms`, the same fixed Python loop timed in the
+run's process just before and after it measured) also show each run's probe and, with two trees,
+the ratio of mean tok/s x probe ms ("x-probe"): the throughput per unit of the CPU's speed at
+that moment. It reads host-bound levels (the demo pair from ~32 requests up), where a run on a
+CPU at half speed serves half as fast; a device-bound level does not scale with the CPU.
+
     python benchmark/step_times_report.py RESULT.json [AFTER.json]
 """
 
@@ -35,15 +41,27 @@ def summarize(path: str) -> dict:
     with open(path) as f:
         results = [r for r in json.load(f)["results"] if "error" not in r]
     runs, phases = defaultdict(list), defaultdict(lambda: defaultdict(list))
+    probes = defaultdict(list)
     for r in results:
         key = (variant(r), r["batch_size"])
         runs[key].append(r["tokens_per_s"])
+        if r.get("cpu_probe_ms"):
+            probes[key].append(statistics.mean(r["cpu_probe_ms"]))
         group = level_group(r)
         if group is not None:
             for phase in PHASES:
                 phases[key][phase].append(group[f"{phase}_us"])
-    return {key: {"runs": runs[key], "phases": {p: statistics.mean(v) for p, v in phases[key].items()}}
+    return {key: {"runs": runs[key], "phases": {p: statistics.mean(v) for p, v in phases[key].items()},
+                  # each run's probe, where every run of the key has one
+                  "probes": probes[key] if len(probes[key]) == len(runs[key]) else []}
             for key in runs}
+
+
+def probe_scaled(row: dict) -> float | None:
+    """Mean over runs of tok/s x probe ms (None without probes)."""
+    if not row["probes"]:
+        return None
+    return statistics.mean(t * p for t, p in zip(row["runs"], row["probes"]))
 
 
 def main() -> None:
@@ -70,6 +88,11 @@ def main() -> None:
                    f"{statistics.mean(row['runs']):>8.0f} " + " ".join(f"{row['phases'].get(p, 0):>8.0f}" for p in PHASES)
             if i == 1 and key in tables[0]:
                 line += f" {statistics.mean(row['runs']) / statistics.mean(tables[0][key]['runs']):>12.3f}"
+            if row["probes"]:
+                line += "   probe ms " + " ".join(f"{p:.1f}" for p in row["probes"])
+                scaled, before = probe_scaled(row), (probe_scaled(tables[0][key]) if i == 1 and key in tables[0] else None)
+                if before:
+                    line += f"   x-probe after/before {scaled / before:.3f}"
             print(line)
 
 

@@ -125,3 +125,22 @@ def test_closed_loop_keeps_the_concurrency_full_and_counts_every_reported_token(
     groups = result["step_times"]
     assert any(name.startswith("prefill") for name in groups) and any(name.startswith("decode") for name in groups)
     assert not scheduler.has_work()
+    assert len(result["cpu_probe_ms"]) == 2 and min(result["cpu_probe_ms"]) > 0  # the CPU's speed around it
+
+
+def test_step_times_report_scales_each_run_by_its_cpu_probe(tmp_path, capsys, monkeypatch):
+    """A run whose CPU ran at half speed (its probe took twice as long) served half as fast: by
+    tok/s the current tree looks 25% slower, by tok/s x probe ms it is as fast as the baseline."""
+    def run(tok_s, probe, code):
+        return dict(spec_speed_result(None, 64, tok_s, code=code), cpu_probe_ms=[probe, probe])
+
+    results = [run(500.0, 10.0, "current"), run(1000.0, 5.0, "baseline"),
+               run(1000.0, 5.0, "current"), run(1000.0, 5.0, "baseline")]
+    path = tmp_path / "ab.json"
+    path.write_text(json.dumps({"results": results}))
+    assert step_times_report.summarize(str(path))[("k3", 64)]["probes"] == [10.0, 5.0]
+    monkeypatch.setattr(sys, "argv", ["step_times_report.py", str(path)])
+    step_times_report.main()
+    after = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("after  k3"))
+    assert f"{750 / 1000:.3f}" in after.split() and after.endswith("x-probe after/before 1.000")
+    assert "probe ms 10.0 5.0" in after
