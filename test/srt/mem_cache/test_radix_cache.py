@@ -436,3 +436,54 @@ def test_locked_target_only_entries_and_the_callers_cached_prefix_are_not_taken_
     assert taken.tolist() == [False] * 3
     allocator.free(again)
     assert cache.total_size() + allocator.available_size() == POOL_SIZE
+
+
+def _walk_order_eviction(cache: RadixCache, num_tokens: int) -> list[int]:
+    """The ids of the nodes an eviction of `num_tokens` takes, by a walk of the whole tree: every
+    unlocked leaf by (last access, id), a parent joining once its last child is gone. Reads the
+    tree without changing it."""
+    import heapq
+
+    nodes = list(cache._iter_nodes())
+    children = {id(node): len(node.children) for node in nodes}
+    heap = [(n.last_access_time, n.id, n) for n in nodes if not n.children and n.lock_ref == 0]
+    heapq.heapify(heap)
+    taken, evicted = [], 0
+    while heap and evicted < num_tokens:
+        _, _, node = heapq.heappop(heap)
+        taken.append(node.id)
+        evicted += len(node.key)
+        parent = node.parent
+        children[id(parent)] = children.get(id(parent), 0) - 1
+        if parent is not cache.root_node and children[id(parent)] == 0 and parent.lock_ref == 0:
+            heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+    return taken
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_evictions_take_exactly_what_a_walk_of_the_whole_tree_would(seed):
+    """The cache keeps its eviction candidates as the tree changes instead of walking every node
+    on each eviction; under matches (which touch nodes), splits, locks, inserts and evictions of
+    a random workload, every eviction takes the same nodes in the same order as the walk."""
+    workload = Workload(seed, pool_size=120)
+    cache = workload.cache
+    removed = []
+    remove = cache._remove_leaf
+    cache._remove_leaf = lambda leaf: removed.append(leaf.id) or remove(leaf)
+    evict = cache.evict
+    checked = [0]
+
+    def checked_evict(num_tokens):
+        expected = _walk_order_eviction(cache, num_tokens)
+        removed.clear()
+        count = evict(num_tokens)
+        assert removed == expected
+        checked[0] += bool(expected)
+        return count
+
+    cache.evict = checked_evict
+    for _ in range(600):
+        workload.step()
+        assert_accounting(cache, workload.held_by_callers())
+    assert checked[0] > 20  # evictions that took something were compared
+    assert len(cache._heap) <= 2 * cache._num_nodes + 64  # stale candidates do not pile up

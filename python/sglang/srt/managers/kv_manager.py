@@ -70,10 +70,10 @@ class KVManager:
         """`num_tokens` slots on the host (evicting cached prefixes if needed), or None."""
         shortfall = num_tokens - self.allocator.available_size()
         if shortfall > 0:
-            # An eviction walks the whole tree and, on CUDA, brings the evicted slots to the host
-            # in one copy that waits for the device (the step in flight included). Once the cache
-            # fills the pool every allocation would evict; evicting a slice of the pool at a time
-            # pays that once per many steps instead of on most of them.
+            # Evicted slots (on CUDA, on the device) reach the host free list in the allocator's
+            # next refill, one copy that waits for the device (the step in flight included).
+            # Once the cache fills the pool every allocation would evict; evicting a slice of
+            # the pool at a time pays that wait once per many steps instead of on most of them.
             self.tree_cache.evict(max(shortfall, self.allocator.size // EVICT_SHARE))
         return self.allocator.alloc_host(num_tokens)
 

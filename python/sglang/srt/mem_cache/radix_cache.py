@@ -74,6 +74,13 @@ class RadixCache:
         self.root_node = TreeNode([], self._empty, None)
         self._evictable_size = 0  # tokens in nodes with lock_ref == 0
         self._protected_size = 0  # tokens in nodes with lock_ref > 0
+        # Eviction candidates, kept as the tree changes so that an eviction does not walk the
+        # whole tree (~11 ms at 20K leaves on a fast CPU): (last access time, id, node) of every
+        # unlocked leaf, plus stale entries that `evict` drops or re-files when it meets them
+        # (the node was touched since, locked, given a child or removed). Each unlocked leaf has
+        # an entry no later than its last access, so least recently used still goes first.
+        self._heap: list[tuple[int, int, TreeNode]] = []
+        self._num_nodes = 0
 
     # ---- lookup and insertion -------------------------------------------------------------
 
@@ -154,6 +161,7 @@ class RadixCache:
     def _split(self, node: TreeNode, length: int) -> TreeNode:
         """Cuts `node` after `length` tokens; returns the new parent holding the front part."""
         front = TreeNode(node.key[:length], node.value[:length], node.parent, node.last_access_time, node.draft)
+        self._num_nodes += 1  # `node` keeps its place in the eviction heap: it is the back part
         # Both halves carry the same locks, so evictable/protected sizes are unchanged.
         front.lock_ref = node.lock_ref
         front.children = {node.key[length]: node}
@@ -169,6 +177,14 @@ class RadixCache:
         leaf = TreeNode(key, value, parent, self._clock, draft)
         parent.children[key[0]] = leaf
         self._evictable_size += len(key)
+        self._num_nodes += 1
+        self._push_candidate(leaf)
+
+    def _push_candidate(self, node: TreeNode) -> None:
+        heapq.heappush(self._heap, (node.last_access_time, node.id, node))
+        if len(self._heap) > 2 * self._num_nodes + 64:  # mostly stale: rebuilt, O(1) a push amortized
+            self._heap = [(n.last_access_time, n.id, n) for n in self._iter_nodes() if n.is_leaf() and n.lock_ref == 0]
+            heapq.heapify(self._heap)
 
     # ---- reference counting ---------------------------------------------------------------
 
@@ -191,6 +207,8 @@ class RadixCache:
             if node.lock_ref == 0:
                 self._evictable_size += len(node.key)
                 self._protected_size -= len(node.key)
+                if not node.children:
+                    self._push_candidate(node)
             node = node.parent
 
     # ---- eviction -------------------------------------------------------------------------
@@ -203,24 +221,30 @@ class RadixCache:
         """
         if self.disable or num_tokens <= 0:
             return 0
-        heap = [node for node in self._iter_nodes() if node.is_leaf() and node.lock_ref == 0]
-        heapq.heapify(heap)
         freed, num_evicted = [], 0
-        while heap and num_evicted < num_tokens:
-            leaf = heapq.heappop(heap)
+        while self._heap and num_evicted < num_tokens:  # (not a local: a push may rebuild the heap)
+            filed, _, leaf = heapq.heappop(self._heap)
+            if leaf.parent is None or leaf.children or leaf.lock_ref:  # removed, not a leaf, or locked
+                continue
+            if filed != leaf.last_access_time:  # touched since: file it again under its last access
+                heapq.heappush(self._heap, (leaf.last_access_time, leaf.id, leaf))
+                continue
             freed.append(leaf.value)
             num_evicted += len(leaf.key)
             parent = self._remove_leaf(leaf)
             if parent is not self.root_node and parent.is_leaf() and parent.lock_ref == 0:
-                heapq.heappush(heap, parent)
+                self._push_candidate(parent)
         if freed:
             self.allocator.free(torch.cat(freed))
         return num_evicted
 
     def _remove_leaf(self, leaf: TreeNode) -> TreeNode:
-        del leaf.parent.children[leaf.key[0]]
+        parent = leaf.parent
+        del parent.children[leaf.key[0]]
         self._evictable_size -= len(leaf.key)
-        return leaf.parent
+        self._num_nodes -= 1
+        leaf.parent = None  # out of the tree: its heap entries are dropped when met
+        return parent
 
     def reset(self) -> None:
         """Frees every cached slot and empties the tree; nothing may be locked."""
