@@ -48,6 +48,22 @@ def run(num_reqs: int, max_new: int = 40, **kwargs) -> tuple[list[list[int]], Sc
     return outputs(scheduler, num_reqs), scheduler
 
 
+def strict_about_syncs(fn, strict: list[bool], calls: list):
+    """`fn`, wrapped: while strict[0], each call runs under torch's sync debug mode "error" (a
+    synchronizing CUDA operation raises) and its arguments are appended to `calls`."""
+    def checked(*args):
+        if not strict[0]:
+            return fn(*args)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return fn(*args)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+            calls.append(args)
+
+    return checked
+
+
 def count_replays(runners) -> list[int]:
     counts = [0] * len(runners)
     for i, runner in enumerate(runners):
@@ -219,24 +235,14 @@ def test_launches_never_wait_for_the_device():
     pattern = [3, 0, 1, 3, 3, 0]
     steps = []
     scheduler.spec_steps_for = lambda bs: steps.append(pattern[len(steps) % len(pattern)]) or steps[-1]
-    forward = scheduler.tp_worker.forward_batch_generation
-    strict, launched = [False], []
-
-    def checked(batch):
-        if not strict[0]:
-            return forward(batch)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return forward(batch)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            launched.append((batch.forward_mode, batch.spec_steps))
-
-    scheduler.tp_worker.forward_batch_generation = checked
+    strict, calls = [False], []
+    worker = scheduler.tp_worker
+    worker.forward_batch_generation = strict_about_syncs(worker.forward_batch_generation, strict, calls)
     for attempt in range(2):
         strict[0] = attempt == 1
         submit_random(scheduler, [24, 24, 24], seed=attempt)
         run_to_completion(scheduler)
+    launched = [(batch.forward_mode, batch.spec_steps) for (batch,) in calls]
     assert any(mode == ForwardMode.EXTEND for mode, _ in launched)
     assert {0, 1, 3} <= {k for mode, k in launched if mode.is_decode()}
 
@@ -278,25 +284,13 @@ def test_releasing_finished_requests_never_waits_for_the_device():
     del plain
     scheduler = make_scheduler(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="always",
                                disable_overlap_schedule=False)
-    release = scheduler.kv_manager.release
-    strict, released = [False], [0]
-
-    def checked(req):
-        if not strict[0]:
-            return release(req)
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return release(req)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-            released[0] += 1
-
-    scheduler.kv_manager.release = checked
+    strict, released = [False], []
+    scheduler.kv_manager.release = strict_about_syncs(scheduler.kv_manager.release, strict, released)
     for attempt in range(2):
         strict[0] = attempt == 1
         submit_random(scheduler, max_new, seed=5)
         assert outputs(scheduler, len(max_new)) == expected
-    assert released[0] >= len(max_new)
+    assert len(released) >= len(max_new)
     state = scheduler.get_internal_state()
     assert state["free_slots"] + state["cached_slots"] == state["total_slots"]
     assert scheduler.flush_cache()
