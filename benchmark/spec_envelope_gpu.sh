@@ -34,7 +34,9 @@
 # identical servers, which the report prints beside the envelope. With dynamic_b (a second
 # dynamic server) as well, always_b and dynamic_b are second instances instead: the report judges
 # each kind by its two instances pooled, which averages out an offset one server process keeps
-# through the run, and prints the spread between instances.
+# through the run, and prints the spread between instances. no_draft_unbatched / always_unbatched:
+# no draft / always with --admission-batch-steps 0 (every arrival admitted at once), the same-run
+# reference for admission batching (not part of the envelope report).
 set -u -o pipefail
 OUT=${1:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
 CONFIG=${2:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}
@@ -102,6 +104,10 @@ server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), 
       ENV="$SIM SGLANG_STREAM_EVERY_STEP=1" ARGS=$SPEC ;;
     always_b|always_c) NAME=${CONFIG}_$1 LABEL="always (control ${1#always_})" ENV=$SIM ARGS=$SPEC ;;
     dynamic_b) NAME=${CONFIG}_$1 LABEL="dynamic (instance b)" ENV=$SIM ARGS="$SPEC --speculative-adaptive" ;;
+    no_draft_unbatched) NAME=${PAIR}_no_draft_unbatched LABEL="no draft, admissions not batched" ENV=""
+      ARGS="--admission-batch-steps 0" ;;
+    always_unbatched) NAME=${CONFIG}_always_unbatched LABEL="always, admissions not batched" ENV=$SIM
+      ARGS="$SPEC --admission-batch-steps 0" ;;
     *) echo "unknown server $1"; exit 2 ;;
   esac
   [ "${STEP_TIMES:-0}" = 1 ] && ENV="$ENV SGLANG_STEP_TIMES=$OUT/$NAME.steps"

@@ -38,6 +38,7 @@ class ServerArgs:
     max_total_tokens: Optional[int] = None
     max_running_requests: Optional[int] = None
     chunked_prefill_size: int = 8192
+    admission_batch_steps: int = 4
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
     random_seed: int = 42
@@ -121,6 +122,13 @@ class ServerArgs:
     def speculative_enabled(self) -> bool:
         return self.speculative_algorithm is not None
 
+    @property
+    def prefill_pass_tokens(self) -> int:
+        """New tokens that fill one prefill pass: the largest prefill graph's, or the chunk size."""
+        if self.prefill_cuda_graph_max_tokens > 0:
+            return min(self.prefill_cuda_graph_max_tokens, self.chunked_prefill_size)
+        return self.chunked_prefill_size
+
     def check(self) -> None:
         _check_choice("--dtype", self.dtype, DTYPE_CHOICES)
         _check_choice("--device", self.device, DEVICE_CHOICES)
@@ -135,6 +143,9 @@ class ServerArgs:
         _check_positive("--max-total-tokens", self.max_total_tokens)
         _check_positive("--max-running-requests", self.max_running_requests)
         _check_positive("--chunked-prefill-size", self.chunked_prefill_size)
+        if self.admission_batch_steps < 0:
+            raise ValueError(f"--admission-batch-steps must be >= 0 (0 admits every request at once), "
+                             f"got {self.admission_batch_steps}")
         _check_positive("--tp-size", self.tp_size)
         _check_positive("--cuda-graph-max-bs", self.cuda_graph_max_bs)
         for bs in self.cuda_graph_bs or ():
@@ -261,6 +272,12 @@ class ServerArgs:
                             help="Maximum number of requests decoded together.")
         parser.add_argument("--chunked-prefill-size", type=int, default=d["chunked_prefill_size"].default,
                             help="Maximum prompt tokens prefilled in one step; longer prompts are chunked.")
+        parser.add_argument("--admission-batch-steps", type=int, default=d["admission_batch_steps"].default,
+                            help="While 32 or more requests decode, a new request may wait up to this many decode "
+                                 "steps for others to share its prefill pass (it goes at once when 1/16 of the "
+                                 "running number, 16 requests or one prefill graph's tokens wait): a pass costs "
+                                 "the host about as much for one request as for several. 0 admits every request "
+                                 "as soon as it can run.")
         parser.add_argument("--schedule-policy", type=str, default=d["schedule_policy"].default,
                             choices=SCHEDULE_POLICY_CHOICES,
                             help="Order of waiting requests: fcfs or lpm (longest cached prefix first).")

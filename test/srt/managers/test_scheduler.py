@@ -246,3 +246,90 @@ def test_each_request_samples_with_its_own_parameters_as_the_batch_changes(tiny_
     assert {rid: r["ids"] for rid, r in results.items()} == alone
     assert len({tuple(ids) for ids in alone.values()}) == 4 and all(len(alone[rid]) == n for rid, _, n in specs)
     assert_accounting(scheduler)
+
+
+def _loaded(path: str, num_running: int, **kwargs) -> Scheduler:
+    """A scheduler with `num_running` long requests all decoding (none waiting)."""
+    scheduler = make_scheduler(path, **kwargs)
+    for i, ids in enumerate(prompts(num_running)):
+        scheduler.add_request(greedy_req(f"load{i}", ids, max_new_tokens=200))
+    for _ in range(MAX_STEPS):
+        scheduler.step()
+        if len(scheduler.running_reqs) == num_running and not scheduler.waiting_queue:
+            return scheduler
+    pytest.fail("the load was never all running")
+
+
+def _steps_queued(scheduler: Scheduler, rids: list[str]) -> int:
+    """Forwards (each scheduler step launches one) launched before the requests' prefill pass."""
+    for steps in range(MAX_STEPS):
+        scheduler.step()
+        if not any(req.rid in rids for req in scheduler.waiting_queue):
+            return steps
+    pytest.fail("the requests were never admitted")
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_under_load_an_arrival_waits_a_few_steps_to_share_its_prefill_pass(tiny_model_paths, overlap):
+    """With 40 requests decoding, one arrival waits --admission-batch-steps decode steps for
+    company, then is admitted; three arrivals (1/16 of 40 and more) go at once; 0 turns it off."""
+    path = tiny_model_paths["llama"]
+    for steps in (0, 3):
+        scheduler = _loaded(path, 40, admission_batch_steps=steps, disable_overlap_schedule=not overlap)
+        for _ in range(6):  # decode steps with nobody waiting do not count against the next arrival
+            scheduler.step()
+        passes = scheduler.admission.num_passes
+        scheduler.add_request(greedy_req("late", prompts(41)[40], max_new_tokens=8))
+        assert _steps_queued(scheduler, ["late"]) == steps
+        assert scheduler.admission.num_passes == passes + 1
+
+    scheduler = _loaded(path, 40, admission_batch_steps=3, disable_overlap_schedule=not overlap)
+    group = [f"late{i}" for i in range(3)]
+    for rid, ids in zip(group, prompts(43)[40:]):
+        scheduler.add_request(greedy_req(rid, ids, max_new_tokens=8))
+    assert _steps_queued(scheduler, group) == 0
+
+
+def test_a_lightly_loaded_server_admits_arrivals_at_once(tiny_model_paths):
+    scheduler = _loaded(tiny_model_paths["llama"], 20, admission_batch_steps=8)
+    scheduler.add_request(greedy_req("late", prompts(21)[20], max_new_tokens=8))
+    assert _steps_queued(scheduler, ["late"]) == 0
+
+
+def test_arrivals_that_fill_a_prefill_pass_with_tokens_go_at_once(tiny_model_paths):
+    """Two waiting prompts of 300 tokens fill a 512-token pass: no reason to wait for more."""
+    scheduler = _loaded(tiny_model_paths["llama"], 40, admission_batch_steps=8, chunked_prefill_size=512)
+    scheduler.add_request(greedy_req("long", prompts(1, 300)[0], max_new_tokens=4))
+    scheduler.step()  # the first waits (300 tokens, one request)
+    scheduler.add_request(greedy_req("long2", prompts(2, 300)[1], max_new_tokens=4))
+    assert _steps_queued(scheduler, ["long", "long2"]) == 0
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_batched_admissions_keep_every_requests_tokens(tiny_model_paths, overlap):
+    """Arrivals during a 36-request load, admitted at once or batched: the same greedy tokens,
+    fewer prefill passes when batched, and every KV slot back."""
+    path = tiny_model_paths["llama"]
+    runs, passes = {}, {}
+    for steps in (0, 4):
+        scheduler = make_scheduler(path, admission_batch_steps=steps, disable_overlap_schedule=not overlap)
+        all_prompts = prompts(60, 12)
+        for i in range(36):
+            scheduler.add_request(greedy_req(f"r{i}", all_prompts[i], max_new_tokens=30 + i % 7))
+
+        def arrive(step, sched):  # one arrival every other step while the load runs
+            i = 36 + step // 2
+            if step % 2 == 0 and i < 60:
+                sched.add_request(greedy_req(f"r{i}", all_prompts[i], max_new_tokens=10 + i % 5))
+
+        results = run_to_completion(scheduler, arrive)
+        runs[steps] = {rid: r["ids"] for rid, r in results.items()}
+        passes[steps] = scheduler.get_internal_state()["num_prefill_passes"]
+        assert_accounting(scheduler)
+    assert len(runs[4]) == 60 and runs[4] == runs[0]
+    assert passes[4] < passes[0]
+
+
+def test_bad_admission_batch_steps_is_refused_naming_the_flag():
+    with pytest.raises(ValueError, match="--admission-batch-steps"):
+        ServerArgs(admission_batch_steps=-1)

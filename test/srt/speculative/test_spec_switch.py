@@ -393,3 +393,45 @@ def test_the_adaptive_config_reaches_the_running_policy(demo_paths, tmp_path):
     assert policy.hysteresis_by_bs[1]["up"] == 0.2
     assert policy.estimator.alpha == 0.1
     assert set(scheduler.tp_worker.reachable_steps) == {1, 3}
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_batched_admissions_under_switching_give_plain_decodings_output(tiny_paths, overlap):
+    """36 requests decode while 20 more arrive, one every other step: with admissions batched
+    (--admission-batch-steps) and every k in turn, each request's greedy tokens are those of plain
+    decoding admitting every arrival at once, in fewer prefill passes, and every KV slot is back."""
+    target, draft = tiny_paths
+    prompts = [[(11 * i + 7 * j) % 400 + 1 for j in range(6 + i % 5)] for i in range(56)]
+
+    def serve(spec: dict, batch_steps: int) -> tuple[dict, dict]:
+        scheduler = Scheduler(ServerArgs(model_path=target, dtype="float32", device="cpu",
+                                         disable_overlap_schedule=not overlap, admission_batch_steps=batch_steps,
+                                         **spec))
+        if spec:
+            steps = []
+            scheduler.spec_steps_for = lambda bs: steps.append(alternating_k(len(steps))) or steps[-1]
+
+        def add(i: int) -> None:
+            params = SamplingParams(max_new_tokens=12 + i % 9, temperature=0, ignore_eos=True)
+            scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", prompts[i], params, stream=False))
+
+        for i in range(36):
+            add(i)
+        arrivals = iter(range(36, 56))
+
+        def arrive(step: int) -> None:
+            i = next(arrivals, None) if step % 2 == 0 else None
+            if i is not None:
+                add(i)
+
+        outputs = run_to_completion(scheduler, arrive)
+        state = scheduler.get_internal_state()
+        assert_idle_kv_accounting(state)
+        return outputs, state
+
+    reference, plain_state = serve({}, 0)
+    spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=3,
+                speculative_policy="always")
+    outputs, state = serve(spec, 4)
+    assert len(outputs) == 56 and outputs == reference
+    assert state["num_prefill_passes"] < plain_state["num_prefill_passes"]

@@ -20,7 +20,8 @@ from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, TokenizedGenerateReqInput, finish_abort
 from sglang.srt.managers.kv_manager import KVManager
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.managers.schedule_policy import PrefillAdder, SchedulePolicy, running_decode_reserve
+from sglang.srt.managers.schedule_policy import (AdmissionBatcher, PrefillAdder, SchedulePolicy,
+                                                running_decode_reserve)
 from sglang.srt.managers.step_times import NullStepClock
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -66,6 +67,7 @@ class Scheduler:
         self.kv_manager = KVManager(runner.req_to_token_pool, runner.token_to_kv_pool_allocator,
                                     server_args.disable_radix_cache, speculative=bool(self.spec_k))
         self.policy = SchedulePolicy(server_args.schedule_policy, self.kv_manager)
+        self.admission = AdmissionBatcher(server_args.admission_batch_steps, server_args.prefill_pass_tokens)
         self.eos_token_ids = eos_token_ids(server_args.model_path, server_args.tokenizer_path)
         self.seed_rng = np.random.default_rng(server_args.random_seed)
         self.waiting_queue: deque[Req] = deque()
@@ -181,7 +183,7 @@ class Scheduler:
             self._process_in_flight()
             clock.waited(result.waited_s)
             clock.lap("process")
-        batch = self._schedule_prefill() or self._schedule_decode()
+        batch = (None if self._defer_admission() else self._schedule_prefill()) or self._schedule_decode()
         clock.lap("schedule")
         if batch is not None:
             result = self._launch(batch)
@@ -330,8 +332,13 @@ class Scheduler:
         if not self.overlap or self.in_flight is None or not self.in_flight[0].forward_mode.is_decode():
             return False
         # Prefill has priority: a request that could be admitted now needs exact state first.
-        could_prefill = self.chunked_req is not None or (self.waiting_queue and self._free_running_slots() > 0)
+        could_prefill = self.chunked_req is not None or (
+            self.waiting_queue and self._free_running_slots() > 0 and not self._defer_admission())
         return not could_prefill
+
+    def _defer_admission(self) -> bool:
+        """Whether the waiting requests wait for more to share their prefill pass (AdmissionBatcher)."""
+        return self.chunked_req is None and self.admission.defer(self.waiting_queue, len(self.running_reqs))
 
     def _process_in_flight(self) -> None:
         if self.in_flight is not None:
@@ -454,6 +461,7 @@ class Scheduler:
         """Start the step on the device. The KV of its tokens is being written from now on, so
         kv_len counts them; a request gets a pending token unless this is a prefill chunk."""
         result = self.tp_worker.forward_batch_generation(batch)
+        self.admission.launched(batch.batch_size, batch.forward_mode.is_decode(), len(self.waiting_queue))
         if not batch.forward_mode.is_decode():
             self.clock.launched("prefill", batch.batch_size)
         elif self.spec_k and batch.spec_steps:
@@ -659,6 +667,7 @@ class Scheduler:
             num_generated_tokens=self.num_generated_tokens,
             num_retractions=self.num_retractions,
             last_step_throughput=self.last_step_throughput,
+            **self.admission.summary(),
             **COMPILE_WATCH.summary(),
         )
         if self.spec_k:
