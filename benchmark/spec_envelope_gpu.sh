@@ -35,7 +35,8 @@
 # dynamic server) as well, always_b and dynamic_b are second instances instead: the report judges
 # each kind by its two instances pooled, which averages out an offset one server process keeps
 # through the run, and prints the spread between instances. no_draft_unbatched / always_unbatched:
-# no draft / always with --admission-batch-steps 0 (every arrival admitted at once), the same-run
+# no draft / always with --admission-batch-steps 0 (every arrival admitted at once, passes not kept
+# within a prefill graph: the behaviour before), the same-run
 # reference for admission batching (not part of the envelope report).
 set -u -o pipefail
 OUT=${1:?usage: spec_envelope_gpu.sh OUT CONFIG [SERVER...]}

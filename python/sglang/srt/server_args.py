@@ -273,11 +273,12 @@ class ServerArgs:
         parser.add_argument("--chunked-prefill-size", type=int, default=d["chunked_prefill_size"].default,
                             help="Maximum prompt tokens prefilled in one step; longer prompts are chunked.")
         parser.add_argument("--admission-batch-steps", type=int, default=d["admission_batch_steps"].default,
-                            help="While 32 or more requests decode, a new request may wait up to this many decode "
-                                 "steps for others to share its prefill pass (it goes at once when 1/16 of the "
-                                 "running number, 16 requests or one prefill graph's tokens wait): a pass costs "
-                                 "the host about as much for one request as for several. 0 admits every request "
-                                 "as soon as it can run.")
+                            help="While requests decode, prefill passes are shaped to the prefill CUDA graphs: a "
+                                 "pass takes no more requests than a graph does, and (with 32 or more decoding) a "
+                                 "new request may wait up to this many decode steps, and no longer than a pass "
+                                 "takes, for others to share its pass (it goes at once when 1/16 of the running "
+                                 "number, 16 requests or one pass's tokens wait). 0 admits every request as soon "
+                                 "as it can run, as many per pass as --chunked-prefill-size allows.")
         parser.add_argument("--schedule-policy", type=str, default=d["schedule_policy"].default,
                             choices=SCHEDULE_POLICY_CHOICES,
                             help="Order of waiting requests: fcfs or lpm (longest cached prefix first).")

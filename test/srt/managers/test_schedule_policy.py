@@ -1,14 +1,16 @@
 """A prefill step's budget (PrefillAdder) and the decode reserve of the running requests: the
 bound that stands in for the exact reserve when memory is plentiful must admit exactly what the
-exact reserve admits, and the exact one must still be used when memory is short."""
+exact reserve admits, and the exact one must still be used when memory is short. Admission
+batching's rules and timing (AdmissionBatcher), with the clock given."""
 
 from __future__ import annotations
 
 import random
+from collections import deque
 from types import SimpleNamespace
 
 from sglang.srt.managers import schedule_policy
-from sglang.srt.managers.schedule_policy import (DECODE_RESERVE_MAX, PrefillAdder, decode_reserve,
+from sglang.srt.managers.schedule_policy import (DECODE_RESERVE_MAX, AdmissionBatcher, PrefillAdder, decode_reserve,
                                                  running_decode_reserve)
 
 
@@ -59,3 +61,54 @@ def test_plentiful_memory_never_walks_the_running_requests(monkeypatch):
     running = [object()] * 256
     assert running_decode_reserve(running, 10_000_000, 8192, 64) == 256 * DECODE_RESERVE_MAX and not calls
     assert running_decode_reserve(running, 30_000, 8192, 64) == 256 * 7 and len(calls) == 256
+
+
+def waiting_reqs(n: int, tokens: int = 100) -> deque:
+    return deque(SimpleNamespace(seq_len=tokens) for _ in range(n))
+
+
+def test_admission_batcher_times_decode_steps_and_what_a_pass_adds_to_them():
+    batcher = AdmissionBatcher(max_steps=8, token_budget=2048)
+    for t in (0.0, 1.0, 2.0):
+        batcher.launched(64, is_decode=True, num_waiting=0, num_running=64, now=t)
+    assert batcher.step_seconds == 1.0 and batcher.pass_seconds == 0.0
+    batcher.launched(2, is_decode=False, num_waiting=2, num_running=64, now=2.1)
+    batcher.launched(66, is_decode=True, num_waiting=0, num_running=66, now=5.0)
+    assert batcher.pass_seconds == 2.0, "the gap of 3 is one step and one pass"
+    # A pass while nothing decoded (the server was idle before it) is not timed.
+    batcher.launched(1, is_decode=False, num_waiting=1, num_running=0, now=100.0)
+    batcher.launched(1, is_decode=True, num_waiting=0, num_running=1, now=200.0)
+    assert batcher.pass_seconds == 2.0 and batcher.step_seconds == 1.0
+    assert batcher.summary()["num_prefill_passes"] == 2 and batcher.summary()["mean_reqs_per_prefill_pass"] == 1.5
+
+
+def test_admission_batcher_holds_arrivals_only_while_the_wait_costs_less_than_a_pass():
+    batcher = AdmissionBatcher(max_steps=8, token_budget=2048)
+    batcher.step_seconds, batcher.pass_seconds = 1.0, 2.0
+    one = waiting_reqs(1)
+    assert batcher.defer(one, 64, now=10.0)  # waited 0, the next step ends at 1 <= 2
+    assert batcher.defer(one, 64, now=11.0)  # waited 1, ends at 2
+    assert not batcher.defer(one, 64, now=11.5)  # would end at 2.5, past one pass
+    assert not batcher.defer(deque(), 64, now=12.0)  # the queue emptied: the next arrival starts anew
+    assert batcher.defer(one, 64, now=20.0)
+    assert not batcher.defer(waiting_reqs(4), 64, now=20.0), "4 waiting for 64 running: 1/16, enough"
+    assert not batcher.defer(waiting_reqs(16), 1000, now=20.0), "16 waiting fill the largest prefill graph"
+    assert not batcher.defer(waiting_reqs(2, 1024), 64, now=20.0), "2048 tokens fill a pass"
+    assert not batcher.defer(one, 31, now=20.0), "below 32 running, nobody waits"
+    unmeasured = AdmissionBatcher(max_steps=8, token_budget=2048)
+    assert not unmeasured.defer(one, 64, now=0.0), "no pass timed yet: no reason to wait"
+
+
+def test_a_pass_takes_more_requests_only_while_a_prefill_graph_still_fits():
+    """pass_fits: graphs of up to 2 requests and 100 tokens. The first request is taken whatever
+    its size; later ones only while the pass still fits; without graphs (None) nothing is capped."""
+    rng = random.Random(1)
+    fits = lambda n, t: n <= 2 and t <= 100  # noqa: E731
+    big_first = PrefillAdder(8192, 10**6, 10, pass_fits=fits)
+    assert big_first.try_add(fake_req(rng, 150, 10)) and not big_first.try_add(fake_req(rng, 5, 10))
+    small = PrefillAdder(8192, 10**6, 10, pass_fits=fits)
+    assert [small.try_add(fake_req(rng, 30, 10)) for _ in range(3)] == [True, True, False]
+    over_tokens = PrefillAdder(8192, 10**6, 10, pass_fits=fits)
+    assert [over_tokens.try_add(fake_req(rng, 60, 10)) for _ in range(2)] == [True, False]
+    no_graphs = PrefillAdder(8192, 10**6, 10, pass_fits=lambda n, t: None)
+    assert all(no_graphs.try_add(fake_req(rng, 60, 10)) for _ in range(5))

@@ -248,9 +248,17 @@ def test_each_request_samples_with_its_own_parameters_as_the_batch_changes(tiny_
     assert_accounting(scheduler)
 
 
+def _pin_admission_costs(scheduler: Scheduler, step_seconds: float = 1e-3, pass_seconds: float = 10.0) -> None:
+    """Fixes what AdmissionBatcher has measured (a decode step's time, a prefill pass's), so that
+    only the rules under test decide: by default a pass far dearer than any wait."""
+    batcher = scheduler.admission
+    batcher.EMA, batcher.step_seconds, batcher.pass_seconds = 0.0, step_seconds, pass_seconds
+
+
 def _loaded(path: str, num_running: int, **kwargs) -> Scheduler:
     """A scheduler with `num_running` long requests all decoding (none waiting)."""
     scheduler = make_scheduler(path, **kwargs)
+    _pin_admission_costs(scheduler)
     for i, ids in enumerate(prompts(num_running)):
         scheduler.add_request(greedy_req(f"load{i}", ids, max_new_tokens=200))
     for _ in range(MAX_STEPS):
@@ -296,6 +304,31 @@ def test_a_lightly_loaded_server_admits_arrivals_at_once(tiny_model_paths):
     assert _steps_queued(scheduler, ["late"]) == 0
 
 
+def test_arrivals_never_wait_where_a_decode_step_outlasts_a_prefill_pass(tiny_model_paths):
+    """A model bound by the device (decode steps longer than a pass): waiting costs more than it saves."""
+    scheduler = _loaded(tiny_model_paths["llama"], 40, admission_batch_steps=8)
+    _pin_admission_costs(scheduler, step_seconds=0.02, pass_seconds=0.01)
+    scheduler.add_request(greedy_req("late", prompts(41)[40], max_new_tokens=8))
+    assert _steps_queued(scheduler, ["late"]) == 0
+
+
+def test_arrivals_wait_no_longer_than_a_prefill_pass_takes(tiny_model_paths):
+    """A pass measured at 2.5 decode steps: an arrival waits two steps (the third would end past
+    one pass's time), though --admission-batch-steps allows eight."""
+    scheduler = _loaded(tiny_model_paths["llama"], 40, admission_batch_steps=8)
+    now, launch = [0.0], scheduler.tp_worker.forward_batch_generation
+
+    def launch_taking_a_second(batch):
+        now[0] += 1.0
+        return launch(batch)
+
+    scheduler.tp_worker.forward_batch_generation = launch_taking_a_second
+    scheduler.admission.clock = lambda: now[0]
+    _pin_admission_costs(scheduler, step_seconds=1.0, pass_seconds=2.5)
+    scheduler.add_request(greedy_req("late", prompts(41)[40], max_new_tokens=8))
+    assert _steps_queued(scheduler, ["late"]) == 2
+
+
 def test_arrivals_that_fill_a_prefill_pass_with_tokens_go_at_once(tiny_model_paths):
     """Two waiting prompts of 300 tokens fill a 512-token pass: no reason to wait for more."""
     scheduler = _loaded(tiny_model_paths["llama"], 40, admission_batch_steps=8, chunked_prefill_size=512)
@@ -313,6 +346,7 @@ def test_batched_admissions_keep_every_requests_tokens(tiny_model_paths, overlap
     runs, passes = {}, {}
     for steps in (0, 4):
         scheduler = make_scheduler(path, admission_batch_steps=steps, disable_overlap_schedule=not overlap)
+        _pin_admission_costs(scheduler)
         all_prompts = prompts(60, 12)
         for i in range(36):
             scheduler.add_request(greedy_req(f"r{i}", all_prompts[i], max_new_tokens=30 + i % 7))
@@ -333,3 +367,35 @@ def test_batched_admissions_keep_every_requests_tokens(tiny_model_paths, overlap
 def test_bad_admission_batch_steps_is_refused_naming_the_flag():
     with pytest.raises(ValueError, match="--admission-batch-steps"):
         ServerArgs(admission_batch_steps=-1)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_while_requests_decode_a_prefill_pass_stays_within_a_graph(tiny_model_paths, overlap):
+    """With graphs of up to 2 requests (stood in for: the CPU has none), five arrivals join a
+    running batch 2, 2 and 1 per pass; on an idle server they go in one pass. Tokens as without."""
+    path = tiny_model_paths["llama"]
+    runs = {}
+    for capped in (False, True):
+        # Arrivals are not held (nothing is timed on this CPU), and with the flag at 0 nothing is capped.
+        scheduler = make_scheduler(path, admission_batch_steps=4 if capped else 0, disable_overlap_schedule=not overlap)
+        if capped:
+            scheduler.tp_worker.prefill_graph_fits = lambda n, t: n <= 2
+        sizes = []
+        launch = scheduler.tp_worker.forward_batch_generation
+
+        def recorded(batch):
+            if not batch.forward_mode.is_decode():
+                sizes.append(batch.batch_size)
+            return launch(batch)
+
+        scheduler.tp_worker.forward_batch_generation = recorded
+        all_prompts = prompts(10)
+        for i in range(5):
+            scheduler.add_request(greedy_req(f"r{i}", all_prompts[i], max_new_tokens=20))
+        scheduler.step()
+        for i in range(5, 10):
+            scheduler.add_request(greedy_req(f"r{i}", all_prompts[i], max_new_tokens=20))
+        runs[capped] = {rid: r["ids"] for rid, r in run_to_completion(scheduler).items()}
+        assert sizes == ([5, 2, 2, 1] if capped else [5, 5])
+        assert_accounting(scheduler)
+    assert runs[True] == runs[False] and len(runs[True]) == 10

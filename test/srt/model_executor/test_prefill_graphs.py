@@ -127,6 +127,11 @@ def test_batches_no_graph_fits_run_eagerly(runner):
     model_runner, prefill = runner
     assert not prefill.can_run(make_batch(model_runner, [(0, 65)], seed=3))  # more tokens than any graph
     assert not prefill.can_run(make_batch(model_runner, [(0, 2)] * 17, seed=4))  # more requests than any graph
+    assert prefill.fits(1, 64) and prefill.fits(16, 64) and not prefill.fits(1, 65) and not prefill.fits(17, 34)
+    model_runner.graph_runners.append(prefill)
+    assert model_runner.prefill_graph_fits(2, 64) and model_runner.prefill_graph_fits(2, 65) is False
+    model_runner.graph_runners.remove(prefill)
+    assert model_runner.prefill_graph_fits(2, 64) is None, "without prefill graphs nothing is capped"
     every_logit = make_batch(model_runner, [(0, 5)], seed=5)
     every_logit.return_all_logits = True
     assert not prefill.can_run(every_logit)
@@ -168,6 +173,8 @@ def test_graphs_slower_than_an_eager_launch_are_dropped_with_every_larger_one(ru
     assert prefill.timings[1, 48] == pytest.approx((2.4e-3, 2e-3))
     assert not prefill.can_run(make_batch(model_runner, [(0, 44)], seed=9))
     assert prefill.can_run(make_batch(model_runner, [(0, 30)], seed=10))
+    # What the scheduler asks before it puts another request in a pass (PrefillAdder.pass_fits).
+    assert not prefill.fits(1, 44) and prefill.fits(1, 30) and prefill.fits(16, 32) and not prefill.fits(17, 20)
 
 
 def test_token_buckets_pad_at_most_half():

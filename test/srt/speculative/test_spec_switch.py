@@ -407,6 +407,9 @@ def test_batched_admissions_under_switching_give_plain_decodings_output(tiny_pat
         scheduler = Scheduler(ServerArgs(model_path=target, dtype="float32", device="cpu",
                                          disable_overlap_schedule=not overlap, admission_batch_steps=batch_steps,
                                          **spec))
+        # A prefill pass far dearer than a step (not left to this CPU's timings): arrivals wait.
+        batcher = scheduler.admission
+        batcher.EMA, batcher.step_seconds, batcher.pass_seconds = 0.0, 1e-3, 10.0
         if spec:
             steps = []
             scheduler.spec_steps_for = lambda bs: steps.append(alternating_k(len(steps))) or steps[-1]

@@ -3,7 +3,9 @@ when waiting requests are worth a prefill step at all (admission batching)."""
 
 from __future__ import annotations
 
+import time
 from collections import deque
+from typing import Callable, Optional
 
 from sglang.srt.managers.kv_manager import KVManager
 from sglang.srt.managers.schedule_batch import Req
@@ -44,37 +46,70 @@ class AdmissionBatcher:
     finished before it. Under load, arrivals come about one per decode step (a speculative batch's
     requests finish at different steps), so admitting each at once spent 55-65% of the scheduler's
     time on passes of 1-2 requests (session 16's step tables). So while many requests decode,
-    arrivals wait up to `max_steps` decode steps for others; they are admitted at once when
+    arrivals wait for others, as long as the wait stays within what the pass they may save costs:
+    the next decode step must end before they have waited one pass's time (both measured here, as
+    the time between decode launches), and at most `max_steps` decode steps. A model whose decode
+    step outlasts a prefill pass (one bound by the device) never waits. They go at once when
     enough wait (see the constants above). Few running requests, a continuing chunk, or
     `max_steps` 0: admitted at once, as before."""
+
+    EMA = 0.1  # weight of the newest measurement of a step's or a pass's time
 
     def __init__(self, max_steps: int, token_budget: int):
         self.max_steps = max_steps
         self.token_budget = token_budget  # waiting tokens that fill one prefill pass
-        self.steps_waited = 0  # decode steps launched since the oldest waiting request arrived
-        self.num_passes = 0  # prefill passes launched, and the requests they admitted (for /get_server_info)
-        self.num_admitted = 0
+        self.steps_waited = 0  # decode steps launched while requests waited, since the last pass
+        self.step_seconds = 0.0  # a decode step's time, launch to launch, and what a pass adds to it
+        self.pass_seconds = 0.0
+        self._waiting_since: Optional[float] = None
+        self._last_decode_at: Optional[float] = None
+        self._passes_since_decode = 0
+        self.num_passes = 0  # prefill passes launched, and the requests they took (for /get_server_info)
+        self.num_pass_reqs = 0
+        self.clock = time.perf_counter
 
-    def defer(self, waiting: deque, num_running: int) -> bool:
-        if not waiting or self.steps_waited >= self.max_steps or num_running < ADMISSION_BATCH_MIN_RUNNING:
+    def defer(self, waiting: deque, num_running: int, now: Optional[float] = None) -> bool:
+        if not waiting:
+            self._waiting_since = None
+            return False
+        now = self.clock() if now is None else now
+        if self._waiting_since is None:
+            self._waiting_since = now
+        if self.steps_waited >= self.max_steps or num_running < ADMISSION_BATCH_MIN_RUNNING:
+            return False
+        if not self.pass_seconds or now - self._waiting_since + self.step_seconds > self.pass_seconds:
             return False
         if len(waiting) >= min(ADMISSION_BATCH_MAX_REQS, num_running / ADMISSION_BATCH_RUNNING_PER_WAITING):
             return False
         return sum(req.seq_len for req in waiting) < self.token_budget
 
-    def launched(self, batch_reqs: int, is_decode: bool, num_waiting: int) -> None:
-        """Counts a launched step: decode steps while requests wait, and prefill passes."""
-        if is_decode and num_waiting:
-            self.steps_waited += 1
-            return
-        self.steps_waited = 0
+    def launched(self, batch_reqs: int, is_decode: bool, num_waiting: int, num_running: int,
+                 now: Optional[float] = None) -> None:
+        """Counts a launched step (decode steps while requests wait, prefill passes) and times
+        both: a decode step from the previous one's launch, passes by what they add to that."""
+        now = self.clock() if now is None else now
         if not is_decode:
+            self.steps_waited, self._waiting_since = 0, None
             self.num_passes += 1
-            self.num_admitted += batch_reqs
+            self.num_pass_reqs += batch_reqs
+            self._passes_since_decode += 1
+            if not num_running:  # nothing decodes: the time until the next decode step is no pass's cost
+                self._last_decode_at = None
+            return
+        self.steps_waited = self.steps_waited + 1 if num_waiting else 0
+        if self._last_decode_at is not None:
+            gap = now - self._last_decode_at
+            if self._passes_since_decode:
+                spent = max(gap - self.step_seconds, 0.0) / self._passes_since_decode
+                self.pass_seconds += self.EMA * (spent - self.pass_seconds) if self.pass_seconds else spent
+            else:
+                self.step_seconds += self.EMA * (gap - self.step_seconds) if self.step_seconds else gap
+        self._last_decode_at, self._passes_since_decode = now, 0
 
     def summary(self) -> dict:
         return {"num_prefill_passes": self.num_passes,
-                "mean_reqs_per_prefill_pass": self.num_admitted / self.num_passes if self.num_passes else 0.0}
+                "mean_reqs_per_prefill_pass": self.num_pass_reqs / self.num_passes if self.num_passes else 0.0,
+                "admission_step_ms": self.step_seconds * 1e3, "admission_pass_ms": self.pass_seconds * 1e3}
 
 
 # No request's decode_reserve exceeds this.
@@ -102,9 +137,17 @@ def running_decode_reserve(running: list[Req], free_slots: int, token_budget: in
 
 class PrefillAdder:
     """Accumulates the requests of one prefill step within the token budget, the KV memory
-    (minus what running requests are expected to need) and the running-request limit."""
+    (minus what running requests are expected to need) and the running-request limit.
 
-    def __init__(self, token_budget: int, available_kv: int, free_running_slots: int, running_reserve: int = 0):
+    `pass_fits(num_reqs, num_tokens)`, given while requests decode: whether a prefill of that size
+    replays a CUDA graph (None: no graphs). A second or later request joins only if the pass still
+    does: an eager pass of many requests stalls the running batch for far longer than a few graph
+    passes take (session 16, demo pair: 32-48 ms for 10-33 requests, against ~3-7 ms for 4-8 in a
+    graph); the first request is taken whatever its size, as before."""
+
+    def __init__(self, token_budget: int, available_kv: int, free_running_slots: int, running_reserve: int = 0,
+                 pass_fits: Optional[Callable[[int, int], Optional[bool]]] = None):
+        self.pass_fits = pass_fits
         self.token_budget = token_budget
         self.available_kv = available_kv
         self.free_running_slots = free_running_slots
@@ -121,6 +164,9 @@ class PrefillAdder:
         extend_len = min(remaining, self.token_budget)
         reserve = decode_reserve(req) if extend_len == remaining else 0
         if extend_len + reserve > self.available_kv:
+            return False
+        if self.reqs and self.pass_fits is not None and self.pass_fits(len(self.reqs) + 1,
+                                                                       self.planned + extend_len) is False:
             return False
         req.extend_len = extend_len
         self.token_budget -= extend_len

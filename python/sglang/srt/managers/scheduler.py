@@ -353,7 +353,8 @@ class Scheduler:
         reserve = running_decode_reserve(self.running_reqs, self.kv_manager.allocator.available_size(), budget,
                                          free_running)
         adder = PrefillAdder(budget, self.kv_manager.available_tokens() - reserve, free_running,
-                             running_reserve=reserve)
+                             running_reserve=reserve,
+                             pass_fits=self.tp_worker.prefill_graph_fits if self._shape_passes() else None)
         if self.chunked_req is not None:
             adder.try_add(self.chunked_req, continuing_chunk=True)
         # The running requests do not change while this step's admissions are decided: their
@@ -372,6 +373,11 @@ class Scheduler:
             self._undo_admission(adder.reqs)
             return None
         return ScheduleBatch(adder.reqs, ForwardMode.EXTEND, *slots)
+
+    def _shape_passes(self) -> bool:
+        """Whether this prefill pass stays within a prefill graph (PrefillAdder.pass_fits): while
+        requests decode, unless --admission-batch-steps 0 asks for admissions as they come."""
+        return bool(self.running_reqs) and self.server_args.admission_batch_steps > 0
 
     def _free_running_slots(self) -> int:
         return self.memory.max_running_requests - len(self.running_reqs) - (self.chunked_req is not None)
@@ -461,7 +467,8 @@ class Scheduler:
         """Start the step on the device. The KV of its tokens is being written from now on, so
         kv_len counts them; a request gets a pending token unless this is a prefill chunk."""
         result = self.tp_worker.forward_batch_generation(batch)
-        self.admission.launched(batch.batch_size, batch.forward_mode.is_decode(), len(self.waiting_queue))
+        self.admission.launched(batch.batch_size, batch.forward_mode.is_decode(), len(self.waiting_queue),
+                                len(self.running_reqs))
         if not batch.forward_mode.is_decode():
             self.clock.launched("prefill", batch.batch_size)
         elif self.spec_k and batch.spec_steps:

@@ -85,6 +85,11 @@ class TpModelWorker:
         result.start_copy_to_host()
         return result
 
+    def prefill_graph_fits(self, num_reqs: int, num_tokens: int) -> Optional[bool]:
+        """Whether a prefill of this many requests and new tokens replays a CUDA graph; None
+        without prefill graphs."""
+        return self.model_runner.prefill_graph_fits(num_reqs, num_tokens)
+
     def sampling_info(self, reqs: list[Req]) -> SamplingBatchInfo:
         """The requests' sampling parameters and seeds as device tensors, one row each. A decode
         batch keeps its requests for many steps, so the last batch's tensors are reused while

@@ -264,13 +264,22 @@ class PrefillGraphRunner:
                                            dtype=model_runner.model_config.dtype)
 
     def _key(self, fb: ForwardBatch) -> Optional[tuple[int, int]]:
-        i = bisect.bisect_left(self.request_buckets, fb.batch_size)
+        return self._bucket(fb.batch_size, fb.num_tokens)
+
+    def _bucket(self, num_reqs: int, num_tokens: int) -> Optional[tuple[int, int]]:
+        """The kept graph (requests bucket, tokens bucket) a prefill of this size replays, if any."""
+        i = bisect.bisect_left(self.request_buckets, num_reqs)
         if i == len(self.request_buckets):
             return None
         bs = self.request_buckets[i]
         kept = self.kept.get(bs, [])
-        j = bisect.bisect_left(kept, fb.num_tokens)
+        j = bisect.bisect_left(kept, num_tokens)
         return (bs, kept[j]) if j < len(kept) else None
+
+    def fits(self, num_reqs: int, num_tokens: int) -> bool:
+        """Whether a kept graph takes a prefill of this many requests and new tokens (the padding's
+        room in the last table row aside: see can_run)."""
+        return self._bucket(num_reqs, num_tokens) is not None
 
     def can_run(self, fb: ForwardBatch) -> bool:
         hidden = fb.spec_hidden_states

@@ -14,7 +14,8 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from sglang.srt.model_executor.cuda_graph_runner import maybe_graph_runner, maybe_prefill_graph_runner
+from sglang.srt.model_executor.cuda_graph_runner import (PrefillGraphRunner, maybe_graph_runner,
+                                                         maybe_prefill_graph_runner)
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.loader import load_model
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -151,6 +152,14 @@ class ModelRunner:
             if runner.can_run(forward_batch):
                 return runner.replay(forward_batch)
         return self.forward_eager(forward_batch)
+
+    def prefill_graph_fits(self, num_reqs: int, num_tokens: int) -> Optional[bool]:
+        """Whether a prefill of this many requests and new tokens replays a CUDA graph; None
+        without prefill graphs."""
+        runners = [runner for runner in self.graph_runners if isinstance(runner, PrefillGraphRunner)]
+        if not runners:
+            return None
+        return any(runner.fits(num_reqs, num_tokens) for runner in runners)
 
     @property
     def graph_runner(self):
