@@ -144,3 +144,28 @@ def test_step_times_report_scales_each_run_by_its_cpu_probe(tmp_path, capsys, mo
     after = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("after  k3"))
     assert f"{750 / 1000:.3f}" in after.split() and after.endswith("x-probe after/before 1.000")
     assert "probe ms 10.0 5.0" in after
+
+
+def test_admission_report_reads_each_rounds_busy_period(tmp_path, capsys):
+    report = load("admission_report")
+    rounds = [{"max_concurrency": 64, "output_throughput": 50000.0, "mean_ttft_ms": 30.0},
+              {"max_concurrency": 64, "output_throughput": 40000.0, "mean_ttft_ms": 50.0}]
+    (tmp_path / "srv.rounds.jsonl").write_text("".join(json.dumps(line) + "\n" for line in rounds))
+
+    def period(index, groups):
+        (tmp_path / f"srv.steps.{index}.json").write_text(json.dumps(groups))
+
+    row = lambda steps, bs, us: {"steps": steps, "mean_batch": bs, "pass_us": us}  # noqa: E731
+    period(0, {"prefill/bs1": row(1, 1.0, 9e6)})  # start-up and warm-up: not a level's
+    period(1, {"prefill/bs8": row(1, 8.0, 9e6)})
+    period(2, {"prefill/bs2": row(10, 2.0, 2000.0), "spec_k3/bs64": row(30, 60.0, 1000.0)})
+    period(3, {"prefill/bs4": row(4, 4.0, 3000.0), "prefill/bs16": row(1, 12.0, 40000.0),
+               "spec_k3/bs64": row(28, 60.0, 1000.0)})
+    assert report.main([str(tmp_path)]) == 0
+    line = [l for l in capsys.readouterr().out.splitlines() if l.startswith("srv ")][0].split()
+    # 15 passes; requests per pass: round means (2.0 and 28/5); prefill share: 20/50 and 52/80.
+    assert line[1:5] == ["64", "50000", "/", "40000"] and line[5] == "40.0" and line[6] == "15"
+    assert line[7] == f"{(2.0 + 28 / 5) / 2:.2f}" and line[8] == f"{100 * (0.4 + 52 / 80) / 2:.0f}%" and line[9] == "1"
+    (tmp_path / "srv.steps.3.json").unlink()  # a server whose rounds merged into one busy period
+    assert report.main([str(tmp_path), "srv"]) == 0
+    assert "srv: busy periods merged" in capsys.readouterr().out
