@@ -107,7 +107,7 @@ server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), 
     dynamic_b) NAME=${CONFIG}_$1 LABEL="dynamic (instance b)" ENV=$SIM ARGS="$SPEC --speculative-adaptive" ;;
     no_draft_unbatched) NAME=${PAIR}_no_draft_unbatched LABEL="no draft, admissions not batched" ENV=""
       ARGS="--admission-batch-steps 0" ;;
-    always_unbatched) NAME=${CONFIG}_always_unbatched LABEL="always, admissions not batched" ENV=$SIM
+    always_unbatched|always_unbatched_b) NAME=${CONFIG}_$1 LABEL="always, admissions not batched" ENV=$SIM
       ARGS="$SPEC --admission-batch-steps 0" ;;
     *) echo "unknown server $1"; exit 2 ;;
   esac
