@@ -274,7 +274,8 @@ class ServerArgs:
                             help="Maximum prompt tokens prefilled in one step; longer prompts are chunked.")
         parser.add_argument("--admission-batch-steps", type=int, default=d["admission_batch_steps"].default,
                             help="While requests decode, prefill passes are shaped to the prefill CUDA graphs: a "
-                                 "pass takes no more requests than a graph does, and (with 32 or more decoding) a "
+                                 "pass takes no more requests than a graph does (unless eager launches beat the "
+                                 "graphs there), and (with 32 or more decoding) a "
                                  "new request may wait up to this many decode steps, and no longer than a pass "
                                  "takes, for others to share its pass (it goes at once when 1/16 of the running "
                                  "number, 16 requests or one pass's tokens wait). 0 admits every request as soon "

@@ -379,7 +379,7 @@ def test_while_requests_decode_a_prefill_pass_stays_within_a_graph(tiny_model_pa
         # Arrivals are not held (nothing is timed on this CPU), and with the flag at 0 nothing is capped.
         scheduler = make_scheduler(path, admission_batch_steps=4 if capped else 0, disable_overlap_schedule=not overlap)
         if capped:
-            scheduler.tp_worker.prefill_graph_fits = lambda n, t: n <= 2
+            scheduler.tp_worker.prefill_pass_fits = lambda n, t: n <= 2
         sizes = []
         launch = scheduler.tp_worker.forward_batch_generation
 

@@ -127,11 +127,14 @@ def test_batches_no_graph_fits_run_eagerly(runner):
     model_runner, prefill = runner
     assert not prefill.can_run(make_batch(model_runner, [(0, 65)], seed=3))  # more tokens than any graph
     assert not prefill.can_run(make_batch(model_runner, [(0, 2)] * 17, seed=4))  # more requests than any graph
-    assert prefill.fits(1, 64) and prefill.fits(16, 64) and not prefill.fits(1, 65) and not prefill.fits(17, 34)
+    # Past every graph, with no eager launch measured faster (nothing dropped): the scheduler does
+    # not grow a pass there (PrefillAdder.pass_fits).
+    assert prefill.pass_fits(1, 64) and prefill.pass_fits(16, 64)
+    assert not prefill.pass_fits(1, 65) and not prefill.pass_fits(17, 34)
     model_runner.graph_runners.append(prefill)
-    assert model_runner.prefill_graph_fits(2, 64) and model_runner.prefill_graph_fits(2, 65) is False
+    assert model_runner.prefill_pass_fits(2, 64) and model_runner.prefill_pass_fits(2, 65) is False
     model_runner.graph_runners.remove(prefill)
-    assert model_runner.prefill_graph_fits(2, 64) is None, "without prefill graphs nothing is capped"
+    assert model_runner.prefill_pass_fits(2, 64) is None, "without prefill graphs nothing is capped"
     every_logit = make_batch(model_runner, [(0, 5)], seed=5)
     every_logit.return_all_logits = True
     assert not prefill.can_run(every_logit)
@@ -174,7 +177,11 @@ def test_graphs_slower_than_an_eager_launch_are_dropped_with_every_larger_one(ru
     assert not prefill.can_run(make_batch(model_runner, [(0, 44)], seed=9))
     assert prefill.can_run(make_batch(model_runner, [(0, 30)], seed=10))
     # What the scheduler asks before it puts another request in a pass (PrefillAdder.pass_fits).
-    assert not prefill.fits(1, 44) and prefill.fits(1, 30) and prefill.fits(16, 32) and not prefill.fits(17, 20)
+    # Where eager launches won (48 tokens on), a pass may grow past the graphs: it costs no more.
+    assert prefill.pass_fits(1, 30) and prefill.pass_fits(1, 44) and prefill.pass_fits(1, 200)
+    assert prefill.pass_fits(17, 20), "the largest requests bucket had its graphs beaten too"
+    prefill.eager_from.pop(16)
+    assert not prefill.pass_fits(17, 20) and not prefill.pass_fits(16, 200) and prefill.pass_fits(8, 200)
 
 
 def test_token_buckets_pad_at_most_half():

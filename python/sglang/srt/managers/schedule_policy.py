@@ -140,10 +140,12 @@ class PrefillAdder:
     (minus what running requests are expected to need) and the running-request limit.
 
     `pass_fits(num_reqs, num_tokens)`, given while requests decode: whether a prefill of that size
-    replays a CUDA graph (None: no graphs). A second or later request joins only if the pass still
-    does: an eager pass of many requests stalls the running batch for far longer than a few graph
-    passes take (session 16, demo pair: 32-48 ms for 10-33 requests, against ~3-7 ms for 4-8 in a
-    graph); the first request is taken whatever its size, as before."""
+    runs about as cheaply as the prefill graphs allow (a graph takes it, or eager launches beat the
+    graphs there: PrefillGraphRunner.pass_fits; None: no graphs). A second or later request joins
+    only if the pass still does: on a small model an eager pass of many requests stalls the
+    running batch for far longer than a few graph passes take (session 16, demo pair: 17-48 ms
+    for 10-38 requests, against 2-7 ms for up to 9 in a graph); the first request is taken
+    whatever its size, as before."""
 
     def __init__(self, token_budget: int, available_kv: int, free_running_slots: int, running_reserve: int = 0,
                  pass_fits: Optional[Callable[[int, int], Optional[bool]]] = None):

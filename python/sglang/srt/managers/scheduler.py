@@ -354,7 +354,7 @@ class Scheduler:
                                          free_running)
         adder = PrefillAdder(budget, self.kv_manager.available_tokens() - reserve, free_running,
                              running_reserve=reserve,
-                             pass_fits=self.tp_worker.prefill_graph_fits if self._shape_passes() else None)
+                             pass_fits=self.tp_worker.prefill_pass_fits if self._shape_passes() else None)
         if self.chunked_req is not None:
             adder.try_add(self.chunked_req, continuing_chunk=True)
         # The running requests do not change while this step's admissions are decided: their
@@ -375,7 +375,7 @@ class Scheduler:
         return ScheduleBatch(adder.reqs, ForwardMode.EXTEND, *slots)
 
     def _shape_passes(self) -> bool:
-        """Whether this prefill pass stays within a prefill graph (PrefillAdder.pass_fits): while
+        """Whether this prefill pass stays within what runs cheaply (PrefillAdder.pass_fits): while
         requests decode, unless --admission-batch-steps 0 asks for admissions as they come."""
         return bool(self.running_reqs) and self.server_args.admission_batch_steps > 0
 

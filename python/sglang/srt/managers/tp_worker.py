@@ -85,10 +85,10 @@ class TpModelWorker:
         result.start_copy_to_host()
         return result
 
-    def prefill_graph_fits(self, num_reqs: int, num_tokens: int) -> Optional[bool]:
-        """Whether a prefill of this many requests and new tokens replays a CUDA graph; None
-        without prefill graphs."""
-        return self.model_runner.prefill_graph_fits(num_reqs, num_tokens)
+    def prefill_pass_fits(self, num_reqs: int, num_tokens: int) -> Optional[bool]:
+        """Whether a prefill of this many requests and new tokens runs about as cheaply as the
+        prefill graphs allow; None without prefill graphs (ModelRunner.prefill_pass_fits)."""
+        return self.model_runner.prefill_pass_fits(num_reqs, num_tokens)
 
     def sampling_info(self, reqs: list[Req]) -> SamplingBatchInfo:
         """The requests' sampling parameters and seeds as device tensors, one row each. A decode

@@ -241,6 +241,8 @@ class PrefillGraphRunner:
         self.max_tokens, self.max_reqs = self.token_buckets[-1], self.request_buckets[-1]
         # Per requests bucket, the token buckets with a graph (ascending).
         self.kept: dict[int, list[int]] = {}
+        # Per requests bucket, the tokens bucket from which an eager launch beat the graph (dropped).
+        self.eager_from: dict[int, int] = {}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], LogitsProcessorOutput] = {}
         self.timings: dict[tuple[int, int], tuple[float, float]] = {}  # (replay s, eager launch s)
@@ -276,10 +278,17 @@ class PrefillGraphRunner:
         j = bisect.bisect_left(kept, num_tokens)
         return (bs, kept[j]) if j < len(kept) else None
 
-    def fits(self, num_reqs: int, num_tokens: int) -> bool:
-        """Whether a kept graph takes a prefill of this many requests and new tokens (the padding's
-        room in the last table row aside: see can_run)."""
-        return self._bucket(num_reqs, num_tokens) is not None
+    def pass_fits(self, num_reqs: int, num_tokens: int) -> bool:
+        """Whether a prefill of this many requests and new tokens runs about as cheaply as the graphs
+        allow: a kept graph takes it (the padding's room in the last table row aside: see can_run),
+        or it is past where an eager launch beat the graphs of its requests bucket (the largest
+        bucket's, past every bucket). Past the graphs with no such measurement (the capture limit,
+        or graphs not timed), an eager prefill of a small model costs many graph replays."""
+        if self._bucket(num_reqs, num_tokens) is not None:
+            return True
+        bs = self.request_buckets[min(bisect.bisect_left(self.request_buckets, num_reqs),
+                                      len(self.request_buckets) - 1)]
+        return bs in self.eager_from
 
     def can_run(self, fb: ForwardBatch) -> bool:
         hidden = fb.spec_hidden_states
@@ -348,6 +357,7 @@ class PrefillGraphRunner:
                     for m in kept[i:]:
                         del self.graphs[bs, m], self.outputs[bs, m]
                     self.kept[bs] = kept[:i]
+                    self.eager_from[bs] = n
                     break
 
     def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:

@@ -153,13 +153,13 @@ class ModelRunner:
                 return runner.replay(forward_batch)
         return self.forward_eager(forward_batch)
 
-    def prefill_graph_fits(self, num_reqs: int, num_tokens: int) -> Optional[bool]:
-        """Whether a prefill of this many requests and new tokens replays a CUDA graph; None
-        without prefill graphs."""
+    def prefill_pass_fits(self, num_reqs: int, num_tokens: int) -> Optional[bool]:
+        """Whether a prefill of this many requests and new tokens runs about as cheaply as the
+        prefill graphs allow (PrefillGraphRunner.pass_fits); None without prefill graphs."""
         runners = [runner for runner in self.graph_runners if isinstance(runner, PrefillGraphRunner)]
         if not runners:
             return None
-        return any(runner.fits(num_reqs, num_tokens) for runner in runners)
+        return any(runner.pass_fits(num_reqs, num_tokens) for runner in runners)
 
     @property
     def graph_runner(self):

@@ -220,12 +220,12 @@ class EAGLEWorkerV2(TpModelWorker):
 
     # ---- prefill -------------------------------------------------------------------------
 
-    def prefill_graph_fits(self, num_reqs: int, num_tokens: int) -> Optional[bool]:
+    def prefill_pass_fits(self, num_reqs: int, num_tokens: int) -> Optional[bool]:
         """As TpModelWorker's, for the target's prefill and the draft's pass over it both."""
-        target = self.model_runner.prefill_graph_fits(num_reqs, num_tokens)
+        target = self.model_runner.prefill_pass_fits(num_reqs, num_tokens)
         if not target:
             return target
-        return self.draft_runner.prefill_graph_fits(num_reqs, num_tokens) is not False
+        return self.draft_runner.prefill_pass_fits(num_reqs, num_tokens) is not False
 
     def forward_prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
         fb, offsets = batch.to_forward_batch(self.device)
