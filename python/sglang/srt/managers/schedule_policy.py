@@ -48,8 +48,8 @@ class AdmissionBatcher:
     time on passes of 1-2 requests (session 16's step tables). So while many requests decode,
     arrivals wait for others, as long as the wait stays within what the pass they may save costs:
     the next decode step must end before they have waited one pass's time (both measured here, as
-    the time between decode launches), and at most `max_steps` decode steps. A model whose decode
-    step outlasts a prefill pass (one bound by the device) never waits. They go at once when
+    the time between decode launches), and at most `max_steps` decode steps: where a decode step
+    outlasts a prefill pass, nobody waits. They go at once when
     enough wait (see the constants above). Few running requests, a continuing chunk, or
     `max_steps` 0: admitted at once, as before."""
 
