@@ -399,3 +399,15 @@ def test_while_requests_decode_a_prefill_pass_stays_within_a_graph(tiny_model_pa
         assert sizes == ([5, 2, 2, 1] if capped else [5, 5])
         assert_accounting(scheduler)
     assert runs[True] == runs[False] and len(runs[True]) == 10
+
+
+def test_an_arrival_held_for_company_can_be_aborted(tiny_model_paths):
+    scheduler = _loaded(tiny_model_paths["llama"], 40, admission_batch_steps=8)
+    scheduler.add_request(greedy_req("held", prompts(41)[40], max_new_tokens=8))
+    scheduler.step()
+    assert any(req.rid == "held" for req in scheduler.waiting_queue), "held back under load"
+    scheduler.abort_request(AbortReq("held"))
+    results = run_to_completion(scheduler)
+    assert results["held"]["reason"]["type"] == "abort" and results["held"]["ids"] == []
+    assert all(len(results[f"load{i}"]["ids"]) == 200 for i in range(40))
+    assert_accounting(scheduler)
