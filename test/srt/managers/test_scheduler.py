@@ -364,9 +364,14 @@ def test_batched_admissions_keep_every_requests_tokens(tiny_model_paths, overlap
     assert passes[4] < passes[0]
 
 
-def test_bad_admission_batch_steps_is_refused_naming_the_flag():
+def test_bad_admission_batch_steps_is_refused_naming_the_flag_and_help_documents_it(capsys):
+    from sglang.srt.server_args import prepare_server_args
+
     with pytest.raises(ValueError, match="--admission-batch-steps"):
         ServerArgs(admission_batch_steps=-1)
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--help"])
+    assert "--admission-batch-steps" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("overlap", [False, True])
