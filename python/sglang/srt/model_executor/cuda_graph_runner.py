@@ -428,7 +428,7 @@ def maybe_prefill_graph_runner(model_runner, forward_mode: ForwardMode = Forward
     """Prefill graphs up to --prefill-cuda-graph-max-tokens (and the chunk size), captured; None
     when graphs are off or cannot be used here."""
     args = model_runner.server_args
-    max_tokens = min(args.prefill_cuda_graph_max_tokens, args.chunked_prefill_size)
+    max_tokens = args.prefill_pass_tokens if args.prefill_cuda_graph_max_tokens else 0
     if max_tokens == 0 or graph_batch_sizes(model_runner) is None:
         return None
     runner = PrefillGraphRunner(model_runner, forward_mode, max_tokens, spec_hidden_width, capture_aux)
