@@ -9,6 +9,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 
 import httpx
 
@@ -17,6 +18,13 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 class ServerProcess:
@@ -28,16 +36,26 @@ class ServerProcess:
         # A private TMPDIR shows what the server leaves behind (its IPC socket directory).
         self.tmpdir = tempfile.mkdtemp(prefix="sglang-test-server-")
         env = dict(os.environ, TMPDIR=self.tmpdir)
+        # The output goes to a file, not a pipe: nobody reads a pipe while the server runs, and a
+        # server that logged more than the pipe holds would block in its next write.
+        self._log = tempfile.NamedTemporaryFile(prefix="sglang-test-server-", suffix=".log", delete=False)
         # Own process group, so a test can check that nothing outlives the server.
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True, env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=env)
+        self._log.close()
+        weakref.finalize(self, _remove, self._log.name)
         self._wait_ready(startup_timeout)
+
+    def output(self) -> str:
+        """Everything the server has printed so far (stdout and stderr)."""
+        with open(self._log.name, encoding="utf-8", errors="replace") as f:
+            return f.read()
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.proc.stdout.read()}")
+                raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
                     return

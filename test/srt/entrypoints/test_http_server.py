@@ -104,7 +104,7 @@ def test_stop_signal_leaves_no_process_and_no_socket_dir(tiny_model_paths, sig):
     children = srv.children_pids()
     assert len(children) >= 2  # scheduler and detokenizer
     assert srv.stop(sig) == 0
-    output = srv.proc.stdout.read()
+    output = srv.output()
     assert READY_MESSAGE in output
     assert srv.wait_children_gone() == []
     assert srv.leftover_files() == []

@@ -75,7 +75,7 @@ def test_decode_log_line_reports_accept_length(spec_server):  # last in this fil
     body = {"text": "class Stack:", "sampling_params": {"temperature": 0, "max_new_tokens": 200, "ignore_eos": True}}
     httpx.post(f"{spec_server.base_url}/generate", json=body, timeout=120)
     spec_server.stop()
-    log = spec_server.proc.stdout.read()
+    log = spec_server.output()
     lines = [line for line in log.splitlines() if "Decode batch." in line]
     assert lines and all("accept len: " in line for line in lines), log[-2000:]
 
@@ -127,5 +127,5 @@ def test_threshold_server_reports_its_modes_in_metrics_and_logs():
         assert_server_kv_accounting(server)
     finally:
         server.stop()
-    log = server.proc.stdout.read()
+    log = server.output()
     assert any("spec k: " in line for line in log.splitlines() if "Decode batch." in line), log[-2000:]
