@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 import weakref
+from pathlib import Path
 
 import httpx
 
@@ -18,13 +19,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _remove(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
 
 
 class ServerProcess:
@@ -43,7 +37,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
                                      env=env)
         self._log.close()
-        weakref.finalize(self, _remove, self._log.name)
+        weakref.finalize(self, Path(self._log.name).unlink, missing_ok=True)
         self._wait_ready(startup_timeout)
 
     def output(self) -> str:
