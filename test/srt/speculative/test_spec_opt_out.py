@@ -14,7 +14,9 @@ from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.speculative.spec_policy import AcceptanceEstimator, CostPolicy, CostTable, make_policy
+from sglang.srt.speculative.acceptance import AcceptanceEstimator
+from sglang.srt.speculative.cost_model import CostTable
+from sglang.srt.speculative.spec_policy import CostPolicy, make_policy
 from sglang.test.server_fixture import ServerProcess, assert_idle_kv_accounting
 
 PROMPTS = [[205, 300, 1100, 52, 9], [17, 905, 33], [640, 12, 12, 77, 1500, 8], [99, 100]]

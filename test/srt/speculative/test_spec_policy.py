@@ -13,18 +13,16 @@ import random
 import numpy as np
 import pytest
 
-from sglang.srt.speculative import spec_policy
+from sglang.srt.speculative import acceptance, spec_policy
+from sglang.srt.speculative.acceptance import SMALL_BATCH, AcceptanceEstimator
+from sglang.srt.speculative.adaptive_config import DEFAULT_ADAPTIVE_CONFIG, parse_adaptive_config
+from sglang.srt.speculative.cost_model import CostTable
 from sglang.srt.speculative.spec_policy import (
-    DEFAULT_ADAPTIVE_CONFIG,
     HOST_FIRST_SAMPLES,
     POLICY_NAMES,
-    SMALL_BATCH,
-    AcceptanceEstimator,
     CostPolicy,
-    CostTable,
     ThresholdPolicy,
     make_policy,
-    parse_adaptive_config,
 )
 
 K_MAX = 3
@@ -158,7 +156,7 @@ def test_small_batches_update_the_estimates_exactly_as_large_ones(monkeypatch):
     and finished requests, every k) leaves the same pooled, long-run and per-request rates
     either way."""
     def history(small_batch: int) -> AcceptanceEstimator:
-        monkeypatch.setattr(spec_policy, "SMALL_BATCH", small_batch)
+        monkeypatch.setattr(acceptance, "SMALL_BATCH", small_batch)
         rng = np.random.default_rng(7)
         est, live, next_id = AcceptanceEstimator(K_MAX), [], 0
         for _ in range(300):
@@ -195,9 +193,9 @@ def test_small_batches_expect_the_same_tokens_as_large_ones(monkeypatch, batch_s
     for rids in (tracked, mixed, tracked[::-1]):
         expected = [sum(est.expected_tokens(k, rid) for rid in rids) for k in range(K_MAX + 1)]
         small = est.batch_expected_tokens(rids, K_MAX)
-        monkeypatch.setattr(spec_policy, "SMALL_BATCH", 0)
+        monkeypatch.setattr(acceptance, "SMALL_BATCH", 0)
         arrays = est.batch_expected_tokens(rids, K_MAX)
-        monkeypatch.setattr(spec_policy, "SMALL_BATCH", SMALL_BATCH)
+        monkeypatch.setattr(acceptance, "SMALL_BATCH", SMALL_BATCH)
         assert small == pytest.approx(expected, abs=1e-9) and arrays == pytest.approx(expected, abs=1e-9)
 
 

@@ -191,7 +191,8 @@ def test_an_estimate_gone_low_is_refreshed_by_an_exploring_request(monkeypatch, 
     or the speculative steps taken while it decodes (catch-up, whose plain steps do not probe)
     show the draft is good now (simulated accept length 3), and the requests after it speculate."""
     from sglang.srt.managers.scheduler import EXPLORE_EVERY
-    from sglang.srt.speculative.spec_policy import CostTable, make_policy
+    from sglang.srt.speculative.cost_model import CostTable
+    from sglang.srt.speculative.spec_policy import make_policy
 
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3.0")
     scheduler = make_scheduler(speculative_policy="cost", speculative_draft_sync=sync)

@@ -311,7 +311,9 @@ class Scheduler:
             req.draft_explorer for req in self.running_reqs)
 
     def _make_spec_policy(self, args: ServerArgs):
-        from sglang.srt.speculative.spec_policy import CostTable, make_policy, parse_adaptive_config
+        from sglang.srt.speculative.adaptive_config import parse_adaptive_config
+        from sglang.srt.speculative.cost_model import CostTable
+        from sglang.srt.speculative.spec_policy import make_policy
 
         config = parse_adaptive_config(args.speculative_adaptive_config) if args.speculative_adaptive_config else {}
         cost = None

@@ -1,0 +1,85 @@
+"""What a decode step costs: the start-up table of measured step times (CostTable), the prior
+the running server's learned costs start from."""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from typing import Optional
+
+class CostTable:
+    """Measured seconds per decode step: plain[bs] for a PLAIN step and spec[(bs, k)] for a
+    speculative step of k drafts (draft + verify + draft extend), at the captured batch-size
+    buckets. Measured by replaying the captured graphs at start-up, since the ratio of the two
+    depends on model, GPU and batch size in ways no formula gets right."""
+
+    def __init__(self, plain: dict[int, float], spec: dict[tuple[int, int], float],
+                 context_seconds: Optional[dict[int, float]] = None):
+        """context_seconds[k]: seconds a step of k drafts adds per token of context in the batch
+        (its attention reading the KV cache), which the start-up replays on an empty scratch
+        row do not see: at batch 128 with 1k-token contexts the target's KV read is larger than
+        its weights, and plain and speculative steps pay it alike (a verify reads each
+        request's KV once), so leaving it out overstates what speculation costs there."""
+        by_k: dict[int, dict[int, float]] = {0: dict(plain)} if plain else {}
+        for (bs, k), seconds in spec.items():
+            if k < 1:
+                raise ValueError(f"CostTable: spec entry ({bs}, {k}) must have k >= 1 (k = 0 is the plain table)")
+            by_k.setdefault(k, {})[bs] = seconds
+        for k, table in by_k.items():
+            for bs, seconds in table.items():
+                if bs < 1 or not seconds > 0:
+                    raise ValueError(f"CostTable: k={k} batch size {bs}: need batch size >= 1 and seconds > 0, "
+                                     f"got {seconds}")
+        self.context_seconds = dict(context_seconds or {})
+        for k, seconds in self.context_seconds.items():
+            if k not in by_k or not seconds >= 0:
+                raise ValueError(f"CostTable: context seconds for k={k} need a measured step time and a value "
+                                 f">= 0, got {seconds}")
+        # k -> (sorted bucket sizes, their seconds), for a bisect per lookup. A step replays the
+        # graph of the smallest bucket >= its batch, so a step's true cost cannot fall as the
+        # bucket grows: a bucket measured slower than a larger one is timing noise, and takes the
+        # larger one's time.
+        self._buckets = {}
+        for k, table in by_k.items():
+            sizes = sorted(table)
+            times = [table[bs] for bs in sizes]
+            for i in range(len(times) - 2, -1, -1):
+                times[i] = min(times[i], times[i + 1])
+            self._buckets[k] = (sizes, times)
+
+    @property
+    def measured_steps(self) -> tuple[int, ...]:
+        """Every k with at least one measurement (0 = plain)."""
+        return tuple(sorted(self._buckets))
+
+    def bucket(self, batch_size: int, k: int) -> int:
+        """The measured bucket a step of k drafts at this batch size is priced by (the largest
+        one beyond the table)."""
+        sizes = self._buckets[k][0]
+        return sizes[min(bisect_left(sizes, batch_size), len(sizes) - 1)]
+
+    def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
+        """Seconds of one step of k drafts (0 = plain) at this batch size: the smallest measured
+        bucket >= batch_size (the graph that would be replayed, padded), plus the KV read of
+        `context_tokens` (the batch's summed context). Beyond the largest bucket there is no
+        graph; the largest bucket's time is scaled by batch_size / largest, an extrapolation
+        that assumes compute-bound steps there (linear in tokens)."""
+        entry = self._buckets.get(k)
+        if entry is None:
+            raise ValueError(f"CostTable: no measured step time for k={k} "
+                             f"(measured k: {list(self.measured_steps)})")
+        if batch_size < 1:
+            raise ValueError(f"CostTable: batch size must be >= 1, got {batch_size}")
+        sizes, times = entry
+        i = bisect_left(sizes, batch_size)
+        step = times[i] if i < len(sizes) else times[-1] * batch_size / sizes[-1]
+        return step + context_tokens * self.context_seconds.get(k, 0.0)
+
+    def summary(self) -> dict:
+        """{"plain_ms": {bs: ms}, "spec_ms": {k: {bs: ms}}} for logs and /get_server_info."""
+        def ms(k: int) -> dict[int, float]:
+            sizes, times = self._buckets[k]
+            return {bs: round(1e3 * t, 4) for bs, t in zip(sizes, times)}
+
+        return {"plain_ms": ms(0) if 0 in self._buckets else {},
+                "spec_ms": {k: ms(k) for k in self.measured_steps if k > 0},
+                "context_ns_per_token": {k: round(1e9 * s, 4) for k, s in sorted(self.context_seconds.items())}}
