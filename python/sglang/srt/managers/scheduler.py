@@ -88,9 +88,11 @@ class Scheduler:
         self.overlap = not server_args.disable_overlap_schedule
         self.num_decode_steps = 0
         self.in_flight = None  # (ScheduleBatch, GenerationBatchResult) launched, not yet processed
-        # The last pipelined decode step, if it ran at the k of the one before it: (batch size,
-        # k, its start, its wait for the device), for _observe_host_period.
-        self._steady_step: Optional[tuple] = None
+        # The last decode launch, for the policy's learned costs (_observe_decode_launch): (its
+        # step's start, batch size, k, summed context, whether the launch before it was a decode
+        # step of the same k with nothing launched between them); None after anything else.
+        self._decode_launch: Optional[tuple] = None
+        self._decode_context = 0  # summed context of the batch spec_steps_for last chose for
         self.clock = NullStepClock()  # the server loop sets a StepClock under SGLANG_STEP_TIMES
         COMPILE_WATCH.mark_serving()
 
@@ -158,23 +160,20 @@ class Scheduler:
         if self.spec_k and self.in_flight is not None and self._any_abort():
             # A request's KV extent is exact only once no speculative step of it is in flight.
             self._process_in_flight()
+        start = time.perf_counter()
         self._drop_aborted()
-        steady, self._steady_step = self._steady_step, None
         clock = self.clock
         if self._can_overlap_decode():
-            start = time.perf_counter()
             batch = self._schedule_decode(overlapped=True)
             clock.lap("schedule")
             if batch is not None:
                 previous = self.in_flight
                 self.in_flight = (batch, self._launch(batch))
+                self._observe_decode_launch(start, batch)
                 clock.lap("launch")
                 self._process(*previous)
                 clock.waited(previous[1].waited_s)
                 clock.lap("process")
-                if self.spec_k and batch.spec_steps == previous[0].spec_steps:
-                    self._observe_host_period(steady, start)
-                    self._steady_step = (batch.batch_size, batch.spec_steps, start, previous[1].waited_s)
                 outputs = self._collect_outputs()
                 clock.lap("collect")
                 return outputs
@@ -185,6 +184,7 @@ class Scheduler:
             clock.lap("process")
         batch = (None if self._defer_admission() else self._schedule_prefill()) or self._schedule_decode()
         clock.lap("schedule")
+        self._observe_decode_launch(start, batch)
         if batch is not None:
             result = self._launch(batch)
             clock.lap("launch")
@@ -198,22 +198,31 @@ class Scheduler:
         clock.lap("collect")
         return outputs
 
-    def _observe_host_period(self, steady: Optional[tuple], now: float) -> None:
-        """Tells the policy the host's time for the last pipelined decode step: from its start to
-        this one's (the server loop's receiving and sending in between included), less its wait
-        for the device. Only between two steady steps (same k, nothing else in between). The
-        policy reports it as `host_ms` beside its table of device times, which shows whether the
-        server is bound by the host (a small model's is); see CostPolicy.seconds for why the
-        choice does not price it."""
-        if steady is not None:
-            batch_size, k, started, waited = steady
-            self.spec_policy.observe_host_seconds(batch_size, k, now - started - waited)
+    def _observe_decode_launch(self, start: float, batch: Optional[ScheduleBatch]) -> None:
+        """Feeds the policy's learned costs. A decode step's cost to the server is the wall time
+        from its step's start to the next decode step's start, taken only where the launch before
+        it was a decode step of the same k with nothing launched between (and nothing between it
+        and the next): then the period holds one step's scheduling, launch, the processing of the
+        step before (same k) and the wait for the device, as a run of such steps pays them. The
+        first steps after a prefill or a switch are left out (their periods hold other work)."""
+        if not self.spec_k:
+            return
+        if batch is None or not batch.forward_mode.is_decode():
+            self._decode_launch = None
+            return
+        previous, k = self._decode_launch, batch.spec_steps
+        if previous is not None and previous[4]:
+            _, batch_size, previous_k, context, _ = previous
+            self.spec_policy.observe_step_seconds(batch_size, previous_k, context, start - previous[0])
+        steady = previous is not None and previous[2] == k
+        self._decode_launch = (start, batch.batch_size, k, self._decode_context, steady)
 
     def spec_steps_for(self, batch_size: int) -> int:
         """Draft tokens for the next decode step of the running requests (0: a plain step), as
         the speculation policy chooses (--speculative-policy)."""
         rids = [req.rid for req in self.running_reqs if req.speculates]
-        return self.spec_policy.choose(rids, sum(req.kv_len for req in self.running_reqs),
+        self._decode_context = sum(req.kv_len for req in self.running_reqs)
+        return self.spec_policy.choose(rids, self._decode_context,
                                        num_plain_only=len(self.running_reqs) - len(rids), explore=self._explore_now())
 
     def draft_reads_prompt(self, req: Req, joining: list[Req]) -> bool:

@@ -1,9 +1,12 @@
-"""What a decode step costs: the start-up table of measured step times (CostTable), the prior
-the running server's learned costs start from."""
+"""What a decode step costs: the start-up table of measured step times (CostTable), and the
+costs the running server learns over it from its own steps (LearnedCost)."""
 
 from __future__ import annotations
 
+import math
+import statistics
 from bisect import bisect_left
+from collections import deque
 from typing import Optional
 
 class CostTable:
@@ -83,3 +86,83 @@ class CostTable:
         return {"plain_ms": ms(0) if 0 in self._buckets else {},
                 "spec_ms": {k: ms(k) for k in self.measured_steps if k > 0},
                 "context_ns_per_token": {k: round(1e9 * s, 4) for k, s in sorted(self.context_seconds.items())}}
+
+
+LEARN_FIRST_SAMPLES = 3  # a key has its own learned cost from this many samples on
+LEARN_WINDOW = 9  # the learned cost is the median of a key's last this many samples
+
+
+class LearnedCost:
+    """Seconds per decode step as the running server pays them, learned online over the start-up
+    table (the prior).
+
+    A sample is the wall time between two consecutive decode launches where the launch before
+    them ran the same k with nothing else launched between (Scheduler._observe_decode_launch):
+    what one step costs the server end to end, with its host work, sampling, result processing
+    and the device time the host could not hide. The start-up replays see none of that, nor the
+    real batch's contexts; on 8B shapes at batch 256 they priced k = 1 a few percent better than
+    plain decoding where serving it was 8% worse.
+
+    The cost is learned per (batch-size bucket, k) as a ratio to the prior, so the prior's
+    context term (seconds per token of context, per k) still scales it between contexts, and the
+    ratio absorbs what the prior gets wrong at this bucket. A key's ratio is the median of its
+    last LEARN_WINDOW samples, from LEARN_FIRST_SAMPLES on: one slow sample (a collection, a page
+    fault) moves it not at all, a lasting change within a few samples. Exploration brings a few
+    samples at a time, so the window of a k that runs rarely spans its last few bursts. Until a key
+    has its own estimate it borrows the ratio of the nearest bucket that has one at the same k,
+    else takes the prior as it is."""
+
+    def __init__(self, prior: CostTable):
+        self.prior = prior
+        self._grouping_k = prior.measured_steps[-1]  # one grouping of batch sizes for every k
+        self._window: dict[tuple[int, int], deque[float]] = {}
+        self._log_ratio: dict[tuple[int, int], float] = {}
+        self.samples: dict[tuple[int, int], int] = {}
+
+    @property
+    def measured_steps(self) -> tuple[int, ...]:
+        return self.prior.measured_steps
+
+    def bucket(self, batch_size: int) -> int:
+        return self.prior.bucket(batch_size, self._grouping_k)
+
+    def observe(self, batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
+        """One steady step of k drafts at this batch size and summed context took `seconds`."""
+        if k not in self.prior.measured_steps or batch_size < 1 or not 0 < seconds < math.inf:
+            return
+        key = (self.bucket(batch_size), k)
+        window = self._window.get(key)
+        if window is None:
+            window = self._window[key] = deque(maxlen=LEARN_WINDOW)
+        window.append(math.log(seconds / self.prior.seconds(batch_size, k, context_tokens)))
+        self.samples[key] = self.samples.get(key, 0) + 1
+        if len(window) >= LEARN_FIRST_SAMPLES:
+            self._log_ratio[key] = statistics.median(window)
+
+    def known(self, batch_size: int, k: int) -> bool:
+        """Whether this bucket has its own learned cost for k."""
+        return (self.bucket(batch_size), k) in self._log_ratio
+
+    def ratio(self, batch_size: int, k: int) -> float:
+        """learned / prior for a step of k at this batch size (borrowed from the nearest learned
+        bucket at the same k while this one has none; 1 when no bucket has one)."""
+        bucket = self.bucket(batch_size)
+        value = self._log_ratio.get((bucket, k))
+        if value is None:
+            learned = [(abs(math.log(b / bucket)), r) for (b, kk), r in self._log_ratio.items() if kk == k]
+            value = min(learned)[1] if learned else 0.0
+        return math.exp(value)
+
+    def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
+        return self.prior.seconds(batch_size, k, context_tokens) * self.ratio(batch_size, k)
+
+    def summary(self) -> dict:
+        """{"learned_ms": {k: {bucket: ms at no context}}, "samples": {k: {bucket: n}}} beside the
+        prior's table, for logs, /get_server_info and /metrics."""
+        learned: dict[int, dict[int, float]] = {}
+        samples: dict[int, dict[int, int]] = {}
+        for (bucket, k), value in sorted(self._log_ratio.items()):
+            learned.setdefault(k, {})[bucket] = round(1e3 * self.prior.seconds(bucket, k) * math.exp(value), 4)
+        for (bucket, k), n in sorted(self.samples.items()):
+            samples.setdefault(k, {})[bucket] = n
+        return {"prior": self.prior.summary(), "learned_ms": learned, "samples": samples}

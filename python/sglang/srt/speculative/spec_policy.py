@@ -14,15 +14,17 @@ not touch the device or sync with it."""
 
 from __future__ import annotations
 
-import math
-import statistics
+import logging
 from abc import ABC, abstractmethod
 from bisect import bisect_right
 from typing import Optional
 
 from sglang.srt.speculative.acceptance import AcceptanceEstimator
 from sglang.srt.speculative.adaptive_config import _is_int
-from sglang.srt.speculative.cost_model import CostTable
+from sglang.srt.speculative.cost_model import CostTable, LearnedCost
+from sglang.srt.speculative.exploration import Exploration
+
+logger = logging.getLogger(__name__)
 
 POLICY_NAMES = ("always", "never", "threshold", "cost")
 
@@ -99,10 +101,10 @@ class SpecPolicy(ABC):
         if self.estimator is not None:
             self.estimator.record_probe(rids, hits)
 
-    def observe_host_seconds(self, batch_size: int, k: int, seconds: float) -> None:
-        """The scheduler's own time for one pipelined decode step of k drafts at this batch size
-        (the server loop's whole iteration; waits for the device excluded). Only the cost
-        policy keeps it, for its summary."""
+    def observe_step_seconds(self, batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
+        """What one steady decode step of k drafts cost the server: the wall time from its launch
+        to the next decode launch, at this batch size and summed context (the scheduler's
+        sample rule: Scheduler._observe_decode_launch). Only the cost policy learns from it."""
 
     def forget(self, rid: str) -> None:
         if self.estimator is not None:
@@ -168,8 +170,6 @@ class ThresholdPolicy(SpecPolicy):
 
 
 REEVALUATE_EVERY = 4  # steps between the cost policy's evaluations of an unchanged batch size
-HOST_ALPHA = 0.05  # EMA weight of each new host-time sample
-HOST_FIRST_SAMPLES = 5  # a host-time estimate starts from the median of this many samples
 
 
 def _bucket_lookup(keys: list[int], table: dict, batch_size: int, default):
@@ -180,7 +180,13 @@ def _bucket_lookup(keys: list[int], table: dict, batch_size: int, default):
 
 class CostPolicy(SpecPolicy):
     """Pick the k with the most expected tokens per second at this batch:
-    sum over requests of expected_tokens(k, rid) / seconds(batch size, k).
+    sum over requests of expected_tokens(k, rid) / seconds(batch size, k), where seconds is what
+    a step of k costs the running server (LearnedCost: learned from its own steady decode steps,
+    over the start-up table as the prior).
+
+    Bounded exploration (Exploration) runs the other candidates now and then for a few steps, so
+    that every candidate's cost at the current bucket stays measured; after a burst the policy
+    decides afresh, past its dwell.
 
     Two guards keep it from flapping on noise, since each switch can cost a draft catch-up:
     - hysteresis: leave the current k only if the best candidate beats it by more than this
@@ -197,9 +203,10 @@ class CostPolicy(SpecPolicy):
     name = "cost"
 
     def __init__(self, candidates: list[int], cost: CostTable, estimator: AcceptanceEstimator,
-                 hysteresis: float = 0.05, min_dwell: int = 8,
+                 hysteresis: float = 0.02, min_dwell: int = 8,
                  candidates_by_bs: Optional[dict[int, list[int]]] = None,
-                 hysteresis_by_bs: Optional[dict[int, dict[str, float]]] = None):
+                 hysteresis_by_bs: Optional[dict[int, dict[str, float]]] = None,
+                 exploration: Optional[Exploration] = None):
         super().__init__(estimator.k_max, estimator)
         if hysteresis < 0:
             raise ValueError(f"hysteresis must be >= 0, got {hysteresis}")
@@ -213,7 +220,8 @@ class CostPolicy(SpecPolicy):
         self.hysteresis_by_bs = dict(sorted((hysteresis_by_bs or {}).items()))
         self._hyst_keys = list(self.hysteresis_by_bs)
         self.min_dwell = min_dwell
-        self.cost = cost
+        self.cost = LearnedCost(cost)
+        self.exploration = exploration if exploration is not None else Exploration()
         # Fail at start-up, not at the first decode step that would reach a missing k.
         needed = set(self.candidates).union(*self.candidates_by_bs.values())
         missing = sorted(needed - set(cost.measured_steps))
@@ -223,13 +231,9 @@ class CostPolicy(SpecPolicy):
         # The objective at the last step that evaluated it (steps held by dwell do not), for
         # logs and tests.
         self.last_objective: dict[int, float] = {}
-        # One grouping of batch sizes into buckets for every k: the largest k's.
-        self._grouping_k = cost.measured_steps[-1]
         self._evaluated_key: Optional[tuple] = None  # (graph bucket, candidate set) of the last evaluation
-        # (bucket, speculative?) -> EMA of the host's seconds per pipelined step, and the first
-        # samples of a key until there are enough to start it (observe_host_seconds).
-        self._host_seconds: dict[tuple[int, bool], float] = {}
-        self._host_first: dict[tuple[int, bool], list[float]] = {}
+        self.num_decisions = 0  # switches the objective made (exploration's own moves not counted)
+        self.last_switch: Optional[str] = None  # why the last decided switch was made
 
     def candidates_for(self, batch_size: int) -> list[int]:
         return _bucket_lookup(self._bs_keys, self.candidates_by_bs, batch_size, self.candidates)
@@ -243,36 +247,19 @@ class CostPolicy(SpecPolicy):
         return {k: (totals[k] + num_plain_only) / self.seconds(bs, k, context_tokens) for k in candidates}
 
     def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
-        """What a step of k drafts takes, from the cost table's device times.
-
-        The host's own time per step is measured (observe_host_seconds, `host_ms` in the
-        summary) but not priced. On a host-bound small model (the demo pair on an H200, session
-        8) the steady-step host times misstated what a step costs the server: 0.29 ms plain and
-        0.95 ms speculative at batch 4, where the sweeps' throughput gives 0.56 and 1.32 ms of
-        wall time per step. Priced at those, the policy admitted 576 of ~8400 prompts without
-        the draft, although always speculating was 27% faster than not at that load; kept per
-        k, one slow early sample held k = 3 off for a whole level. The device times
-        favour more tokens per step whenever acceptance is good, which is what the host-bound
-        server needs too (its cost is mostly per step and per request, not per token)."""
+        """What a step of k drafts costs the server at this batch size and summed context: the
+        learned cost where its steps have been measured, the start-up table's scaled by what
+        nearby buckets showed elsewhere."""
         return self.cost.seconds(batch_size, k, context_tokens)
 
-    def observe_host_seconds(self, batch_size: int, k: int, seconds: float) -> None:
-        """One host-time sample, kept per bucket for plain and for speculative steps (pooled over
-        k) and shown as `host_ms`: next to the table's device times it tells whether the server
-        is bound by the host. An estimate starts at the median of its first HOST_FIRST_SAMPLES
-        samples (the first steps at a new shape carry one-off work), then follows an EMA."""
-        if k not in self.cost.measured_steps or batch_size < 1 or not 0 < seconds < math.inf:
-            return
-        key = self.cost.bucket(batch_size, self._grouping_k), k > 0
-        previous = self._host_seconds.get(key)
-        if previous is not None:
-            self._host_seconds[key] = previous + HOST_ALPHA * (seconds - previous)
-            return
-        first = self._host_first.setdefault(key, [])
-        first.append(seconds)
-        if len(first) == HOST_FIRST_SAMPLES:
-            self._host_seconds[key] = statistics.median(first)
-            del self._host_first[key]
+    def observe_step_seconds(self, batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
+        self.cost.observe(batch_size, k, context_tokens, seconds)
+
+    def choose(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0, explore: bool = False) -> int:
+        k = super().choose(rids, context_tokens, num_plain_only, explore)
+        bs = max(len(rids) + num_plain_only, 1)
+        self.exploration.note_step(self.cost.bucket(bs), k, self.cost.seconds(bs, k, context_tokens))
+        return k
 
     def _margin(self, batch_size: int, current: int, best: int) -> float:
         margins = _bucket_lookup(self._hyst_keys, self.hysteresis_by_bs, batch_size, {})
@@ -284,10 +271,16 @@ class CostPolicy(SpecPolicy):
             return cur if cur is not None else self.candidates[0]
         bs = len(rids) + num_plain_only
         candidates = self.candidates_for(bs)
+        after_burst = False
+        if self.exploration.active:
+            k, back = self.exploration.continue_burst(candidates)
+            if k is not None:
+                return k
+            cur, after_burst = back, True  # decide afresh from the k the burst left
         # Batch sizes that replay the same graphs cost the same per step, so within a bucket (and
-        # candidate set) only the requests' estimates move the choice, by alpha per step.
-        key = (self.cost.bucket(bs, self._grouping_k), id(candidates))
-        if cur is not None and cur in candidates:
+        # candidate set) only the requests' estimates and the learned costs move the choice.
+        key = (self.cost.bucket(bs), id(candidates))
+        if cur is not None and cur in candidates and not after_burst:
             if self.steps_in_current < self.min_dwell:
                 return cur
             # Past the dwell, an unchanged bucket is re-evaluated every REEVALUATE_EVERY steps: the
@@ -303,8 +296,21 @@ class CostPolicy(SpecPolicy):
         if cur is None or cur not in candidates:
             return best
         if best != cur and obj[best] > obj[cur] * (1.0 + self._margin(bs, cur, best)):
+            self._note_decision(bs, cur, best, obj, after_burst)
             return best
+        if not after_burst:
+            explored = self.exploration.start_if_due(key[0], cur, obj)
+            if explored is not None:
+                return explored
         return cur
+
+    def _note_decision(self, bs: int, cur: int, best: int, obj: dict[int, float], after_burst: bool) -> None:
+        self.num_decisions += 1
+        how = "after exploring it" if after_burst else "by the learned costs"
+        self.last_switch = (f"k {cur} -> {best} at batch {bs} {how}: expected {obj[best]:.0f} against "
+                            f"{obj[cur]:.0f} tok/s, {1e3 * self.seconds(bs, best):.3f} against "
+                            f"{1e3 * self.seconds(bs, cur):.3f} ms per step")
+        logger.info("speculation: %s", self.last_switch)
 
     def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
         candidates = self.candidates_for(len(rids) + num_plain_only)
@@ -323,9 +329,8 @@ class CostPolicy(SpecPolicy):
         return {**super().summary(), "candidates": self.candidates,
                 "candidates_by_bs": self.candidates_by_bs, "hysteresis": self.hysteresis,
                 "min_dwell": self.min_dwell, "cost": self.cost.summary(),
-                "host_ms": {mode: {bs: round(1e3 * t, 4) for (bs, spec), t in sorted(self._host_seconds.items())
-                                   if spec == (mode == "spec")}
-                            for mode in ("plain", "spec")}}
+                "decisions": self.num_decisions, "last_switch": self.last_switch,
+                "exploration": self.exploration.summary()}
 
 
 def _best(objective: dict[int, float]) -> int:
@@ -347,8 +352,9 @@ def make_policy(name: str, k_max: int, *, threshold: Optional[int] = None,
                 candidates: Optional[list[int]] = None,
                 candidates_by_bs: Optional[dict[int, list[int]]] = None,
                 cost: Optional[CostTable] = None, ema_alpha: Optional[float] = None,
-                hysteresis: float = 0.05, min_dwell: int = 8,
-                hysteresis_by_bs: Optional[dict[int, dict[str, float]]] = None) -> SpecPolicy:
+                hysteresis: float = 0.02, min_dwell: int = 8,
+                hysteresis_by_bs: Optional[dict[int, dict[str, float]]] = None,
+                exploration: Optional[Exploration] = None) -> SpecPolicy:
     """The policy named by --speculative-policy, with an acceptance estimator for every policy
     (so acceptance is reported even when it does not drive the choice). Errors name the flag."""
     if name not in POLICY_NAMES:
@@ -384,4 +390,4 @@ def make_policy(name: str, k_max: int, *, threshold: Optional[int] = None,
                 raise ValueError(f"--speculative-adaptive-config: batch size {bs} lists step {k!r}, outside "
                                  f"0..{k_max} (k_max = --speculative-num-steps = {k_max})")
     return CostPolicy(candidates, cost, estimator, hysteresis=hysteresis, min_dwell=min_dwell,
-                      candidates_by_bs=candidates_by_bs, hysteresis_by_bs=hysteresis_by_bs)
+                      candidates_by_bs=candidates_by_bs, hysteresis_by_bs=hysteresis_by_bs, exploration=exploration)

@@ -1,0 +1,102 @@
+"""Bounded exploration for the cost policy: now and then a candidate k other than the chosen one
+runs for a few steps, so that its learned cost at the current batch-size bucket stays known."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+EXPLORE_STEPS = 4  # steps per exploration burst: with the pipelined sample rule, 3 cost samples
+# (objective shortfall of a candidate against the chosen k, steps between its bursts at a bucket):
+# near candidates are refreshed often, far ones rarely, so the price of knowing stays small.
+EXPLORE_INTERVALS = ((0.05, 128), (0.15, 384), (math.inf, 1536))
+EXPLORE_MAX_SHARE = 0.02  # exploration never takes more than this share of decode steps
+EXPLORE_CREDIT_START = 2 * EXPLORE_STEPS  # a fresh server may explore twice before earning credit
+
+
+class Exploration:
+    """When to run which other candidate, and what it cost.
+
+    Each (bucket, k) remembers the decode step at which k last ran there. A candidate is due when
+    its age passes the interval for its shortfall (1 - objective[k] / objective[chosen]), one it
+    has never run at this bucket at once; a burst runs it EXPLORE_STEPS steps, then the policy
+    decides afresh with what was learned. A credit (EXPLORE_MAX_SHARE per decode step, a burst
+    spends EXPLORE_STEPS) caps the share of exploration steps whatever the load does. The cost
+    is counted as the shortfall of each exploration step: the tokens per second it gave up,
+    as a share of what the chosen k would have given, by the policy's own estimate."""
+
+    def __init__(self, steps: int = EXPLORE_STEPS, max_share: float = EXPLORE_MAX_SHARE):
+        if steps < 1 or not 0 <= max_share <= 1:
+            raise ValueError(f"exploration needs steps >= 1 and a share in [0, 1], got {steps}, {max_share}")
+        self.burst_steps = steps
+        self.max_share = max_share
+        self._credit = float(EXPLORE_CREDIT_START) if max_share else 0.0
+        self._last_run: dict[tuple[int, int], int] = {}
+        self.decode_steps = 0
+        self.steps = 0  # exploration steps run
+        self.bursts = 0
+        self.lost_seconds = 0.0  # summed over exploration steps: seconds * shortfall
+        self.decode_seconds = 0.0  # every decode step's estimated seconds
+        self._burst: Optional[tuple[int, int, int, float]] = None  # (k, steps left, k to return to, shortfall)
+        self._step_explores = False  # the step being chosen is an exploration step
+        self._burst_shortfall = 0.0
+
+    def note_step(self, bucket: int, k: int, seconds: float) -> None:
+        """A decode step of k, estimated at `seconds`, ran at this bucket (every step, exploring or not)."""
+        self.decode_steps += 1
+        self.decode_seconds += seconds
+        if self._step_explores:
+            self.lost_seconds += seconds * self._burst_shortfall
+            self._step_explores = False
+        self._credit = min(self._credit + self.max_share, float(EXPLORE_CREDIT_START))
+        self._last_run[(bucket, k)] = self.decode_steps
+
+    @property
+    def active(self) -> bool:
+        return self._burst is not None
+
+    def continue_burst(self, candidates: list[int]) -> tuple[Optional[int], Optional[int]]:
+        """(k, None) while a burst goes on; (None, k it left) once it is over (or its k is no
+        longer a candidate at this batch size)."""
+        k, left, back, shortfall = self._burst
+        if left > 0 and k in candidates:
+            self._burst = (k, left - 1, back, shortfall)
+            self.steps += 1
+            self._step_explores = True
+            return k, None
+        self._burst = None
+        return None, back
+
+    def start_if_due(self, bucket: int, chosen: int, objective: dict[int, float]) -> Optional[int]:
+        """A candidate to run now instead of `chosen`, or None. The first step of the burst counts."""
+        if self._credit < self.burst_steps or not objective.get(chosen):
+            return None
+        due = []
+        for k, value in objective.items():
+            if k == chosen:
+                continue
+            shortfall = max(0.0, 1.0 - value / objective[chosen])
+            last = self._last_run.get((bucket, k))
+            if last is None or self.decode_steps - last >= _interval(shortfall):
+                due.append((shortfall, k))
+        if not due:
+            return None
+        shortfall, k = min(due)  # the nearest candidate first: its cost decides the most
+        self._credit -= self.burst_steps
+        self.bursts += 1
+        self._burst = (k, self.burst_steps - 1, chosen, shortfall)
+        self._step_explores, self._burst_shortfall = True, shortfall
+        self.steps += 1
+        return k
+
+    def summary(self) -> dict:
+        steps = max(self.decode_steps, 1)
+        return {"steps": self.steps, "bursts": self.bursts, "share": round(self.steps / steps, 5),
+                "cost_share": round(self.lost_seconds / self.decode_seconds, 5) if self.decode_seconds else 0.0}
+
+
+def _interval(shortfall: float) -> int:
+    for bound, interval in EXPLORE_INTERVALS:
+        if shortfall < bound:
+            return interval
+    return EXPLORE_INTERVALS[-1][1]
