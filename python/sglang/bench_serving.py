@@ -83,6 +83,13 @@ def make_parser() -> argparse.ArgumentParser:
                       help="requests in flight at most; a list (1,2,4) runs a sweep, one level after another")
     load.add_argument("--warmup-requests", type=count(0), default=1, help="unmeasured requests sent first")
     load.add_argument("--flush-cache", action="store_true", help="flush the server's prefix cache before each level")
+    load.add_argument("--trace", default=None,
+                      help="play a time-varying load instead of levels: a JSON file of phases, each with seconds, "
+                           "a concurrency (or a [from, to] ramp) and optionally an accept_mix (docs/bench_serving.md)")
+    load.add_argument("--accept-length-mix", default=None,
+                      help="benchmarks of speculation on random weights: each request asks a server run with "
+                           "SGLANG_SIMULATE_ACC_LEN for its own accept length, drawn from LEN:WEIGHT,... "
+                           "(e.g. 3.0:0.7,1.4:0.3); --backend sglang only")
     out = parser.add_argument_group("output")
     out.add_argument("--output-file", default=None, help="append one JSON line per level to this file")
     out.add_argument("--label", default=None, help="name of this configuration in plots (default: backend model)")
@@ -101,12 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_prompts_per_level is not None and args.max_prompts_per_level < args.num_prompts:
         parser.error(f"--max-prompts-per-level {args.max_prompts_per_level} is below --num-prompts "
                      f"{args.num_prompts}: every level measures at least --num-prompts requests")
+    if (args.trace or args.accept_length_mix) and args.backend != "sglang":
+        parser.error("--trace and --accept-length-mix need --backend sglang (simulated accept lengths are a "
+                     "sampling parameter of /generate)")
     from sglang.benchmark.datasets import DatasetError
     from sglang.benchmark.runner import BenchmarkError, run
+    from sglang.benchmark.trace import TraceError
 
     try:
         lines = asyncio.run(run(args))
-    except (BenchmarkError, DatasetError) as e:
+    except (BenchmarkError, DatasetError, TraceError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

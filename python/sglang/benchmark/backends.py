@@ -67,6 +67,8 @@ class BackendClient:
         if self.backend == "sglang":
             prompt_key = "text" if isinstance(request.prompt, str) else "input_ids"
             params = {"max_new_tokens": request.output_len, "temperature": 0.0, "ignore_eos": True}
+            if request.simulated_accept_length is not None:
+                params["simulated_accept_length"] = request.simulated_accept_length
             return {prompt_key: request.prompt, "sampling_params": params, "stream": True}
         body = {"model": self.model, "max_tokens": request.output_len, "temperature": 0.0, "ignore_eos": True,
                 "stream": True, "stream_options": {"include_usage": True}}

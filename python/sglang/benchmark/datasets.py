@@ -18,6 +18,9 @@ class BenchRequest:
     prompt: str | list[int]  # token ids (random) or text (ShareGPT)
     prompt_len: int  # tokens in `prompt` by the client's tokenizer
     output_len: int  # max_new_tokens; ignore_eos makes the server generate exactly this many
+    # Benchmarks of speculation on random weights: the accept length this request asks a server
+    # under SGLANG_SIMULATE_ACC_LEN to simulate (sampling parameter simulated_accept_length).
+    simulated_accept_length: float | None = None
 
 
 def sampleable_token_ids(tokenizer, vocab_size: int | None = None) -> list[int]:

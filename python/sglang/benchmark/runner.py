@@ -20,6 +20,7 @@ from sglang.benchmark.datasets import (
     BenchRequest, DatasetError, RandomDataset, ShareGPTDataset, sampleable_token_ids,
 )
 from sglang.benchmark.metrics import format_summary, summarize
+from sglang.benchmark.trace import draw_accept_length, load_trace, parse_mix, play_trace, trace_line
 
 CONNECT_TIMEOUT_S = 10
 INFO_TIMEOUT_S = 30
@@ -56,6 +57,8 @@ async def run(args: argparse.Namespace) -> list[dict]:
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         bench = await connect(args, session)
         await warm_up(bench.client, bench.dataset.sample(args.warmup_requests, bench.data_rng))
+        if getattr(args, "trace", None):
+            return [await measure_trace(bench)]
         levels = args.max_concurrency or [None]
         lines = []
         for index, level in enumerate(levels):
@@ -92,6 +95,9 @@ async def measure_level(bench: Bench, level: int | None, desc: str) -> dict:
         await flush_cache(bench.session, bench.base_url)
     num_prompts = level_prompts(args, level)
     requests = bench.dataset.sample(num_prompts, bench.data_rng)
+    mix = parse_mix(args.accept_length_mix) if getattr(args, "accept_length_mix", None) else None
+    for request in requests:
+        request.simulated_accept_length = draw_accept_length(mix, bench.data_rng)
     # The same arrival times at every level, so levels differ only in their concurrency.
     arrival_rng = random.Random(f"arrivals-{args.seed}")
     before = await server_spec_counters(bench.session, bench.base_url)
@@ -105,6 +111,25 @@ async def measure_level(bench: Bench, level: int | None, desc: str) -> dict:
         line["accept_length"] = line.get("spec_accept_length")
     elif line["accept_length"] is None:
         line["accept_length"] = await server_accept_length(bench.session, bench.base_url)
+    print(format_summary(line), flush=True)
+    if args.output_file:
+        append_line(args.output_file, line)
+    return line
+
+
+async def measure_trace(bench: Bench) -> dict:
+    """The --trace run: its result line (the whole trace, and per phase), printed and appended."""
+    args = bench.args
+    phases = load_trace(args.trace)
+    if args.flush_cache:
+        await flush_cache(bench.session, bench.base_url)
+    before = await server_spec_counters(bench.session, bench.base_url)
+    results, start, duration = await play_trace(bench.client, bench.dataset, bench.data_rng, phases)
+    line = {**config_fields(args, bench.base_url, bench.model, None, len(results)), "trace": args.trace,
+            **trace_line(results, phases, start, duration)}
+    if before is not None:
+        line.update(spec_level_fields(before, await server_spec_counters(bench.session, bench.base_url)))
+        line["accept_length"] = line.get("spec_accept_length")
     print(format_summary(line), flush=True)
     if args.output_file:
         append_line(args.output_file, line)

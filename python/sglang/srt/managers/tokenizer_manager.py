@@ -107,6 +107,7 @@ class TokenizerManager:
         if isinstance(raw, dict) and "max_new_tokens" in raw and raw["max_new_tokens"] is None:
             params.max_new_tokens = max(self.context_len - len(input_ids), 0)  # None: up to the context
         params.verify(self.vocab_size)
+        params.verify_simulation(self.server_args.speculative_enabled)
         return params
 
     def _check_capacity(self, num_new: int) -> None:

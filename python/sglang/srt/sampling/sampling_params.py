@@ -4,6 +4,7 @@ values that arrive as JSON, and range checks before a request is scheduled."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -38,6 +39,9 @@ class SamplingParams:
     # Never speculate for this request, even inside a speculative step of a batch (its drafts
     # are discarded and it takes the target's own next token): ignored without a draft.
     disable_speculative_decoding: bool = False
+    # Benchmarks only, on a server run with SGLANG_SIMULATE_ACC_LEN: this request's simulated
+    # accept length (tokens per verify of k_max drafts) instead of the server-wide one.
+    simulated_accept_length: float | None = None
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SamplingParams:
@@ -120,6 +124,19 @@ class SamplingParams:
                 )
 
 
+    def verify_simulation(self, speculative: bool) -> None:
+        """simulated_accept_length: a benchmark's knob, meaningful on a speculative server run with
+        SGLANG_SIMULATE_ACC_LEN; there it must be in range, a speculative server without the
+        simulation refuses it (the run would not measure what it asks), and a server without a
+        draft ignores it (so one trace can be played against every server of a comparison)."""
+        if self.simulated_accept_length is None or not speculative:
+            return
+        _require(1 <= self.simulated_accept_length <= 64, "simulated_accept_length", "must be in [1, 64]")
+        if float(os.environ.get("SGLANG_SIMULATE_ACC_LEN") or "-1") < 0:
+            raise InvalidRequest("Sampling parameter 'simulated_accept_length' is for benchmarks: it needs a "
+                                 "speculative server started with SGLANG_SIMULATE_ACC_LEN set.", "simulated_accept_length")
+
+
 # Most samples one request may ask for (each becomes a request of its own).
 MAX_N = 64
 
@@ -177,6 +194,7 @@ _FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, Callable[[Any], Any]]]
     "repetition_penalty": _FLOAT,
     "logit_bias": (lambda v: isinstance(v, dict), "an object mapping token ids to biases", dict),
     "disable_speculative_decoding": _BOOL,
+    "simulated_accept_length": _FLOAT,
 }
 assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SamplingParams)}
 

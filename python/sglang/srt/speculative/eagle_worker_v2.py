@@ -158,10 +158,15 @@ class EAGLEWorkerV2(TpModelWorker):
         self.num_draft_adoptions = 0  # requests adopted mid-decode (see _adopt)
         simulated = float(os.environ.get(SIMULATE_ACC_LEN_ENV) or "-1")
         self.simulated_rate = simulated_accept_rate(simulated, self.k) if simulated >= 0 else None
+        # Per request row under simulation: a request may ask for its own accept length
+        # (sampling parameter simulated_accept_length), so one trace can mix easy and hard requests.
+        self.simulated_rates = None
         if self.simulated_rate is not None:
             logger.warning("%s=%s: verification accepts each draft with probability %.3f whatever the models "
-                           "say; the output is not the target's (for benchmarks only)", SIMULATE_ACC_LEN_ENV,
+                           "say; the output is not the target's (for benchmarks only; requests may set their "
+                           "own accept length with simulated_accept_length)", SIMULATE_ACC_LEN_ENV,
                            simulated, self.simulated_rate)
+            self.simulated_rates = torch.full((rows,), self.simulated_rate, dtype=torch.float64, device=self.device)
         # Every k > 0 the speculation policy can choose; graphs are captured for each.
         self.reachable_steps = server_args.speculative_reachable_steps()
         self.step_graphs: dict[int, SpecStepGraphs] = {}
@@ -240,6 +245,8 @@ class EAGLEWorkerV2(TpModelWorker):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
         if warm:
             self._draft_prefill(batch, fb, out.aux_hidden_states, next_ids, info, offsets, warm)
+        if self.simulated_rates is not None:
+            self._set_simulated_rates(batch.reqs, fb.req_pool_indices)
         # For a request whose prompt is done, the sampled token is the first step's input.
         self.next_input[fb.req_pool_indices] = next_ids
         self.next_start[fb.req_pool_indices] = fb.seq_lens
@@ -248,6 +255,12 @@ class EAGLEWorkerV2(TpModelWorker):
             req.draft_behind = 0
         result.start_copy_to_host()
         return result
+
+    def _set_simulated_rates(self, reqs, rows: torch.Tensor) -> None:
+        """Each request's simulated acceptance rate into its row (benchmarks only)."""
+        rates = [self.simulated_rate if req.sampling_params.simulated_accept_length is None
+                 else simulated_accept_rate(req.sampling_params.simulated_accept_length, self.k) for req in reqs]
+        self.simulated_rates[rows] = torch.tensor(rates, dtype=torch.float64).to(self.device, non_blocking=True)
 
     def _draft_prefill(self, batch: ScheduleBatch, fb: ForwardBatch, aux: torch.Tensor, next_ids: torch.Tensor,
                        info: SamplingBatchInfo, offsets: torch.Tensor, warm: list[int]) -> None:
@@ -380,7 +393,7 @@ class EAGLEWorkerV2(TpModelWorker):
         target_logits = verify_out.next_token_logits.view(bs, width, -1)
         draft_tokens = torch.stack(drafts[:k], dim=1)
         if self.simulated_rate is not None:
-            verdict = simulate_acceptance(target_logits, draft_tokens, starts, self.simulated_rate)
+            verdict = simulate_acceptance(target_logits, draft_tokens, starts, self.simulated_rates[rows])
         elif info.is_all_greedy:
             verdict = verify_greedy(target_logits, draft_tokens)
         else:
@@ -506,7 +519,7 @@ class EAGLEWorkerV2(TpModelWorker):
             if self.simulated_rate is None:
                 hits = self.next_draft[rows] == next_ids
             else:
-                hits = simulated_probe_hits(starts, self.simulated_rate)
+                hits = simulated_probe_hits(starts, self.simulated_rates[rows])
             # One token per row: every token's logits are the last ones (and need no host-made
             # index, which a graph capture could not copy).
             draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=next_ids,

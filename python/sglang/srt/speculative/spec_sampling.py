@@ -14,6 +14,8 @@ a request's draws never depend on the rest of the batch.
 
 from __future__ import annotations
 
+import functools
+
 import dataclasses
 
 import torch
@@ -114,6 +116,7 @@ def _repeat_rows(info: SamplingBatchInfo, n: int) -> SamplingBatchInfo:
 SIMULATE_ACC_LEN_ENV = "SGLANG_SIMULATE_ACC_LEN"
 
 
+@functools.lru_cache(maxsize=256)
 def simulated_accept_rate(accept_length: float, k_max: int) -> float:
     """The per-position acceptance rate r with 1 + r + r^2 + ... + r^k_max = accept_length
     (clamped to the reachable 1 .. k_max + 1): the same r then prices every smaller k, as a real
@@ -143,15 +146,16 @@ def _hashed_uniform(positions: torch.Tensor, k: int) -> torch.Tensor:
     return h.to(torch.float64) / float(1 << 32)
 
 
-def simulated_probe_hits(positions: torch.Tensor, rate: float) -> torch.Tensor:
+def simulated_probe_hits(positions: torch.Tensor, rate) -> torch.Tensor:
     """bool[bs]: a plain step's probe under simulated acceptance. The real draft's guess says
     nothing about the simulated rate, so the probe hits with probability `rate`, drawn as the
-    first draft of a speculative step at the same position would be."""
+    first draft of a speculative step at the same position would be. `rate`: a float, or one per
+    row."""
     return _hashed_uniform(positions, 1)[:, 0] < rate
 
 
 def simulate_acceptance(target_logits: torch.Tensor, drafts: torch.Tensor, positions: torch.Tensor,
-                        rate: float) -> ChainVerdict:
+                        rate) -> ChainVerdict:
     """A verdict that accepts each draft with probability `rate` (given the earlier ones were
     accepted), whatever the models say: accepted drafts are output as drafted, followed by the
     target's greedy token. Draws come from an integer hash of (position, draft index), so the
@@ -160,6 +164,8 @@ def simulate_acceptance(target_logits: torch.Tensor, drafts: torch.Tensor, posit
     output is not the target's."""
     bs, k = drafts.shape
     uniform = _hashed_uniform(positions, k)
+    if isinstance(rate, torch.Tensor):  # one rate per row
+        rate = rate[:, None]
     accepted = (uniform < rate).long().cumprod(dim=1).sum(dim=1)
     best = target_logits.argmax(-1)
     tokens = torch.cat([drafts, best[:, -1:]], dim=1)
