@@ -7,6 +7,7 @@ hysteresis and dwell), the adaptive-config parser and make_policy's errors, and 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import random
 
@@ -442,7 +443,7 @@ def test_an_unchanged_bucket_is_re_evaluated_every_few_steps_and_a_new_one_at_on
     assert len(evaluated) - count <= 2 + 1, evaluated[count:]
 
 
-def test_the_choice_follows_the_learned_cost_not_the_table():
+def test_the_choice_follows_the_learned_cost_not_the_table(caplog):
     """The table says k = 1 wins at batch 1 by 14%; the server's own steady steps say k = 1 costs
     three times the table's k_max step. Once those samples are in, the policy prices k = 1 by them
     and moves away from it; the table stays beside the learned costs in the summary."""
@@ -456,9 +457,13 @@ def test_the_choice_follows_the_learned_cost_not_the_table():
         policy.observe_step_seconds(1, 1, 0, slow)
     assert policy.seconds(1, 1) == pytest.approx(slow)
     assert policy.seconds(1, 0) == cost.seconds(1, 0), "a k without samples keeps the prior"
-    for _ in range(policy.min_dwell + REEVALUATE_EVERY):
-        k = policy.choose(rids)
+    with caplog.at_level(logging.INFO, logger="sglang.srt.speculative.spec_policy"):
+        for _ in range(policy.min_dwell + REEVALUATE_EVERY):
+            k = policy.choose(rids)
     assert k == K_MAX
+    switch = [r.getMessage() for r in caplog.records if "speculation: k 1 -> 3" in r.getMessage()]
+    assert len(switch) == 1 and "by the learned costs" in switch[0] and "ms per step" in switch[0], switch
+    assert policy.summary()["last_switch"] in switch[0] and policy.num_decisions == 1
     summary = policy.summary()["cost"]
     assert summary["prior"] == cost.summary()
     assert summary["learned_ms"] == {1: {1: pytest.approx(1e3 * slow, rel=1e-3)}}

@@ -129,3 +129,34 @@ def test_threshold_server_reports_its_modes_in_metrics_and_logs():
         server.stop()
     log = server.output()
     assert any("spec k: " in line for line in log.splitlines() if "Decode batch." in line), log[-2000:]
+
+
+def test_cost_server_shows_learned_costs_and_exploration_in_metrics_and_server_info():
+    """A dynamic server prices its steps by what they cost it: /get_server_info and /metrics show
+    the start-up table (prior) and the learned cost per (k, bucket) for the k that ran, the
+    exploration share and its estimated cost."""
+    server = ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
+                           "--enable-metrics", "--skip-server-warmup")
+    try:
+        body = {"text": "def parse(line):", "sampling_params": {"temperature": 0, "max_new_tokens": 96,
+                                                                "ignore_eos": True}}
+        assert httpx.post(f"{server.base_url}/generate", json=body, timeout=120).status_code == 200
+        policy = server_state(server)["spec_policy"]
+        cost = policy["cost"]
+        assert cost["prior"]["plain_ms"] and cost["learned_ms"], cost
+        ran = {int(k) for k, n in policy["steps_per_k"].items() if n}
+        assert {int(k) for k in cost["learned_ms"]} <= ran
+        metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+        costs = [line for line in metrics.splitlines() if line.startswith("sglang:spec_step_cost_ms{")]
+        assert any('source="prior"' in line for line in costs) and any('source="learned"' in line for line in costs)
+        for k, by_bucket in cost["learned_ms"].items():
+            for bucket, ms in by_bucket.items():
+                line = next(line for line in costs if f'k="{k}"' in line and f'bucket="{bucket}"' in line
+                            and 'source="learned"' in line)
+                assert float(line.split()[-1]) == pytest.approx(ms)
+        share = next(line for line in metrics.splitlines() if line.startswith("sglang:spec_exploration_share{"))
+        assert float(share.split()[-1]) == pytest.approx(policy["exploration"]["share"])
+        assert any(line.startswith("sglang:spec_exploration_cost_share{") for line in metrics.splitlines())
+        assert_server_kv_accounting(server)
+    finally:
+        server.stop()

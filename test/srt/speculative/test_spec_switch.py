@@ -7,6 +7,7 @@ The policies' own logic (estimates, cost, hysteresis, no flapping) is in test_sp
 from __future__ import annotations
 
 import json
+import math
 import os
 
 import pytest
@@ -17,6 +18,7 @@ from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, prepare_server_args
+from sglang.srt.speculative.exploration import Exploration
 from sglang.srt.speculative.spec_sampling import simulated_accept_rate
 from sglang.test.runner_utils import run_to_completion
 from sglang.test.sampling_checks import chi_square_pvalue, exact_token_distributions
@@ -38,7 +40,16 @@ POLICIES = {
     "threshold": dict(speculative_policy="threshold", speculative_threshold=2),
     "cost": dict(speculative_adaptive=True),
     "alternating": dict(speculative_policy="always"),  # spec_steps_for replaced below
+    "exploring": dict(speculative_adaptive=True),  # made to switch every few steps below
 }
+
+
+def explore_often(scheduler) -> None:
+    """The cost policy with exploration bursts of 2 steps every 3 steps and no dwell: the learned
+    costs (noisy CPU step times) and the bursts switch k every few steps."""
+    policy = scheduler.spec_policy
+    policy.min_dwell = 1
+    policy.exploration = Exploration(steps=2, max_share=1.0, intervals=((math.inf, 3),))
 
 
 def record_cached_tokens(scheduler) -> dict[str, int]:
@@ -64,6 +75,8 @@ def run(pair: tuple[str, str], overlap: bool, spec: dict | None, choose=None) ->
     if choose is not None:
         steps = []
         scheduler.spec_steps_for = lambda bs: steps.append(choose(len(steps))) or steps[-1]
+    if spec is POLICIES["exploring"]:
+        explore_often(scheduler)
 
     def add(rid: str, ids: list[int], max_new: int) -> None:
         params = SamplingParams(max_new_tokens=max_new, temperature=0, ignore_eos=True)
@@ -115,12 +128,12 @@ def assert_radix_hit(state: dict, policy: str) -> None:
     draft follows r0 and r4 is decided at admission from step times measured on this CPU (the
     table at start-up, the host's time per step since), and a prompt cached without draft KV is
     no hit for a request the draft follows."""
-    if policy != "cost":
+    if policy not in ("cost", "exploring"):
         assert state["cached_tokens_by_rid"]["r4"] > 0
 
 
 @pytest.mark.parametrize("overlap", [False, True])
-@pytest.mark.parametrize("policy", list(POLICIES))
+@pytest.mark.parametrize("policy", [name for name in POLICIES if name != "exploring"])  # its own test below
 def test_every_policy_gives_plain_decodings_output_on_the_demo_pair(demo_paths, policy, overlap):
     state = check_against_plain(demo_paths, overlap, policy)
     steps = {int(k): n for k, n in state["spec_steps_by_k"].items()}
@@ -142,23 +155,39 @@ def test_switching_on_the_tiny_random_pair_gives_plain_decodings_output(tiny_pat
     check_against_plain(tiny_paths, overlap, policy)
 
 
-@pytest.mark.parametrize("sync", ["warm", "catch-up"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_exploration_and_learned_costs_switching_every_few_steps_give_plain_decodings_output(demo_paths, overlap):
+    """The cost policy with exploration on and its learned costs deciding, switching every few
+    steps over mixed batches, an abort and a radix hit: plain decoding's output, KV accounted."""
+    state = check_against_plain(demo_paths, overlap, "exploring")
+    policy = state["spec_policy"]
+    assert policy["exploration"]["bursts"] >= 2 and policy["switches"] >= 4, policy  # in ~15 decode steps
+    assert len(policy["steps_per_k"]) >= 2, policy
+    assert policy["cost"]["samples"], "the learned costs were fed"
+
+
+@pytest.mark.parametrize("sync", ["warm", "catch-up", "exploring"])
 def test_sampling_stays_exact_under_switching(sync):
     """Chi-square of output tokens 2 and 3 against the target's exact distribution (top-k 6,
-    temperature 1) when steps alternate between plain, k = 1 and k = 2."""
+    temperature 1) when steps alternate between plain, k = 1 and k = 2 (or, "exploring", when the
+    cost policy's exploration and learned costs switch every few steps)."""
     prompt_ids, top_k, num_samples = [205, 300, 1100, 52, 9], 6, 1200
+    policy = dict(speculative_adaptive=True) if sync == "exploring" else dict(speculative_draft_sync=sync)
     scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
                                      speculative_num_steps=2, disable_radix_cache=True,
-                                     max_running_requests=64, speculative_draft_sync=sync))
+                                     max_running_requests=64, **policy))
     choices = []
-    scheduler.spec_steps_for = lambda bs: choices.append([0, 2, 1][len(choices) % 3]) or choices[-1]
+    if sync == "exploring":
+        explore_often(scheduler)
+    else:
+        scheduler.spec_steps_for = lambda bs: choices.append([0, 2, 1][len(choices) % 3]) or choices[-1]
     for seed in range(num_samples):
         params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=top_k, ignore_eos=True, sampling_seed=seed)
         scheduler.add_request(TokenizedGenerateReqInput(f"s{seed}", prompt_ids, params, stream=False))
     outputs = run_to_completion(scheduler)
     state = scheduler.get_internal_state()
     assert_idle_kv_accounting(state)
-    assert {"0", "1", "2"} <= set(state["spec_steps_by_k"]) and 0 < state["spec_accept_rate"] < 1
+    assert len(state["spec_steps_by_k"]) >= 2 and 0 < state["spec_accept_rate"] < 1, state["spec_steps_by_k"]
     exact = exact_token_distributions(demo.TARGET_PATH, prompt_ids, top_k)
     for position in (1, 2):
         samples = [outputs[f"s{seed}"]["ids"][position] for seed in range(num_samples)]

@@ -70,6 +70,19 @@ class MetricsCollector:
         self.spec_expected_tokens = Gauge(
             "sglang:spec_expected_tokens", "Speculative decoding: the policy's current estimate of output tokens per "
             "request in a step of k drafts (k = 0: 1).", labels + ["k"], registry=r)
+        self.spec_step_cost_ms = Gauge(
+            "sglang:spec_step_cost_ms", "Speculative decoding: milliseconds per decode step of k drafts at a batch "
+            "bucket, as the cost policy prices it: source=prior (the start-up table) or learned (the server's own "
+            "steady steps).", labels + ["k", "bucket", "source"], registry=r)
+        self.spec_exploration_share = gauge(
+            "spec_exploration_share", "Speculative decoding: share of decode steps the cost policy spent exploring "
+            "other candidates.")
+        self.spec_exploration_cost_share = gauge(
+            "spec_exploration_cost_share", "Speculative decoding: estimated share of decode time exploration gave up "
+            "against the chosen k.")
+        self.spec_decisions = gauge(
+            "spec_policy_decisions", "Speculative decoding: switches the cost policy decided (exploration's own "
+            "moves not counted).")
         self._prompt_total = 0
         self._cached_total = 0
 
@@ -121,6 +134,21 @@ class MetricsCollector:
                 self.spec_position_acceptance.labels(self.model_name, str(position)).set(rate)
             for k, tokens in policy.get("expected_tokens", {}).items():
                 self.spec_expected_tokens.labels(self.model_name, str(k)).set(tokens)
+            self._update_costs(policy)
+
+    def _update_costs(self, policy: dict) -> None:
+        cost = policy.get("cost")
+        if not cost:
+            return
+        prior = {0: cost["prior"]["plain_ms"], **cost["prior"]["spec_ms"]}
+        for source, table in (("prior", prior), ("learned", cost["learned_ms"])):
+            for k, by_bucket in table.items():
+                for bucket, ms in by_bucket.items():
+                    self.spec_step_cost_ms.labels(self.model_name, str(k), str(bucket), source).set(ms)
+        exploration = policy.get("exploration", {})
+        self.spec_exploration_share.set(exploration.get("share", 0.0))
+        self.spec_exploration_cost_share.set(exploration.get("cost_share", 0.0))
+        self.spec_decisions.set(policy.get("decisions", 0))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

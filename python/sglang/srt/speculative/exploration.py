@@ -25,11 +25,13 @@ class Exploration:
     is counted as the shortfall of each exploration step: the tokens per second it gave up,
     as a share of what the chosen k would have given, by the policy's own estimate."""
 
-    def __init__(self, steps: int = EXPLORE_STEPS, max_share: float = EXPLORE_MAX_SHARE):
+    def __init__(self, steps: int = EXPLORE_STEPS, max_share: float = EXPLORE_MAX_SHARE,
+                 intervals: tuple[tuple[float, int], ...] = EXPLORE_INTERVALS):
         if steps < 1 or not 0 <= max_share <= 1:
             raise ValueError(f"exploration needs steps >= 1 and a share in [0, 1], got {steps}, {max_share}")
         self.burst_steps = steps
         self.max_share = max_share
+        self.intervals = intervals
         self._credit = float(EXPLORE_CREDIT_START) if max_share else 0.0
         self._last_run: dict[tuple[int, int], int] = {}
         self.decode_steps = 0
@@ -48,7 +50,7 @@ class Exploration:
         if self._step_explores:
             self.lost_seconds += seconds * self._burst_shortfall
             self._step_explores = False
-        self._credit = min(self._credit + self.max_share, float(EXPLORE_CREDIT_START))
+        self._credit = min(self._credit + self.max_share, float(max(EXPLORE_CREDIT_START, 2 * self.burst_steps)))
         self._last_run[(bucket, k)] = self.decode_steps
 
     @property
@@ -77,7 +79,7 @@ class Exploration:
                 continue
             shortfall = max(0.0, 1.0 - value / objective[chosen])
             last = self._last_run.get((bucket, k))
-            if last is None or self.decode_steps - last >= _interval(shortfall):
+            if last is None or self.decode_steps - last >= _interval(self.intervals, shortfall):
                 due.append((shortfall, k))
         if not due:
             return None
@@ -95,8 +97,8 @@ class Exploration:
                 "cost_share": round(self.lost_seconds / self.decode_seconds, 5) if self.decode_seconds else 0.0}
 
 
-def _interval(shortfall: float) -> int:
-    for bound, interval in EXPLORE_INTERVALS:
+def _interval(intervals: tuple[tuple[float, int], ...], shortfall: float) -> int:
+    for bound, interval in intervals:
         if shortfall < bound:
             return interval
-    return EXPLORE_INTERVALS[-1][1]
+    return intervals[-1][1]
