@@ -107,6 +107,8 @@ async def sweep(args: argparse.Namespace) -> int:
             benches[name] = await runner.connect(server_args, session)
             await runner.warm_up(benches[name].client, benches[name].dataset.sample(args.warmup_requests,
                                                                                    benches[name].data_rng))
+        if args.trace:
+            return await sweep_trace(args, names, benches, session)
         levels, empty = args.max_concurrency or [None], []
         for level in levels:
             rounds: dict[str, list[dict]] = {name: [] for name in names}
@@ -132,6 +134,27 @@ async def sweep(args: argparse.Namespace) -> int:
         print(f"error: no request completed for {', '.join(empty)}; see the errors above", file=sys.stderr)
         return 1
     return 0
+
+
+async def sweep_trace(args: argparse.Namespace, names: list[str], benches: dict, session) -> int:
+    """--trace: each round plays the trace against every server in turn (order reversed every
+    other round); OUT/NAME.trace.jsonl gets each round's line, OUT/NAME.jsonl the rounds pooled."""
+    rounds: dict[str, list[dict]] = {name: [] for name in names}
+    for round_index in range(args.rounds):
+        for position, name in enumerate(round_order(names, round_index)):
+            started = time.time()
+            line = await runner.measure_trace(benches[name])
+            line.update(round=round_index, position=position, started_unix=started, ended_unix=time.time())
+            runner.append_line(os.path.join(args.out_dir, f"{name}.rounds.jsonl"), line)
+            rounds[name].append(line)
+            if line["failed"]:
+                await runner.check_alive(session, benches[name].base_url, line)
+    for name in names:
+        runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pool([dict(line, phases=None) for line in rounds[name]]))
+    for name in names:
+        print(f"trace: {name} " + " / ".join(f"{line['output_throughput']:.0f}" for line in rounds[name]) + " tok/s",
+              flush=True)
+    return 0 if all(line["completed"] for lines in rounds.values() for line in lines) else 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,14 +6,17 @@
 #
 #   bash benchmark/spec_envelope_gpu.sh OUT CONFIG [SERVER...]
 #
-# CONFIG: 8b-acc2 / 8b-acc3 (Llama-3.1-8B shapes, random weights, a random 8B-shaped EAGLE-3
-# draft, SGLANG_SIMULATE_ACC_LEN 2.0 / 3.0 for the speculative servers) or demo (the shipped
+# CONFIG: 8b-accA, e.g. 8b-acc2 / 8b-acc1.5 (Llama-3.1-8B shapes, random weights, a random 8B-shaped
+# EAGLE-3 draft, SGLANG_SIMULATE_ACC_LEN=A for the speculative servers) or demo (the shipped
 # pair with its real acceptance: prompts are windows of Python standard-library files, its domain,
 # made by make_code_dataset.py; DATASET=random gives random token ids, where its draft accepts
 # ~0.05 per position). SERVER: no_draft, always, dynamic (the default three), never_warm,
 # never_catch_up (policy `never`, the draft kept warm / caught up), no_draft_per_step /
 # always_per_step (SGLANG_STREAM_EVERY_STEP=1: the front end without coalescing, for A/B runs
-# against no_draft / always). The no-draft sweep does not
+# against no_draft / always), k1 (k = 1 on every step: the cost policy with one candidate, so the
+# same simulated rate per position as the k = 3 servers), no_draft_b (a second no-draft server: the
+# A/A control for python -m sglang.benchmark.envelope). TRACE=FILE (with ROUNDS > 0): every server
+# plays that bench_serving --trace in turn, ROUNDS times, instead of the levels. The no-draft sweep does not
 # depend on the accept length: it is named after the model (8b_no_draft, demo_no_draft), so one
 # no-draft sweep serves both 8B configs. The report runs when OUT holds all three sweeps.
 # Env: LEVELS, INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, PER_CONC, MAX_PROMPTS, SWEEP_TIMEOUT_S (as
@@ -47,7 +50,7 @@ WORK=/tmp/spec_envelope
 mkdir -p "$OUT" "$WORK"
 export SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-170}
 case "$CONFIG" in
-  8b-acc2|8b-acc3)
+  8b-acc*)
     export NUM_PROMPTS=${NUM_PROMPTS:-32} PER_CONC=${PER_CONC:-3}
     if [ -z "${MODEL:-}" ]; then
       python - <<'PY' || exit 1
@@ -58,7 +61,8 @@ make_pair("8b", "/tmp/spec_envelope")
 PY
     fi
     MODEL=${MODEL:-$WORK/llama-3.1-8b}; DRAFT=${DRAFT:-$WORK/llama-3.1-8b-eagle3}
-    ACC=${CONFIG#8b-acc}; SIM="SGLANG_SIMULATE_ACC_LEN=$ACC.0"; PAIR=8b ;;
+    ACC=${CONFIG#8b-acc}; case "$ACC" in *.*) ;; *) ACC=$ACC.0 ;; esac
+    SIM="SGLANG_SIMULATE_ACC_LEN=$ACC"; PAIR=8b ;;
   demo)
     MODEL=${MODEL:-$(python -c "from sglang import demo; print(demo.TARGET_PATH)")}
     DRAFT=${DRAFT:-$(python -c "from sglang import demo; print(demo.DRAFT_PATH)")}
@@ -86,7 +90,7 @@ PY
       [ -f "$DATASET_PATH" ] || python benchmark/make_code_dataset.py "$MODEL" "$DATASET_PATH" --num "$NEED" \
         --input-len "${INPUT_LEN:-1024}" || exit 1
     fi ;;
-  *) echo "unknown config $CONFIG (8b-acc2, 8b-acc3, demo)"; exit 2 ;;
+  *) echo "unknown config $CONFIG (8b-accA for a simulated accept length A, e.g. 8b-acc2 or 8b-acc1.5; demo)"; exit 2 ;;
 esac
 SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
 EXTRA=${EXTRA_SERVER_ARGS:-}
@@ -103,6 +107,8 @@ server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), 
       ENV=SGLANG_STREAM_EVERY_STEP=1 ARGS="" ;;
     always_per_step) NAME=${CONFIG}_always_per_step LABEL="always, every step streamed"
       ENV="$SIM SGLANG_STREAM_EVERY_STEP=1" ARGS=$SPEC ;;
+    k1) NAME=${CONFIG}_k1 LABEL="k = 1" ENV=$SIM ARGS="$SPEC --speculative-adaptive --speculative-candidate-steps 1" ;;
+    no_draft_b) NAME=${PAIR}_no_draft_b LABEL="no draft (A/A)" ENV="" ARGS="" ;;
     always_b|always_c) NAME=${CONFIG}_$1 LABEL="always (control ${1#always_})" ENV=$SIM ARGS=$SPEC ;;
     dynamic_b) NAME=${CONFIG}_$1 LABEL="dynamic (instance b)" ENV=$SIM ARGS="$SPEC --speculative-adaptive" ;;
     no_draft_unbatched) NAME=${PAIR}_no_draft_unbatched LABEL="no draft, admissions not batched" ENV=""
@@ -158,8 +164,9 @@ if (( ${ROUNDS:-0} > 0 )); then
     echo "== $(date +%T) all healthy; $ROUNDS rounds per level"
     start_monitor "$OUT/${CONFIG}_monitor"
     bench_args
+    [ -n "${TRACE:-}" ] && BENCH_ARGS+=(--trace "$TRACE")
     "${CLIENT[@]}" timeout $(( SWEEP_TIMEOUT_S * $# )) python benchmark/interleaved_sweep.py "${URLS[@]/#/--server=}" --rounds "$ROUNDS" \
-      --out-dir "$OUT" "${BENCH_ARGS[@]}" | grep "^concurrency" || FAILED="$FAILED interleaved sweep"
+      --out-dir "$OUT" "${BENCH_ARGS[@]}" | grep -E "^(concurrency|trace)" || FAILED="$FAILED interleaved sweep"
     stop_monitor
     python benchmark/monitor_report.py --monitor "$OUT/${CONFIG}_monitor" "$OUT"/*.rounds.jsonl \
       > "$OUT/${CONFIG}_monitor.txt" 2>&1
@@ -181,7 +188,7 @@ else
 fi
 N=$OUT/${PAIR}_no_draft.jsonl A=$OUT/${CONFIG}_always.jsonl D=$OUT/${CONFIG}_dynamic.jsonl
 B=$OUT/${CONFIG}_always_b.jsonl D2=$OUT/${CONFIG}_dynamic_b.jsonl
-if [ -f "$N" ] && [ -f "$A" ] && [ -f "$D" ]; then
+if [ -z "${TRACE:-}" ] && [ -f "$N" ] && [ -f "$A" ] && [ -f "$D" ]; then
   # With dynamic_b as well, always_b and dynamic_b are second instances, each kind judged pooled;
   # without it, always_b is the A/A control (reported, not judged).
   if [ -f "$D2" ] && [ -f "$B" ]; then KINDS=(--always "$A" --always "$B" --dynamic "$D" --dynamic "$D2")

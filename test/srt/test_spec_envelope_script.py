@@ -64,3 +64,26 @@ def test_envelope_script_runs_three_servers_and_reports(tmp_path, rounds):
             assert line["rounds"] == 2 and len(line["round_output_throughput"]) == 2 and "round" not in line
             assert line["completed"] == 4 and line["failed"] == 0  # 2 prompts per round
             assert line["output_throughput"] == pytest.approx(line["total_output_tokens"] / line["duration"])
+
+
+def test_envelope_script_plays_a_trace_against_each_server_in_turn(tmp_path):
+    """TRACE=FILE: every server plays the bench_serving trace in turn each round; the pooled line
+    per server feeds python -m sglang.benchmark.envelope."""
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"phases": [{"seconds": 2, "concurrency": 1}, {"seconds": 2, "concurrency": [1, 3]}]}))
+    out = tmp_path / "out"
+    env = dict(os.environ, INPUT_LEN="16", OUTPUT_LEN="8", EXTRA_SERVER_ARGS="--device cpu", PORT="30881",
+               SWEEP_TIMEOUT_S="200", ROUNDS="2", KV_TOKENS="4096", TRACE=str(trace), NUM_PROMPTS="2", PER_CONC="1")
+    proc = subprocess.run(["bash", "benchmark/spec_envelope_gpu.sh", str(out), "demo", "no_draft", "dynamic"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = {name: json.loads((out / f"demo_{name}.jsonl").read_text().splitlines()[-1])
+             for name in ("no_draft", "dynamic")}
+    assert all(line["rounds"] == 2 and line["completed"] >= 4 and line["failed"] == 0 for line in lines.values())
+    with tarfile.open(out / "demo_servers.tgz") as archive:
+        rounds = [json.loads(line) for line in archive.extractfile("demo_dynamic.rounds.jsonl").read().splitlines()]
+    assert [len(r["phases"]) for r in rounds] == [2, 2] and [r["round"] for r in rounds] == [0, 1]
+    report = subprocess.run(["python3", "-m", "sglang.benchmark.envelope", "--dynamic", str(out / "demo_dynamic.jsonl"),
+                             "--static", f"no_draft={out / 'demo_no_draft.jsonl'}", "--out", str(tmp_path / "r.json")],
+                            capture_output=True, text=True, timeout=60)
+    assert report.returncode in (0, 1) and "trace: dynamic" in report.stdout, report.stdout + report.stderr

@@ -1,0 +1,45 @@
+"""python -m sglang.benchmark.envelope: dynamic against the best static server per level, the
+no-draft goal where no draft is best, misses inside the A/A spread, and traces."""
+
+from __future__ import annotations
+
+import json
+
+from sglang.benchmark import envelope
+
+
+def write(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+def level(concurrency, tok_s, **extra):
+    return {"max_concurrency": concurrency, "output_throughput": tok_s, **extra}
+
+
+def test_levels_are_judged_against_the_best_static_server(tmp_path, capsys):
+    dynamic = write(tmp_path / "d.jsonl", [level(1, 100.0), level(64, 985.0), level(256, 1000.0)])
+    no_draft = write(tmp_path / "n.jsonl", [level(1, 50.0), level(64, 900.0), level(256, 1020.0)])
+    always = write(tmp_path / "a.jsonl", [level(1, 101.0), level(64, 1000.0), level(256, 700.0)])
+    twin = write(tmp_path / "n2.jsonl", [level(1, 50.0), level(64, 890.0), level(256, 1000.0)])
+    out = tmp_path / "report.json"
+    rc = envelope.main(["--dynamic", dynamic, "--static", f"no_draft={no_draft}", "--static", f"always={always}",
+                        "--aa", f"no_draft={twin}", "--out", str(out)])
+    rows = json.loads(out.read_text())
+    assert [row["best_static"] for row in rows] == ["always", "always", "no_draft"]
+    assert [row["ok"] for row in rows] == [True, True, False]  # 1000 / 1020 = 0.980 < 0.99 x no draft
+    assert rows[2]["miss_within_aa"] and rows[2]["aa_spread"] == round(1 - 1000 / 1020, 4)
+    assert rc == 1 and "miss within A/A" in capsys.readouterr().out
+
+
+def test_a_trace_needs_five_percent_on_throughput_and_tpot(tmp_path):
+    def trace(tok_s, tpot):
+        return {"max_concurrency": None, "output_throughput": tok_s, "mean_tpot_ms": tpot}
+
+    dynamic = write(tmp_path / "d.jsonl", [trace(1100.0, 9.0)])
+    statics = [f"no_draft={write(tmp_path / 'n.jsonl', [trace(1000.0, 10.0)])}",
+               f"always={write(tmp_path / 'a.jsonl', [trace(900.0, 9.6)])}"]
+    assert envelope.main(["--dynamic", dynamic] + sum((["--static", s] for s in statics), [])) == 0
+    slower = write(tmp_path / "d2.jsonl", [trace(1100.0, 9.4)])  # TPOT only 1.02 x the best
+    assert envelope.main(["--dynamic", slower] + sum((["--static", s] for s in statics), [])) == 1
+    assert envelope.main(["--dynamic", str(tmp_path / "missing.jsonl"), "--static", statics[0]]) == 2
