@@ -42,9 +42,9 @@ POOLED_RATES = {"request_throughput": "completed", "input_throughput": "total_in
 
 def parse_server(value: str) -> tuple[str, str]:
     name, sep, url = value.partition("=")
-    plain_name = name.replace("_", "").replace("-", "")
+    plain_name = name.replace("_", "").replace("-", "").replace(".", "")
     if not sep or not plain_name.isalnum() or not url.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError(f"--server takes NAME=http://host:port with NAME of letters, digits, "
+        raise argparse.ArgumentTypeError(f"--server takes NAME=http://host:port with NAME of letters, digits, ., "
                                          f"_ and -, got {value!r}")
     return name, url.rstrip("/")
 
