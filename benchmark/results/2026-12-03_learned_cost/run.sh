@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
-# The learned-cost policy on the load where the start-up table chose wrongly: Llama-3.1-8B shapes,
-# random weights, SGLANG_SIMULATE_ACC_LEN=1.5, 128-token prompts, 512 output tokens, k_max = 3.
-# Part A: concurrency 1, 16, 64 with no draft, its A/A twin, k = 1 every step and dynamic, all up
-# at once, 3 rounds each in rotating order. Part B: concurrency 256 with no draft, k = 1 and dynamic
-# (four 8B servers with KV for 256 x 640 tokens do not fit one H200).
-# Usage (GPU machine, from the repository root): bash benchmark/results/2026-12-03_learned_cost/run.sh OUT
+# The learned-cost policy on Llama-3.1-8B shapes with random weights and simulated acceptance, k_max = 3,
+# on one H200. Every part starts its servers at once and measures them in turn, rounds in rotating order.
+#   a: 128-token prompts, 512 output tokens, accept length 1.5 (where the start-up table chose k = 1
+#      over plain decoding at batch 256), concurrency 1, 16, 64: no draft, its A/A twin, k = 1, dynamic.
+#   b: the same load at concurrency 256: no draft, k = 1, dynamic (KV for 128K tokens each: four 8B
+#      servers with KV for 256 x 640 tokens do not fit; the first run with 170K each ran out of memory).
+#   c: a time-varying trace (trace.json: concurrency 1 -> 256 -> 16 -> 128 -> 1, requests of accept
+#      length 3.0 and 1.4 in a shifting mix): no draft, always k = 3, dynamic, 2 rounds.
+# Usage (GPU machine, repository root): PARTS="a b c" bash benchmark/results/2026-12-03_learned_cost/run.sh OUT
 set -u -o pipefail
 OUT=${1:?usage: run.sh OUT}
-mkdir -p "$OUT/a" "$OUT/b"
-export ROUNDS=3 INPUT_LEN=128 OUTPUT_LEN=512 NUM_PROMPTS=2 PER_CONC=1 SWEEP_TIMEOUT_S=150 HEALTH_DEADLINE_S=400
-report() {  # DIR [AA]
-  python -m sglang.benchmark.envelope --dynamic "$1/8b-acc1.5_dynamic.jsonl" --static no_draft="$1/8b_no_draft.jsonl" \
-    --static k1="$1/8b-acc1.5_k1.jsonl" ${2:+--aa no_draft="$1/8b_no_draft_b.jsonl"} --out "$1/report.json"
-}
-LEVELS=1,16,64 KV_TOKENS=50000 timeout 370 bash benchmark/spec_envelope_gpu.sh "$OUT/a" 8b-acc1.5 no_draft no_draft_b k1 dynamic
-report "$OUT/a" aa
-LEVELS=256 KV_TOKENS=170000 PORT=30100 timeout 215 bash benchmark/spec_envelope_gpu.sh "$OUT/b" 8b-acc1.5 no_draft k1 dynamic
-report "$OUT/b"
+HERE=$(dirname "$0")
+export INPUT_LEN=128 OUTPUT_LEN=512 NUM_PROMPTS=2 PER_CONC=1 SWEEP_TIMEOUT_S=150 HEALTH_DEADLINE_S=400
+for part in ${PARTS:-a b c}; do
+  mkdir -p "$OUT/$part"
+  case $part in
+    a) ROUNDS=3 LEVELS=1,16,64 KV_TOKENS=50000 timeout 370 bash benchmark/spec_envelope_gpu.sh "$OUT/a" 8b-acc1.5 \
+         no_draft no_draft_b k1 dynamic
+       python -m sglang.benchmark.envelope --dynamic "$OUT/a/8b-acc1.5_dynamic.jsonl" \
+         --static no_draft="$OUT/a/8b_no_draft.jsonl" --static k1="$OUT/a/8b-acc1.5_k1.jsonl" \
+         --aa no_draft="$OUT/a/8b_no_draft_b.jsonl" --out "$OUT/a/report.json" ;;
+    b) ROUNDS=3 LEVELS=256 KV_TOKENS=128000 PORT=30100 timeout 300 bash benchmark/spec_envelope_gpu.sh "$OUT/b" \
+         8b-acc1.5 no_draft k1 dynamic
+       python -m sglang.benchmark.envelope --dynamic "$OUT/b/8b-acc1.5_dynamic.jsonl" \
+         --static no_draft="$OUT/b/8b_no_draft.jsonl" --static k1="$OUT/b/8b-acc1.5_k1.jsonl" --out "$OUT/b/report.json" ;;
+    c) ROUNDS=2 TRACE=$HERE/trace.json KV_TOKENS=128000 PORT=30200 SWEEP_TIMEOUT_S=200 timeout 480 \
+         bash benchmark/spec_envelope_gpu.sh "$OUT/c" 8b-acc3 no_draft always dynamic
+       python -m sglang.benchmark.envelope --dynamic "$OUT/c/8b-acc3_dynamic.jsonl" \
+         --static no_draft="$OUT/c/8b_no_draft.jsonl" --static always="$OUT/c/8b-acc3_always.jsonl" --out "$OUT/c/report.json" ;;
+  esac
+done
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv > "$OUT/gpu.csv" 2>&1
