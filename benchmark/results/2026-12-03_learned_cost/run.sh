@@ -3,8 +3,9 @@
 # on one H200. Every part starts its servers at once and measures them in turn, rounds in rotating order.
 #   a: 128-token prompts, 512 output tokens, accept length 1.5 (where the start-up table chose k = 1
 #      over plain decoding at batch 256), concurrency 1, 16, 64: no draft, its A/A twin, k = 1, dynamic.
-#   b: the same load at concurrency 256: no draft, k = 1, dynamic (KV for 128K tokens each: four 8B
-#      servers with KV for 256 x 640 tokens do not fit; the first run with 170K each ran out of memory).
+#   b: the same load at concurrency 256: no draft, k = 1, dynamic with KV for 128K tokens each (three 8B
+#      servers with KV for 256 x 640 tokens do not fit: 170K each ran out of memory), so requests are retracted.
+#   b2: concurrency 256, no draft and dynamic, KV for 180K tokens each (no retraction).
 #   c: a time-varying trace (trace.json: concurrency 1 -> 256 -> 16 -> 128 -> 1, requests of accept
 #      length 3.0 and 1.4 in a shifting mix): no draft, always k = 3, dynamic, 2 rounds.
 # Usage (GPU machine, repository root): PARTS="a b c" bash benchmark/results/2026-12-03_learned_cost/run.sh OUT
@@ -24,6 +25,10 @@ for part in ${PARTS:-a b c}; do
          8b-acc1.5 no_draft k1 dynamic
        python -m sglang.benchmark.envelope --dynamic "$OUT/b/8b-acc1.5_dynamic.jsonl" \
          --static no_draft="$OUT/b/8b_no_draft.jsonl" --static k1="$OUT/b/8b-acc1.5_k1.jsonl" --out "$OUT/b/report.json" ;;
+    b2) ROUNDS=3 LEVELS=256 KV_TOKENS=180000 PORT=30150 timeout 300 bash benchmark/spec_envelope_gpu.sh "$OUT/b2" \
+         8b-acc1.5 no_draft dynamic
+       python -m sglang.benchmark.envelope --dynamic "$OUT/b2/8b-acc1.5_dynamic.jsonl" \
+         --static no_draft="$OUT/b2/8b_no_draft.jsonl" --out "$OUT/b2/report.json" ;;
     c) ROUNDS=2 TRACE=$HERE/trace.json KV_TOKENS=128000 PORT=30200 SWEEP_TIMEOUT_S=200 timeout 480 \
          bash benchmark/spec_envelope_gpu.sh "$OUT/c" 8b-acc3 no_draft always dynamic
        python -m sglang.benchmark.envelope --dynamic "$OUT/c/8b-acc3_dynamic.jsonl" \

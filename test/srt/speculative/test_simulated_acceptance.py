@@ -42,3 +42,18 @@ def test_plain_probes_hit_at_the_simulated_rate_and_match_the_first_draft():
                                                                                      dtype=torch.long),
                                   positions, rate)
     assert torch.equal(hits, verdict.num_out > 1)
+
+
+def test_requests_at_the_same_position_draw_independently_with_their_rows():
+    """A batch of equal-length prompts advances in lockstep: keyed on the position alone, every
+    request accepts or rejects together (the batch's rate per step is 0 or 1, and a policy's
+    estimate of it swings); keyed on the row as well, each step's batch rate is near the rate."""
+    rate, rows = simulated_accept_rate(1.5, 3), torch.arange(256)
+    positions = torch.full((256,), 200)
+    alike = simulated_probe_hits(positions, rate)
+    assert alike.all() or not alike.any()
+    per_step = [simulated_probe_hits(torch.full((256,), p), rate, rows).float().mean().item() for p in range(200, 240)]
+    assert all(abs(r - rate) < 0.15 for r in per_step)
+    assert sum(per_step) / len(per_step) == pytest.approx(rate, abs=0.03)
+    verdict = simulate_acceptance(torch.randn(256, 4, 8), torch.zeros(256, 3, dtype=torch.long), positions, rate, rows)
+    assert torch.equal(simulated_probe_hits(positions, rate, rows), verdict.num_out > 1), "the probe is the first draft"

@@ -393,7 +393,7 @@ class EAGLEWorkerV2(TpModelWorker):
         target_logits = verify_out.next_token_logits.view(bs, width, -1)
         draft_tokens = torch.stack(drafts[:k], dim=1)
         if self.simulated_rate is not None:
-            verdict = simulate_acceptance(target_logits, draft_tokens, starts, self.simulated_rates[rows])
+            verdict = simulate_acceptance(target_logits, draft_tokens, starts, self.simulated_rates[rows], rows)
         elif info.is_all_greedy:
             verdict = verify_greedy(target_logits, draft_tokens)
         else:
@@ -519,7 +519,7 @@ class EAGLEWorkerV2(TpModelWorker):
             if self.simulated_rate is None:
                 hits = self.next_draft[rows] == next_ids
             else:
-                hits = simulated_probe_hits(starts, self.simulated_rates[rows])
+                hits = simulated_probe_hits(starts, self.simulated_rates[rows], rows)
             # One token per row: every token's logits are the last ones (and need no host-made
             # index, which a graph capture could not copy).
             draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=next_ids,

@@ -132,12 +132,16 @@ def simulated_accept_rate(accept_length: float, k_max: int) -> float:
     return (low + high) / 2
 
 
-def _hashed_uniform(positions: torch.Tensor, k: int) -> torch.Tensor:
-    """float64[bs, k] in [0, 1): an integer hash of (position, draft index), the same on every
-    device and inside a CUDA graph (no generator state)."""
+def _hashed_uniform(positions: torch.Tensor, k: int, streams: torch.Tensor | None = None) -> torch.Tensor:
+    """float64[bs, k] in [0, 1): an integer hash of (position, draft index) and, when given, each
+    row's stream (its request-table row), the same on every device and inside a CUDA graph (no
+    generator state). Without streams, requests at the same position draw alike: a batch of
+    prompts of one length then accepts or rejects together, and its acceptance per step is 0 or 1."""
     index = torch.arange(k, device=positions.device)
     mask = 0xFFFFFFFF  # 32-bit words: every product below stays inside int64
     h = (positions[:, None] * 0x9E3779B1 + index * 0x85EBCA77 + 0x165667B1) & mask
+    if streams is not None:
+        h = (h ^ ((streams[:, None] * 0xC2B2AE3D) & mask)) & mask
     h = h ^ (h >> 15)
     h = (h * 0x2C1B3C6D) & mask
     h = h ^ (h >> 12)
@@ -146,16 +150,16 @@ def _hashed_uniform(positions: torch.Tensor, k: int) -> torch.Tensor:
     return h.to(torch.float64) / float(1 << 32)
 
 
-def simulated_probe_hits(positions: torch.Tensor, rate) -> torch.Tensor:
+def simulated_probe_hits(positions: torch.Tensor, rate, streams: torch.Tensor | None = None) -> torch.Tensor:
     """bool[bs]: a plain step's probe under simulated acceptance. The real draft's guess says
     nothing about the simulated rate, so the probe hits with probability `rate`, drawn as the
     first draft of a speculative step at the same position would be. `rate`: a float, or one per
     row."""
-    return _hashed_uniform(positions, 1)[:, 0] < rate
+    return _hashed_uniform(positions, 1, streams)[:, 0] < rate
 
 
 def simulate_acceptance(target_logits: torch.Tensor, drafts: torch.Tensor, positions: torch.Tensor,
-                        rate) -> ChainVerdict:
+                        rate, streams: torch.Tensor | None = None) -> ChainVerdict:
     """A verdict that accepts each draft with probability `rate` (given the earlier ones were
     accepted), whatever the models say: accepted drafts are output as drafted, followed by the
     target's greedy token. Draws come from an integer hash of (position, draft index), so the
@@ -163,7 +167,7 @@ def simulate_acceptance(target_logits: torch.Tensor, drafts: torch.Tensor, posit
     policies of speculation on random weights (SGLANG_SIMULATE_ACC_LEN, upstream's name); the
     output is not the target's."""
     bs, k = drafts.shape
-    uniform = _hashed_uniform(positions, k)
+    uniform = _hashed_uniform(positions, k, streams)
     if isinstance(rate, torch.Tensor):  # one rate per row
         rate = rate[:, None]
     accepted = (uniform < rate).long().cumprod(dim=1).sum(dim=1)
