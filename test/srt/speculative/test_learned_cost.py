@@ -111,6 +111,9 @@ def test_learned_cost_is_the_median_of_recent_samples_and_ignores_one_slow_sampl
     learned.observe(256, 1, 0, base * 1.2)
     learned.observe(256, 1, 0, base * 100)  # a later one-off slow step
     assert learned.seconds(256, 1) == pytest.approx(base * 1.2)
+    summary = learned.summary()
+    assert summary["learned_ms"][1][256] == pytest.approx(1.2e3 * base, rel=1e-3)
+    assert summary["window_mean_ms"][1][256] > 10 * summary["learned_ms"][1][256], "the mean shows the slow steps"
     for _ in range(LEARN_WINDOW // 2 + 1):
         learned.observe(256, 1, 0, base * 1.5)
     assert learned.seconds(256, 1) == pytest.approx(base * 1.5), "a lasting change within half a window"

@@ -157,12 +157,18 @@ class LearnedCost:
         return self.prior.seconds(batch_size, k, context_tokens) * self.ratio(batch_size, k)
 
     def summary(self) -> dict:
-        """{"learned_ms": {k: {bucket: ms at no context}}, "samples": {k: {bucket: n}}} beside the
-        prior's table, for logs, /get_server_info and /metrics."""
+        """{"learned_ms": {k: {bucket: ms at no context}}, "window_mean_ms": (the same from the mean
+        of the window's ratios instead of its median: where the two differ, steps of that kind
+        vary, e.g. a costly step every few), "samples": {k: {bucket: n}}} beside the prior's
+        table, for logs, /get_server_info and /metrics."""
         learned: dict[int, dict[int, float]] = {}
+        means: dict[int, dict[int, float]] = {}
         samples: dict[int, dict[int, int]] = {}
         for (bucket, k), value in sorted(self._log_ratio.items()):
-            learned.setdefault(k, {})[bucket] = round(1e3 * self.prior.seconds(bucket, k) * math.exp(value), 4)
+            prior_ms = 1e3 * self.prior.seconds(bucket, k)
+            learned.setdefault(k, {})[bucket] = round(prior_ms * math.exp(value), 4)
+            window = self._window[(bucket, k)]
+            means.setdefault(k, {})[bucket] = round(prior_ms * sum(map(math.exp, window)) / len(window), 4)
         for (bucket, k), n in sorted(self.samples.items()):
             samples.setdefault(k, {})[bucket] = n
-        return {"prior": self.prior.summary(), "learned_ms": learned, "samples": samples}
+        return {"prior": self.prior.summary(), "learned_ms": learned, "window_mean_ms": means, "samples": samples}
