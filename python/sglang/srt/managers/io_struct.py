@@ -24,6 +24,9 @@ class GenerateReqInput:
     return_logprob: Union[bool, list[bool]] = False
     top_logprobs_num: Union[int, list[int]] = 0
     logprob_start_len: Union[int, list[int]] = -1  # accepted for compatibility; prompt logprobs are not returned
+    # The client request this belongs to, when a front end splits one into several (an OpenAI
+    # stream runs one per choice): admission shares the server fairly between such groups.
+    group: Optional[str] = None
 
     def is_batch(self) -> bool:
         if self.text is not None:
@@ -39,11 +42,22 @@ class TokenizedGenerateReqInput:
     stream: bool
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    group: str = ""  # the client request it came from (every prompt and sample of it); see GenerateReqInput
 
 
 @dataclasses.dataclass
 class AbortReq:
     rid: str
+
+
+@dataclasses.dataclass(frozen=True)
+class DecodeParams:
+    """How the detokenizer turns one request's ids into text. Constant for the request, so it
+    travels once, not with every step's tokens."""
+
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    stop_strs: tuple[str, ...] = ()  # text that may start one of these is held back
 
 
 @dataclasses.dataclass
@@ -53,12 +67,11 @@ class BatchTokenIDOut:
     rids: list[str]
     new_token_ids: list[list[int]]  # tokens produced since the last message for that request
     finished_reasons: list[Optional[dict]]
-    skip_special_tokens: list[bool]
+    # Per request: its DecodeParams in the first message that carries it, None afterwards.
+    decode_params: list[Optional[DecodeParams]]
     prompt_tokens: list[int]
     completion_tokens: list[int]
     cached_tokens: list[int]
-    stop_strs: list[list[str]]  # the detokenizer holds back text that may start a stop string
-    no_stop_trim: list[bool]
     # Per request, for the new tokens: [(logprob, token_id)] and [[(logprob, token_id)] * top N]; None without logprobs.
     new_token_logprobs: list[Optional[list[tuple[float, int]]]]
     new_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
