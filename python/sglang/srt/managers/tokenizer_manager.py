@@ -12,6 +12,7 @@ import os
 import pickle
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable, Optional
 
 import zmq
@@ -22,6 +23,7 @@ from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import (
     AbortReq, BatchStrOut, ControlReply, ControlReq, GenerateReqInput, TokenizedGenerateReqInput,
 )
+from sglang.srt.managers.request_limits import RequestLimits, longest_token_chars
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -32,6 +34,11 @@ MAX_MESSAGES_PER_WAKE = 64
 # Diagnosis only: "1" reads one message per wake, so every stream sends each step on its own
 # however far behind it is (the front end before coalescing, for A/B measurements).
 STREAM_EVERY_STEP_ENV = "SGLANG_STREAM_EVERY_STEP"
+# Prompts up to this many characters in all are tokenized on the event loop (well under a
+# millisecond); longer ones on a worker thread. Two threads: one long prompt does not hold up
+# the others' tokenization.
+INLINE_TOKENIZE_CHARS = 2048
+TOKENIZE_THREADS = 2
 
 
 @dataclasses.dataclass
@@ -70,6 +77,10 @@ class TokenizerManager:
         self.control_ids = itertools.count()
         self.dead_reason: Optional[str] = None
         self.handle_loop_task: Optional[asyncio.Task] = None
+        self.limits = RequestLimits(server_args, self.context_len, model_info["max_running_requests"],
+                                    longest_token_chars(self.tokenizer))
+        self.max_prompt_chars = self.limits.max_prompt_chars
+        self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="sglang-tokenize")
         self.metrics = None
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import MetricsCollector  # only with --enable-metrics
@@ -78,8 +89,10 @@ class TokenizerManager:
 
     # ---- requests ----------------------------------------------------------------------
 
-    def tokenize_request(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
-        """Validate and tokenize every prompt of the request; raise ValueError naming the field."""
+    async def tokenize_request(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
+        """Validate and tokenize every prompt of the request; raise InvalidRequest naming the field.
+        Everything cheap is checked first; long prompts are tokenized on a worker thread (the
+        tokenizer releases the GIL), so the event loop keeps serving meanwhile."""
         prompts = _as_list(obj.text) if obj.text is not None else None
         ids_list = _as_id_lists(obj.input_ids) if obj.input_ids is not None else None
         if (prompts is None) == (ids_list is None):
@@ -91,23 +104,47 @@ class TokenizerManager:
         rids = _broadcast(obj.rid, n, "rid") if obj.rid is not None else [uuid.uuid4().hex for _ in range(n)]
         return_logprobs = _broadcast(obj.return_logprob, n, "return_logprob")
         top_nums = _broadcast(obj.top_logprobs_num, n, "top_logprobs_num")
+        params = [self._sampling_params(raw) for raw in params_list]
+        self.limits.check_sequences(n, max(p.n for p in params), sum(p.n for p in params))
+        for i in range(n):
+            _check_logprob_args(return_logprobs[i], top_nums[i])
+        ids_list = await self._encode_all(prompts) if prompts is not None else ids_list
+        group = obj.group or rids[0]
         out = []
         for i in range(n):
-            input_ids = self._encode(prompts[i]) if prompts is not None else ids_list[i]
-            params = self._sampling_params(params_list[i], input_ids)
-            self._check_lengths(input_ids, params)
-            _check_logprob_args(return_logprobs[i], top_nums[i])
-            req = TokenizedGenerateReqInput(rids[i], input_ids, params, obj.stream,
-                                            bool(return_logprobs[i]), top_nums[i])
+            if _wants_whole_context(params_list[i]):
+                params[i].max_new_tokens = max(self.context_len - len(ids_list[i]), 0)  # None: up to the context
+            self._check_lengths(ids_list[i], params[i])
+            req = TokenizedGenerateReqInput(rids[i], ids_list[i], params[i], obj.stream,
+                                            bool(return_logprobs[i]), top_nums[i], group=group)
             out.extend(_expand_n(req))
         return out
 
-    def _sampling_params(self, raw, input_ids: list[int]) -> SamplingParams:
+    def _sampling_params(self, raw) -> SamplingParams:
         params = SamplingParams.from_dict(raw)
-        if isinstance(raw, dict) and "max_new_tokens" in raw and raw["max_new_tokens"] is None:
-            params.max_new_tokens = max(self.context_len - len(input_ids), 0)  # None: up to the context
+        if _wants_whole_context(raw):
+            params.max_new_tokens = self.context_len  # the exact value is known once the prompt is tokenized
         params.verify(self.vocab_size)
+        self.limits.check_stop(params)
         return params
+
+    async def _encode_all(self, prompts: list) -> list[list[int]]:
+        num_chars = 0
+        for text in prompts:
+            if not isinstance(text, str):
+                raise InvalidRequest(f"text must be a string, got {type(text).__name__}", "text")
+            self.limits.check_prompt_chars(len(text))
+            num_chars += len(text)
+        if num_chars <= INLINE_TOKENIZE_CHARS:
+            return [self._encode(text) for text in prompts]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.tokenize_pool, lambda: [self._encode(text) for text in prompts])
+
+    def _encode(self, text: str) -> list[int]:
+        try:
+            return self.tokenizer.encode(text)
+        except (TypeError, ValueError, UnicodeError):  # e.g. a lone surrogate, which UTF-8 cannot hold
+            raise InvalidRequest("text is not valid Unicode (it holds a lone surrogate code point)", "text") from None
 
     def _check_capacity(self, num_new: int) -> None:
         """Refuse work beyond what can run plus --max-queued-requests, before it is queued."""
@@ -118,11 +155,6 @@ class TokenizerManager:
         if len(self.rid_to_state) + num_new > capacity:
             raise InvalidRequest(f"the server is overloaded: {len(self.rid_to_state)} requests are in flight "
                                  f"and at most {limit} may wait in the queue; retry later", status_code=503)
-
-    def _encode(self, text) -> list[int]:
-        if not isinstance(text, str):
-            raise InvalidRequest(f"text must be a string, got {type(text).__name__}", "text")
-        return self.tokenizer.encode(text)
 
     def _check_lengths(self, input_ids: list[int], params: SamplingParams) -> None:
         if not input_ids:
@@ -139,7 +171,7 @@ class TokenizerManager:
     async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator:
         """Yields the result dict (a list of them for a batch); several times when streaming."""
         self._ensure_running()
-        reqs = self.tokenize_request(obj)
+        reqs = await self.tokenize_request(obj)
         if obj.stream and len(reqs) > 1:
             raise InvalidRequest("stream is supported for a single prompt with n = 1 only", "stream")
         self._check_capacity(len(reqs))
@@ -300,6 +332,7 @@ class TokenizerManager:
             except asyncio.CancelledError:
                 pass
         self.ctx.destroy(linger=0)
+        self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _expand_n(req: TokenizedGenerateReqInput) -> list[TokenizedGenerateReqInput]:
@@ -324,6 +357,10 @@ def _check_logprob_args(return_logprob, top_logprobs_num) -> None:
     if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int) \
             or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
         raise InvalidRequest(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs_num")
+
+
+def _wants_whole_context(raw) -> bool:
+    return isinstance(raw, dict) and "max_new_tokens" in raw and raw["max_new_tokens"] is None
 
 
 def _as_list(value) -> list:

@@ -4,6 +4,7 @@ values that arrive as JSON, and range checks before a request is scheduled."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -89,7 +90,7 @@ class SamplingParams:
 
     def _verify_sampling(self) -> None:
         # Each check states the allowed range, so NaN fails it too.
-        _require(self.temperature >= 0, "temperature", "must be >= 0")
+        _require(0 <= self.temperature <= MAX_TEMPERATURE, "temperature", f"must be in [0, {MAX_TEMPERATURE:g}]")
         _require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         _require(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (all) or >= 1")
         _require(0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
@@ -122,6 +123,8 @@ class SamplingParams:
 
 # Most samples one request may ask for (each becomes a request of its own).
 MAX_N = 64
+# OpenAI's bound, on every route (beyond it sampling is noise anyway).
+MAX_TEMPERATURE = 2.0
 
 # Penalties and logit bias need per-request token counts, which the engine does not keep yet.
 _UNSUPPORTED_NEUTRAL = {
@@ -155,7 +158,7 @@ def _is_int_list(v: Any) -> bool:
 
 # field -> (check, expected type in words, conversion)
 _INT = (_is_int, "an integer", int)
-_FLOAT = (_is_number, "a number", float)
+_FLOAT = (lambda v: _is_number(v) and math.isfinite(v), "a finite number", float)
 _BOOL = (lambda v: isinstance(v, bool), "a boolean", bool)
 _FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, Callable[[Any], Any]]] = {
     "max_new_tokens": _INT,
@@ -184,7 +187,8 @@ assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SamplingParams)}
 def _check_type(name: str, value: Any) -> Any:
     check, expected, convert = _FIELD_TYPES[name]
     if not check(value):
-        raise InvalidRequest(
-            f"Sampling parameter '{name}' must be {expected}, got {type(value).__name__} {value!r}.", name
-        )
+        shown = repr(value)
+        shown = shown if len(shown) <= 80 else shown[:80] + "..."
+        raise InvalidRequest(f"Sampling parameter '{name}' must be {expected}, got {type(value).__name__} {shown}.",
+                             name)
     return convert(value)

@@ -123,8 +123,10 @@ class OpenAIServingBase:
         A request without `model` is accepted (OpenAI requires it; SGLang is lenient)."""
         try:
             self.check_model(request.model)
-            prompts = self.build_prompts(request)
+            # Off the event loop: a chat template renders and tokenizes the whole conversation.
+            prompts = await asyncio.get_running_loop().run_in_executor(None, self.build_prompts, request)
             params = self.sampling_params(request)
+            self.tokenizer_manager.limits.check_sequences(len(prompts.values), request.num_choices)
             ctx = self._new_context(request, len(prompts.values))
             if request.stream:
                 return await self._stream_response(ctx, prompts, params, raw_request)
@@ -153,7 +155,7 @@ class OpenAIServingBase:
 
     async def _full_response(self, ctx: RequestContext, prompts: Prompts, params: dict,
                              raw_request: Request) -> Response:
-        obj = GenerateReqInput(**prompts.batch_kwargs(), sampling_params=params, stream=False,
+        obj = GenerateReqInput(**prompts.batch_kwargs(), sampling_params=params, stream=False, group=ctx.id,
                                **self.logprob_kwargs(ctx.request))
         results = await cancel_on_disconnect(_first(self.tokenizer_manager.generate_request(obj)), raw_request)
         results = results if isinstance(results, list) else [results]
@@ -188,7 +190,7 @@ class OpenAIServingBase:
                 if params.get("sampling_seed") is not None:  # the engine's rule for sample j
                     choice_params["sampling_seed"] = (params["sampling_seed"] + j) % MAX_SEED
                 objs.append(GenerateReqInput(**prompts.one_kwargs(prompt_index), sampling_params=choice_params,
-                                             stream=True, **self.logprob_kwargs(ctx.request)))
+                                             stream=True, group=ctx.id, **self.logprob_kwargs(ctx.request)))
         return objs
 
     async def _sse_events(self, ctx: RequestContext, first: tuple, merged: AsyncIterator) -> AsyncIterator[bytes]:
