@@ -5,6 +5,7 @@ and a greedy request afterwards answers exactly as before."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -240,6 +241,20 @@ def test_a_long_prompt_is_tokenized_off_the_event_loop(keyed_server, client):
     took = time.monotonic() - start
     assert response.status_code == 400 and "context length" in assert_error_shape(response)["message"]
     assert len(latencies) >= 3 and max(latencies) < max(0.5, took / 3), (took, latencies)
+
+
+def test_concurrent_prompts_tokenized_on_threads_all_answer(keyed_server):
+    """Long prompts on every route at once: the tokenizer is shared by the worker threads."""
+    code = "def f(x):\n    return x * 2\n" * 80  # 2160 characters: tokenized off the loop
+    bodies = [(GENERATE, {"text": code, "sampling_params": {"max_new_tokens": 1}}),
+              (COMPLETIONS, {"prompt": [code, code[::-1]], "max_tokens": 1}),
+              (CHAT, {"messages": [{"role": "user", "content": code}], "max_tokens": 1})] * 4
+
+    async def run():
+        async with httpx.AsyncClient(base_url=keyed_server.base_url, headers=AUTH, timeout=60) as c:
+            return await asyncio.gather(*(c.post(route, json=body) for route, body in bodies))
+
+    assert [r.status_code for r in asyncio.run(run())] == [200] * len(bodies)
 
 
 def test_a_body_over_the_payload_limit_is_a_413(client):

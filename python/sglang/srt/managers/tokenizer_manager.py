@@ -159,11 +159,11 @@ class TokenizerManager:
     def _check_lengths(self, input_ids: list[int], params: SamplingParams) -> None:
         if not input_ids:
             raise InvalidRequest("the prompt is empty", "text")
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size for t in input_ids):
-            raise InvalidRequest(f"input_ids must be integers in [0, {self.vocab_size})", "input_ids")
-        if len(input_ids) >= self.context_len:
+        if len(input_ids) >= self.context_len:  # before the per-token check: a long list costs it seconds
             raise InvalidRequest(f"the prompt has {len(input_ids)} tokens, more than the context length "
                                  f"({self.context_len}) allows", "text")
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size for t in input_ids):
+            raise InvalidRequest(f"input_ids must be integers in [0, {self.vocab_size})", "input_ids")
         if len(input_ids) + params.max_new_tokens > self.context_len:
             raise InvalidRequest(f"the prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
                                  f"is longer than the context length ({self.context_len})", "max_new_tokens")
