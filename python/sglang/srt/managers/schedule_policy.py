@@ -36,6 +36,8 @@ def fair_order(waiting, running) -> list[Req]:
     own. So a request that fans out to many sequences cannot hold back the ones that arrive after
     it: each of those waits for at most one of its sequences per request ahead, not for all of them.
     Order among equals (and the whole order, when no request has two sequences) is kept."""
+    if len(waiting) <= 1:
+        return list(waiting)
     share: dict[str, int] = {}
     for req in running:
         share[req.group] = share.get(req.group, 0) + 1
