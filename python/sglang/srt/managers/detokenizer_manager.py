@@ -11,7 +11,7 @@ from typing import Optional
 import zmq
 
 from sglang.srt.hf_transformers_utils import get_tokenizer
-from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut, DecodeParams
+from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut, RequestConstants
 from sglang.srt.managers.stop_strings import IncrementalText, StopState
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils import configure_logger, name_process
@@ -23,14 +23,14 @@ MAX_STEPS_PER_MESSAGE = 64
 
 @dataclasses.dataclass
 class DecodeState:
-    params: DecodeParams
+    params: RequestConstants
     text: IncrementalText = dataclasses.field(default_factory=IncrementalText)
     stop: Optional[StopState] = None  # text that may start a stop string is held back
     emitted_len: int = 0  # characters of the text already sent
 
     @classmethod
-    def new(cls, params: Optional[DecodeParams]) -> DecodeState:
-        params = params or DecodeParams()
+    def new(cls, params: Optional[RequestConstants]) -> DecodeState:
+        params = params or RequestConstants()
         stops = params.stop_strs if not params.no_stop_trim else ()
         return cls(params, stop=StopState(list(stops)) if stops else None)
 
@@ -45,7 +45,7 @@ class DetokenizerManager:
         for i, rid in enumerate(out.rids):
             state = self.states.get(rid)
             if state is None:
-                state = self.states[rid] = DecodeState.new(out.decode_params[i])
+                state = self.states[rid] = DecodeState.new(out.constants[i])
             reason = out.finished_reasons[i]
             if reason is None:
                 new_texts.append(self._incremental_text(state, out.new_token_ids[i]))
@@ -55,10 +55,9 @@ class DetokenizerManager:
                 del self.states[rid]
         return BatchStrOut(
             rids=out.rids, new_texts=new_texts, new_token_ids=out.new_token_ids,
-            finished_reasons=out.finished_reasons, prompt_tokens=out.prompt_tokens,
-            completion_tokens=out.completion_tokens, cached_tokens=out.cached_tokens,
+            finished_reasons=out.finished_reasons, constants=out.constants,
+            completion_tokens=out.completion_tokens,
             new_token_logprobs=out.new_token_logprobs, new_top_logprobs=out.new_top_logprobs,
-            admit_times=out.admit_times, first_token_times=out.first_token_times,
             spec_verify_ct=out.spec_verify_ct,
         )
 
@@ -119,10 +118,8 @@ def merge_token_outputs(outs: list[BatchTokenIDOut]) -> BatchTokenIDOut:
 
     return BatchTokenIDOut(
         rids=rids, new_token_ids=joined("new_token_ids"), finished_reasons=latest("finished_reasons"),
-        decode_params=first_given("decode_params"), prompt_tokens=latest("prompt_tokens"),
-        completion_tokens=latest("completion_tokens"), cached_tokens=latest("cached_tokens"),
+        constants=first_given("constants"), completion_tokens=latest("completion_tokens"),
         new_token_logprobs=joined("new_token_logprobs"), new_top_logprobs=joined("new_top_logprobs"),
-        admit_times=latest("admit_times"), first_token_times=latest("first_token_times"),
         spec_verify_ct=None if outs[-1].spec_verify_ct is None else latest("spec_verify_ct"),
     )
 

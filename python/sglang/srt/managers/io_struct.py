@@ -51,13 +51,20 @@ class AbortReq:
 
 
 @dataclasses.dataclass(frozen=True)
-class DecodeParams:
-    """How the detokenizer turns one request's ids into text. Constant for the request, so it
-    travels once, not with every step's tokens."""
+class RequestConstants:
+    """What stays the same for a request's whole life: it travels with the request's first output
+    message only, not with every step's tokens."""
 
+    # How the detokenizer turns the ids into text.
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
     stop_strs: tuple[str, ...] = ()  # text that may start one of these is held back
+    # What the tokenizer manager reports.
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the cache at the first admission
+    # Wall-clock times (time.time()) of the first prefill admission and the first output token.
+    admit_time: Optional[float] = None
+    first_token_time: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -67,17 +74,12 @@ class BatchTokenIDOut:
     rids: list[str]
     new_token_ids: list[list[int]]  # tokens produced since the last message for that request
     finished_reasons: list[Optional[dict]]
-    # Per request: its DecodeParams in the first message that carries it, None afterwards.
-    decode_params: list[Optional[DecodeParams]]
-    prompt_tokens: list[int]
+    # Per request: its RequestConstants in the first message about it, None afterwards.
+    constants: list[Optional[RequestConstants]]
     completion_tokens: list[int]
-    cached_tokens: list[int]
     # Per request, for the new tokens: [(logprob, token_id)] and [[(logprob, token_id)] * top N]; None without logprobs.
     new_token_logprobs: list[Optional[list[tuple[float, int]]]]
     new_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
-    # Wall-clock times (time.time()) of the first prefill admission and the first output token.
-    admit_times: list[Optional[float]]
-    first_token_times: list[Optional[float]]
     # With speculative decoding: verify steps each request took so far; None without.
     spec_verify_ct: Optional[list[int]] = None
 
@@ -90,13 +92,10 @@ class BatchStrOut:
     new_texts: list[str]
     new_token_ids: list[list[int]]
     finished_reasons: list[Optional[dict]]
-    prompt_tokens: list[int]
+    constants: list[Optional[RequestConstants]]  # as in BatchTokenIDOut
     completion_tokens: list[int]
-    cached_tokens: list[int]
     new_token_logprobs: list[Optional[list[tuple[float, int]]]]
     new_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
-    admit_times: list[Optional[float]]
-    first_token_times: list[Optional[float]]
     spec_verify_ct: Optional[list[int]] = None
 
 

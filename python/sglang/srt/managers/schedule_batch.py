@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.managers.io_struct import DecodeParams, finish_length, finish_matched
+from sglang.srt.managers.io_struct import RequestConstants, finish_length, finish_matched
 from sglang.srt.managers.stop_strings import IncrementalText, StopState
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -35,7 +35,7 @@ class Req:
         # Matching the stop strings as the output's text grows (set up on the first check).
         self.stop_state: Optional[StopState] = None
         self.stop_text: Optional[IncrementalText] = None
-        self.decode_params_sent = False  # the detokenizer has this request's stop list and flags
+        self.constants_sent = False  # its RequestConstants went out with an earlier message
         self.return_logprob = return_logprob
         self.top_logprobs_num = top_logprobs_num if return_logprob else 0
         self.output_ids: list[int] = []
@@ -129,13 +129,16 @@ class Req:
             return j + 1
         return n
 
-    def take_decode_params(self) -> Optional[DecodeParams]:
-        """The detokenizer's constants for this request, the first time only."""
-        if self.decode_params_sent:
+    def take_constants(self) -> Optional[RequestConstants]:
+        """What stays the same for this request, for its first output message only (its
+        admission and first token, if any, came before that message)."""
+        if self.constants_sent:
             return None
-        self.decode_params_sent = True
+        self.constants_sent = True
         params = self.sampling_params
-        return DecodeParams(params.skip_special_tokens, params.no_stop_trim, tuple(self.stop_strs))
+        return RequestConstants(params.skip_special_tokens, params.no_stop_trim, tuple(self.stop_strs),
+                                len(self.origin_input_ids), self.cached_tokens, self.admit_time,
+                                self.first_token_time)
 
     def check_stop_strings(self, decode) -> None:
         """Finish if the output's text now contains a stop string (one that ends past

@@ -636,16 +636,12 @@ class Scheduler:
             rids=[req.rid for req in reqs],
             new_token_ids=[req.output_ids[req.sent_len :] for req in reqs],
             finished_reasons=[req.finished_reason for req in reqs],
-            decode_params=[req.take_decode_params() for req in reqs],
-            prompt_tokens=[len(req.origin_input_ids) for req in reqs],
+            constants=[req.take_constants() for req in reqs],
             completion_tokens=[len(req.output_ids) for req in reqs],
-            cached_tokens=[req.cached_tokens for req in reqs],
             new_token_logprobs=[req.output_token_logprobs[req.sent_len :] if req.return_logprob else None
                                 for req in reqs],
             new_top_logprobs=[req.output_top_logprobs[req.sent_len :] if req.top_logprobs_num else None
                               for req in reqs],
-            admit_times=[req.admit_time for req in reqs],
-            first_token_times=[req.first_token_time for req in reqs],
             spec_verify_ct=[req.spec_verify_ct for req in reqs] if self.spec_k else None,
         )
         for req in reqs:

@@ -21,7 +21,7 @@ import zmq.asyncio
 from sglang.srt.errors import InvalidRequest
 from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchStrOut, ControlReply, ControlReq, GenerateReqInput, TokenizedGenerateReqInput,
+    AbortReq, BatchStrOut, ControlReply, ControlReq, GenerateReqInput, RequestConstants, TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.request_limits import RequestLimits, longest_token_chars
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -50,6 +50,7 @@ class ReqState:
     meta: dict = dataclasses.field(default_factory=dict)
     finished: bool = False
     event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    constants: RequestConstants = dataclasses.field(default_factory=RequestConstants)
 
 
 class TokenizerManager:
@@ -279,12 +280,12 @@ class TokenizerManager:
                 continue
             state.text += out.new_texts[i]
             state.output_ids.extend(out.new_token_ids[i])
-            state.meta.update(
-                finish_reason=out.finished_reasons[i],
-                prompt_tokens=out.prompt_tokens[i],
-                completion_tokens=out.completion_tokens[i],
-                cached_tokens=out.cached_tokens[i],
-            )
+            constants = out.constants[i]  # the request's first message carries them
+            if constants is not None:
+                state.constants = constants
+                state.meta.update(finish_reason=None, prompt_tokens=constants.prompt_tokens,
+                                  completion_tokens=0, cached_tokens=constants.cached_tokens)
+            state.meta.update(finish_reason=out.finished_reasons[i], completion_tokens=out.completion_tokens[i])
             if out.spec_verify_ct is not None:
                 verifies = out.spec_verify_ct[i]
                 state.meta["spec_verify_ct"] = verifies
@@ -298,10 +299,11 @@ class TokenizerManager:
                     [(logprob, token_id, None) for logprob, token_id in top] for top in out.new_top_logprobs[i])
             state.finished = out.finished_reasons[i] is not None
             if state.finished and self.metrics is not None:
-                self._observe(state, out.admit_times[i], out.first_token_times[i])
+                self._observe(state)
             state.event.set()
 
-    def _observe(self, state: ReqState, admit_time, first_token_time) -> None:
+    def _observe(self, state: ReqState) -> None:
+        admit_time, first_token_time = state.constants.admit_time, state.constants.first_token_time
         meta = dict(state.meta, e2e_latency=time.perf_counter() - state.created)
         ttft = None if first_token_time is None else first_token_time - state.created_wall
         queue = None if admit_time is None else admit_time - state.created_wall
