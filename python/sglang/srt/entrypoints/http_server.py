@@ -155,8 +155,7 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error_response(str(exc.detail), exc.status_code)
 
     @app.exception_handler(Exception)
-    async def internal_error(request: Request, exc: Exception):
-        logger.exception("%s %s failed", request.method, request.url.path)
+    async def internal_error(request: Request, exc: Exception):  # uvicorn logs the traceback
         return error_response(f"internal error: {type(exc).__name__}", 500)
 
 

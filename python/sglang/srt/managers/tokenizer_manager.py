@@ -80,7 +80,6 @@ class TokenizerManager:
         self.handle_loop_task: Optional[asyncio.Task] = None
         self.limits = RequestLimits(server_args, self.context_len, model_info["max_running_requests"],
                                     longest_token_chars(self.tokenizer))
-        self.max_prompt_chars = self.limits.max_prompt_chars
         self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="sglang-tokenize")
         self.metrics = None
         if server_args.enable_metrics:
