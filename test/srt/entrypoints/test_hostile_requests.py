@@ -147,7 +147,22 @@ def _other_route_cases() -> list[tuple]:
     return cases
 
 
-BATTERY = _raw_body_cases() + _generate_cases() + _completions_cases() + _chat_cases() + _other_route_cases()
+def _deep_value_cases() -> list[tuple]:
+    """Nesting the JSON parser takes (900 levels) where a field expects something flat: the error
+    message must not try to print it (a repr that deep overflows the stack)."""
+    deep = "[" * 900 + "]" * 900
+    bodies = [(GENERATE, '{"text": "x", "sampling_params": {"temperature": %s}}'),
+              (GENERATE, '{"text": "x", "sampling_params": {"stop": %s}}'), (GENERATE, '{"text": %s}'),
+              (GENERATE, '{"text": "x", "sampling_params": %s}'), (GENERATE, '{"input_ids": %s}'),
+              (COMPLETIONS, '{"prompt": %s}'), (COMPLETIONS, '{"prompt": "x", "logit_bias": {"1": %s}}'),
+              (COMPLETIONS, '{"prompt": "x", "response_format": {"type": %s}}'),
+              (CHAT, '{"messages": [{"role": "user", "content": %s}]}'),
+              (CHAT, '{"messages": [{"role": "user", "content": "x"}], "tools": %s}')]
+    return [("POST", route, (template % deep).encode(), None) for route, template in bodies]
+
+
+BATTERY = (_raw_body_cases() + _generate_cases() + _completions_cases() + _chat_cases() + _deep_value_cases()
+           + _other_route_cases())
 
 
 def test_battery_has_no_5xx_no_slow_answer_no_dropped_connection(client):

@@ -25,10 +25,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 import sglang
 from sglang.srt.entrypoints.engine import Subprocesses
 from sglang.srt.entrypoints.http_utils import (
-    ClientDisconnected, cancel_on_disconnect, error_response, invalid_request_response, parse_json_body,
-    redact_query_strings, sse,
+    ClientDisconnected, cancel_on_disconnect, error_response, invalid_request_response, redact_query_strings, sse,
 )
 from sglang.srt.entrypoints.not_implemented import reject_native_sampling_fields, reject_openai_fields
+from sglang.srt.entrypoints.request_body import parse_json_body
 from sglang.srt.errors import InvalidRequest
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager

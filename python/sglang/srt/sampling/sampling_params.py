@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -184,11 +185,14 @@ _FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, Callable[[Any], Any]]]
 assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SamplingParams)}
 
 
+_SHORT_REPR = reprlib.Repr()
+_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 80
+
+
 def _check_type(name: str, value: Any) -> Any:
     check, expected, convert = _FIELD_TYPES[name]
     if not check(value):
-        shown = repr(value)
-        shown = shown if len(shown) <= 80 else shown[:80] + "..."
+        shown = _SHORT_REPR.repr(value)  # bounded in length and depth, whatever the client sent
         raise InvalidRequest(f"Sampling parameter '{name}' must be {expected}, got {type(value).__name__} {shown}.",
                              name)
     return convert(value)
