@@ -18,7 +18,7 @@ from typing import AsyncIterator, Callable, Optional
 import zmq
 import zmq.asyncio
 
-from sglang.srt.errors import InvalidRequest
+from sglang.srt.errors import InvalidRequest, short_repr
 from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import (
     AbortReq, BatchStrOut, ControlReply, ControlReq, GenerateReqInput, RequestConstants, TokenizedGenerateReqInput,
@@ -190,7 +190,7 @@ class TokenizerManager:
 
     def _send(self, req: TokenizedGenerateReqInput) -> ReqState:
         if req.rid in self.rid_to_state:
-            raise InvalidRequest(f"rid {req.rid!r} is already in use", "rid")
+            raise InvalidRequest(f"rid {short_repr(req.rid)} is already in use", "rid")
         state = ReqState(created=time.perf_counter())
         self.rid_to_state[req.rid] = state
         self.send_to_scheduler.send_pyobj(req)

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import reprlib
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sglang.srt.errors import InvalidRequest
+from sglang.srt.errors import InvalidRequest, short_repr
 
 # Below this temperature sampling is indistinguishable from argmax, and dividing by it
 # would overflow the logits.
@@ -118,7 +117,7 @@ class SamplingParams:
             if value != neutral and not (name == "logit_bias" and not value):
                 raise InvalidRequest(
                     f"Sampling parameter '{name}' is not supported yet "
-                    f"(only the default {neutral!r} is accepted, got {value!r}).", name
+                    f"(only the default {neutral!r} is accepted, got {short_repr(value)}).", name
                 )
 
 
@@ -185,14 +184,10 @@ _FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, Callable[[Any], Any]]]
 assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SamplingParams)}
 
 
-_SHORT_REPR = reprlib.Repr()
-_SHORT_REPR.maxstring = _SHORT_REPR.maxother = 80
-
-
 def _check_type(name: str, value: Any) -> Any:
     check, expected, convert = _FIELD_TYPES[name]
     if not check(value):
-        shown = _SHORT_REPR.repr(value)  # bounded in length and depth, whatever the client sent
+        shown = short_repr(value)
         raise InvalidRequest(f"Sampling parameter '{name}' must be {expected}, got {type(value).__name__} {shown}.",
                              name)
     return convert(value)

@@ -21,7 +21,7 @@ from sglang.srt.entrypoints.http_utils import (
     ClientDisconnected, cancel_on_disconnect, error_response, invalid_request_response, sse,
 )
 from sglang.srt.entrypoints.openai.protocol import MAX_SEED, PromptTokensDetails, UsageInfo
-from sglang.srt.errors import InvalidRequest
+from sglang.srt.errors import InvalidRequest, short_repr
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 logger = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class OpenAIServingBase:
     def check_model(self, model: Optional[str]) -> None:
         args = self.tokenizer_manager.server_args
         if model is not None and model not in (args.served_model_name, args.model_path):
-            raise InvalidRequest(f"The model '{model}' does not exist; this server serves "
+            raise InvalidRequest(f"The model {short_repr(model)} does not exist; this server serves "
                                  f"'{args.served_model_name}'.", "model")
 
     def _new_context(self, request, num_prompts: int) -> RequestContext:
