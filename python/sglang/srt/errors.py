@@ -2,7 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Optional
+import reprlib
+from typing import Any, Optional
+
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+
+
+def short_repr(value: Any) -> str:
+    """A client's value as an error message shows it: bounded in length and depth, whatever was sent."""
+    return _SHORT.repr(value)
 
 
 class InvalidRequest(ValueError):

@@ -50,6 +50,11 @@ class ServerArgs:
     tp_size: int = 1
     api_key: Optional[str] = None
     max_queued_requests: Optional[int] = None
+    # Limits on one request (docs/http_api.md, "Limits").
+    max_payload_size: int = 256 * 1024 * 1024  # bytes of a request body (sglang-router's default)
+    max_sequences_per_request: Optional[int] = None  # prompts x n; None: by device (see __post_init__)
+    max_stop_strings: int = 32
+    max_stop_str_len: int = 256  # characters
     enable_metrics: bool = False
     skip_server_warmup: bool = False
     disable_cuda_graph: bool = False
@@ -86,6 +91,9 @@ class ServerArgs:
         self._fill_speculative_defaults()
         if self.device is None:
             object.__setattr__(self, "device", _default_device())
+        if self.max_sequences_per_request is None:
+            object.__setattr__(self, "max_sequences_per_request",
+                               DEFAULT_MAX_SEQUENCES_PER_REQUEST.get(self.device, DEFAULT_MAX_SEQUENCES_PER_REQUEST["cpu"]))
         if self.attention_backend is None:
             object.__setattr__(self, "attention_backend", "triton" if self.device == "cuda" else "torch_native")
         if self.cuda_graph_bs is not None:
@@ -158,6 +166,11 @@ class ServerArgs:
         self._check_speculative()
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
+        for flag, value in (("--max-payload-size", self.max_payload_size),
+                            ("--max-sequences-per-request", self.max_sequences_per_request),
+                            ("--max-stop-strings", self.max_stop_strings),
+                            ("--max-stop-str-len", self.max_stop_str_len)):
+            _check_positive(flag, value)
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be in [1, 65535], got {self.port}")
         if self.tp_size > 1:
@@ -299,10 +312,21 @@ class ServerArgs:
         parser.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=d["tp_size"].default,
                             help="Tensor-parallel size (only 1 for now).")
         parser.add_argument("--api-key", type=str, default=None,
-                            help="Require 'Authorization: Bearer <key>' on every route but /health and /metrics.")
+                            help="Require 'Authorization: Bearer <key>' on every route but /health* and /metrics.")
         parser.add_argument("--max-queued-requests", type=int, default=None,
                             help="Requests allowed to wait beyond --max-running-requests; more get HTTP 503. "
                                  "Unlimited by default.")
+        parser.add_argument("--max-payload-size", type=int, default=d["max_payload_size"].default,
+                            help="Largest request body in bytes; a larger one gets HTTP 413 (default 256 MiB, "
+                                 "as sglang-router).")
+        parser.add_argument("--max-sequences-per-request", type=int, default=d["max_sequences_per_request"].default,
+                            help="Most sequences one request may ask for (prompts x n); more get HTTP 400. "
+                                 "Default 256 on a GPU, 16 on the CPU (where every sequence in the batch "
+                                 "slows every other request's decode steps).")
+        parser.add_argument("--max-stop-strings", type=int, default=d["max_stop_strings"].default,
+                            help="Most stop strings one request may give; more get HTTP 400.")
+        parser.add_argument("--max-stop-str-len", type=int, default=d["max_stop_str_len"].default,
+                            help="Longest stop string in characters; a longer one gets HTTP 400.")
         parser.add_argument("--enable-metrics", action="store_true",
                             help="Serve Prometheus metrics at /metrics.")
         parser.add_argument("--skip-server-warmup", action="store_true",
@@ -380,6 +404,10 @@ class ServerArgs:
 
 
 SPECULATIVE_ALGORITHM_CHOICES = ["EAGLE3", "EAGLE"]
+# On the CPU a decode step's time grows with the batch (demo model: ~12 ms at 1 sequence, ~45 ms at
+# 16, ~140 ms at 64), so one request's fan-out is kept to what leaves other requests' latency
+# within a few times their own.
+DEFAULT_MAX_SEQUENCES_PER_REQUEST = {"cuda": 256, "cpu": 16}
 DRAFT_SYNC_CHOICES = ("warm", "catch-up")
 MAX_SPECULATIVE_STEPS = 16
 

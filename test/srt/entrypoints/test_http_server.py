@@ -76,6 +76,10 @@ def test_killed_scheduler_fails_waiting_clients_and_the_server_exits(tiny_model_
     os.kill(info["scheduler_pid"], signal.SIGKILL)
     health = _poll_until_not_healthy(srv.base_url, deadline=killed_at + 10)
     assert health != 200
+    # Until it exits, every route answers in JSON: the native one like the OpenAI ones.
+    for route, body in (("/generate", {"text": "Hello"}), ("/v1/completions", {"prompt": "Hello"})):
+        response = httpx.post(f"{srv.base_url}{route}", json=body, timeout=10)
+        assert response.status_code == 500 and "scheduler" in response.json()["error"]["message"], response.text
     srv.proc.wait(timeout=max(0.1, killed_at + 10 - time.monotonic()))
     assert srv.proc.returncode != 0
     waiter.join(timeout=10)

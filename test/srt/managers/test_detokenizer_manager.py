@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sglang.srt.managers.detokenizer_manager import DetokenizerManager, merge_token_outputs
-from sglang.srt.managers.io_struct import BatchTokenIDOut, finish_length, finish_matched
+from sglang.srt.managers.io_struct import BatchTokenIDOut, RequestConstants, finish_length, finish_matched
 from sglang.test.tiny_models import build_tokenizer
 
 TEXT = "héllo wörld, 你好, naïve café 🙂 done"
@@ -19,10 +19,9 @@ def tokenizer():
 
 def one_token_message(rid, token_id, finished=None, stop_strs=(), no_stop_trim=False):
     return BatchTokenIDOut(
-        rids=[rid], new_token_ids=[[token_id]], finished_reasons=[finished], skip_special_tokens=[True],
-        prompt_tokens=[1], completion_tokens=[1], cached_tokens=[0], stop_strs=[list(stop_strs)],
-        no_stop_trim=[no_stop_trim], new_token_logprobs=[None], new_top_logprobs=[None],
-        admit_times=[None], first_token_times=[None],
+        rids=[rid], new_token_ids=[[token_id]], finished_reasons=[finished],
+        constants=[RequestConstants(True, no_stop_trim, tuple(stop_strs), prompt_tokens=1)],
+        completion_tokens=[1], new_token_logprobs=[None], new_top_logprobs=[None],
     )
 
 
@@ -89,11 +88,11 @@ def test_steps_merged_while_the_detokenizer_was_busy_give_the_same_stream(tokeni
         return BatchTokenIDOut(
             rids=rids, new_token_ids=[[token[r]] for r in rids],
             finished_reasons=[finish_length(9) if r == "a" and k == 8 else None for r in rids],
-            skip_special_tokens=[True] * len(rids), prompt_tokens=[3] * len(rids),
-            completion_tokens=[k + 1 if r == "a" else k - 1 for r in rids], cached_tokens=[0] * len(rids),
-            stop_strs=[[] for _ in rids], no_stop_trim=[False] * len(rids),
+            # The constants travel with a request's first step only.
+            constants=[RequestConstants(prompt_tokens=3) if k == {"a": 0, "b": 2}[r] else None for r in rids],
+            completion_tokens=[k + 1 if r == "a" else k - 1 for r in rids],
             new_token_logprobs=[[(-0.5 * k, token[r])] if r == "a" else None for r in rids],
-            new_top_logprobs=[None] * len(rids), admit_times=[1.0] * len(rids), first_token_times=[2.0] * len(rids),
+            new_top_logprobs=[None] * len(rids),
             spec_verify_ct=[k] * len(rids))
 
     steps = [step(k) for k in range(9)]
@@ -114,4 +113,5 @@ def test_steps_merged_while_the_detokenizer_was_busy_give_the_same_stream(tokeni
     assert last.new_token_logprobs == [[(-0.5 * k, ids_a[k]) for k in range(5, 9)], None]
     assert last.finished_reasons == [finish_length(9), None]
     assert last.completion_tokens == [9, 6] and last.spec_verify_ct == [8, 7]
+    assert merge_token_outputs(steps[1:5]).constants == [None, RequestConstants(prompt_tokens=3)]  # b's first step
     assert merge_token_outputs(steps[:1]) is steps[0]

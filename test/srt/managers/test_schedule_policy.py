@@ -112,3 +112,17 @@ def test_a_pass_takes_more_requests_only_while_a_prefill_graph_still_fits():
     assert [over_tokens.try_add(fake_req(rng, 60, 10)) for _ in range(2)] == [True, False]
     no_graphs = PrefillAdder(8192, 10**6, 10, pass_fits=lambda n, t: None)
     assert all(no_graphs.try_add(fake_req(rng, 60, 10)) for _ in range(5))
+
+
+def test_fair_order_lets_each_client_request_take_turns():
+    def reqs(group, count):
+        return [SimpleNamespace(group=group, name=f"{group}{i}") for i in range(count)]
+
+    big, small, other = reqs("big", 4), reqs("small", 1), reqs("other", 2)
+    names = lambda order: [r.name for r in order]  # noqa: E731
+    # Two of big's sequences already run: the later arrivals go first, then turns by count.
+    assert names(schedule_policy.fair_order(big + small + other, reqs("big", 2))) == ["small0", "other0", "other1", "big0",
+                                                                      "big1", "big2", "big3"]
+    assert names(schedule_policy.fair_order(big + small, [])) == ["big0", "small0", "big1", "big2", "big3"]
+    unique = reqs("a", 1) + reqs("b", 1) + reqs("c", 1)
+    assert schedule_policy.fair_order(unique, []) == unique  # nobody fans out: arrival order

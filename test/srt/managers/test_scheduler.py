@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 
@@ -161,6 +162,22 @@ def test_schedule_policy_orders_waiting_requests(tiny_model_paths, policy, first
     scheduler.add_request(greedy_req("shares_prefix", warm[:30] + [5, 6], max_new_tokens=4))
     results = run_to_completion(scheduler)
     assert results[first]["order"] == 1
+    assert_accounting(scheduler)
+
+
+def test_a_short_request_is_not_starved_by_a_fan_out_ahead_of_it(tiny_model_paths):
+    """12 sequences of one request fill the running batch (4) three times over; a request arriving
+    after them runs in the second wave, not after the fan-out's last one (fcfs would put it there)."""
+    scheduler = make_scheduler(tiny_model_paths["llama"], max_running_requests=4)
+    for i, ids in enumerate(prompts(12)):
+        scheduler.add_request(dataclasses.replace(greedy_req(f"big-{i}", ids, max_new_tokens=6), group="big"))
+
+    def short_arrives(step, sched):
+        if step == 1:
+            sched.add_request(greedy_req("short", prompts(13)[12], max_new_tokens=6))
+
+    results = run_to_completion(scheduler, short_arrives)
+    assert results["short"]["order"] <= 8, results["short"]
     assert_accounting(scheduler)
 
 

@@ -9,7 +9,7 @@ import time
 
 import zmq
 
-from sglang.srt.managers.io_struct import BatchStrOut, GenerateReqInput
+from sglang.srt.managers.io_struct import BatchStrOut, GenerateReqInput, RequestConstants
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -18,9 +18,9 @@ VOCAB = 384
 
 def _step(rid: str, token: int, done: bool = False) -> BatchStrOut:
     return BatchStrOut(rids=[rid], new_texts=[f"<{token}>"], new_token_ids=[[token]],
-                       finished_reasons=[{"type": "length", "length": 1} if done else None], prompt_tokens=[3],
-                       completion_tokens=[token], cached_tokens=[0], new_token_logprobs=[None],
-                       new_top_logprobs=[None], admit_times=[None], first_token_times=[None])
+                       finished_reasons=[{"type": "length", "length": 1} if done else None],
+                       constants=[RequestConstants(prompt_tokens=3) if token == 1 else None],
+                       completion_tokens=[token], new_token_logprobs=[None], new_top_logprobs=[None])
 
 
 async def _stream_while_steps_arrive_in_bursts(model_path: str, bursts: list[int]) -> list[dict]:

@@ -64,6 +64,7 @@ def test_from_dict_unknown_key_is_named():
     "field, value, expected",
     [
         ("temperature", "hot", "number"),
+        ("temperature", float("inf"), "finite number"),
         ("max_new_tokens", 1.5, "integer"),
         ("top_k", True, "integer"),
         ("top_p", [0.5], "number"),
@@ -93,8 +94,9 @@ def test_ints_accepted_for_float_fields():
         ({"max_new_tokens": -1}, "max_new_tokens", ">= 0"),
         ({"min_new_tokens": -1}, "min_new_tokens", "[0, max_new_tokens"),
         ({"min_new_tokens": 5, "max_new_tokens": 4}, "min_new_tokens", "[0, max_new_tokens=4]"),
-        ({"temperature": -0.1}, "temperature", ">= 0"),
-        ({"temperature": float("nan")}, "temperature", ">= 0"),
+        ({"temperature": -0.1}, "temperature", "[0, 2]"),
+        ({"temperature": float("nan")}, "temperature", "[0, 2]"),
+        ({"temperature": 1e308}, "temperature", "[0, 2]"),  # the same bound as the OpenAI routes
         ({"top_p": 0.0}, "top_p", "(0, 1]"),
         ({"top_p": 1.01}, "top_p", "(0, 1]"),
         ({"top_k": 0}, "top_k", ">= 1"),

@@ -72,6 +72,9 @@ class Subprocesses:
         shutil.rmtree(self.port_args.ipc_dir, ignore_errors=True)
 
 
+ENGINE_MAX_SEQUENCES_PER_REQUEST = 2**31 - 1
+
+
 async def _first(agen):
     try:
         return await agen.__anext__()
@@ -83,6 +86,9 @@ class Engine:
     """`Engine(model_path=..., **server_args)`: keyword names are ServerArgs fields."""
 
     def __init__(self, **kwargs):
+        # An offline batch is the caller's own: no fan-out limit unless one is asked for (the HTTP
+        # server's default keeps one client from slowing the others).
+        kwargs.setdefault("max_sequences_per_request", ENGINE_MAX_SEQUENCES_PER_REQUEST)
         self.server_args = ServerArgs.from_kwargs(**kwargs)
         configure_logger(self.server_args.log_level)
         self._closed = False

@@ -20,12 +20,15 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import sglang
 from sglang.srt.entrypoints.engine import Subprocesses
 from sglang.srt.entrypoints.http_utils import (
-    ClientDisconnected, cancel_on_disconnect, error_response, invalid_request_response, parse_json_body, sse,
+    ClientDisconnected, cancel_on_disconnect, error_response, invalid_request_response, redact_query_strings, sse,
 )
+from sglang.srt.entrypoints.not_implemented import reject_native_sampling_fields, reject_openai_fields
+from sglang.srt.entrypoints.request_body import parse_json_body
 from sglang.srt.errors import InvalidRequest
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
@@ -37,17 +40,18 @@ EXIT_GRACE_S = 2.0  # after a child dies: time for waiting clients to get their 
 HEALTH_GENERATE_TIMEOUT_S = 30
 SHUTDOWN_TIMEOUT_S = 5
 READY_MESSAGE = "The server is fired up and ready to roll!"
-# Routes that answer without an API key (probes and scrapers).
-OPEN_ROUTES = {"/health", "/metrics"}
+# Routes that answer without an API key (probes and scrapers): every /health* route, as upstream.
+OPEN_ROUTE_PREFIXES = ("/health", "/metrics")
 # Idle HTTP keep-alive connections are closed after this long (clients that reuse one later than
 # this race the close; 30 s covers the usual client pools, which drop idle ones sooner).
 SERVER_KEEPALIVE_S = 30
 
 
 class GenerateRequest(BaseModel):
-    """The native /generate body (upstream SGLang's names)."""
+    """The native /generate body (upstream SGLang's names). Strict like the OpenAI routes: a
+    string is not a number, a number is not a boolean."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     text: Optional[Union[str, list[str]]] = None
     input_ids: Optional[Union[list[int], list[list[int]]]] = None
     sampling_params: Optional[Union[dict[str, Any], list[dict[str, Any]]]] = None
@@ -146,6 +150,14 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def invalid_request(request: Request, exc: InvalidRequest):
         return invalid_request_response(exc)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):  # 404, 405, ...
+        return error_response(str(exc.detail), exc.status_code)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):  # uvicorn logs the traceback
+        return error_response(f"internal error: {type(exc).__name__}", 500)
+
 
 def _add_auth(app: FastAPI, api_key: Optional[str]) -> None:
     if not api_key:
@@ -153,7 +165,8 @@ def _add_auth(app: FastAPI, api_key: Optional[str]) -> None:
 
     @app.middleware("http")
     async def check_api_key(request: Request, call_next):
-        if request.url.path not in OPEN_ROUTES and request.headers.get("authorization") != f"Bearer {api_key}":
+        open_route = request.url.path.startswith(OPEN_ROUTE_PREFIXES)
+        if not open_route and request.headers.get("authorization") != f"Bearer {api_key}":
             return error_response("missing or wrong API key (send 'Authorization: Bearer <key>')", 401)
         return await call_next(request)
 
@@ -161,17 +174,18 @@ def _add_auth(app: FastAPI, api_key: Optional[str]) -> None:
 def _add_native_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
     async def health():
-        ok = state.ready and state.subprocesses.why_dead() is None
-        return Response(status_code=200 if ok else 503)
+        if state.ready and state.subprocesses.why_dead() is None:
+            return Response(status_code=200)
+        return error_response(state.subprocesses.why_dead() or "the server is not ready", 503)
 
     @app.get("/health_generate")
     async def health_generate():
         if not state.ready:
-            return Response(status_code=503)
+            return error_response("the server is not ready", 503)
         try:
             await asyncio.wait_for(_generate_once(state.tokenizer_manager, 1), HEALTH_GENERATE_TIMEOUT_S)
-        except Exception:
-            return Response(status_code=503)
+        except Exception as err:
+            return error_response(f"a one-token generation failed: {type(err).__name__} {err}", 503)
         return Response(status_code=200)
 
     @app.get("/get_model_info")
@@ -205,15 +219,19 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/generate")
     async def generate(raw_request: Request):
-        body = await parse_json_body(raw_request, GenerateRequest)
+        body = await parse_json_body(raw_request, GenerateRequest, state.server_args.max_payload_size,
+                                     lambda data: reject_native_sampling_fields(data.get("sampling_params")))
         obj = GenerateReqInput(**body.model_dump())
         agen = state.tokenizer_manager.generate_request(obj)
-        if obj.stream:
-            return await _stream_native(agen)
         try:
+            if obj.stream:
+                return await _stream_native(agen)
             result = await cancel_on_disconnect(_first(agen), raw_request)
         except ClientDisconnected:
             return Response(status_code=499)
+        except RuntimeError as err:  # the engine failed (e.g. its scheduler process died)
+            logger.error("request failed: %s", err)
+            return error_response(f"internal error: {err}", 500)
         return _native_response(result)
 
 
@@ -279,12 +297,14 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/completions")
     async def completions(raw_request: Request):
-        request = await parse_json_body(raw_request, CompletionRequest)
+        request = await parse_json_body(raw_request, CompletionRequest, state.server_args.max_payload_size,
+                                        reject_openai_fields)
         return await handler(OpenAIServingCompletion).handle_request(request, raw_request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw_request: Request):
-        request = await parse_json_body(raw_request, ChatCompletionRequest)
+        request = await parse_json_body(raw_request, ChatCompletionRequest, state.server_args.max_payload_size,
+                                        reject_openai_fields)
         return await handler(OpenAIServingChat).handle_request(request, raw_request)
 
 
@@ -298,6 +318,7 @@ def launch_server(server_args: ServerArgs) -> int:
             log_level=server_args.log_level, timeout_keep_alive=SERVER_KEEPALIVE_S,
             timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S,
         )
+        logging.getLogger("uvicorn.access").addFilter(redact_query_strings)
         state.uvicorn_server = uvicorn.Server(config)
         try:
             state.uvicorn_server.run()

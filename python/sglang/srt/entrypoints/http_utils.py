@@ -1,24 +1,24 @@
 """Helpers shared by the HTTP routes: OpenAI-style error responses, disconnect-aware waiting,
-server-sent events."""
+server-sent events, the access log's redaction. Request bodies: request_body.py."""
 
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import re
 from typing import Any, AsyncIterator, Awaitable, Optional
 
 import orjson
 from fastapi import Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ValidationError
 
 from sglang.srt.errors import InvalidRequest
 
 DISCONNECT_POLL_S = 0.5
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                503: "service_unavailable", 500: "internal_server_error"}
+                405: "method_not_allowed", 413: "request_too_large", 503: "service_unavailable",
+                500: "internal_server_error"}
 
 
 def error_response(message: str, status_code: int = 400, param: Optional[str] = None) -> JSONResponse:
@@ -37,29 +37,13 @@ def invalid_request_response(err: InvalidRequest, param_names: Optional[dict] = 
     return error_response(message, err.status_code, param)
 
 
-async def parse_json_body(raw_request: Request, model_cls: type[BaseModel]) -> BaseModel:
-    """The body as `model_cls`, whatever the Content-Type (curl -d sends form encoding);
-    raises InvalidRequest naming the field at fault."""
-    raw = await raw_request.body()
-    try:
-        data = json.loads(raw) if raw.strip() else None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InvalidRequest(f"the request body is not valid JSON: {e}", "body") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("the request body must be a JSON object", "body")
-    try:
-        return model_cls.model_validate(data)
-    except ValidationError as e:
-        raise validation_error_to_invalid_request(e) from None
-
-
-def validation_error_to_invalid_request(exc: ValidationError) -> InvalidRequest:
-    err = exc.errors()[0]
-    loc = [str(part) for part in err.get("loc", ()) if not isinstance(part, int)]
-    # Union members show up in loc as type names; the field is the first element.
-    param = loc[0] if loc else None
-    where = ".".join(str(part) for part in err.get("loc", ())) or "body"
-    return InvalidRequest(f"{where}: {err.get('msg', 'invalid value')}", param)
+def redact_query_strings(record: logging.LogRecord) -> bool:
+    """A logging filter for uvicorn's access log: a query string is logged as `?<redacted>`, so a
+    key that a client put in a URL does not land in the log."""
+    args = record.args
+    if isinstance(args, tuple) and len(args) >= 3 and isinstance(args[2], str) and "?" in args[2]:
+        record.args = (*args[:2], args[2].split("?", 1)[0] + "?<redacted>", *args[3:])
+    return True
 
 
 class ClientDisconnected(Exception):

@@ -6,27 +6,33 @@ import dataclasses
 import logging
 import os
 import signal
+from typing import Optional
 
 import zmq
 
 from sglang.srt.hf_transformers_utils import get_tokenizer
-from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut
+from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut, RequestConstants
+from sglang.srt.managers.stop_strings import IncrementalText, StopState
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils import configure_logger, name_process
 
 logger = logging.getLogger(__name__)
-# Tokens decoded again before the new ones, so that merges across the boundary come out right.
-CONTEXT_TOKENS = 5
 # Bounds how many queued scheduler steps are merged into one message.
 MAX_STEPS_PER_MESSAGE = 64
 
 
 @dataclasses.dataclass
 class DecodeState:
-    ids: list[int] = dataclasses.field(default_factory=list)
-    text: str = ""  # decoded so far (complete characters only)
-    read_offset: int = 0  # tokens whose text is in `text`
-    emitted_len: int = 0  # characters of `text` already sent
+    params: RequestConstants
+    text: IncrementalText = dataclasses.field(default_factory=IncrementalText)
+    stop: Optional[StopState] = None  # text that may start a stop string is held back
+    emitted_len: int = 0  # characters of the text already sent
+
+    @classmethod
+    def new(cls, params: Optional[RequestConstants]) -> DecodeState:
+        params = params or RequestConstants()
+        stops = params.stop_strs if not params.no_stop_trim else ()
+        return cls(params, stop=StopState(list(stops)) if stops else None)
 
 
 class DetokenizerManager:
@@ -37,50 +43,49 @@ class DetokenizerManager:
     def handle(self, out: BatchTokenIDOut) -> BatchStrOut:
         new_texts = []
         for i, rid in enumerate(out.rids):
-            state = self.states.setdefault(rid, DecodeState())
-            state.ids.extend(out.new_token_ids[i])
-            skip, reason = out.skip_special_tokens[i], out.finished_reasons[i]
+            state = self.states.get(rid)
+            if state is None:
+                state = self.states[rid] = DecodeState.new(out.constants[i])
+            reason = out.finished_reasons[i]
             if reason is None:
-                stops = [] if out.no_stop_trim[i] else out.stop_strs[i]
-                new_texts.append(self._incremental_text(state, skip, stops))
+                new_texts.append(self._incremental_text(state, out.new_token_ids[i]))
             else:
-                new_texts.append(self._final_text(state, skip, reason, out.no_stop_trim[i]))
+                state.text.ids.extend(out.new_token_ids[i])
+                new_texts.append(self._final_text(state, reason))
                 del self.states[rid]
         return BatchStrOut(
             rids=out.rids, new_texts=new_texts, new_token_ids=out.new_token_ids,
-            finished_reasons=out.finished_reasons, prompt_tokens=out.prompt_tokens,
-            completion_tokens=out.completion_tokens, cached_tokens=out.cached_tokens,
+            finished_reasons=out.finished_reasons, constants=out.constants,
+            completion_tokens=out.completion_tokens,
             new_token_logprobs=out.new_token_logprobs, new_top_logprobs=out.new_top_logprobs,
-            admit_times=out.admit_times, first_token_times=out.first_token_times,
             spec_verify_ct=out.spec_verify_ct,
         )
 
     def _decode(self, ids: list[int], skip: bool) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip)
 
-    def _incremental_text(self, state: DecodeState, skip: bool, stop_strs: list[str]) -> str:
-        context_start = max(0, state.read_offset - CONTEXT_TOKENS)
-        before = self._decode(state.ids[context_start : state.read_offset], skip)
-        after = self._decode(state.ids[context_start:], skip)
-        # An incomplete character waits for the bytes that finish it.
-        if not after.endswith("\ufffd") and after.startswith(before):
-            state.text += after[len(before) :]
-            state.read_offset = len(state.ids)
+    def _incremental_text(self, state: DecodeState, new_ids: list[int]) -> str:
+        skip = state.params.skip_special_tokens
+        new_text = state.text.extend(new_ids, lambda ids: self._decode(ids, skip))
+        held = 0
+        if state.stop is not None:
+            state.stop.feed(new_text)
+            held = state.stop.held_len
         # Text that may be the start of a stop string waits until it is known not to be.
-        visible = len(state.text) - _stop_prefix_len(state.text, stop_strs)
+        visible = len(state.text.text) - held
         if visible <= state.emitted_len:
             return ""
-        delta = state.text[state.emitted_len : visible]
+        delta = state.text.text[state.emitted_len : visible]
         state.emitted_len = visible
         return delta
 
-    def _final_text(self, state: DecodeState, skip: bool, reason: dict, no_stop_trim: bool) -> str:
-        full = self._decode(state.ids, skip)
+    def _final_text(self, state: DecodeState, reason: dict) -> str:
+        full = self._decode(state.text.ids, state.params.skip_special_tokens)
         matched = reason.get("matched")
-        if isinstance(matched, str) and not no_stop_trim:
+        if isinstance(matched, str) and not state.params.no_stop_trim:
             cut = full.find(matched)
             full = full if cut < 0 else full[:cut]
-        sent = state.text[: state.emitted_len]
+        sent = state.text.text[: state.emitted_len]
         # Decoding in pieces can disagree with decoding at once only in what was held back.
         return full[len(sent) :] if full.startswith(sent) else full[len(_common_prefix(full, sent)) :]
 
@@ -107,26 +112,16 @@ def merge_token_outputs(outs: list[BatchTokenIDOut]) -> BatchTokenIDOut:
     def latest(field: str) -> list:
         return [getattr(out, field)[i] for out, i in last]
 
+    def first_given(field: str) -> list:
+        return [next((getattr(out, field)[i] for out, i in parts[rid] if getattr(out, field)[i] is not None), None)
+                for rid in rids]
+
     return BatchTokenIDOut(
         rids=rids, new_token_ids=joined("new_token_ids"), finished_reasons=latest("finished_reasons"),
-        skip_special_tokens=latest("skip_special_tokens"), prompt_tokens=latest("prompt_tokens"),
-        completion_tokens=latest("completion_tokens"), cached_tokens=latest("cached_tokens"),
-        stop_strs=latest("stop_strs"), no_stop_trim=latest("no_stop_trim"),
+        constants=first_given("constants"), completion_tokens=latest("completion_tokens"),
         new_token_logprobs=joined("new_token_logprobs"), new_top_logprobs=joined("new_top_logprobs"),
-        admit_times=latest("admit_times"), first_token_times=latest("first_token_times"),
         spec_verify_ct=None if outs[-1].spec_verify_ct is None else latest("spec_verify_ct"),
     )
-
-
-def _stop_prefix_len(text: str, stop_strs: list[str]) -> int:
-    """Length of the longest end of `text` that is a proper prefix of some stop string."""
-    longest = 0
-    for stop in stop_strs:
-        for k in range(min(len(stop) - 1, len(text)), longest, -1):
-            if text.endswith(stop[:k]):
-                longest = k
-                break
-    return longest
 
 
 def _common_prefix(a: str, b: str) -> str:

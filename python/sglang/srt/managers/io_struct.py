@@ -24,6 +24,9 @@ class GenerateReqInput:
     return_logprob: Union[bool, list[bool]] = False
     top_logprobs_num: Union[int, list[int]] = 0
     logprob_start_len: Union[int, list[int]] = -1  # accepted for compatibility; prompt logprobs are not returned
+    # The client request this belongs to, when a front end splits one into several (an OpenAI
+    # stream runs one per choice): admission shares the server fairly between such groups.
+    group: Optional[str] = None
 
     def is_batch(self) -> bool:
         if self.text is not None:
@@ -39,11 +42,29 @@ class TokenizedGenerateReqInput:
     stream: bool
     return_logprob: bool = False
     top_logprobs_num: int = 0
+    group: str = ""  # the client request it came from (every prompt and sample of it); see GenerateReqInput
 
 
 @dataclasses.dataclass
 class AbortReq:
     rid: str
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestConstants:
+    """What stays the same for a request's whole life: it travels with the request's first output
+    message only, not with every step's tokens."""
+
+    # How the detokenizer turns the ids into text.
+    skip_special_tokens: bool = True
+    no_stop_trim: bool = False
+    stop_strs: tuple[str, ...] = ()  # text that may start one of these is held back
+    # What the tokenizer manager reports.
+    prompt_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens served from the cache at the first admission
+    # Wall-clock times (time.time()) of the first prefill admission and the first output token.
+    admit_time: Optional[float] = None
+    first_token_time: Optional[float] = None
 
 
 @dataclasses.dataclass
@@ -53,18 +74,12 @@ class BatchTokenIDOut:
     rids: list[str]
     new_token_ids: list[list[int]]  # tokens produced since the last message for that request
     finished_reasons: list[Optional[dict]]
-    skip_special_tokens: list[bool]
-    prompt_tokens: list[int]
+    # Per request: its RequestConstants in the first message about it, None afterwards.
+    constants: list[Optional[RequestConstants]]
     completion_tokens: list[int]
-    cached_tokens: list[int]
-    stop_strs: list[list[str]]  # the detokenizer holds back text that may start a stop string
-    no_stop_trim: list[bool]
     # Per request, for the new tokens: [(logprob, token_id)] and [[(logprob, token_id)] * top N]; None without logprobs.
     new_token_logprobs: list[Optional[list[tuple[float, int]]]]
     new_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
-    # Wall-clock times (time.time()) of the first prefill admission and the first output token.
-    admit_times: list[Optional[float]]
-    first_token_times: list[Optional[float]]
     # With speculative decoding: verify steps each request took so far; None without.
     spec_verify_ct: Optional[list[int]] = None
 
@@ -77,13 +92,10 @@ class BatchStrOut:
     new_texts: list[str]
     new_token_ids: list[list[int]]
     finished_reasons: list[Optional[dict]]
-    prompt_tokens: list[int]
+    constants: list[Optional[RequestConstants]]  # as in BatchTokenIDOut
     completion_tokens: list[int]
-    cached_tokens: list[int]
     new_token_logprobs: list[Optional[list[tuple[float, int]]]]
     new_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
-    admit_times: list[Optional[float]]
-    first_token_times: list[Optional[float]]
     spec_verify_ct: Optional[list[int]] = None
 
 

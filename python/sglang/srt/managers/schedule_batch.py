@@ -10,7 +10,8 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.managers.io_struct import finish_length, finish_matched
+from sglang.srt.managers.io_struct import RequestConstants, finish_length, finish_matched
+from sglang.srt.managers.stop_strings import IncrementalText, StopState
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.utils import host_to_device_rows
@@ -19,8 +20,9 @@ from sglang.srt.utils import host_to_device_rows
 class Req:
     def __init__(self, rid: str, input_ids: list[int], sampling_params: SamplingParams, seed: int,
                  stream: bool, eos_token_ids: set[int], context_len: int,
-                 return_logprob: bool = False, top_logprobs_num: int = 0):
+                 return_logprob: bool = False, top_logprobs_num: int = 0, group: str = ""):
         self.rid = rid  # set by the tokenizer manager
+        self.group = group or rid  # the client request it belongs to (admission is fair between them)
         self.origin_input_ids = list(input_ids)
         self.sampling_params = sampling_params
         self.seed = seed
@@ -30,6 +32,10 @@ class Req:
             self.stop_token_ids |= eos_token_ids
         self.context_len = context_len
         self.stop_strs: list[str] = list(sampling_params.stop or ())
+        # Matching the stop strings as the output's text grows (set up on the first check).
+        self.stop_state: Optional[StopState] = None
+        self.stop_text: Optional[IncrementalText] = None
+        self.constants_sent = False  # its RequestConstants went out with an earlier message
         self.return_logprob = return_logprob
         self.top_logprobs_num = top_logprobs_num if return_logprob else 0
         self.output_ids: list[int] = []
@@ -123,21 +129,29 @@ class Req:
             return j + 1
         return n
 
+    def take_constants(self) -> Optional[RequestConstants]:
+        """What stays the same for this request, for its first output message only (its
+        admission and first token, if any, came before that message)."""
+        if self.constants_sent:
+            return None
+        self.constants_sent = True
+        params = self.sampling_params
+        return RequestConstants(params.skip_special_tokens, params.no_stop_trim, tuple(self.stop_strs),
+                                len(self.origin_input_ids), self.cached_tokens, self.admit_time,
+                                self.first_token_time)
+
     def check_stop_strings(self, decode) -> None:
-        """Finish if the tail of the output text contains a stop string. `decode` maps token
-        ids to text; only the last tokens are decoded, enough to hold the longest stop string."""
+        """Finish if the output's text now contains a stop string (one that ends past
+        min_new_tokens). `decode` maps token ids to text; only the new tokens (and a few before
+        them) are decoded, and only the new characters go through the stop automaton."""
         if self.finished_reason is not None or not self.stop_strs:
             return
-        if len(self.output_ids) <= self.sampling_params.min_new_tokens:
-            return
-        # A token decodes to at least one character or to part of one (byte-level BPE can
-        # split a character over up to 4 tokens), so this many tokens always cover it.
-        tail_len = 4 * max(len(s) for s in self.stop_strs) + 2
-        tail = decode(self.output_ids[-tail_len:])
-        for stop in self.stop_strs:
-            if stop in tail:
-                self.finished_reason = finish_matched(stop)
-                return
+        if self.stop_state is None:
+            self.stop_state, self.stop_text = StopState(self.stop_strs), IncrementalText()
+        new_text = self.stop_text.extend(self.output_ids[len(self.stop_text.ids):], decode)
+        matched = self.stop_state.feed(new_text)
+        if matched is not None and len(self.output_ids) > self.sampling_params.min_new_tokens:
+            self.finished_reason = finish_matched(matched)
 
 
 @dataclasses.dataclass

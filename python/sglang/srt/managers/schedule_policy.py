@@ -23,11 +23,32 @@ class SchedulePolicy:
         self.policy = policy
         self.kv_manager = kv_manager
 
-    def order(self, waiting: list[Req]) -> list[Req]:
+    def order(self, waiting: list[Req], running: list[Req] = ()) -> list[Req]:
         if self.policy == "lpm" and len(waiting) <= LPM_MAX_QUEUE:
             # Stable sort: among equal prefixes, arrival order is kept.
-            return sorted(waiting, key=lambda r: -self.kv_manager.cached_prefix_len(r))
+            waiting = sorted(waiting, key=lambda r: -self.kv_manager.cached_prefix_len(r))
+        return fair_order(waiting, running)
+
+
+def fair_order(waiting, running) -> list[Req]:
+    """`waiting` with each client request's sequences (its prompts x n, `Req.group`) taking turns:
+    a sequence goes ahead of those whose request already runs or waits ahead with more of its
+    own. So a request that fans out to many sequences cannot hold back the ones that arrive after
+    it: each of those waits for at most one of its sequences per request ahead, not for all of them.
+    Order among equals (and the whole order, when no request has two sequences) is kept."""
+    if len(waiting) <= 1:
         return list(waiting)
+    share: dict[str, int] = {}
+    for req in running:
+        share[req.group] = share.get(req.group, 0) + 1
+    keys = []
+    for req in waiting:
+        count = share.get(req.group, 0)
+        share[req.group] = count + 1
+        keys.append(count)
+    if not any(keys):
+        return list(waiting)
+    return [req for _, _, req in sorted(zip(keys, range(len(keys)), waiting), key=lambda item: item[:2])]
 
 
 # Admission batching (--admission-batch-steps): with fewer running requests than this, every

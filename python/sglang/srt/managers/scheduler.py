@@ -111,7 +111,7 @@ class Scheduler:
         params = recv.sampling_params
         seed = params.sampling_seed if params.sampling_seed is not None else int(self.seed_rng.integers(2**62))
         req = Req(recv.rid, recv.input_ids, params, seed, recv.stream, self.eos_token_ids, self.memory.context_len,
-                  recv.return_logprob, recv.top_logprobs_num)
+                  recv.return_logprob, recv.top_logprobs_num, group=recv.group)
         error = self._validate(req)
         if error:
             req.finished_reason = finish_abort(error)
@@ -372,7 +372,7 @@ class Scheduler:
         # view is taken once, not once per admission (O(running) each).
         self._admission_view = self._running_view() if self.spec_k else None
         try:
-            for req in self.policy.order(self.waiting_queue):
+            for req in self.policy.order(self.waiting_queue, self.running_reqs):
                 if not self._admit(req, adder):
                     break
         finally:
@@ -647,18 +647,12 @@ class Scheduler:
             rids=[req.rid for req in reqs],
             new_token_ids=[req.output_ids[req.sent_len :] for req in reqs],
             finished_reasons=[req.finished_reason for req in reqs],
-            skip_special_tokens=[req.sampling_params.skip_special_tokens for req in reqs],
-            prompt_tokens=[len(req.origin_input_ids) for req in reqs],
+            constants=[req.take_constants() for req in reqs],
             completion_tokens=[len(req.output_ids) for req in reqs],
-            cached_tokens=[req.cached_tokens for req in reqs],
-            stop_strs=[req.stop_strs for req in reqs],
-            no_stop_trim=[req.sampling_params.no_stop_trim for req in reqs],
             new_token_logprobs=[req.output_token_logprobs[req.sent_len :] if req.return_logprob else None
                                 for req in reqs],
             new_top_logprobs=[req.output_top_logprobs[req.sent_len :] if req.top_logprobs_num else None
                               for req in reqs],
-            admit_times=[req.admit_time for req in reqs],
-            first_token_times=[req.first_token_time for req in reqs],
             spec_verify_ct=[req.spec_verify_ct for req in reqs] if self.spec_k else None,
         )
         for req in reqs:

@@ -10,6 +10,7 @@ import pstats
 import signal
 import traceback
 
+import torch
 import zmq
 
 from sglang.srt.managers.io_struct import AbortReq, ControlReply, ControlReq, TokenizedGenerateReqInput
@@ -68,6 +69,11 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pi
     name_process("sglang-sched")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     parent_pid = os.getppid()
+    if server_args.device == "cpu":
+        threads = cpu_intra_op_threads()
+        torch.set_num_threads(threads)
+        logger.info("torch intra-op threads: %d (%s)", threads,
+                    "OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "usable CPUs - 2, at most 16")
     try:
         scheduler = Scheduler(server_args)
     except Exception as e:
@@ -81,6 +87,23 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pi
     except Exception:
         logger.error("scheduler crashed:\n%s", traceback.format_exc())
         raise SystemExit(1)
+
+
+# Most intra-op threads a CPU scheduler takes by itself: a small model's matmuls gain nothing from
+# more, and every thread spins while it waits for work.
+MAX_CPU_THREADS = 16
+
+
+def cpu_intra_op_threads() -> int:
+    """torch's intra-op threads on the CPU: OMP_NUM_THREADS when it is set; otherwise the CPUs this
+    process may run on less two (the HTTP and detokenizer processes need one each), at least 1, at
+    most MAX_CPU_THREADS. torch's default (every core) makes its threads fight the server's other
+    processes: a decode step took ~10x longer on a busy machine."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(usable - 2, MAX_CPU_THREADS))
 
 
 class SchedulerLoop:

@@ -12,16 +12,18 @@ import os
 import pickle
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable, Optional
 
 import zmq
 import zmq.asyncio
 
-from sglang.srt.errors import InvalidRequest
+from sglang.srt.errors import InvalidRequest, short_repr
 from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchStrOut, ControlReply, ControlReq, GenerateReqInput, TokenizedGenerateReqInput,
+    AbortReq, BatchStrOut, ControlReply, ControlReq, GenerateReqInput, RequestConstants, TokenizedGenerateReqInput,
 )
+from sglang.srt.managers.request_limits import RequestLimits, longest_token_chars
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -32,6 +34,11 @@ MAX_MESSAGES_PER_WAKE = 64
 # Diagnosis only: "1" reads one message per wake, so every stream sends each step on its own
 # however far behind it is (the front end before coalescing, for A/B measurements).
 STREAM_EVERY_STEP_ENV = "SGLANG_STREAM_EVERY_STEP"
+# Prompts up to this many characters in all are tokenized on the event loop (well under a
+# millisecond); longer ones on a worker thread. Two threads: one long prompt does not hold up
+# the others' tokenization.
+INLINE_TOKENIZE_CHARS = 2048
+TOKENIZE_THREADS = 2
 
 
 @dataclasses.dataclass
@@ -43,6 +50,7 @@ class ReqState:
     meta: dict = dataclasses.field(default_factory=dict)
     finished: bool = False
     event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    constants: RequestConstants = dataclasses.field(default_factory=RequestConstants)
 
 
 class TokenizerManager:
@@ -70,6 +78,9 @@ class TokenizerManager:
         self.control_ids = itertools.count()
         self.dead_reason: Optional[str] = None
         self.handle_loop_task: Optional[asyncio.Task] = None
+        self.limits = RequestLimits(server_args, self.context_len, model_info["max_running_requests"],
+                                    longest_token_chars(self.tokenizer))
+        self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="sglang-tokenize")
         self.metrics = None
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import MetricsCollector  # only with --enable-metrics
@@ -78,8 +89,10 @@ class TokenizerManager:
 
     # ---- requests ----------------------------------------------------------------------
 
-    def tokenize_request(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
-        """Validate and tokenize every prompt of the request; raise ValueError naming the field."""
+    async def tokenize_request(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
+        """Validate and tokenize every prompt of the request; raise InvalidRequest naming the field.
+        Everything cheap is checked first; long prompts are tokenized on a worker thread (the
+        tokenizer releases the GIL), so the event loop keeps serving meanwhile."""
         prompts = _as_list(obj.text) if obj.text is not None else None
         ids_list = _as_id_lists(obj.input_ids) if obj.input_ids is not None else None
         if (prompts is None) == (ids_list is None):
@@ -91,24 +104,48 @@ class TokenizerManager:
         rids = _broadcast(obj.rid, n, "rid") if obj.rid is not None else [uuid.uuid4().hex for _ in range(n)]
         return_logprobs = _broadcast(obj.return_logprob, n, "return_logprob")
         top_nums = _broadcast(obj.top_logprobs_num, n, "top_logprobs_num")
+        params = [self._sampling_params(raw) for raw in params_list]
+        self.limits.check_sequences(n, max(p.n for p in params), sum(p.n for p in params))
+        for i in range(n):
+            _check_logprob_args(return_logprobs[i], top_nums[i])
+        ids_list = await self._encode_all(prompts) if prompts is not None else ids_list
+        group = obj.group or rids[0]
         out = []
         for i in range(n):
-            input_ids = self._encode(prompts[i]) if prompts is not None else ids_list[i]
-            params = self._sampling_params(params_list[i], input_ids)
-            self._check_lengths(input_ids, params)
-            _check_logprob_args(return_logprobs[i], top_nums[i])
-            req = TokenizedGenerateReqInput(rids[i], input_ids, params, obj.stream,
-                                            bool(return_logprobs[i]), top_nums[i])
+            if _wants_whole_context(params_list[i]):
+                params[i].max_new_tokens = max(self.context_len - len(ids_list[i]), 0)  # None: up to the context
+            self._check_lengths(ids_list[i], params[i])
+            req = TokenizedGenerateReqInput(rids[i], ids_list[i], params[i], obj.stream,
+                                            bool(return_logprobs[i]), top_nums[i], group=group)
             out.extend(_expand_n(req))
         return out
 
-    def _sampling_params(self, raw, input_ids: list[int]) -> SamplingParams:
+    def _sampling_params(self, raw) -> SamplingParams:
         params = SamplingParams.from_dict(raw)
-        if isinstance(raw, dict) and "max_new_tokens" in raw and raw["max_new_tokens"] is None:
-            params.max_new_tokens = max(self.context_len - len(input_ids), 0)  # None: up to the context
+        if _wants_whole_context(raw):
+            params.max_new_tokens = self.context_len  # the exact value is known once the prompt is tokenized
         params.verify(self.vocab_size)
         params.verify_simulation(self.server_args.speculative_enabled)
+        self.limits.check_stop(params)
         return params
+
+    async def _encode_all(self, prompts: list) -> list[list[int]]:
+        num_chars = 0
+        for text in prompts:
+            if not isinstance(text, str):
+                raise InvalidRequest(f"text must be a string, got {type(text).__name__}", "text")
+            self.limits.check_prompt_chars(len(text))
+            num_chars += len(text)
+        if num_chars <= INLINE_TOKENIZE_CHARS:
+            return [self._encode(text) for text in prompts]
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.tokenize_pool, lambda: [self._encode(text) for text in prompts])
+
+    def _encode(self, text: str) -> list[int]:
+        try:
+            return self.tokenizer.encode(text)
+        except (TypeError, ValueError, UnicodeError):  # e.g. a lone surrogate, which UTF-8 cannot hold
+            raise InvalidRequest("text is not valid Unicode (it holds a lone surrogate code point)", "text") from None
 
     def _check_capacity(self, num_new: int) -> None:
         """Refuse work beyond what can run plus --max-queued-requests, before it is queued."""
@@ -120,19 +157,14 @@ class TokenizerManager:
             raise InvalidRequest(f"the server is overloaded: {len(self.rid_to_state)} requests are in flight "
                                  f"and at most {limit} may wait in the queue; retry later", status_code=503)
 
-    def _encode(self, text) -> list[int]:
-        if not isinstance(text, str):
-            raise InvalidRequest(f"text must be a string, got {type(text).__name__}", "text")
-        return self.tokenizer.encode(text)
-
     def _check_lengths(self, input_ids: list[int], params: SamplingParams) -> None:
         if not input_ids:
             raise InvalidRequest("the prompt is empty", "text")
-        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size for t in input_ids):
-            raise InvalidRequest(f"input_ids must be integers in [0, {self.vocab_size})", "input_ids")
-        if len(input_ids) >= self.context_len:
+        if len(input_ids) >= self.context_len:  # before the per-token check: a long list costs it seconds
             raise InvalidRequest(f"the prompt has {len(input_ids)} tokens, more than the context length "
                                  f"({self.context_len}) allows", "text")
+        if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size for t in input_ids):
+            raise InvalidRequest(f"input_ids must be integers in [0, {self.vocab_size})", "input_ids")
         if len(input_ids) + params.max_new_tokens > self.context_len:
             raise InvalidRequest(f"the prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
                                  f"is longer than the context length ({self.context_len})", "max_new_tokens")
@@ -140,7 +172,7 @@ class TokenizerManager:
     async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator:
         """Yields the result dict (a list of them for a batch); several times when streaming."""
         self._ensure_running()
-        reqs = self.tokenize_request(obj)
+        reqs = await self.tokenize_request(obj)
         if obj.stream and len(reqs) > 1:
             raise InvalidRequest("stream is supported for a single prompt with n = 1 only", "stream")
         self._check_capacity(len(reqs))
@@ -159,7 +191,7 @@ class TokenizerManager:
 
     def _send(self, req: TokenizedGenerateReqInput) -> ReqState:
         if req.rid in self.rid_to_state:
-            raise InvalidRequest(f"rid {req.rid!r} is already in use", "rid")
+            raise InvalidRequest(f"rid {short_repr(req.rid)} is already in use", "rid")
         state = ReqState(created=time.perf_counter())
         self.rid_to_state[req.rid] = state
         self.send_to_scheduler.send_pyobj(req)
@@ -248,12 +280,12 @@ class TokenizerManager:
                 continue
             state.text += out.new_texts[i]
             state.output_ids.extend(out.new_token_ids[i])
-            state.meta.update(
-                finish_reason=out.finished_reasons[i],
-                prompt_tokens=out.prompt_tokens[i],
-                completion_tokens=out.completion_tokens[i],
-                cached_tokens=out.cached_tokens[i],
-            )
+            constants = out.constants[i]  # the request's first message carries them
+            if constants is not None:
+                state.constants = constants
+                state.meta.update(finish_reason=None, prompt_tokens=constants.prompt_tokens,
+                                  completion_tokens=0, cached_tokens=constants.cached_tokens)
+            state.meta.update(finish_reason=out.finished_reasons[i], completion_tokens=out.completion_tokens[i])
             if out.spec_verify_ct is not None:
                 verifies = out.spec_verify_ct[i]
                 state.meta["spec_verify_ct"] = verifies
@@ -267,10 +299,11 @@ class TokenizerManager:
                     [(logprob, token_id, None) for logprob, token_id in top] for top in out.new_top_logprobs[i])
             state.finished = out.finished_reasons[i] is not None
             if state.finished and self.metrics is not None:
-                self._observe(state, out.admit_times[i], out.first_token_times[i])
+                self._observe(state)
             state.event.set()
 
-    def _observe(self, state: ReqState, admit_time, first_token_time) -> None:
+    def _observe(self, state: ReqState) -> None:
+        admit_time, first_token_time = state.constants.admit_time, state.constants.first_token_time
         meta = dict(state.meta, e2e_latency=time.perf_counter() - state.created)
         ttft = None if first_token_time is None else first_token_time - state.created_wall
         queue = None if admit_time is None else admit_time - state.created_wall
@@ -301,6 +334,7 @@ class TokenizerManager:
             except asyncio.CancelledError:
                 pass
         self.ctx.destroy(linger=0)
+        self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _expand_n(req: TokenizedGenerateReqInput) -> list[TokenizedGenerateReqInput]:
@@ -325,6 +359,10 @@ def _check_logprob_args(return_logprob, top_logprobs_num) -> None:
     if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int) \
             or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
         raise InvalidRequest(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs_num")
+
+
+def _wants_whole_context(raw) -> bool:
+    return isinstance(raw, dict) and "max_new_tokens" in raw and raw["max_new_tokens"] is None
 
 
 def _as_list(value) -> list:

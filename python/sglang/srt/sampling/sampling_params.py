@@ -4,11 +4,12 @@ values that arrive as JSON, and range checks before a request is scheduled."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sglang.srt.errors import InvalidRequest
+from sglang.srt.errors import InvalidRequest, short_repr
 
 # Below this temperature sampling is indistinguishable from argmax, and dividing by it
 # would overflow the logits.
@@ -93,7 +94,7 @@ class SamplingParams:
 
     def _verify_sampling(self) -> None:
         # Each check states the allowed range, so NaN fails it too.
-        _require(self.temperature >= 0, "temperature", "must be >= 0")
+        _require(0 <= self.temperature <= MAX_TEMPERATURE, "temperature", f"must be in [0, {MAX_TEMPERATURE:g}]")
         _require(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         _require(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (all) or >= 1")
         _require(0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
@@ -120,9 +121,8 @@ class SamplingParams:
             if value != neutral and not (name == "logit_bias" and not value):
                 raise InvalidRequest(
                     f"Sampling parameter '{name}' is not supported yet "
-                    f"(only the default {neutral!r} is accepted, got {value!r}).", name
+                    f"(only the default {neutral!r} is accepted, got {short_repr(value)}).", name
                 )
-
 
     def verify_simulation(self, speculative: bool) -> None:
         """simulated_accept_length: a benchmark's knob, meaningful on a speculative server run with
@@ -139,6 +139,8 @@ class SamplingParams:
 
 # Most samples one request may ask for (each becomes a request of its own).
 MAX_N = 64
+# OpenAI's bound, on every route (beyond it sampling is noise anyway).
+MAX_TEMPERATURE = 2.0
 
 # Penalties and logit bias need per-request token counts, which the engine does not keep yet.
 _UNSUPPORTED_NEUTRAL = {
@@ -172,7 +174,7 @@ def _is_int_list(v: Any) -> bool:
 
 # field -> (check, expected type in words, conversion)
 _INT = (_is_int, "an integer", int)
-_FLOAT = (_is_number, "a number", float)
+_FLOAT = (lambda v: _is_number(v) and math.isfinite(v), "a finite number", float)
 _BOOL = (lambda v: isinstance(v, bool), "a boolean", bool)
 _FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, Callable[[Any], Any]]] = {
     "max_new_tokens": _INT,
@@ -202,7 +204,7 @@ assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SamplingParams)}
 def _check_type(name: str, value: Any) -> Any:
     check, expected, convert = _FIELD_TYPES[name]
     if not check(value):
-        raise InvalidRequest(
-            f"Sampling parameter '{name}' must be {expected}, got {type(value).__name__} {value!r}.", name
-        )
+        shown = short_repr(value)
+        raise InvalidRequest(f"Sampling parameter '{name}' must be {expected}, got {type(value).__name__} {shown}.",
+                             name)
     return convert(value)

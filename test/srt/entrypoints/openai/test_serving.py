@@ -16,6 +16,8 @@ from sglang.srt.entrypoints import http_utils
 from sglang.srt.entrypoints.openai import OpenAIServingChat, OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from sglang.srt.errors import InvalidRequest
+from sglang.srt.managers.request_limits import RequestLimits
+from sglang.srt.server_args import ServerArgs
 from sglang.test.tiny_models import build_tokenizer
 
 MODEL = "tiny-model"
@@ -35,6 +37,8 @@ class FakeTokenizerManager:
         self.texts = texts
         self.context_len = 1024
         self.server_args = SimpleNamespace(served_model_name=MODEL, model_path=MODEL_PATH)
+        self.limits = RequestLimits(ServerArgs(device="cpu"), self.context_len, max_running_requests=64,
+                                    token_chars=16)
         self.finish, self.fail, self.fail_after, self.hang_after = finish, fail, fail_after, hang_after
         self.calls = []  # GenerateReqInput, in call order
         self.closed = []  # per call: whether its generator has finished or been closed

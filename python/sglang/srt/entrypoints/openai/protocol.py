@@ -7,6 +7,8 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
 
+from sglang.srt.sampling.sampling_params import MAX_TEMPERATURE
+
 MAX_N = 64  # the engine's limit on samples per request
 MAX_TOP_LOGPROBS = 20
 MAX_SEED = 2**63  # seeds travel as int64
@@ -39,8 +41,11 @@ def _check_prompt(value: Any) -> Any:
 
 
 class _Lenient(BaseModel):
-    # OpenAI clients send fields this server does not know (and SDK versions add new ones).
-    model_config = ConfigDict(extra="ignore")
+    # OpenAI clients send fields this server does not know (and SDK versions add new ones): those
+    # are ignored (the ones OpenAI defines but this server does not implement are refused, in
+    # entrypoints/not_implemented.py). Known fields are strict, as /generate's: "0.5" is not a
+    # number, true is not an integer, "yes" is not a boolean; NaN and infinities are refused.
+    model_config = ConfigDict(extra="ignore", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Lenient):
@@ -52,7 +57,7 @@ class _SamplingRequest(_Lenient):
     because some clients send explicit nulls for fields they leave unset."""
 
     model: Optional[str] = None
-    temperature: Optional[float] = Field(None, ge=0, le=2)
+    temperature: Optional[float] = Field(None, ge=0, le=MAX_TEMPERATURE)
     top_p: Optional[float] = Field(None, gt=0, le=1)
     n: Optional[int] = Field(1, ge=1, le=MAX_N)
     stream: Optional[bool] = False

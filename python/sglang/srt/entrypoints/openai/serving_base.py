@@ -21,7 +21,7 @@ from sglang.srt.entrypoints.http_utils import (
     ClientDisconnected, cancel_on_disconnect, error_response, invalid_request_response, sse,
 )
 from sglang.srt.entrypoints.openai.protocol import MAX_SEED, PromptTokensDetails, UsageInfo
-from sglang.srt.errors import InvalidRequest
+from sglang.srt.errors import InvalidRequest, short_repr
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 logger = logging.getLogger(__name__)
@@ -123,8 +123,10 @@ class OpenAIServingBase:
         A request without `model` is accepted (OpenAI requires it; SGLang is lenient)."""
         try:
             self.check_model(request.model)
-            prompts = self.build_prompts(request)
+            # Off the event loop: a chat template renders and tokenizes the whole conversation.
+            prompts = await asyncio.get_running_loop().run_in_executor(None, self.build_prompts, request)
             params = self.sampling_params(request)
+            self.tokenizer_manager.limits.check_sequences(len(prompts.values), request.num_choices)
             ctx = self._new_context(request, len(prompts.values))
             if request.stream:
                 return await self._stream_response(ctx, prompts, params, raw_request)
@@ -142,7 +144,7 @@ class OpenAIServingBase:
     def check_model(self, model: Optional[str]) -> None:
         args = self.tokenizer_manager.server_args
         if model is not None and model not in (args.served_model_name, args.model_path):
-            raise InvalidRequest(f"The model '{model}' does not exist; this server serves "
+            raise InvalidRequest(f"The model {short_repr(model)} does not exist; this server serves "
                                  f"'{args.served_model_name}'.", "model")
 
     def _new_context(self, request, num_prompts: int) -> RequestContext:
@@ -153,7 +155,7 @@ class OpenAIServingBase:
 
     async def _full_response(self, ctx: RequestContext, prompts: Prompts, params: dict,
                              raw_request: Request) -> Response:
-        obj = GenerateReqInput(**prompts.batch_kwargs(), sampling_params=params, stream=False,
+        obj = GenerateReqInput(**prompts.batch_kwargs(), sampling_params=params, stream=False, group=ctx.id,
                                **self.logprob_kwargs(ctx.request))
         results = await cancel_on_disconnect(_first(self.tokenizer_manager.generate_request(obj)), raw_request)
         results = results if isinstance(results, list) else [results]
@@ -188,7 +190,7 @@ class OpenAIServingBase:
                 if params.get("sampling_seed") is not None:  # the engine's rule for sample j
                     choice_params["sampling_seed"] = (params["sampling_seed"] + j) % MAX_SEED
                 objs.append(GenerateReqInput(**prompts.one_kwargs(prompt_index), sampling_params=choice_params,
-                                             stream=True, **self.logprob_kwargs(ctx.request)))
+                                             stream=True, group=ctx.id, **self.logprob_kwargs(ctx.request)))
         return objs
 
     async def _sse_events(self, ctx: RequestContext, first: tuple, merged: AsyncIterator) -> AsyncIterator[bytes]:

@@ -40,6 +40,8 @@ class OpenAIServingChat(OpenAIServingBase):
         if not getattr(tokenizer, "chat_template", None):
             raise InvalidRequest("this model's tokenizer has no chat template, so it cannot serve chat "
                                  "completions; use /v1/completions", "messages")
+        self.tokenizer_manager.limits.check_prompt_chars(sum(len(m.content or "") for m in request.messages),
+                                                         "messages")
         messages = [message.to_template() for message in request.messages]
         try:
             # Tokenized by the template call, not by encoding the rendered text: templates
