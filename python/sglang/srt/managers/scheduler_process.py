@@ -7,6 +7,7 @@ import io
 import logging
 import os
 import pstats
+import shutil
 import signal
 import traceback
 
@@ -69,6 +70,7 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pi
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     parent_pid = os.getppid()
     try:
+        _select_gpu(server_args)
         scheduler = Scheduler(server_args)
     except Exception as e:
         logger.error("scheduler failed to start:\n%s", traceback.format_exc())
@@ -83,10 +85,20 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pi
         raise SystemExit(1)
 
 
+def _select_gpu(server_args: ServerArgs) -> None:
+    """The GPU this server runs on: --base-gpu-id, wrapped over the visible GPUs (replicas that
+    outnumber them share one; each plans its memory from its share, see `replicas_per_gpu`)."""
+    if server_args.device == "cuda":
+        import torch
+
+        torch.cuda.set_device(server_args.base_gpu_id % torch.cuda.device_count())
+
+
 class SchedulerLoop:
     def __init__(self, scheduler: Scheduler, port_args: PortArgs, parent_pid: int):
         self.scheduler = scheduler
         self.parent_pid = parent_pid
+        self.ipc_dir = port_args.ipc_dir
         ctx = zmq.Context(2)
         self.recv_from_tokenizer = ctx.socket(zmq.PULL)
         self.recv_from_tokenizer.bind(port_args.scheduler_input_ipc)
@@ -122,6 +134,8 @@ class SchedulerLoop:
     def _wait_for_message(self) -> None:
         while not self.recv_from_tokenizer.poll(IDLE_POLL_MS):
             if os.getppid() != self.parent_pid:
+                # A parent killed outright could not remove the IPC directory: this process does.
+                shutil.rmtree(self.ipc_dir, ignore_errors=True)
                 raise SystemExit("the parent process is gone")
             if self.profiler:
                 self.profiler.on_idle()
@@ -151,4 +165,6 @@ class SchedulerLoop:
             return self.scheduler.flush_cache()
         if kind == "get_internal_state":
             return self.scheduler.get_internal_state()
+        if kind == "get_load":
+            return self.scheduler.get_load()
         return {"error": f"unknown control request {kind!r}"}

@@ -106,6 +106,11 @@ class ModelRunner:
         if self.device == "cuda":
             free, total = torch.cuda.mem_get_info()
             budget = free - total * (1 - args.mem_fraction_static) - self.reserve_bytes
+            if args.replicas_per_gpu > 1:
+                # Replicas sharing this GPU start at once, so what is free says little: each plans
+                # from its own share, less what it holds already (its weights).
+                share = total * args.mem_fraction_static / args.replicas_per_gpu
+                budget = min(share - torch.cuda.memory_reserved(), free) - self.reserve_bytes
             tokens = int(budget // per_token)
             gib = 1 << 30
             detail = (f": after loading the model {free / gib:.1f} GiB of {total / gib:.1f} GiB are free, and "
