@@ -193,22 +193,42 @@ def test_each_replica_speculates_by_its_own_batch(cluster):
 
 
 def test_dead_replica_is_taken_out_and_the_other_keeps_serving(cluster, reference):
-    victim = cluster.workers[1]
-    pid = httpx.get(f"{victim}/get_server_info", timeout=10).json()["scheduler_pid"]
-    http_pid = _parent_pid(pid)
-    os.kill(http_pid, signal.SIGKILL)  # the replica's HTTP process; its scheduler and detokenizer follow
-    deadline = time.monotonic() + 120
-    statuses = []
-    while time.monotonic() < deadline:
-        statuses = [_generate(cluster.base_url, p).status_code for p in PROMPTS[:4]]
-        if all(s == 200 for s in statuses) and len(_healthy_workers(cluster.base_url)) == 1:
-            break
-        time.sleep(1)
-    assert _healthy_workers(cluster.base_url) == [cluster.workers[0]]
+    """A request in flight on a replica that dies ends either in the router's HTTP 500 or, when the
+    router's retry lands on the live replica, in a whole answer; it never hangs. The router stops
+    sending work to the dead replica, and the other serves every later request."""
+    long_run = {"temperature": 0, "max_new_tokens": 600, "ignore_eos": True}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(_generate, cluster.base_url, "def long_function(x):", long_run)
+        victim = _replica_running_a_request(cluster)
+        os.kill(_parent_pid(_scheduler_pid(victim)), signal.SIGKILL)  # its HTTP process; its children follow
+        failed = in_flight.result()
+    if failed.status_code == 200:  # retried from the start on the live replica
+        assert failed.json()["meta_info"]["completion_tokens"] == long_run["max_new_tokens"]
+    else:
+        assert failed.status_code == 500 and "call_upstream_request_error" in failed.text, failed.text
+    survivor = next(w for w in cluster.workers if w != victim)
+    deadline = time.monotonic() + 120  # our launcher removes it at once, upstream's after 2 health checks
+    while _healthy_workers(cluster.base_url) != [survivor] and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _healthy_workers(cluster.base_url) == [survivor]
     for prompt in PROMPTS:
-        assert httpx.post(f"{cluster.workers[0]}/flush_cache", timeout=30).status_code == 200
+        assert httpx.post(f"{survivor}/flush_cache", timeout=30).status_code == 200
         response = _generate(cluster.base_url, prompt)
         assert response.status_code == 200 and response.json()["output_ids"] == reference[prompt]
+
+
+def _replica_running_a_request(cluster, timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for worker in cluster.workers:
+            if _state(worker)["num_running_reqs"] > 0:
+                return worker
+        time.sleep(0.1)
+    raise TimeoutError("no replica started the request")
+
+
+def _scheduler_pid(worker: str) -> int:
+    return httpx.get(f"{worker}/get_server_info", timeout=10).json()["scheduler_pid"]
 
 
 def test_sigterm_leaves_no_process(cluster):

@@ -14,6 +14,7 @@ import argparse
 import dataclasses
 import logging
 import multiprocessing as mp
+import multiprocessing.connection as mp_connection
 import os
 import signal
 import time
@@ -189,6 +190,8 @@ class ReplicaSet:
         return False
 
     def _supervise(self) -> int:
+        """Waits on the children's exits (woken by the first, not polling): a replica's exit is
+        acted on at once, inside the window in which the router retries the requests it lost."""
         while True:
             if not self.router.is_alive():
                 logger.error("sglang-router exited (code %s); stopping the replicas", self.router.exitcode)
@@ -199,7 +202,8 @@ class ReplicaSet:
             if len(self.removed) == len(self.replicas):
                 logger.error("every replica has exited; stopping")
                 return 1
-            time.sleep(POLL_S)
+            live = [p.sentinel for rank, p in enumerate(self.replicas) if rank not in self.removed]
+            mp_connection.wait([self.router.sentinel, *live])
 
     def _take_out(self, rank: int, exitcode) -> None:
         """A dead replica leaves the router now, not after its failed health checks."""

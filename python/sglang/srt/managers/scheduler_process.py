@@ -9,6 +9,7 @@ import os
 import pstats
 import shutil
 import signal
+import time
 import traceback
 
 import zmq
@@ -21,6 +22,7 @@ from sglang.srt.utils import configure_logger, name_process
 
 logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 1000
+PARENT_CHECK_S = 1.0  # while busy, how often the loop checks that its parent still lives
 PROFILE_ENV = "SGLANG_SCHEDULER_PROFILE"
 PROFILE_TOP = 60
 
@@ -117,9 +119,13 @@ class SchedulerLoop:
         if self.profiler:
             self.profiler.start()
         clock = self.clock
+        next_parent_check = time.monotonic() + PARENT_CHECK_S
         while True:
             if not self.scheduler.has_work():
                 self._wait_for_message()  # idle: not part of a step
+            elif time.monotonic() > next_parent_check:  # busy: a dead parent reads nothing we send
+                self._exit_if_orphaned()
+                next_parent_check = time.monotonic() + PARENT_CHECK_S
             clock.begin()
             self._receive()
             clock.lap("receive")
@@ -133,13 +139,16 @@ class SchedulerLoop:
 
     def _wait_for_message(self) -> None:
         while not self.recv_from_tokenizer.poll(IDLE_POLL_MS):
-            if os.getppid() != self.parent_pid:
-                # A parent killed outright could not remove the IPC directory: this process does.
-                shutil.rmtree(self.ipc_dir, ignore_errors=True)
-                raise SystemExit("the parent process is gone")
+            self._exit_if_orphaned()
             if self.profiler:
                 self.profiler.on_idle()
             self.clock.on_idle()
+
+    def _exit_if_orphaned(self) -> None:
+        if os.getppid() != self.parent_pid:
+            # A parent killed outright could not remove the IPC directory: this process does.
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            raise SystemExit("the parent process is gone")
 
     def _receive(self) -> None:
         """Everything queued, without waiting."""
