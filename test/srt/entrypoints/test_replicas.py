@@ -91,6 +91,17 @@ def test_router_flags_reach_the_router_and_need_replicas(capsys):
     assert "it needs --dp-size > 1" in capsys.readouterr().err
 
 
+def test_router_log_level_follows_the_server_unless_given():
+    assert parse_launch_args(["--device", "cpu", "--dp-size", "2"])[1].log_level == "warn"
+    assert parse_launch_args(["--device", "cpu", "--dp-size", "2", "--log-level", "debug"])[1].log_level == "debug"
+    assert parse_launch_args(["--device", "cpu", "--dp-size", "2", "--router-log-level", "info"])[1].log_level == "info"
+
+
+def test_an_engine_is_one_replica():
+    with pytest.raises(ValueError, match="--dp-size N"):
+        sglang.Engine(device="cpu", dp_size=2)
+
+
 def test_replica_args_place_each_replica():
     args = ServerArgs(device="cpu", dp_size=2, base_gpu_id=1)
     replica = replica_args(args, rank=1, port=31002)

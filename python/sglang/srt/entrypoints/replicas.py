@@ -31,6 +31,7 @@ INSTALL_HINT = "pip install 'sglang[router]' (or: pip install sglang-router)"
 ROUTER_FLAG_PREFIXES = ("--router-", "--dp-size", "--data-parallel-size")
 READY_MESSAGE = "The server is fired up and ready to roll!"
 POLL_S = 0.5
+ROUTER_LOG_LEVELS = {"debug": "debug", "info": "warn", "warning": "warn", "error": "error", "critical": "error"}
 STARTUP_TIMEOUT_S = 1800  # a replica loads its model and captures its graphs first
 STOP_TIMEOUT_S = 15
 PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
@@ -62,7 +63,11 @@ def parse_launch_args(argv: list[str]):
     if router_args_cls is None:
         parser.error(f"--dp-size {server_args.dp_size} runs {server_args.dp_size} replicas behind sglang-router, "
                      f"which is not installed: {INSTALL_HINT}")
-    return server_args, router_args_cls.from_cli_args(args, use_router_prefix=True)
+    router_args = router_args_cls.from_cli_args(args, use_router_prefix=True)
+    if not any(a.startswith("--router-log-level") for a in argv):
+        # The router's info level logs every step of every registration; follow --log-level, a notch quieter.
+        router_args.log_level = ROUTER_LOG_LEVELS[server_args.log_level]
+    return server_args, router_args
 
 
 def _router_args_class():
