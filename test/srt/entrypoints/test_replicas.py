@@ -170,8 +170,13 @@ def test_openai_streaming_through_the_router(cluster, reference):
 
 def test_router_facing_routes_answer_as_upstream(cluster):
     worker = cluster.workers[0]
-    load = httpx.get(f"{worker}/get_load", timeout=10).json()
-    assert isinstance(load, list) and set(load[0]) >= {"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens"}
+    idle = httpx.get(f"{worker}/get_load", timeout=10).json()
+    assert idle == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # a request running on this replica shows
+        running = pool.submit(_generate, worker, "def busy(x):", {"max_new_tokens": 200, "ignore_eos": True})
+        busy = _poll(lambda: httpx.get(f"{worker}/get_load", timeout=10).json()[0], lambda row: row["num_reqs"])
+        assert running.result().status_code == 200
+    assert busy["num_reqs"] == 1 and busy["num_tokens"] >= 5, busy  # its prompt and output so far hold KV
     info = httpx.get(f"{worker}/server_info", timeout=10).json()
     assert info["dp_size"] == 1 and info["model_path"] == demo.TARGET_PATH
     assert httpx.get(f"{worker}/model_info", timeout=10).json()["model_path"] == demo.TARGET_PATH
@@ -226,6 +231,16 @@ def test_dead_replica_is_taken_out_and_the_other_keeps_serving(cluster, referenc
         assert httpx.post(f"{survivor}/flush_cache", timeout=30).status_code == 200
         response = _generate(cluster.base_url, prompt)
         assert response.status_code == 200 and response.json()["output_ids"] == reference[prompt]
+
+
+def _poll(read, done, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = read()
+        if done(value):
+            return value
+        time.sleep(0.05)
+    raise TimeoutError(f"still {value}")
 
 
 def _replica_running_a_request(cluster, timeout: float = 60) -> str:

@@ -663,16 +663,6 @@ class Scheduler:
         self.kv_manager.flush()
         return True
 
-    def get_load(self) -> dict:
-        """What the router balances on (upstream's /get_load row): requests here, and tokens that
-        hold KV memory or wait for it (KV in use and not evictable, plus the waiting prompts)."""
-        kv = self.kv_manager.accounting(0)
-        waiting = list(self.waiting_queue) + ([self.chunked_req] if self.chunked_req else [])
-        num_tokens = kv["total_slots"] - kv["free_slots"] - kv["evictable_slots"]
-        num_tokens += sum(len(req.origin_input_ids) for req in self.waiting_queue)
-        return {"num_reqs": len(self.running_reqs) + len(waiting), "num_waiting_reqs": len(waiting),
-                "num_tokens": num_tokens}
-
     def get_internal_state(self) -> dict:
         in_flight = self.running_reqs + ([self.chunked_req] if self.chunked_req else [])
         held = sum(req.kv_len - req.cached_len for req in in_flight)

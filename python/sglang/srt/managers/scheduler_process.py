@@ -96,6 +96,17 @@ def _select_gpu(server_args: ServerArgs) -> None:
         torch.cuda.set_device(server_args.base_gpu_id % torch.cuda.device_count())
 
 
+def load_report(scheduler: Scheduler) -> dict:
+    """What sglang-router balances on (a row of upstream's /get_load): the requests here, and the
+    tokens that hold KV memory or wait for it (KV in use and not evictable, plus waiting prompts)."""
+    kv = scheduler.kv_manager.accounting(0)
+    waiting = list(scheduler.waiting_queue) + ([scheduler.chunked_req] if scheduler.chunked_req else [])
+    num_tokens = kv["total_slots"] - kv["free_slots"] - kv["evictable_slots"]
+    num_tokens += sum(len(req.origin_input_ids) for req in scheduler.waiting_queue)
+    return {"num_reqs": len(scheduler.running_reqs) + len(waiting), "num_waiting_reqs": len(waiting),
+            "num_tokens": num_tokens}
+
+
 class SchedulerLoop:
     def __init__(self, scheduler: Scheduler, port_args: PortArgs, parent_pid: int):
         self.scheduler = scheduler
@@ -175,5 +186,5 @@ class SchedulerLoop:
         if kind == "get_internal_state":
             return self.scheduler.get_internal_state()
         if kind == "get_load":
-            return self.scheduler.get_load()
+            return load_report(self.scheduler)
         return {"error": f"unknown control request {kind!r}"}
