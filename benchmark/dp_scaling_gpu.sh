@@ -12,7 +12,7 @@
 # Env: CONFIGS ("demo 8b"), LEVELS (16,64), INPUT_LEN (demo 256, 8b 512), OUTPUT_LEN (128),
 # NUM_PROMPTS (64), PER_CONC (2), SPEC_8B (1: the 8B servers also speculate, with a random 8B-shaped
 # EAGLE-3 draft at SGLANG_SIMULATE_ACC_LEN=2.0 and --speculative-adaptive; default 0),
-# MEM_FRACTION (0.85), PORT (30000), EXTRA_SERVER_ARGS (added to every server: `--device cpu` for a
+# MEM_FRACTION (0.85), PORT (30000), GRAPH_MAX_BS (the largest level), EXTRA_SERVER_ARGS (added to every server: `--device cpu` for a
 # dry run on a CPU machine, with small LEVELS / NUM_PROMPTS and CONFIGS=demo). Needs sglang-router (stage it with
 # ../shared/device/stage --with-router). About 4-5 minutes, the 8B checkpoint made on the way.
 set -u -o pipefail
@@ -26,6 +26,8 @@ python -c "import sglang_router" 2>/dev/null || { echo "sglang-router is not ins
   "(no internet here: ../shared/device/stage --with-router)"; exit 1; }
 PORT=${PORT:-30000}
 export LEVELS=${LEVELS:-16,64} OUTPUT_LEN=${OUTPUT_LEN:-128} NUM_PROMPTS=${NUM_PROMPTS:-64} PER_CONC=${PER_CONC:-2}
+# No batch is larger than the largest level: graphs beyond it would only lengthen start-up.
+GRAPH_MAX_BS=${GRAPH_MAX_BS:-$(echo "$LEVELS" | tr , '\n' | sort -n | tail -1)}
 FAILED=""
 
 run_setup() {  # CONFIG SETUP(single|dp2) MODEL ENV ARGS: one server setup, its sweep and its replicas' info
@@ -33,10 +35,22 @@ run_setup() {  # CONFIG SETUP(single|dp2) MODEL ENV ARGS: one server setup, its 
   [ "$setup" = dp2 ] && extra=(--dp-size 2 --router-prometheus-port $((PORT + 100)) --router-log-level warn)
   echo "== $(date +%T) $config $setup: starting"
   env $env python -m sglang.launch_server --model-path "$model" --port "$PORT" --mem-fraction-static "${MEM_FRACTION:-0.85}" \
-    --max-running-requests 256 $args ${EXTRA_SERVER_ARGS:-} "${extra[@]}" > "$OUT/$name.server.log" 2>&1 &
+    --max-running-requests 256 --cuda-graph-max-bs "$GRAPH_MAX_BS" $args ${EXTRA_SERVER_ARGS:-} "${extra[@]}" \
+    > "$OUT/$name.server.log" 2>&1 &
   local pid=$! start=$SECONDS
   if ! wait_healthy $pid "$PORT" "$OUT/$name.server.log" "${HEALTH_DEADLINE_S:-240}"; then
     FAILED="$FAILED $name"; kill $pid 2>/dev/null; wait $pid 2>/dev/null; return
+  fi
+  if [ "$setup" = dp2 ]; then  # the router answers /health before it has taken the replicas
+    python - "$PORT" <<'PY' || { FAILED="$FAILED $name(workers)"; kill $pid; wait $pid; return; }
+import json, sys, time, urllib.request
+for _ in range(240):
+    workers = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/workers", timeout=5).read())["workers"]
+    if sum(w["is_healthy"] for w in workers) == 2:
+        sys.exit(0)
+    time.sleep(0.5)
+sys.exit(f"the router lists {workers}")
+PY
   fi
   echo "== $(date +%T) $config $setup: serving after $((SECONDS - start)) s"
   bench_args
