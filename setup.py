@@ -27,9 +27,10 @@ setup(
     extras_require={
         # The tests start replicas behind the real router, so they need it too.
         "test": ["pytest>=8", "scipy>=1.11", "httpx", "openai>=1.0", "aiohttp", "matplotlib", "tqdm",
-                 "sglang-router==0.3.2"],
+                 "sglang-router==0.3.2", "requests"],
         "bench": ["matplotlib", "aiohttp", "tqdm"],
         # --dp-size N: replicas behind upstream's load balancer (docs/scaling_out.md); the version tested.
-        "router": ["sglang-router==0.3.2"],
+        # Its launcher, python -m sglang_router.launch_server, imports requests without declaring it.
+        "router": ["sglang-router==0.3.2", "requests"],
     },
 )
