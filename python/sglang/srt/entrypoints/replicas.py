@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import http.client
+import json
 import logging
 import multiprocessing as mp
 import multiprocessing.connection as mp_connection
 import os
 import signal
 import time
+import urllib.request
 from typing import Optional
-
-import httpx
 
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils import configure_logger, free_port, name_process
@@ -217,9 +218,9 @@ class ReplicaSet:
                      "other replicas keep serving", rank, self.urls[rank], exitcode)
         router = f"http://{_loopback(self.server_args.host)}:{self.server_args.port}"
         try:
-            httpx.delete(f"{router}/workers/{_worker_id(router, self.urls[rank], self.server_args.api_key)}",
-                         headers=_auth(self.server_args.api_key), timeout=5)
-        except (httpx.HTTPError, LookupError) as e:
+            worker_id = _worker_id(router, self.urls[rank], self.server_args.api_key)
+            _request(f"{router}/workers/{worker_id}", self.server_args.api_key, method="DELETE", timeout=5)
+        except (OSError, http.client.HTTPException, LookupError) as e:
             logger.warning("could not remove replica %d from the router (%s); its health checks will", rank, e)
 
     def stop(self) -> None:
@@ -246,19 +247,27 @@ def _auth(api_key: Optional[str]) -> dict:
     return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
+def _request(url: str, api_key: Optional[str], method: str = "GET", timeout: float = 2) -> bytes:
+    """The body of a 2xx answer (the standard library's client: the server does not depend on
+    an HTTP client package); raises OSError (urllib's errors) or http.client.HTTPException."""
+    request = urllib.request.Request(url, method=method, headers=_auth(api_key))
+    with urllib.request.urlopen(request, timeout=timeout) as response:
+        return response.read()
+
+
 def _healthy(url: str) -> bool:
     try:
-        return httpx.get(f"{url}/health", timeout=2).status_code == 200
-    except httpx.HTTPError:
+        _request(f"{url}/health", None)
+        return True
+    except (OSError, http.client.HTTPException):
         return False
 
 
 def _router_workers(router: str, api_key: Optional[str]) -> list[dict]:
     """The workers the router has registered (its /workers listing), [] while it starts."""
     try:
-        response = httpx.get(f"{router}/workers", headers=_auth(api_key), timeout=2)
-        return response.json().get("workers", []) if response.status_code == 200 else []
-    except (httpx.HTTPError, ValueError):
+        return json.loads(_request(f"{router}/workers", api_key)).get("workers", [])
+    except (OSError, http.client.HTTPException, ValueError):
         return []
 
 
