@@ -25,7 +25,12 @@ setup(
         "prometheus-client>=0.20",
     ],
     extras_require={
-        "test": ["pytest>=8", "scipy>=1.11", "httpx", "openai>=1.0", "aiohttp", "matplotlib", "tqdm"],
+        # The tests start replicas behind the real router, so they need it too.
+        "test": ["pytest>=8", "scipy>=1.11", "httpx", "openai>=1.0", "aiohttp", "matplotlib", "tqdm",
+                 "sglang-router==0.3.2", "requests"],
         "bench": ["matplotlib", "aiohttp", "tqdm"],
+        # --dp-size N: replicas behind upstream's load balancer (docs/scaling_out.md); the version tested.
+        # Its launcher, python -m sglang_router.launch_server, imports requests without declaring it.
+        "router": ["sglang-router==0.3.2", "requests"],
     },
 )

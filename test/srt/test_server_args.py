@@ -181,3 +181,29 @@ def test_no_model_path_means_the_shipped_demo_model():
 
     args = prepare_server_args([])
     assert args.model_path == demo.TARGET_PATH and args.served_model_name == demo.SERVED_MODEL_NAME
+
+
+def test_a_replica_copy_takes_its_placement_and_nothing_else():
+    """What upstream's `sglang_router.launch_server` does to each replica's copy of the args."""
+    import copy
+
+    args = ServerArgs(model_path=MODEL, device="cpu", dp_size=2)
+    replica = copy.deepcopy(args)
+    replica.port, replica.base_gpu_id, replica.dp_size = 31001, 1, 1
+    assert (replica.port, replica.base_gpu_id, replica.dp_size) == (31001, 1, 1)
+    assert (args.port, args.base_gpu_id, args.dp_size) == (30000, 0, 2)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        replica.model_path = "/elsewhere"
+    with pytest.raises(ValueError, match="--port"):
+        replica.port = 0
+    with pytest.raises(ValueError, match="--dp-size"):
+        replica.dp_size = 0
+
+
+def test_data_parallel_flags_parse_and_check(capsys):
+    args = prepare_server_args(["--model-path", MODEL, "--device", "cpu", "--data-parallel-size", "3",
+                                "--base-gpu-id", "2"])
+    assert (args.dp_size, args.base_gpu_id, args.replicas_per_gpu) == (3, 2, 1)  # CPU replicas just share
+    assert "--base-gpu-id must be >= 0" in parse_error(capsys, ["--device", "cpu", "--base-gpu-id", "-1"])
+    with pytest.raises(ValueError, match="grpc_mode"):
+        ServerArgs(model_path=MODEL, device="cpu", grpc_mode=True)

@@ -48,6 +48,11 @@ class ServerArgs:
     host: str = "127.0.0.1"
     port: int = 30000
     tp_size: int = 1
+    # Data parallelism: replicas behind sglang-router (docs/scaling_out.md).
+    dp_size: int = 1
+    base_gpu_id: int = 0
+    replicas_per_gpu: Optional[int] = None  # derived from dp_size and the GPUs: how many share this one
+    grpc_mode: bool = False  # read by sglang_router.launch_server; only HTTP is served
     api_key: Optional[str] = None
     max_queued_requests: Optional[int] = None
     # Limits on one request (docs/http_api.md, "Limits").
@@ -100,6 +105,8 @@ class ServerArgs:
             object.__setattr__(self, "cuda_graph_bs", tuple(self.cuda_graph_bs))
         if self.served_model_name is None:
             object.__setattr__(self, "served_model_name", self.model_path)
+        if self.replicas_per_gpu is None:
+            object.__setattr__(self, "replicas_per_gpu", _replicas_per_gpu(self.dp_size * self.tp_size, self.device))
         self.check()
 
     def _fill_speculative_defaults(self) -> None:
@@ -155,6 +162,12 @@ class ServerArgs:
             raise ValueError(f"--admission-batch-steps must be >= 0 (0 admits every request at once), "
                              f"got {self.admission_batch_steps}")
         _check_positive("--tp-size", self.tp_size)
+        _check_positive("--dp-size", self.dp_size)
+        _check_positive("replicas_per_gpu", self.replicas_per_gpu)
+        if self.base_gpu_id < 0:
+            raise ValueError(f"--base-gpu-id must be >= 0, got {self.base_gpu_id}")
+        if self.grpc_mode:
+            raise ValueError("grpc_mode: replicas serve HTTP only; leave gRPC mode off")
         _check_positive("--cuda-graph-max-bs", self.cuda_graph_max_bs)
         for bs in self.cuda_graph_bs or ():
             _check_positive("--cuda-graph-bs", bs)
@@ -311,6 +324,12 @@ class ServerArgs:
         parser.add_argument("--port", type=int, default=d["port"].default)
         parser.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=d["tp_size"].default,
                             help="Tensor-parallel size (only 1 for now).")
+        parser.add_argument("--dp-size", "--data-parallel-size", type=int, default=d["dp_size"].default,
+                            help="Replicas of the whole server behind sglang-router (pip install 'sglang[router]'), "
+                                 "each on its own GPU from --base-gpu-id on, or sharing GPUs (and their memory) when "
+                                 "there are more replicas than GPUs. --router-* flags configure the router.")
+        parser.add_argument("--base-gpu-id", type=int, default=d["base_gpu_id"].default,
+                            help="The GPU this server (its first replica) runs on; replica i takes the next ones.")
         parser.add_argument("--api-key", type=str, default=None,
                             help="Require 'Authorization: Bearer <key>' on every route but /health* and /metrics.")
         parser.add_argument("--max-queued-requests", type=int, default=None,
@@ -401,6 +420,32 @@ class ServerArgs:
         if unknown:
             raise TypeError(f"unknown server argument(s): {', '.join(unknown)}")
         return cls(**kwargs)
+
+
+# The fields a launcher sets on each replica's copy of the args before starting it: upstream's
+# `sglang_router.launch_server` assigns them (port, base_gpu_id = its rank, dp_size = 1).
+REPLICA_PLACEMENT_FIELDS = ("port", "base_gpu_id", "dp_size")
+
+
+def _place_replica(self: ServerArgs, name: str, value) -> None:
+    """ServerArgs stays read-only except for a replica's placement, which is checked again."""
+    if name not in REPLICA_PLACEMENT_FIELDS:
+        raise dataclasses.FrozenInstanceError(f"cannot assign to field {name!r}")
+    object.__setattr__(self, name, value)
+    self.check()
+
+
+ServerArgs.__setattr__ = _place_replica
+
+
+def _replicas_per_gpu(num_gpus_asked: int, device: str) -> int:
+    """Replicas that share each GPU when the replicas (times their tensor-parallel size) outnumber
+    the visible GPUs: each then plans its memory from its share of --mem-fraction-static."""
+    if device != "cuda" or num_gpus_asked <= 1:
+        return 1
+    import torch
+
+    return -(-num_gpus_asked // max(1, torch.cuda.device_count()))
 
 
 SPECULATIVE_ALGORITHM_CHOICES = ["EAGLE3", "EAGLE"]

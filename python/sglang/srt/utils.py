@@ -173,3 +173,26 @@ class HostStaging:
             self.used[i] = True
         self.next = (i + 1) % len(self.buffers)
         return target
+
+
+def is_port_available(port: int) -> bool:
+    """Whether a TCP port can be bound on every interface now (upstream's name; the router's
+    launcher picks its replicas' ports with it)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on now (the OS picks it)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -22,10 +22,12 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, model_path: str, *extra_args: str, startup_timeout: float = 120):
+    def __init__(self, model_path: str, *extra_args: str, startup_timeout: float = 120,
+                 module: str = "sglang.launch_server"):
+        """`module`: the launcher run with `python -m` (sglang_router.launch_server for upstream's)."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model_path, "--device", "cpu",
+        cmd = [sys.executable, "-m", module, "--model-path", model_path, "--device", "cpu",
                "--dtype", "float32", "--port", str(self.port), "--log-level", "warning", *extra_args]
         # A private TMPDIR shows what the server leaves behind (its IPC socket directory).
         self.tmpdir = tempfile.mkdtemp(prefix="sglang-test-server-")
@@ -60,8 +62,9 @@ class ServerProcess:
         raise TimeoutError(f"the server was not ready within {timeout} s")
 
     def children_pids(self) -> list[int]:
-        """Every live process of the server's process group except the server itself."""
-        out = subprocess.run(["ps", "-o", "pid=,stat=", "-g", str(self.proc.pid)], capture_output=True, text=True)
+        """Every live process of the server's session except the server itself (the session, not
+        the process group: upstream's router launcher puts each replica in a group of its own)."""
+        out = subprocess.run(["ps", "-o", "pid=,stat=", "-s", str(self.proc.pid)], capture_output=True, text=True)
         rows = [line.split() for line in out.stdout.splitlines() if line.strip()]
         return [int(pid) for pid, stat in rows if int(pid) != self.proc.pid and not stat.startswith("Z")]
 

@@ -90,6 +90,9 @@ class Engine:
         # server's default keeps one client from slowing the others).
         kwargs.setdefault("max_sequences_per_request", ENGINE_MAX_SEQUENCES_PER_REQUEST)
         self.server_args = ServerArgs.from_kwargs(**kwargs)
+        if self.server_args.dp_size > 1:
+            raise ValueError("dp_size > 1 runs replicas behind sglang-router, which an Engine is not: start them "
+                             "with python -m sglang.launch_server --dp-size N (docs/scaling_out.md)")
         configure_logger(self.server_args.log_level)
         self._closed = False
         self.subprocesses = Subprocesses(self.server_args)

@@ -11,6 +11,7 @@ import dataclasses
 import logging
 import signal
 import sys
+import threading
 import time
 from contextlib import asynccontextmanager
 from typing import Any, Optional, Union
@@ -189,12 +190,14 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
         return Response(status_code=200)
 
     @app.get("/get_model_info")
+    @app.get("/model_info")  # the newer name, which sglang-router asks first
     async def get_model_info():
         args = state.server_args
         return {"model_path": args.model_path, "tokenizer_path": args.tokenizer_path, "is_generation": True,
                 "served_model_name": args.served_model_name, **state.subprocesses.model_info}
 
     @app.get("/get_server_info")
+    @app.get("/server_info")  # the newer name, which sglang-router asks first
     async def get_server_info():
         internal = await state.tokenizer_manager.control("get_internal_state")
         args = dataclasses.asdict(state.server_args)
@@ -202,6 +205,11 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
         return {**args, **state.subprocesses.model_info, "internal_states": [internal],
                 "scheduler_pid": state.subprocesses.scheduler.pid,
                 "detokenizer_pid": state.subprocesses.detokenizer.pid, "version": sglang.__version__}
+
+    @app.get("/get_load")
+    async def get_load():
+        # One row per data-parallel rank, as upstream: sglang-router sums num_tokens over them.
+        return [{"dp_rank": 0, **await state.tokenizer_manager.control("get_load")}]
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache():
@@ -309,7 +317,11 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
 
 
 def launch_server(server_args: ServerArgs) -> int:
-    """Runs the server until it is stopped; returns the process exit code."""
+    """Runs the server until it is stopped; returns the process exit code. Also what
+    `sglang_router.launch_server` runs in each replica's process."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _stop_on_signal)
+        signal.signal(signal.SIGINT, _stop_on_signal)
     subprocesses = Subprocesses(server_args)
     state = ServerState(server_args, subprocesses)
     try:
@@ -347,14 +359,16 @@ def _event_loop() -> str:
 
 
 def main(argv: list[str]) -> None:
-    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.entrypoints.replicas import ReplicaSet, parse_launch_args
     from sglang.srt.utils import configure_logger, name_process
 
-    server_args = prepare_server_args(argv)
+    server_args, router_args = parse_launch_args(argv)
     configure_logger(server_args.log_level)
-    name_process("sglang-http")  # its children: sglang-sched, sglang-detok
     signal.signal(signal.SIGTERM, _stop_on_signal)
     signal.signal(signal.SIGINT, _stop_on_signal)
+    if server_args.dp_size > 1:
+        sys.exit(ReplicaSet(server_args, router_args).run())
+    name_process("sglang-http")  # its children: sglang-sched, sglang-detok
     try:
         code = launch_server(server_args)
     except RuntimeError as e:  # start-up failures carry their reason

@@ -7,7 +7,9 @@ import io
 import logging
 import os
 import pstats
+import shutil
 import signal
+import time
 import traceback
 
 import torch
@@ -21,6 +23,7 @@ from sglang.srt.utils import configure_logger, name_process
 
 logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 1000
+PARENT_CHECK_S = 1.0  # while busy, how often the loop checks that its parent still lives
 PROFILE_ENV = "SGLANG_SCHEDULER_PROFILE"
 PROFILE_TOP = 60
 
@@ -75,6 +78,7 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pi
         logger.info("torch intra-op threads: %d (%s)", threads,
                     "OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "usable CPUs - 2, at most 16")
     try:
+        _select_gpu(server_args)
         scheduler = Scheduler(server_args)
     except Exception as e:
         logger.error("scheduler failed to start:\n%s", traceback.format_exc())
@@ -106,10 +110,31 @@ def cpu_intra_op_threads() -> int:
     return max(1, min(usable - 2, MAX_CPU_THREADS))
 
 
+def _select_gpu(server_args: ServerArgs) -> None:
+    """The GPU this server runs on: --base-gpu-id, wrapped over the visible GPUs (replicas that
+    outnumber them share one; each plans its memory from its share, see `replicas_per_gpu`)."""
+    if server_args.device == "cuda":
+        import torch
+
+        torch.cuda.set_device(server_args.base_gpu_id % torch.cuda.device_count())
+
+
+def load_report(scheduler: Scheduler) -> dict:
+    """What sglang-router balances on (a row of upstream's /get_load): the requests here, and the
+    tokens that hold KV memory or wait for it (KV in use and not evictable, plus waiting prompts)."""
+    kv = scheduler.kv_manager.accounting(0)
+    waiting = list(scheduler.waiting_queue) + ([scheduler.chunked_req] if scheduler.chunked_req else [])
+    num_tokens = kv["total_slots"] - kv["free_slots"] - kv["evictable_slots"]
+    num_tokens += sum(len(req.origin_input_ids) for req in scheduler.waiting_queue)
+    return {"num_reqs": len(scheduler.running_reqs) + len(waiting), "num_waiting_reqs": len(waiting),
+            "num_tokens": num_tokens}
+
+
 class SchedulerLoop:
     def __init__(self, scheduler: Scheduler, port_args: PortArgs, parent_pid: int):
         self.scheduler = scheduler
         self.parent_pid = parent_pid
+        self.ipc_dir = port_args.ipc_dir
         ctx = zmq.Context(2)
         self.recv_from_tokenizer = ctx.socket(zmq.PULL)
         self.recv_from_tokenizer.bind(port_args.scheduler_input_ipc)
@@ -128,9 +153,13 @@ class SchedulerLoop:
         if self.profiler:
             self.profiler.start()
         clock = self.clock
+        next_parent_check = time.monotonic() + PARENT_CHECK_S
         while True:
             if not self.scheduler.has_work():
                 self._wait_for_message()  # idle: not part of a step
+            elif time.monotonic() > next_parent_check:  # busy: a dead parent reads nothing we send
+                self._exit_if_orphaned()
+                next_parent_check = time.monotonic() + PARENT_CHECK_S
             clock.begin()
             self._receive()
             clock.lap("receive")
@@ -144,11 +173,16 @@ class SchedulerLoop:
 
     def _wait_for_message(self) -> None:
         while not self.recv_from_tokenizer.poll(IDLE_POLL_MS):
-            if os.getppid() != self.parent_pid:
-                raise SystemExit("the parent process is gone")
+            self._exit_if_orphaned()
             if self.profiler:
                 self.profiler.on_idle()
             self.clock.on_idle()
+
+    def _exit_if_orphaned(self) -> None:
+        if os.getppid() != self.parent_pid:
+            # A parent killed outright could not remove the IPC directory: this process does.
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)
+            raise SystemExit("the parent process is gone")
 
     def _receive(self) -> None:
         """Everything queued, without waiting."""
@@ -174,4 +208,6 @@ class SchedulerLoop:
             return self.scheduler.flush_cache()
         if kind == "get_internal_state":
             return self.scheduler.get_internal_state()
+        if kind == "get_load":
+            return load_report(self.scheduler)
         return {"error": f"unknown control request {kind!r}"}

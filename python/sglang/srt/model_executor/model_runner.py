@@ -106,11 +106,20 @@ class ModelRunner:
         if self.device == "cuda":
             free, total = torch.cuda.mem_get_info()
             budget = free - total * (1 - args.mem_fraction_static) - self.reserve_bytes
+            if args.replicas_per_gpu > 1:
+                # Replicas sharing this GPU start at once, so what is free says little: each plans
+                # from its own share, less what it holds already (its weights).
+                share = total * args.mem_fraction_static / args.replicas_per_gpu
+                budget = min(share - torch.cuda.memory_reserved(), free) - self.reserve_bytes
             tokens = int(budget // per_token)
             gib = 1 << 30
             detail = (f": after loading the model {free / gib:.1f} GiB of {total / gib:.1f} GiB are free, and "
                       f"--mem-fraction-static {args.mem_fraction_static} keeps {total * (1 - args.mem_fraction_static) / gib:.1f} "
                       f"GiB back (is another process using the GPU?)")
+            if args.replicas_per_gpu > 1:
+                detail = (f": {args.replicas_per_gpu} replicas share this GPU, so this one plans from 1/"
+                          f"{args.replicas_per_gpu} of --mem-fraction-static {args.mem_fraction_static} "
+                          f"({share / gib:.1f} GiB), of which it holds {torch.cuda.memory_reserved() / gib:.1f} GiB already")
         else:
             tokens = min(CPU_MAX_TOTAL_TOKENS, CPU_KV_BUDGET_BYTES // per_token)
         if args.max_total_tokens is not None:
