@@ -32,6 +32,7 @@ class GrammarBackend:
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                        stop_token_ids=sorted(stop_token_ids) or None)
         self.vocab_size = vocab_size
+        self.json_text_mask = _json_text_mask(info, vocab_size)
         self.compiler = xgrammar.GrammarCompiler(info, max_threads=threads)
         self.pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="grammar")
         self.cache: dict[tuple[str, str], concurrent.futures.Future] = {}
@@ -66,11 +67,47 @@ class GrammarBackend:
         self.num_compiled += 1
         return compiled
 
-    def matcher(self, compiled):
-        return self._xgrammar.GrammarMatcher(compiled, max_rollback_tokens=MAX_ROLLBACK_TOKENS)
+    def matcher(self, compiled, field: str):
+        matcher = self._xgrammar.GrammarMatcher(compiled, max_rollback_tokens=MAX_ROLLBACK_TOKENS)
+        return JsonMatcher(matcher, self.json_text_mask) if field == "json_schema" else matcher
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class JsonMatcher:
+    """A JSON grammar's matcher that also forbids tokens with control characters. JSON text never
+    holds one raw (inside strings they must be escaped, and the compact separators leave no
+    whitespace outside them), but xgrammar's length-bounded strings let them through."""
+
+    def __init__(self, matcher, allowed):
+        self.matcher, self.allowed = matcher, allowed  # allowed: int32 bitmask row
+
+    def fill_next_token_bitmask(self, bitmask, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+        bitmask[row] &= self.allowed
+
+    def accept_token(self, token_id: int) -> bool:
+        return self.matcher.accept_token(token_id)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+
+
+def _json_text_mask(info, vocab_size: int):
+    """int32 bitmask row of the tokens whose bytes hold no control character (< 0x20)."""
+    import torch
+
+    allowed = torch.ones(((vocab_size + 31) // 32) * 32, dtype=torch.bool)
+    for token_id, raw in enumerate(info.decoded_vocab[:vocab_size]):
+        if any(byte < 0x20 for byte in raw) and token_id not in info.stop_token_ids:
+            allowed[token_id] = False
+    weights = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int64), torch.arange(32))
+    words = (allowed.view(-1, 32).long() * weights).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def make_grammar_backend(name: str, tokenizer_path: str, vocab_size: int,

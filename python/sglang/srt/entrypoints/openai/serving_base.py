@@ -63,6 +63,7 @@ class ChoiceProgress:
     num_tokens: int = 0  # output tokens whose logprobs went out
     logprob_state: Any = None  # owned by the endpoint (completions: the logprobs' text offsets)
     final_meta: Optional[dict] = None  # meta_info of the finished result
+    tool_stream: Any = None  # owned by the chat endpoint (tool_calls.ToolCallStream)
 
 
 @dataclasses.dataclass
@@ -109,7 +110,9 @@ class OpenAIServingBase:
     def stream_start(self, ctx: RequestContext) -> list[dict]:
         return []
 
-    def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict, token_start: int) -> dict:
+    def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict,
+                     token_start: int) -> Optional[dict]:
+        """The chunk of one update, or None when it has nothing to send."""
         raise NotImplementedError
 
     def usage_chunk(self, ctx: RequestContext, usage: UsageInfo) -> dict:
@@ -227,7 +230,8 @@ class OpenAIServingBase:
         has_new_logprobs = progress.num_tokens > token_start and bool(self.logprob_kwargs(ctx.request))
         if not delta and not finished and not has_new_logprobs:
             return []
-        return [self.stream_chunk(ctx, index, delta, result, token_start)]
+        chunk = self.stream_chunk(ctx, index, delta, result, token_start)
+        return [] if chunk is None else [chunk]
 
     def _error_event(self, ctx: RequestContext, err: Exception) -> dict:
         if isinstance(err, InvalidRequest):
@@ -337,6 +341,7 @@ def native_sampling_params(request, max_new_tokens: Optional[int]) -> dict:
         "frequency_penalty": request.frequency_penalty, "presence_penalty": request.presence_penalty,
         "repetition_penalty": request.repetition_penalty, "logit_bias": request.logit_bias,
         "disable_speculative_decoding": request.disable_speculative_decoding,
+        "json_schema": request.json_schema, "regex": request.regex, "ebnf": request.ebnf,
     }
     params = {name: value for name, value in params.items() if value is not None}
     return {"max_new_tokens": max_new_tokens, **params}
