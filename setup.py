@@ -23,9 +23,10 @@ setup(
         "pydantic>=2",
         "orjson>=3.6",
         "prometheus-client>=0.20",
+        "xgrammar>=0.2",  # structured outputs; imported only when a request asks for a constraint
     ],
     extras_require={
-        "test": ["pytest>=8", "scipy>=1.11", "httpx", "openai>=1.0", "aiohttp", "matplotlib", "tqdm"],
+        "test": ["pytest>=8", "scipy>=1.11", "httpx", "openai>=1.0", "aiohttp", "matplotlib", "tqdm", "jsonschema"],
         "bench": ["matplotlib", "aiohttp", "tqdm"],
     },
 )

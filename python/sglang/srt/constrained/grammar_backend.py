@@ -16,8 +16,6 @@ logger = logging.getLogger(__name__)
 # Compiled grammars kept (most recently asked for last); compiling a JSON schema takes milliseconds
 # to a second, and agents send the same tool schemas again and again.
 CACHE_SIZE = 256
-# A matcher can be rolled back this many tokens: a speculative step's drafts (at most 16 + 1).
-MAX_ROLLBACK_TOKENS = 32
 
 
 class GrammarError(ValueError):
@@ -68,7 +66,7 @@ class GrammarBackend:
         return compiled
 
     def matcher(self, compiled, field: str):
-        matcher = self._xgrammar.GrammarMatcher(compiled, max_rollback_tokens=MAX_ROLLBACK_TOKENS)
+        matcher = self._xgrammar.GrammarMatcher(compiled)  # rolls back any number of tokens
         return JsonMatcher(matcher, self.json_text_mask) if field == "json_schema" else matcher
 
     def shutdown(self) -> None:

@@ -302,6 +302,14 @@ class ChatCompletionMessage(BaseModel):
     content: Optional[str] = None
     tool_calls: Optional[list[ToolCall]] = None
 
+    @model_serializer(mode="wrap")
+    def _drop_no_calls(self, handler):
+        # As OpenAI answers: a message without calls has no tool_calls field.
+        out = handler(self)
+        if out.get("tool_calls") is None:
+            out.pop("tool_calls", None)
+        return out
+
 
 class ChatCompletionChoice(BaseModel):
     index: int
