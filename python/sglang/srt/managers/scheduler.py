@@ -693,7 +693,7 @@ class Scheduler:
         state = self.kv_manager.accounting(held)
         state.update(
             num_running_reqs=len(self.running_reqs),
-            num_queue_reqs=len(self.waiting_queue) + (1 if self.chunked_req else 0),
+            num_queue_reqs=len(self.waiting_queue) + (1 if self.chunked_req else 0) + len(self.grammar_queue),
             token_usage=1 - state["free_slots"] / state["total_slots"],
             num_generated_tokens=self.num_generated_tokens,
             num_retractions=self.num_retractions,

@@ -73,11 +73,13 @@ def test_forced_schema_lists_the_chosen_tools(choice, max_items):
 ])
 def test_streamed_deltas_add_up_to_the_parsed_answer(parser, text):
     stream = ToolCallStream("auto", parser, NAMES)
-    content = ""
+    content, deltas = "", []
     for end in range(1, len(text) + 1):  # one character per update
         content += stream.content_delta(text[:end]) or ""
-    rest, deltas = stream.finish(text)
+        deltas += stream.call_deltas(text[:end])
+    rest, last = stream.finish(text)
     content += rest or ""
+    deltas += last
     whole_content, whole_calls = parse_tool_calls(text, "auto", parser, NAMES)
     if whole_calls:
         assert content.strip() == whole_content
@@ -86,3 +88,16 @@ def test_streamed_deltas_add_up_to_the_parsed_answer(parser, text):
         assert names == "add" and json.loads(arguments) == {"a": 5} and deltas[0].id
     else:
         assert content == text and deltas == []
+
+
+def test_each_forced_call_streams_once_it_is_complete():
+    text = '[{"name": "add", "parameters": {"a": 1}}, {"name": "get_weather", "parameters": {"city": "Rome"}}]'
+    stream = ToolCallStream("forced", None, NAMES)
+    sent_at = {}
+    for end in range(1, len(text) + 1):
+        assert stream.content_delta(text[:end]) is None
+        for delta in stream.call_deltas(text[:end]):
+            sent_at.setdefault(delta.index, end)
+    assert stream.finish(text) == (None, [])  # everything went out before the end
+    first_call_end = text.index("}}") + 2
+    assert sent_at == {0: first_call_end, 1: len(text) - 1}

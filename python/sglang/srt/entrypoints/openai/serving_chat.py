@@ -131,7 +131,8 @@ class OpenAIServingChat(OpenAIServingBase):
         mode = tool_mode(ctx.request, self.parser)
         if mode is not None:
             message, finish_reason = self._tool_delta(ctx, index, mode, result, finish_reason)
-            if finish_reason is None and message.content is None and not ctx.request.logprobs:
+            if finish_reason is None and message.content is None and not message.tool_calls \
+                    and not ctx.request.logprobs:
                 return None  # the text is held back: it may be a call
         choice = ChatCompletionStreamChoice(
             index=index, delta=message,
@@ -141,15 +142,17 @@ class OpenAIServingChat(OpenAIServingBase):
 
     def _tool_delta(self, ctx: RequestContext, index: int, mode: str, result: dict, finish_reason: Optional[str]):
         """The delta of a streamed choice whose tool calls are read: content while it cannot be a
-        call, then the calls once the output is complete."""
+        call, each call once it is complete, the rest when the output is."""
         progress = ctx.progress[index]
         if progress.tool_stream is None:
             progress.tool_stream = ToolCallStream(mode, self.parser, _tool_names(ctx.request))
         stream, text = progress.tool_stream, result["text"]
         if finish_reason is None:
-            return DeltaMessage(content=stream.content_delta(text)), None
-        content, calls = stream.finish(text)
-        return DeltaMessage(content=content, tool_calls=calls or None), "tool_calls" if calls else finish_reason
+            content, calls = stream.content_delta(text), stream.call_deltas(text)
+        else:
+            content, calls = stream.finish(text)
+            finish_reason = "tool_calls" if stream.num_calls else finish_reason
+        return DeltaMessage(content=content, tool_calls=calls or None), finish_reason
 
     def usage_chunk(self, ctx: RequestContext, usage: UsageInfo) -> dict:
         return ChatCompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[],

@@ -135,13 +135,15 @@ def _hermes_calls(text: str) -> tuple[str, list]:
 @dataclasses.dataclass
 class ToolCallStream:
     """One streamed choice: content goes out until the text may be starting a call, then is held
-    back; at the end the calls go out as OpenAI tool-call deltas (or the held text as content)."""
+    back; each call goes out as OpenAI tool-call deltas once it is complete in the text (the last
+    ones, or the held text as content if there are none, once the output is complete)."""
 
     mode: str
     parser: Optional[str]
     tool_names: set[str]
     sent: int = 0  # characters of the output sent as content
     holding: bool = False
+    num_calls: int = 0  # calls sent
 
     def content_delta(self, text: str) -> Optional[str]:
         """The content that can go out now, given the output so far."""
@@ -156,18 +158,31 @@ class ToolCallStream:
         delta, self.sent = text[self.sent:end], max(self.sent, end)
         return delta or None
 
+    def call_deltas(self, text: str) -> list[DeltaToolCall]:
+        """Deltas of the calls completed in the output so far and not sent yet."""
+        if self.mode == "auto" and not self.holding:
+            return []
+        if self.mode == "auto" and self.parser != "llama3":  # only the blocks already closed
+            end = text.rfind(HERMES_END)
+            text = text[: end + len(HERMES_END)] if end >= 0 else ""
+        return self._deltas(parse_tool_calls(text, self.mode, self.parser, self.tool_names)[1])
+
     def finish(self, text: str) -> tuple[Optional[str], list[DeltaToolCall]]:
-        """(the content not sent yet, the calls as deltas) once the output is complete."""
+        """(the content not sent yet, the remaining calls as deltas) once the output is complete."""
         content, calls = parse_tool_calls(text, self.mode, self.parser, self.tool_names)
         if not calls:
             rest, self.sent = text[self.sent:], len(text)
             return rest or None, []
+        return None, self._deltas(calls)
+
+    def _deltas(self, calls: list[ToolCall]) -> list[DeltaToolCall]:
         deltas = []
-        for index, call in enumerate(calls):
+        for index, call in enumerate(calls[self.num_calls:], self.num_calls):
             deltas.append(DeltaToolCall(index=index, id=call.id, type="function",
                                         function=DeltaFunctionCall(name=call.function.name, arguments="")))
             deltas.append(DeltaToolCall(index=index, function=DeltaFunctionCall(arguments=call.function.arguments)))
-        return None, deltas
+        self.num_calls = max(self.num_calls, len(calls))
+        return deltas
 
     def _markers(self) -> tuple[str, ...]:
         return (PYTHON_TAG, "{") if self.parser == "llama3" else (HERMES_START,)
