@@ -58,10 +58,13 @@ def servers(tiny_model_paths, template_path):
     common = ("--chat-template", template_path, "--tool-call-parser", "qwen25")
     specs = {"demo": (demo.TARGET_PATH, common), "tiny": (tiny_model_paths["llama"], common),
              "spec": (demo.TARGET_PATH, (*common, "--speculative-algorithm", "EAGLE3", "--speculative-adaptive"))}
-    started = {}
+    with concurrent.futures.ThreadPoolExecutor(len(specs)) as pool:  # they start in parallel
+        futures = {name: pool.submit(ServerProcess, path, *args) for name, (path, args) in specs.items()}
+    started = {name: future.result() for name, future in futures.items() if future.exception() is None}
     try:
-        for name, (path, args) in specs.items():
-            started[name] = ServerProcess(path, *args)
+        for future in futures.values():
+            if future.exception() is not None:
+                raise future.exception()
         yield started
     finally:
         for server in started.values():

@@ -2,7 +2,8 @@
 undone exactly (GrammarLookahead), and seeded sampling under a regex keeps the constrained
 distribution: the 2nd and 3rd output tokens, which verification produces (accepted drafts or
 resampled), follow the exact distribution of the target under the grammar's masks (chi-square);
-greedy constrained output with speculation equals plain constrained decoding."""
+greedy constrained output with speculation equals plain constrained decoding, and drafting under
+the grammar keeps the acceptance up."""
 
 from __future__ import annotations
 
@@ -107,6 +108,11 @@ def test_greedy_constrained_speculation_is_plain_constrained_decoding():
     spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=4)
     try:
         expected = [o["output_ids"] for o in plain.generate(prompts, params)]
+        assert [o["output_ids"] for o in spec.generate(prompts, params)] == expected
+        # The draft proposes under the grammar: without that (drafts masked at verification only)
+        # these requests accept 1.2 tokens per verify step, with it 2.5.
+        state = spec.get_server_info()["internal_state"]
+        assert state["spec_tokens"] / state["spec_verifies"] > 1.9, state
         # Constrained and unconstrained requests in the same speculative batches.
         free = [{"temperature": 0, "max_new_tokens": 32}] * len(prompts)
         got = spec.generate(prompts * 2, params + free)
