@@ -366,7 +366,8 @@ class EAGLEWorkerV2(TpModelWorker):
         drafts = [self.next_draft[rows]]
         draft_probs = [] if info.is_all_greedy else [self.next_draft_probs[rows]]
         if grammar is not None:  # constrained rows redraw d_1 under their grammar
-            self._redraw_first_draft(rows, grammar, info, offsets, drafts, draft_probs)
+            grammar.redraw_first_draft(self.next_draft_logits[rows], self.draft_to_target, self.draft_model.to_target_ids,
+                                       info, offsets, drafts, draft_probs)
         hidden = self.next_hidden[rows]
         for j in range(1, k):
             fb = ForwardBatch(
@@ -435,18 +436,6 @@ class EAGLEWorkerV2(TpModelWorker):
         if timer is not None:
             timer.mark("extend")
         return verdict.tokens, verdict.num_out, raw_target_logits
-
-    def _redraw_first_draft(self, rows, grammar: GrammarLookahead, info: SamplingBatchInfo, offsets,
-                            drafts: list, draft_probs: list) -> None:
-        """d_1 of the constrained rows drawn again, with the same random numbers, from the draft's
-        kept logits under the grammar's mask at the step's first position (in place in `drafts`
-        and `draft_probs`)."""
-        logits = masked_draft_logits(self.next_draft_logits[rows].float(), grammar.next_mask(), self.draft_to_target)
-        redrawn = self.draft_model.to_target_ids(draw_draft(logits, info, offsets))
-        constrained = grammar.constrained_rows
-        drafts[0] = torch.where(constrained, redrawn, drafts[0])
-        if draft_probs:
-            draft_probs[0] = torch.where(constrained[:, None], filtered_probs(logits, info), draft_probs[0])
 
     def forward_plain_step(self, batch: ScheduleBatch) -> SpecStepResult:
         """A decode step without speculation that leaves the same state a speculative step would:

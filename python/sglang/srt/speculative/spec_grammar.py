@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from sglang.srt.constrained.bitmask import device_mask
+from sglang.srt.speculative.spec_sampling import draw_draft, filtered_probs
 
 
 class GrammarLookahead:
@@ -48,6 +49,16 @@ class GrammarLookahead:
     def verify_mask(self) -> torch.Tensor:
         """bool[bs, k + 1, vocab]: the masks of the step's positions, in order."""
         return torch.stack(self.masks, dim=1)
+
+    def redraw_first_draft(self, kept_logits, draft_to_target, to_target_ids, info, offsets, drafts: list,
+                           draft_probs: list) -> None:
+        """d_1 of the constrained rows drawn again, with the same random numbers, from the draft's
+        logits the previous step kept (draft vocabulary), under the mask of the step's first
+        position; in place in `drafts` (target ids) and `draft_probs` (q, when sampling)."""
+        logits = masked_draft_logits(kept_logits.float(), self.next_mask(), draft_to_target)
+        drafts[0] = torch.where(self.constrained_rows, to_target_ids(draw_draft(logits, info, offsets)), drafts[0])
+        if draft_probs:
+            draft_probs[0] = torch.where(self.constrained_rows[:, None], filtered_probs(logits, info), draft_probs[0])
 
     def rollback(self) -> None:
         for matcher, walked in zip(self.matchers, self.walked):
