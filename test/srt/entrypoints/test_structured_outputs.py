@@ -91,6 +91,10 @@ def test_json_schema_response_validates(servers, kind):
     answer = chat(servers[kind], response_format=schema_format(PERSON)).choices[0]
     jsonschema.validate(json.loads(answer.message.content), PERSON)
     assert answer.finish_reason == "stop"
+    client = client_of(servers[kind])  # text completions take it too (an extra body field there)
+    completion = client.completions.create(model=client.models.list().data[0].id, prompt="user = ", max_tokens=96,
+                                           temperature=0, extra_body={"response_format": schema_format(PERSON)})
+    jsonschema.validate(json.loads(completion.choices[0].text), PERSON)
 
 
 @pytest.mark.parametrize("kind", KINDS)

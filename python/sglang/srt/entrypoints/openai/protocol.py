@@ -48,6 +48,27 @@ class StreamOptions(_Lenient):
     include_usage: Optional[bool] = False
 
 
+class JsonSchemaFormat(_Lenient):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Optional[Union[dict[str, Any], bool]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_given(cls, value: Optional[JsonSchemaFormat], info) -> Optional[JsonSchemaFormat]:
+        if info.data.get("type") == "json_schema" and (value is None or value.schema_ is None):
+            raise ValueError("response_format of type json_schema needs json_schema.schema")
+        return value
+
+
 class _SamplingRequest(_Lenient):
     """The fields that completions and chat requests share. `None` means "the default",
     because some clients send explicit nulls for fields they leave unset."""
@@ -78,6 +99,7 @@ class _SamplingRequest(_Lenient):
     json_schema: Optional[Union[str, dict]] = None
     regex: Optional[str] = None
     ebnf: Optional[str] = None
+    response_format: Optional[ResponseFormat] = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -182,34 +204,12 @@ class NamedToolChoice(_Lenient):
     function: ToolChoiceFunction
 
 
-class JsonSchemaFormat(_Lenient):
-    model_config = ConfigDict(extra="ignore", populate_by_name=True)
-
-    name: Optional[str] = None
-    description: Optional[str] = None
-    schema_: Optional[Union[dict[str, Any], bool]] = Field(None, alias="schema")
-    strict: Optional[bool] = None
-
-
-class ResponseFormat(_Lenient):
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: Optional[JsonSchemaFormat] = None
-
-    @field_validator("json_schema")
-    @classmethod
-    def _schema_given(cls, value: Optional[JsonSchemaFormat], info) -> Optional[JsonSchemaFormat]:
-        if info.data.get("type") == "json_schema" and (value is None or value.schema_ is None):
-            raise ValueError("response_format of type json_schema needs json_schema.schema")
-        return value
-
-
 class ChatCompletionRequest(_SamplingRequest):
     messages: list[ChatMessage] = Field(..., min_length=1)
     max_tokens: Optional[int] = Field(None, ge=0)  # deprecated by OpenAI, still sent by many clients
     max_completion_tokens: Optional[int] = Field(None, ge=0)
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
-    response_format: Optional[ResponseFormat] = None
     tools: Optional[list[Tool]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     parallel_tool_calls: Optional[bool] = True

@@ -347,6 +347,25 @@ def native_sampling_params(request, max_new_tokens: Optional[int]) -> dict:
     return {"max_new_tokens": max_new_tokens, **params}
 
 
+def response_format_schema(request) -> Optional[str]:
+    """The JSON schema that `response_format` asks for, as text; None for text output."""
+    response_format = request.response_format
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return json.dumps({"type": "object"})
+    return json.dumps(response_format.json_schema.schema_)
+
+
+def add_constraint(params: dict, field: str, schema: str) -> dict:
+    """`params` with the JSON schema that the OpenAI field `field` asks for; a request that also
+    gives its own json_schema, regex or ebnf is a 400 (at most one constraint)."""
+    given = [name for name in ("json_schema", "regex", "ebnf") if name in params]
+    if given:
+        raise InvalidRequest(f"{given[0]} cannot be combined with {field}", given[0])
+    return {**params, "json_schema": schema}
+
+
 def output_logprobs(result: dict) -> tuple[list, list]:
     """(output_token_logprobs, output_top_logprobs) of a result: [(logprob, token_id, _)] per
     output token, and a list of such per output token."""

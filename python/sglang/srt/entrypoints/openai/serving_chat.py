@@ -3,7 +3,6 @@ template turning the messages into the prompt."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from typing import Optional
 
@@ -15,8 +14,8 @@ from sglang.srt.entrypoints.openai.protocol import (
     DeltaMessage, TopLogprob, UsageInfo,
 )
 from sglang.srt.entrypoints.openai.serving_base import (
-    COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, clamp_logprob, native_sampling_params,
-    openai_finish_reason, output_logprobs,
+    COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, add_constraint, clamp_logprob,
+    native_sampling_params, openai_finish_reason, output_logprobs, response_format_schema,
 )
 from sglang.srt.entrypoints.openai.tool_calls import (ToolCallStream, forced_calls_schema, parse_tool_calls,
                                                       tool_mode)
@@ -62,24 +61,14 @@ class OpenAIServingChat(OpenAIServingBase):
     def sampling_params(self, request: ChatCompletionRequest) -> dict:
         params = native_sampling_params(request, request.max_new_tokens)
         constraint = self._constraint(request)
-        if constraint is not None:
-            field, value = constraint
-            given = [name for name in ("json_schema", "regex", "ebnf") if name in params]
-            if given:
-                raise InvalidRequest(f"{given[0]} cannot be combined with {field}", given[0])
-            params["json_schema"] = value
-        return params
+        return params if constraint is None else add_constraint(params, *constraint)
 
     def _constraint(self, request: ChatCompletionRequest) -> Optional[tuple[str, str]]:
-        """(the OpenAI field, a JSON schema) that response_format or tool_choice asks for."""
+        """(the OpenAI field, a JSON schema) that tool_choice or response_format asks for."""
         if tool_mode(request, self.parser) == "forced":
             return "tool_choice", forced_calls_schema(request)
-        response_format = request.response_format
-        if response_format is None or response_format.type == "text":
-            return None
-        if response_format.type == "json_object":
-            return "response_format", json.dumps({"type": "object"})
-        return "response_format", json.dumps(response_format.json_schema.schema_)
+        schema = response_format_schema(request)
+        return None if schema is None else ("response_format", schema)
 
     @property
     def parser(self) -> Optional[str]:
