@@ -32,6 +32,7 @@ class GrammarBackend:
         self.vocab_size = vocab_size
         self.json_text_mask = _json_text_mask(info, vocab_size)
         self.compiler = xgrammar.GrammarCompiler(info, max_threads=threads)
+        self.threads = threads
         self.pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="grammar")
         self.cache: dict[tuple[str, str], concurrent.futures.Future] = {}
         self.num_compiled = 0
