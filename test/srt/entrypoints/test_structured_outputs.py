@@ -182,7 +182,10 @@ def test_bad_constraints_are_400s_naming_the_field(servers):
              ({"response_format": schema_format({"type": 5})}, "response_format"),
              ({"extra_body": {"ebnf": "root ::= "}}, "ebnf"),
              ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-             ({"extra_body": {"regex": "a", "ebnf": 'root ::= "a"'}}, "ebnf")]
+             ({"extra_body": {"regex": "a", "ebnf": 'root ::= "a"'}}, "ebnf"),
+             ({"response_format": {"type": "json_schema"}}, "response_format"),
+             ({"response_format": {"type": "json_object"}, "extra_body": {"regex": "a"}}, "regex"),
+             ({"tool_choice": "required"}, "tool_choice")]
     for kwargs, field in cases:
         with pytest.raises(openai.BadRequestError) as err:
             chat(server, **kwargs)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 MAX_N = 64  # the engine's limit on samples per request
 MAX_TOP_LOGPROBS = 20
@@ -61,12 +61,11 @@ class ResponseFormat(_Lenient):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: Optional[JsonSchemaFormat] = None
 
-    @field_validator("json_schema")
-    @classmethod
-    def _schema_given(cls, value: Optional[JsonSchemaFormat], info) -> Optional[JsonSchemaFormat]:
-        if info.data.get("type") == "json_schema" and (value is None or value.schema_ is None):
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
             raise ValueError("response_format of type json_schema needs json_schema.schema")
-        return value
+        return self
 
 
 class _SamplingRequest(_Lenient):
