@@ -403,7 +403,7 @@ class EAGLEWorkerV2(TpModelWorker):
             grammar.next_mask()
             target_logits = target_logits.masked_fill(~grammar.verify_mask(), float("-inf"))
             grammar.rollback()
-        if self.simulated_rate is not None:
+        if self.simulated_rate is not None and grammar is None:  # a grammar's batch is verified for real
             verdict = simulate_acceptance(target_logits, draft_tokens, starts, self.simulated_rate)
         elif info.is_all_greedy:
             verdict = verify_greedy(target_logits, draft_tokens)
