@@ -27,6 +27,8 @@ def parse_error(capsys, argv):
         ("--schedule-policy", "random", ["fcfs", "lpm"]),
         ("--attention-backend", "flashinfer", ["torch_native"]),
         ("--log-level", "verbose", ["debug", "info", "warning", "error", "critical"]),
+        ("--grammar-backend", "outlines", ["xgrammar", "none"]),
+        ("--tool-call-parser", "mistral", ["llama3", "qwen25", "hermes"]),
     ],
 )
 def test_cli_bad_choice_exits_2_naming_flag_and_allowed_values(capsys, flag, bad, allowed):
@@ -45,6 +47,8 @@ def test_cli_bad_choice_exits_2_naming_flag_and_allowed_values(capsys, flag, bad
         ("schedule_policy", "--schedule-policy", "lpm"),
         ("attention_backend", "--attention-backend", "torch_native"),
         ("log_level", "--log-level", "warning"),
+        ("grammar_backend", "--grammar-backend", "xgrammar"),
+        ("tool_call_parser", "--tool-call-parser", "qwen25"),
     ],
 )
 def test_constructor_bad_choice_names_flag_and_allowed_values(field, flag, allowed):
@@ -207,3 +211,14 @@ def test_data_parallel_flags_parse_and_check(capsys):
     assert "--base-gpu-id must be >= 0" in parse_error(capsys, ["--device", "cpu", "--base-gpu-id", "-1"])
     with pytest.raises(ValueError, match="grpc_mode"):
         ServerArgs(model_path=MODEL, device="cpu", grpc_mode=True)
+
+
+def test_structured_output_flags_parse_and_a_missing_chat_template_is_named(tmp_path, capsys):
+    template = tmp_path / "chat.jinja"
+    template.write_text("{{ messages }}")
+    args = prepare_server_args(["--model-path", "m", "--grammar-backend", "none", "--tool-call-parser", "llama3",
+                                "--chat-template", str(template)])
+    assert (args.grammar_backend, args.tool_call_parser, args.chat_template) == ("none", "llama3", str(template))
+    assert ServerArgs(model_path="m").grammar_backend == "xgrammar"  # upstream's default
+    err = parse_error(capsys, ["--chat-template", str(tmp_path / "missing.jinja")])
+    assert "--chat-template" in err and "missing.jinja" in err

@@ -16,3 +16,11 @@ def get_tokenizer(tokenizer_path: str):
         return AutoTokenizer.from_pretrained(tokenizer_path)
     except Exception as e:  # transformers raises many types for a broken tokenizer
         raise ValueError(f"cannot load the tokenizer from {tokenizer_path}: {e}") from e
+
+
+def load_chat_template(path: str) -> str:
+    """The Jinja text of a --chat-template file."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--chat-template {path!r} is not a file (a Jinja chat template is expected)")
+    with open(path, encoding="utf-8") as f:
+        return f.read()

@@ -82,6 +82,10 @@ class ServerArgs:
     speculative_threshold: Optional[int] = None
     speculative_candidate_steps: Optional[list[int]] = None
     speculative_draft_sync: Optional[str] = None
+    # Structured outputs and tool calling (docs/http_api.md).
+    grammar_backend: str = "xgrammar"
+    tool_call_parser: Optional[str] = None
+    chat_template: Optional[str] = None
 
     def __post_init__(self):
         # Fill the defaults that depend on the machine or on other fields, once.
@@ -177,6 +181,7 @@ class ServerArgs:
         if self.attention_backend == "triton" and self.device != "cuda":
             raise ValueError("--attention-backend triton needs --device cuda; use torch_native on the CPU")
         self._check_speculative()
+        self._check_structured_outputs()
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
         for flag, value in (("--max-payload-size", self.max_payload_size),
@@ -195,6 +200,13 @@ class ServerArgs:
 
             if not torch.cuda.is_available():
                 raise ValueError("--device cuda was asked for, but no CUDA device is available")
+
+    def _check_structured_outputs(self) -> None:
+        _check_choice("--grammar-backend", self.grammar_backend, GRAMMAR_BACKEND_CHOICES)
+        if self.tool_call_parser is not None:
+            _check_choice("--tool-call-parser", self.tool_call_parser, TOOL_CALL_PARSER_CHOICES)
+        if self.chat_template is not None and not os.path.isfile(self.chat_template):
+            raise ValueError(f"--chat-template {self.chat_template!r} is not a file (a Jinja template is expected)")
 
     def _check_speculative(self) -> None:
         if self.speculative_algorithm is None:
@@ -408,6 +420,8 @@ class ServerArgs:
                           help="Replay one graph per forward of a greedy speculative step (draft chain steps, "
                                "verify, draft extend) instead of one graph for the whole step.")
 
+        _add_structured_output_args(parser)
+
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
         names = [f.name for f in dataclasses.fields(cls)]
@@ -453,6 +467,26 @@ SPECULATIVE_ALGORITHM_CHOICES = ["EAGLE3", "EAGLE"]
 # 16, ~140 ms at 64), so one request's fan-out is kept to what leaves other requests' latency
 # within a few times their own.
 DEFAULT_MAX_SEQUENCES_PER_REQUEST = {"cuda": 256, "cpu": 16}
+
+
+GRAMMAR_BACKEND_CHOICES = ("xgrammar", "none")
+# Upstream's names; qwen, qwen25 and hermes read the same <tool_call>{...}</tool_call> format.
+TOOL_CALL_PARSER_CHOICES = ("llama3", "qwen25", "qwen", "hermes")
+
+
+def _add_structured_output_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("structured outputs and tool calling")
+    group.add_argument("--grammar-backend", type=str, default="xgrammar", choices=GRAMMAR_BACKEND_CHOICES,
+                       help="Backend of json_schema / regex / ebnf constraints and response_format: xgrammar, or "
+                            "none (constrained requests are refused with 400).")
+    group.add_argument("--tool-call-parser", type=str, default=None, choices=TOOL_CALL_PARSER_CHOICES,
+                       help="How tool calls are read from the model's output with tool_choice auto: llama3 "
+                            "(JSON objects {\"name\", \"parameters\"}) or qwen25 / qwen / hermes "
+                            "(<tool_call>{\"name\", \"arguments\"}</tool_call>).")
+    group.add_argument("--chat-template", type=str, default=None,
+                       help="Path of a Jinja chat template used for /v1/chat/completions instead of the "
+                            "tokenizer's own (or where the tokenizer has none).")
+
 DRAFT_SYNC_CHOICES = ("warm", "catch-up")
 MAX_SPECULATIVE_STEPS = 16
 

@@ -3,20 +3,28 @@
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import numpy as np
 import torch
 
 
-def exact_token_distributions(model_path: str, prompt_ids: list[int], top_k: int) -> list[torch.Tensor]:
+def exact_token_distributions(model_path: str, prompt_ids: list[int], top_k: int,
+                              allowed: Optional[Callable[[list[int]], torch.Tensor]] = None) -> list[torch.Tensor]:
     """The exact marginal distributions of output tokens 1, 2 and 3 (index 0, 1, 2) when sampling
-    at temperature 1 from the top-k of the model's float32 logits."""
+    at temperature 1 from the top-k of the model's float32 logits. `allowed(output so far)`: a
+    constraint's bool mask over the vocabulary, applied before the top-k (as the sampler does)."""
     from transformers import LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    prompt_len = len(prompt_ids)
 
     def next_probs(seqs: list[list[int]]) -> torch.Tensor:
         with torch.no_grad():
             logits = model(torch.tensor(seqs)).logits[:, -1].float()
+        if allowed is not None:
+            masks = torch.stack([allowed(seq[prompt_len:]) for seq in seqs])
+            logits = logits.masked_fill(~masks[:, : logits.shape[-1]], float("-inf"))
         top = logits.topk(top_k, dim=-1)
         probs = torch.zeros_like(logits)
         return probs.scatter_(1, top.indices, torch.softmax(top.values, dim=-1))

@@ -310,14 +310,8 @@ def test_non_finite_numbers_are_refused_on_both_apis(client):
 
 
 @pytest.mark.parametrize("route, body, param", [
-    (CHAT, {"messages": MESSAGES, "response_format": {"type": "json_object"}}, "response_format"),
-    (CHAT, {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    (CHAT, {"messages": MESSAGES, "tool_choice": "required"}, "tool_choice"),
-    (COMPLETIONS, {"prompt": "x", "regex": "[ab]+"}, "regex"),
-    (COMPLETIONS, {"prompt": "x", "json_schema": "{}"}, "json_schema"),
-    (CHAT, {"messages": MESSAGES, "ebnf": "root ::= 'a'"}, "ebnf"),
-    (GENERATE, {"text": "x", "sampling_params": {"regex": "[ab]+"}}, "regex"),
-    (GENERATE, {"text": "x", "sampling_params": [{"json_schema": "{}"}]}, "json_schema"),
+    (CHAT, {"messages": MESSAGES, "functions": [{"name": "f", "parameters": {}}]}, "functions"),
+    (CHAT, {"messages": MESSAGES, "function_call": "auto"}, "function_call"),
 ])
 def test_fields_not_implemented_yet_are_a_400_not_ignored(client, route, body, param):
     response = client.post(route, json=body)

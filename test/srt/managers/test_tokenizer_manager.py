@@ -69,3 +69,37 @@ def test_the_per_step_diagnosis_sends_one_step_per_chunk(tiny_model_paths, monke
     monkeypatch.setenv("SGLANG_STREAM_EVERY_STEP", "1")
     chunks = asyncio.run(_stream_while_steps_arrive_in_bursts(tiny_model_paths["llama"], [1, 5, 3]))
     assert [c["output_ids"] for c in chunks] == [[1], [1, 2], [1, 2, 3]]
+
+
+def test_a_chat_template_file_serves_chat_for_a_tokenizer_without_one(tiny_model_paths, tmp_path):
+    """--chat-template: the file's template renders chat prompts, tools included, although the
+    tokenizer has no template of its own."""
+    import json
+
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_paths["llama"], model)
+    config_path = model / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("chat_template", None)
+    config_path.write_text(json.dumps(config))
+    (model / "chat_template.jinja").unlink(missing_ok=True)
+    from sglang.srt.hf_transformers_utils import get_tokenizer
+
+    assert not get_tokenizer(str(model)).chat_template
+    template = tmp_path / "chat.jinja"
+    template.write_text("{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+                        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    port_args = PortArgs.create()
+    tm = TokenizerManager(ServerArgs(model_path=str(model), device="cpu", chat_template=str(template)), port_args,
+                          {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8}, lambda: None)
+    try:
+        request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}],
+                                        tools=[{"type": "function", "function": {"name": "add"}}])
+        prompt = OpenAIServingChat(tm).build_prompts(request).values[0]
+        assert tm.tokenizer.decode(prompt) == "[add]user: hi\n"
+    finally:
+        asyncio.run(tm.close())
+        shutil.rmtree(port_args.ipc_dir, ignore_errors=True)

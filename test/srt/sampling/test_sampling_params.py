@@ -25,6 +25,9 @@ UPSTREAM_DEFAULTS = {
     "presence_penalty": 0.0,
     "repetition_penalty": 1.0,
     "logit_bias": None,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
 }
 # Ours, beside upstream's: a request's opt-out of speculative decoding (issue 8).
 OUR_DEFAULTS = {"disable_speculative_decoding": False}

@@ -12,31 +12,17 @@ from typing import Any, Callable
 from sglang.srt.errors import InvalidRequest
 
 
-def _unset(value: Any) -> bool:
-    return value is None
-
-
 def _no_tools(value: Any) -> bool:
     return value is None or value == []
 
 
 # field -> whether its value asks for nothing (then it is accepted and changes nothing)
 OPENAI_FIELDS: dict[str, Callable[[Any], bool]] = {
-    "response_format": lambda v: v is None or v == {"type": "text"},
-    "tools": _no_tools,
-    "tool_choice": lambda v: v is None or v == "none",
     "functions": _no_tools,
     "function_call": lambda v: v is None or v == "none",
-    "regex": _unset,
-    "json_schema": _unset,
-    "ebnf": _unset,
 }
 # In /generate's sampling_params.
-NATIVE_SAMPLING_FIELDS: dict[str, Callable[[Any], bool]] = {
-    "regex": _unset,
-    "json_schema": _unset,
-    "ebnf": _unset,
-}
+NATIVE_SAMPLING_FIELDS: dict[str, Callable[[Any], bool]] = {}
 
 
 def reject_openai_fields(body: dict) -> None:

@@ -69,6 +69,10 @@ class Req:
         # Scheduler._adopt_cold_requests): the next step's launch first runs the draft over the
         # request's whole context.
         self.draft_adopting = False
+        # Constrained decoding: the request's xgrammar matcher, at the state after its output so
+        # far (set by the scheduler once the grammar is compiled; advanced by append_tokens).
+        self.grammar = None
+        self.grammar_future = None  # the compile in flight, while the request waits for it
 
     @property
     def speculates(self) -> bool:
@@ -114,11 +118,14 @@ class Req:
         params = self.sampling_params
         stop, min_new, max_new = self.stop_token_ids, params.min_new_tokens, params.max_new_tokens
         room = self.context_len - len(self.origin_input_ids)  # outputs at which the context is full
+        grammar = self.grammar
         for j in range(n):
             token_id = tokens[j]
             out.append(token_id)
             count = len(out)
-            if token_id in stop and count > min_new:
+            if grammar is not None and grammar.accept_token(token_id) and grammar.is_terminated():
+                self.finished_reason = finish_matched(token_id)  # the grammar's stop token
+            elif token_id in stop and count > min_new:
                 self.finished_reason = finish_matched(token_id)
             elif count >= max_new:
                 self.finished_reason = finish_length(max_new)
@@ -175,6 +182,13 @@ class ScheduleBatch:
     @property
     def batch_size(self) -> int:
         return len(self.reqs)
+
+    @property
+    def grammars(self) -> Optional[list]:
+        """Each request's grammar matcher (None for an unconstrained one), or None when no
+        request of the batch is constrained."""
+        matchers = [req.grammar for req in self.reqs]
+        return matchers if any(m is not None for m in matchers) else None
 
     def to_forward_batch(self, device: str) -> tuple[ForwardBatch, torch.Tensor]:
         """Inputs of this step: each request's tokens in [kv_len, kv_len + extend_len), and each

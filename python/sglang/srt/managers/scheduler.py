@@ -18,6 +18,8 @@ import torch
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, TokenizedGenerateReqInput, finish_abort
+from sglang.srt.constrained.grammar_backend import make_grammar_backend
+from sglang.srt.managers.grammar_queue import GrammarQueue
 from sglang.srt.managers.kv_manager import KVManager
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import (AdmissionBatcher, PrefillAdder, SchedulePolicy,
@@ -71,6 +73,8 @@ class Scheduler:
         self.eos_token_ids = eos_token_ids(server_args.model_path, server_args.tokenizer_path)
         self.seed_rng = np.random.default_rng(server_args.random_seed)
         self.waiting_queue: deque[Req] = deque()
+        self.grammar_queue = GrammarQueue(make_grammar_backend(
+            server_args.grammar_backend, server_args.tokenizer_path, self.model_config.vocab_size, self.eos_token_ids))
         self.running_reqs: list[Req] = []
         self.chunked_req: Optional[Req] = None
         self.pending_outputs: list[Req] = []
@@ -113,11 +117,24 @@ class Scheduler:
         req = Req(recv.rid, recv.input_ids, params, seed, recv.stream, self.eos_token_ids, self.memory.context_len,
                   recv.return_logprob, recv.top_logprobs_num, group=recv.group)
         error = self._validate(req)
+        if not error and params.constrained:  # it waits for its grammar beside the queue
+            error = self.grammar_queue.add(req)
+            if not error:
+                return
         if error:
             req.finished_reason = finish_abort(error)
             self.pending_outputs.append(req)
             return
         self.waiting_queue.append(req)
+
+    def _take_compiled_grammars(self) -> None:
+        idle = not (self.waiting_queue or self.running_reqs or self.chunked_req or self.in_flight)
+        for req, error in self.grammar_queue.pop_ready(idle):
+            if error:
+                req.finished_reason = finish_abort(error)
+                self.pending_outputs.append(req)
+            else:
+                self.waiting_queue.append(req)
 
     def _validate(self, req: Req) -> Optional[str]:
         # The tokenizer manager checks these too; the scheduler must not trust its inputs.
@@ -135,6 +152,10 @@ class Scheduler:
         return None
 
     def abort_request(self, recv: AbortReq) -> None:
+        for req in list(self.grammar_queue.reqs):
+            if req.rid == recv.rid and self.grammar_queue.remove(req):
+                req.finished_reason = finish_abort("aborted by the client", 499)
+                self.pending_outputs.append(req)
         for req in list(self.waiting_queue):
             if req.rid == recv.rid:
                 self.waiting_queue.remove(req)
@@ -147,7 +168,7 @@ class Scheduler:
 
     def has_work(self) -> bool:
         return bool(self.waiting_queue or self.running_reqs or self.chunked_req or self.pending_outputs
-                    or self.in_flight)
+                    or self.in_flight or self.grammar_queue)
 
     def step(self) -> Optional[BatchTokenIDOut]:
         """Launch at most one forward and process what has finished; return the outputs.
@@ -162,6 +183,8 @@ class Scheduler:
             self._process_in_flight()
         start = time.perf_counter()
         self._drop_aborted()
+        if self.grammar_queue:
+            self._take_compiled_grammars()
         clock = self.clock
         if self._can_overlap_decode():
             batch = self._schedule_decode(overlapped=True)
@@ -188,7 +211,8 @@ class Scheduler:
         if batch is not None:
             result = self._launch(batch)
             clock.lap("launch")
-            if self.overlap and batch.forward_mode.is_decode():
+            # A constrained request's next mask needs this step's tokens: it never pipelines.
+            if self.overlap and batch.forward_mode.is_decode() and batch.grammars is None:
                 self.in_flight = (batch, result)
             else:
                 self._process(batch, result)
@@ -674,7 +698,7 @@ class Scheduler:
         state = self.kv_manager.accounting(held)
         state.update(
             num_running_reqs=len(self.running_reqs),
-            num_queue_reqs=len(self.waiting_queue) + (1 if self.chunked_req else 0),
+            num_queue_reqs=len(self.waiting_queue) + (1 if self.chunked_req else 0) + len(self.grammar_queue),
             token_usage=1 - state["free_slots"] / state["total_slots"],
             num_generated_tokens=self.num_generated_tokens,
             num_retractions=self.num_retractions,

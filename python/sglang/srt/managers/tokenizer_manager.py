@@ -18,8 +18,9 @@ from typing import AsyncIterator, Callable, Optional
 import zmq
 import zmq.asyncio
 
+from sglang.srt.constrained.grammar import check_constraint, constraint_key
 from sglang.srt.errors import InvalidRequest, short_repr
-from sglang.srt.hf_transformers_utils import get_tokenizer
+from sglang.srt.hf_transformers_utils import get_tokenizer, load_chat_template
 from sglang.srt.managers.io_struct import (
     AbortReq, BatchStrOut, ControlReply, ControlReq, GenerateReqInput, RequestConstants, TokenizedGenerateReqInput,
 )
@@ -61,6 +62,8 @@ class TokenizerManager:
         self.context_len = model_info["context_len"]
         self.vocab_size = model_info["vocab_size"]
         self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+        if server_args.chat_template:  # --chat-template: used for chat whether or not the tokenizer has one
+            self.tokenizer.chat_template = load_chat_template(server_args.chat_template)
         self.children_alive = children_alive  # returns why a child died, or None
         self.ctx = zmq.asyncio.Context(2)
         self.send_to_scheduler = self.ctx.socket(zmq.PUSH)
@@ -127,6 +130,12 @@ class TokenizerManager:
         params.verify(self.vocab_size)
         params.verify_simulation(self.server_args.speculative_enabled)
         self.limits.check_stop(params)
+        if params.constrained:
+            if self.server_args.grammar_backend == "none":
+                field = constraint_key(params)[0]
+                raise InvalidRequest(f"{field} needs a grammar backend; this server runs with --grammar-backend none",
+                                     field)
+            check_constraint(params)
         return params
 
     async def _encode_all(self, prompts: list) -> list[list[int]]:

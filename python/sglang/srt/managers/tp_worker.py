@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.constrained.bitmask import apply_token_mask, device_mask
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -77,13 +78,20 @@ class TpModelWorker:
         to the host (`wait_host`)."""
         forward_batch, offsets = batch.to_forward_batch(self.device)
         logits_output = self.model_runner.forward(forward_batch)
-        next_token_ids = self.model_runner.sample(logits_output.next_token_logits, self.sampling_info(batch.reqs),
-                                                  offsets)
+        logits = self.constrain(logits_output.next_token_logits, batch.grammars)
+        next_token_ids = self.model_runner.sample(logits, self.sampling_info(batch.reqs), offsets)
         result = GenerationBatchResult(logits_output, next_token_ids)
         if any(req.return_logprob for req in batch.reqs):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
         result.start_copy_to_host()
         return result
+
+    def constrain(self, logits: torch.Tensor, grammars: Optional[list]) -> torch.Tensor:
+        """The logits with the tokens each row's grammar forbids at -inf (`grammars`: one matcher
+        or None per row, at the state after the row's output so far; None: no row is constrained)."""
+        if grammars is None:
+            return logits
+        return apply_token_mask(logits, device_mask(grammars, self.model_config.vocab_size, logits.device))
 
     def prefill_pass_fits(self, num_reqs: int, num_tokens: int) -> Optional[bool]:
         """Whether a prefill of this many requests and new tokens runs about as cheaply as the

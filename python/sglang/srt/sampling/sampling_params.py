@@ -4,6 +4,7 @@ values that arrive as JSON, and range checks before a request is scheduled."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from dataclasses import dataclass
@@ -43,6 +44,11 @@ class SamplingParams:
     # Benchmarks only, on a server run with SGLANG_SIMULATE_ACC_LEN: this request's simulated
     # accept length (tokens per verify of k_max drafts) instead of the server-wide one.
     simulated_accept_length: float | None = None
+    # Constrained decoding (at most one): a JSON schema, a regular expression or an EBNF grammar
+    # that the output must match (srt/constrained/).
+    json_schema: str | None = None
+    regex: str | None = None
+    ebnf: str | None = None
 
     @classmethod
     def from_dict(cls, d: dict | None) -> SamplingParams:
@@ -63,6 +69,10 @@ class SamplingParams:
         params = cls(**values)
         params.normalize_stop()
         return params
+
+    @property
+    def constrained(self) -> bool:
+        return self.json_schema is not None or self.regex is not None or self.ebnf is not None
 
     @property
     def is_greedy(self) -> bool:
@@ -197,6 +207,10 @@ _FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, Callable[[Any], Any]]]
     "logit_bias": (lambda v: isinstance(v, dict), "an object mapping token ids to biases", dict),
     "disable_speculative_decoding": _BOOL,
     "simulated_accept_length": _FLOAT,
+    "json_schema": (lambda v: isinstance(v, (str, dict)), "a JSON schema (text or object)",
+                    lambda v: v if isinstance(v, str) else json.dumps(v)),
+    "regex": (lambda v: isinstance(v, str), "a string", str),
+    "ebnf": (lambda v: isinstance(v, str), "a string", str),
 }
 assert set(_FIELD_TYPES) == {f.name for f in dataclasses.fields(SamplingParams)}
 

@@ -50,6 +50,7 @@ from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
 from sglang.srt.speculative.spec_sampling import (SIMULATE_ACC_LEN_ENV, ChainVerdict, draw_draft, filtered_probs,
                                                    simulate_acceptance, simulated_accept_rate, simulated_probe_hits,
                                                    verify_greedy, verify_sampled)
+from sglang.srt.speculative.spec_grammar import GrammarLookahead, masked_draft_logits
 from sglang.srt.speculative.spec_stats import SpecStats
 from sglang.srt.utils import HostStaging, host_to_device, step_stream
 
@@ -137,6 +138,13 @@ class EAGLEWorkerV2(TpModelWorker):
         zeros = dict(device=self.device)
         self.next_draft = torch.zeros(rows, dtype=torch.int64, **zeros)  # d_1, target ids
         self.next_draft_probs = torch.zeros(rows, self.draft_vocab_size, dtype=torch.float32, **zeros)
+        # Constrained rows redraw d_1 under their grammar's mask from the draft's logits, kept by
+        # the steps of batches with a constrained request (`keep_draft_logits`).
+        self.next_draft_logits = None
+        if server_args.grammar_backend != "none":
+            self.next_draft_logits = torch.zeros(rows, self.draft_vocab_size, dtype=draft_config.dtype, **zeros)
+            self.draft_to_target = self.draft_model.to_target_ids(torch.arange(self.draft_vocab_size, **zeros))
+        self.keep_draft_logits = False  # set per step: whether its batch has a constrained request
         self.next_hidden = torch.zeros(rows, hidden, dtype=draft_config.dtype, **zeros)
         # The next step's input token x (verified, no KV yet), its position m, and its output
         # index + 1 (the random stream of the step's first new token).
@@ -217,6 +225,7 @@ class EAGLEWorkerV2(TpModelWorker):
     # ---- entry ---------------------------------------------------------------------------
 
     def forward_batch_generation(self, batch: ScheduleBatch):
+        self.keep_draft_logits = batch.grammars is not None
         if not batch.forward_mode.is_decode():
             return self.forward_prefill(batch)
         if batch.spec_steps == 0:
@@ -239,7 +248,7 @@ class EAGLEWorkerV2(TpModelWorker):
         fb.capture_aux_hidden_states = bool(warm)
         out = self.model_runner.forward(fb)
         info = self.sampling_info(batch.reqs)
-        next_ids = self.model_runner.sample(out.next_token_logits, info, offsets)
+        next_ids = self.model_runner.sample(self.constrain(out.next_token_logits, batch.grammars), info, offsets)
         result = GenerationBatchResult(out, next_ids)
         if any(req.return_logprob for req in batch.reqs):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
@@ -324,7 +333,8 @@ class EAGLEWorkerV2(TpModelWorker):
         opted = [not req.speculates for req in batch.reqs]
         any_opted = any(opted)
         graphs = self.step_graphs.get(k)
-        if graphs is not None and graphs.can_run(bs, greedy, logprobs):
+        grammars = batch.grammars  # constrained batches run eagerly: their masks come from the host
+        if graphs is not None and grammars is None and graphs.can_run(bs, greedy, logprobs):
             tokens, num_out = graphs.replay(row_ids, batch.out_cache_loc_host.numpy(),
                                             opted_out=opted if any_opted else None)
             if timer is not None:
@@ -334,8 +344,9 @@ class EAGLEWorkerV2(TpModelWorker):
             rows = host_to_device(row_ids, self.device) if rows is None else rows
             opted_out = host_to_device(opted, self.device).bool() if any_opted else None
             info = self.sampling_info(batch.reqs)
+            lookahead = None if grammars is None else GrammarLookahead(grammars, self.vocab_size, self.device)
             tokens, num_out, target_logits = self._spec_body(rows, self._device_slots(batch), k, info, timer,
-                                                             opted_out=opted_out)
+                                                             opted_out=opted_out, grammar=lookahead)
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
             if logprobs:
                 self._add_step_logprobs(result, target_logits, max(req.top_logprobs_num for req in batch.reqs))
@@ -344,13 +355,14 @@ class EAGLEWorkerV2(TpModelWorker):
 
     def _spec_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, k: int, info: SamplingBatchInfo,
                    timer: Optional["_StepTimer"] = None, capturing: bool = False,
-                   opted_out: Optional[torch.Tensor] = None):
+                   opted_out: Optional[torch.Tensor] = None, grammar: Optional[GrammarLookahead] = None):
         """One speculative step of the requests in `rows` over the slots `out_cache_loc`
         ([bs * (k + 1)]); returns (tokens [bs, k + 1], num_out [bs], target logits). Everything
         else it reads and writes is device state, so the whole step can be captured in a graph
         (`capturing`: sub-forwards run eagerly, inside the capture). `opted_out` (bool[bs]):
         rows whose requests never speculate; they take the target's next token as a plain step
-        samples it, and their drafts are dropped."""
+        samples it, and their drafts are dropped. `grammar`: the constrained rows' masks, per
+        position, for the drafts and the verification (spec_grammar.py; eager steps only)."""
         bs, device, width = rows.shape[0], self.device, k + 1
         forward_target = self.model_runner.forward_eager if capturing else self.model_runner.forward
         forward_draft = self.draft_runner.forward_eager if capturing else self.draft_runner.forward
@@ -366,6 +378,9 @@ class EAGLEWorkerV2(TpModelWorker):
         # Draft chain: d_1 is stored; each draft forward proposes the next.
         drafts = [self.next_draft[rows]]
         draft_probs = [] if info.is_all_greedy else [self.next_draft_probs[rows]]
+        if grammar is not None:  # constrained rows redraw d_1 under their grammar
+            grammar.redraw_first_draft(self.next_draft_logits[rows], self.draft_to_target, self.draft_model.to_target_ids,
+                                       info, offsets, drafts, draft_probs)
         hidden = self.next_hidden[rows]
         for j in range(1, k):
             fb = ForwardBatch(
@@ -374,10 +389,14 @@ class EAGLEWorkerV2(TpModelWorker):
                 seq_lens_cpu=None, extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None,
                 spec_hidden_states=hidden)
             out = forward_draft(fb)
-            draft_ids = draw_draft(out.next_token_logits, info, offsets + j)
+            logits = out.next_token_logits
+            if grammar is not None:  # d_{j+1} under the mask after d_1 .. d_j
+                grammar.advance(drafts[-1])
+                logits = masked_draft_logits(logits, grammar.next_mask(), self.draft_to_target)
+            draft_ids = draw_draft(logits, info, offsets + j)
             drafts.append(self.draft_model.to_target_ids(draft_ids))
             if not info.is_all_greedy:  # q is only read by rejection sampling
-                draft_probs.append(filtered_probs(out.next_token_logits, info))
+                draft_probs.append(filtered_probs(logits, info))
             hidden = out.hidden_states
         if timer is not None:
             timer.mark("draft")
@@ -390,9 +409,14 @@ class EAGLEWorkerV2(TpModelWorker):
             out_cache_loc=out_cache_loc, seq_lens_cpu=None, extend_seq_lens_cpu=[width] * bs,
             extend_prefix_lens_cpu=None, return_all_logits=True, capture_aux_hidden_states=True)
         verify_out = forward_target(verify_fb)
-        target_logits = verify_out.next_token_logits.view(bs, width, -1)
+        target_logits = raw_target_logits = verify_out.next_token_logits.view(bs, width, -1)
         draft_tokens = torch.stack(drafts[:k], dim=1)
-        if self.simulated_rate is not None:
+        if grammar is not None:
+            grammar.advance(drafts[-1])
+            grammar.next_mask()
+            target_logits = target_logits.masked_fill(~grammar.verify_mask(), float("-inf"))
+            grammar.rollback()
+        if self.simulated_rate is not None and grammar is None:  # a grammar's batch is verified for real
             verdict = simulate_acceptance(target_logits, draft_tokens, starts, self.simulated_rates[rows], rows)
         elif info.is_all_greedy:
             verdict = verify_greedy(target_logits, draft_tokens)
@@ -424,7 +448,7 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_offset[rows] = offsets + verdict.num_out
         if timer is not None:
             timer.mark("extend")
-        return verdict.tokens, verdict.num_out, target_logits
+        return verdict.tokens, verdict.num_out, raw_target_logits
 
     def forward_plain_step(self, batch: ScheduleBatch) -> SpecStepResult:
         """A decode step without speculation that leaves the same state a speculative step would:
@@ -444,14 +468,15 @@ class EAGLEWorkerV2(TpModelWorker):
         logprobs = any(req.return_logprob for req in batch.reqs)
         greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
         graphs = self.step_graphs.get(0) if follow else self.target_step_graphs
-        if graphs is not None and graphs.can_run(batch.batch_size, greedy, logprobs):
+        grammars = batch.grammars
+        if graphs is not None and grammars is None and graphs.can_run(batch.batch_size, greedy, logprobs):
             next_ids, hits = graphs.replay(row_ids, batch.out_cache_loc_host.numpy(), behind)
         else:
             rows = host_to_device(row_ids, self.device) if rows is None else rows
             behind = None if behind is None else host_to_device(behind, self.device)
             next_ids, target_logits, hits = self._plain_body(rows, self._device_slots(batch),
                                                              self.sampling_info(batch.reqs), behind,
-                                                             draft=follow)
+                                                             draft=follow, grammars=grammars)
         # num_out None: one token each (the host needs no copy to know it); no phase timer.
         result = SpecStepResult(tokens=next_ids[:, None], num_out=None, probe_hits=hits)
         if logprobs:
@@ -486,14 +511,16 @@ class EAGLEWorkerV2(TpModelWorker):
         return batch.out_cache_loc
 
     def _plain_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, info: SamplingBatchInfo,
-                    behind: Optional[torch.Tensor] = None, capturing: bool = False, draft: bool = True):
+                    behind: Optional[torch.Tensor] = None, capturing: bool = False, draft: bool = True,
+                    grammars: Optional[list] = None):
         """The plain step of the requests in `rows` over the slots `out_cache_loc` ([bs]): the
         target decodes one token (capturing its aux states), then the draft follows it, warm or
         catch-up. Returns (tokens [bs], target logits, probe hits [bs] or None). `behind`:
         int64[bs] on the device, each row's plain steps since the draft last caught up (catch-up
         only). Like the speculative body it reads and writes device state only, so it can be
         captured (`capturing`: sub-forwards run eagerly, inside the capture). `draft` False:
-        no row is followed by the draft; the target decodes alone, without aux states."""
+        no row is followed by the draft; the target decodes alone, without aux states. `grammars`:
+        each row's matcher or None (eager steps only), masking the target's token."""
         bs = rows.shape[0]
         forward_target = self.model_runner.forward_eager if capturing else self.model_runner.forward
         forward_draft = self.draft_runner.forward_eager if capturing else self.draft_runner.forward
@@ -505,7 +532,7 @@ class EAGLEWorkerV2(TpModelWorker):
             req_pool_indices=rows, seq_lens=starts + 1, out_cache_loc=out_cache_loc, seq_lens_cpu=None,
             extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None, capture_aux_hidden_states=draft)
         out = forward_target(fb)
-        next_ids = self.model_runner.sample(out.next_token_logits, info, offsets)
+        next_ids = self.model_runner.sample(self.constrain(out.next_token_logits, grammars), info, offsets)
         if not draft:
             hits = None
         elif self.draft_sync == "catch-up":
@@ -736,6 +763,8 @@ class EAGLEWorkerV2(TpModelWorker):
         if not info.is_all_greedy:  # a greedy request never reads its q
             self.next_draft_probs[rows] = filtered_probs(logits, info)
         self.next_hidden[rows] = hidden.to(self.next_hidden.dtype)
+        if self.keep_draft_logits:
+            self.next_draft_logits[rows] = logits.to(self.next_draft_logits.dtype)
 
     @staticmethod
     def _add_step_logprobs(result: SpecStepResult, target_logits: torch.Tensor, top_n: int) -> None:

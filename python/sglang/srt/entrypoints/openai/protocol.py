@@ -3,9 +3,10 @@ responses, with the ranges OpenAI documents, so a bad value is reported by its f
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from sglang.srt.sampling.sampling_params import MAX_TEMPERATURE
 
@@ -52,6 +53,26 @@ class StreamOptions(_Lenient):
     include_usage: Optional[bool] = False
 
 
+class JsonSchemaFormat(_Lenient):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Optional[Union[dict[str, Any], bool]] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> "ResponseFormat":
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError("response_format of type json_schema needs json_schema.schema")
+        return self
+
+
 class _SamplingRequest(_Lenient):
     """The fields that completions and chat requests share. `None` means "the default",
     because some clients send explicit nulls for fields they leave unset."""
@@ -78,6 +99,11 @@ class _SamplingRequest(_Lenient):
     no_stop_trim: Optional[bool] = None
     min_tokens: Optional[int] = Field(None, ge=0)
     disable_speculative_decoding: Optional[bool] = None  # this request never speculates
+    # Constrained decoding, as the native sampling parameters (at most one of them)
+    json_schema: Optional[Union[str, dict]] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    response_format: Optional[ResponseFormat] = None
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -107,6 +133,17 @@ class CompletionRequest(_SamplingRequest):
         return _check_prompt(value)
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Lenient):
     """A message of the conversation. Content given as a list of text parts is joined into
     one string, because chat templates expect a string."""
@@ -114,6 +151,8 @@ class ChatMessage(_Lenient):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Optional[str] = None
     name: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None  # an assistant's earlier calls
+    tool_call_id: Optional[str] = None  # a tool's answer to that call
 
     @field_validator("content", mode="before")
     @classmethod
@@ -131,7 +170,42 @@ class ChatMessage(_Lenient):
         message = {"role": self.role, "content": self.content or ""}
         if self.name is not None:
             message["name"] = self.name
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            # Templates read the arguments as a mapping (transformers' convention).
+            message["tool_calls"] = [{"id": call.id, "type": "function", "function": {
+                "name": call.function.name, "arguments": _arguments_object(call.function.arguments)}}
+                for call in self.tool_calls]
         return message
+
+
+def _arguments_object(arguments: str) -> Any:
+    try:
+        return json.loads(arguments)
+    except json.JSONDecodeError:
+        return arguments
+
+
+class FunctionDefinition(_Lenient):
+    name: str = Field(..., min_length=1)
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None  # a JSON schema of the arguments
+    strict: Optional[bool] = None
+
+
+class Tool(_Lenient):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(_Lenient):
+    name: str
+
+
+class NamedToolChoice(_Lenient):
+    type: Literal["function"] = "function"
+    function: ToolChoiceFunction
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -140,6 +214,19 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: Optional[int] = Field(None, ge=0)
     logprobs: Optional[bool] = False
     top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+    parallel_tool_calls: Optional[bool] = True
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_names_a_tool(cls, value: Any, info) -> Any:
+        tools = info.data.get("tools") or []
+        if value == "required" and not tools:
+            raise ValueError("tool_choice 'required' needs tools")
+        if isinstance(value, NamedToolChoice) and value.function.name not in {t.function.name for t in tools}:
+            raise ValueError(f"tool_choice names the function '{value.function.name}', which is not in tools")
+        return value
 
     @field_validator("top_logprobs")
     @classmethod
@@ -217,6 +304,15 @@ class ChatChoiceLogprobs(BaseModel):
 class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+
+    @model_serializer(mode="wrap")
+    def _drop_no_calls(self, handler):
+        # As OpenAI answers: a message without calls has no tool_calls field.
+        out = handler(self)
+        if out.get("tool_calls") is None:
+            out.pop("tool_calls", None)
+        return out
 
 
 class ChatCompletionChoice(BaseModel):
@@ -236,9 +332,29 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo
 
 
+class DeltaFunctionCall(BaseModel):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+
+class DeltaToolCall(BaseModel):
+    index: int
+    id: Optional[str] = None
+    type: Optional[Literal["function"]] = None
+    function: DeltaFunctionCall
+
+    @model_serializer(mode="wrap")
+    def _drop_unset(self, handler):
+        # Only the first delta of a call names it; the others carry arguments only.
+        out = {key: value for key, value in handler(self).items() if value is not None}
+        out["function"] = {key: value for key, value in out["function"].items() if value is not None}
+        return out
+
+
 class DeltaMessage(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    tool_calls: Optional[list[DeltaToolCall]] = None
 
     @model_serializer(mode="wrap")
     def _drop_unset(self, handler):

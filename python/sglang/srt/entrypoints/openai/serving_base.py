@@ -63,6 +63,7 @@ class ChoiceProgress:
     num_tokens: int = 0  # output tokens whose logprobs went out
     logprob_state: Any = None  # owned by the endpoint (completions: the logprobs' text offsets)
     final_meta: Optional[dict] = None  # meta_info of the finished result
+    tool_stream: Any = None  # owned by the chat endpoint (tool_calls.ToolCallStream)
 
 
 @dataclasses.dataclass
@@ -109,7 +110,9 @@ class OpenAIServingBase:
     def stream_start(self, ctx: RequestContext) -> list[dict]:
         return []
 
-    def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict, token_start: int) -> dict:
+    def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict,
+                     token_start: int) -> Optional[dict]:
+        """The chunk of one update, or None when it has nothing to send."""
         raise NotImplementedError
 
     def usage_chunk(self, ctx: RequestContext, usage: UsageInfo) -> dict:
@@ -229,7 +232,8 @@ class OpenAIServingBase:
         has_new_logprobs = progress.num_tokens > token_start and bool(self.logprob_kwargs(ctx.request))
         if not delta and not finished and not has_new_logprobs:
             return []
-        return [self.stream_chunk(ctx, index, delta, result, token_start)]
+        chunk = self.stream_chunk(ctx, index, delta, result, token_start)
+        return [] if chunk is None else [chunk]
 
     def _error_event(self, ctx: RequestContext, err: Exception) -> dict:
         if isinstance(err, InvalidRequest):
@@ -339,9 +343,29 @@ def native_sampling_params(request, max_new_tokens: Optional[int]) -> dict:
         "frequency_penalty": request.frequency_penalty, "presence_penalty": request.presence_penalty,
         "repetition_penalty": request.repetition_penalty, "logit_bias": request.logit_bias,
         "disable_speculative_decoding": request.disable_speculative_decoding,
+        "json_schema": request.json_schema, "regex": request.regex, "ebnf": request.ebnf,
     }
     params = {name: value for name, value in params.items() if value is not None}
     return {"max_new_tokens": max_new_tokens, **params}
+
+
+def response_format_schema(request) -> Optional[str]:
+    """The JSON schema that `response_format` asks for, as text; None for text output."""
+    response_format = request.response_format
+    if response_format is None or response_format.type == "text":
+        return None
+    if response_format.type == "json_object":
+        return json.dumps({"type": "object"})
+    return json.dumps(response_format.json_schema.schema_)
+
+
+def add_constraint(params: dict, field: str, schema: str) -> dict:
+    """`params` with the JSON schema that the OpenAI field `field` asks for; a request that also
+    gives its own json_schema, regex or ebnf is a 400 (at most one constraint)."""
+    given = [name for name in ("json_schema", "regex", "ebnf") if name in params]
+    if given:
+        raise InvalidRequest(f"{given[0]} cannot be combined with {field}", given[0])
+    return {**params, "json_schema": schema}
 
 
 def output_logprobs(result: dict) -> tuple[list, list]:

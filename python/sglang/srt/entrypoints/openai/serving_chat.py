@@ -4,6 +4,7 @@ template turning the messages into the prompt."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Optional
 
 from jinja2 import TemplateError
 
@@ -13,9 +14,11 @@ from sglang.srt.entrypoints.openai.protocol import (
     DeltaMessage, TopLogprob, UsageInfo,
 )
 from sglang.srt.entrypoints.openai.serving_base import (
-    COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, clamp_logprob, native_sampling_params,
-    openai_finish_reason, output_logprobs,
+    COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, add_constraint, clamp_logprob,
+    native_sampling_params, openai_finish_reason, output_logprobs, response_format_schema,
 )
+from sglang.srt.entrypoints.openai.tool_calls import (ToolCallStream, forced_calls_schema, parse_tool_calls,
+                                                      tool_mode)
 from sglang.srt.errors import InvalidRequest
 
 _PARAM_NAMES = {
@@ -43,10 +46,14 @@ class OpenAIServingChat(OpenAIServingBase):
         self.tokenizer_manager.limits.check_prompt_chars(sum(len(m.content or "") for m in request.messages),
                                                          "messages")
         messages = [message.to_template() for message in request.messages]
+        # The tools reach the template as transformers passes them: a list of {"type": "function", ...}.
+        tools = None
+        if request.tools and request.tool_choice != "none":
+            tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
         try:
             # Tokenized by the template call, not by encoding the rendered text: templates
             # write BOS themselves, and encoding would add a second one.
-            ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
         except (TemplateError, ValueError, TypeError) as err:
             raise InvalidRequest(f"the chat template rejected these messages: {err}", "messages") from None
         if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
@@ -54,11 +61,29 @@ class OpenAIServingChat(OpenAIServingBase):
         return list(ids)
 
     def sampling_params(self, request: ChatCompletionRequest) -> dict:
-        return native_sampling_params(request, request.max_new_tokens)
+        params = native_sampling_params(request, request.max_new_tokens)
+        constraint = self._constraint(request)
+        return params if constraint is None else add_constraint(params, *constraint)
+
+    def _constraint(self, request: ChatCompletionRequest) -> Optional[tuple[str, str]]:
+        """(the OpenAI field, a JSON schema) that tool_choice or response_format asks for."""
+        if tool_mode(request, self.parser) == "forced":
+            return "tool_choice", forced_calls_schema(request)
+        schema = response_format_schema(request)
+        return None if schema is None else ("response_format", schema)
+
+    @property
+    def parser(self) -> Optional[str]:
+        return self.tokenizer_manager.server_args.tool_call_parser
 
     def param_names(self, request: ChatCompletionRequest) -> dict:
         uses_old_name = request.max_tokens is not None and request.max_completion_tokens is None
-        return {**_PARAM_NAMES, "max_new_tokens": "max_tokens" if uses_old_name else "max_completion_tokens"}
+        names = {**_PARAM_NAMES, "max_new_tokens": "max_tokens" if uses_old_name else "max_completion_tokens"}
+        if request.json_schema is None and (request.tools or request.response_format):
+            constraint = self._constraint(request)
+            if constraint is not None:  # the schema it made is reported under the field it came from
+                names["json_schema"] = constraint[0]
+        return names
 
     def logprob_kwargs(self, request: ChatCompletionRequest) -> dict:
         if not request.logprobs:
@@ -69,10 +94,17 @@ class OpenAIServingChat(OpenAIServingBase):
 
     def full_response(self, ctx: RequestContext, results: list[dict], usage: UsageInfo) -> dict:
         choices = []
+        mode = tool_mode(ctx.request, self.parser)
         for index, result in enumerate(results):
             finish_reason, matched = openai_finish_reason(result)
+            content, calls = result["text"], None
+            if mode is not None:
+                content, calls = parse_tool_calls(content, mode, self.parser, _tool_names(ctx.request))
+                if calls:
+                    finish_reason = "tool_calls"
+                calls = calls or None
             choices.append(ChatCompletionChoice(
-                index=index, message=ChatCompletionMessage(content=result["text"]),
+                index=index, message=ChatCompletionMessage(content=content, tool_calls=calls),
                 logprobs=self._logprobs(ctx, result, 0), finish_reason=finish_reason, matched_stop=matched,
             ))
         return ChatCompletionResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices,
@@ -83,13 +115,35 @@ class OpenAIServingChat(OpenAIServingBase):
         role = DeltaMessage(role="assistant", content="")
         return [self._chunk(ctx, ChatCompletionStreamChoice(index=index, delta=role)) for index in range(len(ctx.progress))]
 
-    def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict, token_start: int) -> dict:
+    def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict,
+                     token_start: int) -> Optional[dict]:
         finish_reason, matched = openai_finish_reason(result)
+        message = DeltaMessage(content=delta or None)
+        mode = tool_mode(ctx.request, self.parser)
+        if mode is not None:
+            message, finish_reason = self._tool_delta(ctx, index, mode, result, finish_reason)
+            if finish_reason is None and message.content is None and not message.tool_calls \
+                    and not ctx.request.logprobs:
+                return None  # the text is held back: it may be a call
         choice = ChatCompletionStreamChoice(
-            index=index, delta=DeltaMessage(content=delta or None),
+            index=index, delta=message,
             logprobs=self._logprobs(ctx, result, token_start), finish_reason=finish_reason, matched_stop=matched,
         )
         return self._chunk(ctx, choice)
+
+    def _tool_delta(self, ctx: RequestContext, index: int, mode: str, result: dict, finish_reason: Optional[str]):
+        """The delta of a streamed choice whose tool calls are read: content while it cannot be a
+        call, each call once it is complete, the rest when the output is."""
+        progress = ctx.progress[index]
+        if progress.tool_stream is None:
+            progress.tool_stream = ToolCallStream(mode, self.parser, _tool_names(ctx.request))
+        stream, text = progress.tool_stream, result["text"]
+        if finish_reason is None:
+            content, calls = stream.content_delta(text), stream.call_deltas(text)
+        else:
+            content, calls = stream.finish(text)
+            finish_reason = "tool_calls" if stream.num_calls else finish_reason
+        return DeltaMessage(content=content, tool_calls=calls or None), finish_reason
 
     def usage_chunk(self, ctx: RequestContext, usage: UsageInfo) -> dict:
         return ChatCompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[],
@@ -113,3 +167,7 @@ class OpenAIServingChat(OpenAIServingBase):
     def _entry(self, logprob: float, token_id: int) -> TopLogprob:
         token, raw = self.token_string(token_id)
         return TopLogprob(token=token, logprob=clamp_logprob(logprob), bytes=raw)
+
+
+def _tool_names(request: ChatCompletionRequest) -> set[str]:
+    return {tool.function.name for tool in request.tools or ()}

@@ -9,8 +9,8 @@ from sglang.srt.entrypoints.openai.protocol import (
     UsageInfo,
 )
 from sglang.srt.entrypoints.openai.serving_base import (
-    COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, clamp_logprob, native_sampling_params,
-    openai_finish_reason, output_logprobs,
+    COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, add_constraint, clamp_logprob,
+    native_sampling_params, openai_finish_reason, output_logprobs, response_format_schema,
 )
 from sglang.srt.errors import InvalidRequest
 
@@ -46,9 +46,13 @@ class OpenAIServingCompletion(OpenAIServingBase):
 
     def sampling_params(self, request: CompletionRequest) -> dict:
         max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
-        return native_sampling_params(request, max_tokens)
+        params = native_sampling_params(request, max_tokens)
+        schema = response_format_schema(request)
+        return params if schema is None else add_constraint(params, "response_format", schema)
 
     def param_names(self, request: CompletionRequest) -> dict:
+        if request.response_format is not None and request.json_schema is None:
+            return {**_PARAM_NAMES, "json_schema": "response_format"}
         return _PARAM_NAMES
 
     def logprob_kwargs(self, request: CompletionRequest) -> dict:

@@ -1,0 +1,123 @@
+"""GrammarBackend: compiles request constraints with xgrammar on a thread pool in the scheduler
+process, cached by (kind, text), and makes one matcher per request. A request whose grammar is
+still compiling waits beside the queue; nobody else waits for it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+from typing import Optional
+
+from sglang.srt.constrained.grammar import readable_error
+
+logger = logging.getLogger(__name__)
+
+# Compiled grammars kept (most recently asked for last); compiling a JSON schema takes milliseconds
+# to a second, and agents send the same tool schemas again and again.
+CACHE_SIZE = 256
+
+
+class GrammarError(ValueError):
+    """A constraint that xgrammar could not compile; the message names the field."""
+
+
+class GrammarBackend:
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int], threads: int = 2):
+        import xgrammar
+
+        self._xgrammar = xgrammar
+        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
+                                                       stop_token_ids=sorted(stop_token_ids) or None)
+        self.vocab_size = vocab_size
+        self.json_text_mask = _json_text_mask(info, vocab_size)
+        self.compiler = xgrammar.GrammarCompiler(info, max_threads=threads)
+        self.threads = threads
+        self.pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="grammar")
+        self.cache: dict[tuple[str, str], concurrent.futures.Future] = {}
+        self.num_compiled = 0
+
+    def compile(self, key: tuple[str, str]) -> concurrent.futures.Future:
+        """A future of the compiled grammar for key (field, text); the same one for the same key
+        while it is cached. A failed compile is not cached."""
+        future = self.cache.pop(key, None)
+        if future is None or (future.done() and future.exception() is not None):
+            future = self.pool.submit(self._compile, key)
+        self.cache[key] = future  # most recent last
+        while len(self.cache) > CACHE_SIZE:
+            self.cache.pop(next(iter(self.cache)))
+        return future
+
+    def _compile(self, key: tuple[str, str]):
+        field, text = key
+        try:
+            if field == "json_schema":
+                compiled = self.compiler.compile_json_schema(text, any_whitespace=False, strict_mode=True)
+            elif field == "regex":
+                compiled = self.compiler.compile_regex(text)
+            elif field == "ebnf":
+                compiled = self.compiler.compile_grammar(text)
+            else:
+                raise GrammarError(f"unknown constraint {field!r}")
+        except GrammarError:
+            raise
+        except Exception as err:
+            raise GrammarError(f"invalid {field}: {readable_error(err)}") from None
+        self.num_compiled += 1
+        return compiled
+
+    def matcher(self, compiled, field: str):
+        matcher = self._xgrammar.GrammarMatcher(compiled)  # rolls back any number of tokens
+        return JsonMatcher(matcher, self.json_text_mask) if field == "json_schema" else matcher
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+class JsonMatcher:
+    """A JSON grammar's matcher that also forbids tokens with control characters. JSON text never
+    holds one raw (inside strings they must be escaped, and the compact separators leave no
+    whitespace outside them), but xgrammar's length-bounded strings let them through."""
+
+    def __init__(self, matcher, allowed):
+        self.matcher, self.allowed = matcher, allowed  # allowed: int32 bitmask row
+
+    def fill_next_token_bitmask(self, bitmask, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+        bitmask[row] &= self.allowed
+
+    def accept_token(self, token_id: int) -> bool:
+        return self.matcher.accept_token(token_id)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+
+
+def _json_text_mask(info, vocab_size: int):
+    """int32 bitmask row of the tokens whose bytes hold no control character (< 0x20)."""
+    import torch
+
+    allowed = torch.ones(((vocab_size + 31) // 32) * 32, dtype=torch.bool)
+    for token_id, raw in enumerate(info.decoded_vocab[:vocab_size]):
+        if any(byte < 0x20 for byte in raw) and token_id not in info.stop_token_ids:
+            allowed[token_id] = False
+    weights = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int64), torch.arange(32))
+    words = (allowed.view(-1, 32).long() * weights).sum(-1)
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
+def make_grammar_backend(name: str, tokenizer_path: str, vocab_size: int,
+                         stop_token_ids: set[int]) -> Optional[GrammarBackend]:
+    if name == "none":
+        return None
+    from sglang.srt.hf_transformers_utils import get_tokenizer
+
+    return GrammarBackend(get_tokenizer(tokenizer_path), vocab_size, stop_token_ids)
+
+
+def schema_text(schema) -> str:
+    """A JSON schema given as an object or as text, as text."""
+    return schema if isinstance(schema, str) else json.dumps(schema)
