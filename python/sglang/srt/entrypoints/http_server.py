@@ -30,6 +30,7 @@ from sglang.srt.errors import InvalidRequest
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils import check_port_free
 
 logger = logging.getLogger(__name__)
 WATCHDOG_INTERVAL_S = 0.5
@@ -290,6 +291,7 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
 
 def launch_server(server_args: ServerArgs) -> int:
     """Runs the server until it is stopped; returns the process exit code."""
+    check_port_free(server_args.host, server_args.port)  # before the model loads, not after
     subprocesses = Subprocesses(server_args)
     state = ServerState(server_args, subprocesses)
     try:
