@@ -12,6 +12,9 @@ import torch
 if not torch.cuda.is_available():
     # Triton reads this when a kernel module is imported, whichever test imports one first.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Processes the tests start (engines' schedulers, servers, benchmark scripts) inherit this: one
+# torch thread each, as several of them share the machine's few cores with the test itself.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 from sglang.test.tiny_models import ARCHITECTURES, make_tiny_model
 from sglang.test.server_fixture import assert_engine_kv_accounting
