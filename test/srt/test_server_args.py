@@ -193,7 +193,7 @@ def test_help_groups_flags_as_upstream_does_and_shows_each_default(capsys):
     for title in ("model and tokenizer", "HTTP server", "memory", "scheduling", "speculative decoding",
                   "logging", "metrics"):
         assert title in groups, (title, groups)
-    assert "other" not in groups, "every flag belongs to a group (server_args.HELP_GROUPS)"
+    assert "other" not in groups, "every flag belongs to a group (cli_help.HELP_GROUPS)"
     flat = " ".join(text.split())  # help text is wrapped
     for flag, default in (("--port PORT", "30000"), ("--host HOST", "127.0.0.1"), ("--log-level", "info"),
                           ("--mem-fraction-static", "0.85"), ("--chunked-prefill-size", "8192"),
@@ -207,7 +207,7 @@ def test_every_flag_has_help_and_says_its_default():
     machine, and the help text says what it is."""
     import argparse
 
-    from sglang.srt.server_args import DefaultsHelpFormatter
+    from sglang.srt.cli_help import DefaultsHelpFormatter
 
     parser = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter)
     ServerArgs.add_cli_args(parser)

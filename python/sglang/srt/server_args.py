@@ -12,6 +12,8 @@ import os
 import re
 from typing import Optional
 
+from sglang.srt.cli_help import DefaultsHelpFormatter, HelpGroups
+
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_CHOICES = ("cuda", "cpu")
 SCHEDULE_POLICY_CHOICES = ("fcfs", "lpm")
@@ -251,7 +253,7 @@ class ServerArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         d = ServerArgs.__dataclass_fields__
-        parser = HelpGroups(parser)  # each flag lands in its --help group (HELP_GROUPS)
+        parser = HelpGroups(parser)  # each flag lands in its --help group (cli_help.HELP_GROUPS)
         parser.add_argument("--model-path", "--model", type=str, default=None,
                             help="Hugging Face model directory (config.json, *.safetensors, tokenizer). "
                                  "Default: the small Python code model shipped in sglang/demo, served "
@@ -448,54 +450,6 @@ def _check_model_dir(flag: str, path: str, need_config: bool) -> None:
 def _looks_like_hub_id(path: str) -> bool:
     """`org/name` or `name`, as the Hugging Face hub spells model ids."""
     return re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", path) is not None
-
-
-# --help groups, as upstream SGLang groups its flags; a flag in no group shows under "other".
-HELP_GROUPS = {
-    "model and tokenizer": ("--model-path", "--tokenizer-path", "--dtype", "--device", "--context-length"),
-    "HTTP server": ("--host", "--port", "--served-model-name", "--api-key", "--max-queued-requests",
-                    "--skip-server-warmup"),
-    "memory": ("--mem-fraction-static", "--max-total-tokens", "--disable-radix-cache"),
-    "scheduling": ("--max-running-requests", "--chunked-prefill-size", "--admission-batch-steps",
-                   "--schedule-policy", "--random-seed"),
-    "kernels and CUDA graphs": ("--attention-backend", "--disable-overlap-schedule", "--disable-cuda-graph",
-                                "--cuda-graph-max-bs", "--cuda-graph-bs", "--prefill-cuda-graph-max-tokens"),
-    "parallelism": ("--tp-size",),
-    "speculative decoding": ("--speculative-*", "--disable-speculative-step-graph"),
-    "logging": ("--log-level",),
-    "metrics": ("--enable-metrics",),
-}
-
-
-class HelpGroups:
-    """Stands in for the parser in add_cli_args: each flag goes to its HELP_GROUPS group."""
-
-    def __init__(self, parser: argparse.ArgumentParser):
-        self.groups = {title: parser.add_argument_group(title) for title in [*HELP_GROUPS, "other"]}
-
-    def add_argument(self, *names, **kwargs):
-        return self.groups[help_group(names[0])].add_argument(*names, **kwargs)
-
-
-def help_group(flag: str) -> str:
-    for title, flags in HELP_GROUPS.items():
-        if any(flag == f or (f.endswith("*") and flag.startswith(f[:-1])) for f in flags):
-            return title
-    return "other"
-
-
-class DefaultsHelpFormatter(argparse.HelpFormatter):
-    """Every flag's help ends with its default; a default that depends on other flags or on the
-    machine (None here) is said in the help text itself."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.default is None or action.default is argparse.SUPPRESS or "%(default)" in text:
-            return text
-        if not action.option_strings:
-            return text
-        return f"{text} (default: %(default)s)"
-
 
 
 @dataclasses.dataclass(frozen=True)
