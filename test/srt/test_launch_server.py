@@ -44,3 +44,13 @@ def test_a_port_in_use_is_found_before_the_model_loads():
     assert code == 1, output
     assert f"127.0.0.1:{port}" in output and "--port" in output, output
     assert "KV cache:" not in output, "the model loaded before the port was checked"  # ModelRunner's log line
+
+
+def test_the_engine_refuses_a_hub_id_before_starting_any_process():
+    import multiprocessing
+
+    import sglang
+
+    with pytest.raises(ValueError, match="weights are not downloaded"):
+        sglang.Engine(model_path="Qwen/Qwen2.5-0.5B-Instruct")
+    assert not multiprocessing.active_children()
