@@ -235,3 +235,19 @@ def test_a_directory_without_config_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         prepare_server_args(["--model-path", str(tmp_path)])
     assert "has no config.json" in capsys.readouterr().err
+
+
+def test_a_feature_may_keep_its_flags_in_a_group_of_its_own(capsys):
+    import argparse
+
+    from sglang.srt.cli_help import DefaultsHelpFormatter, HelpGroups
+
+    parser = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter)
+    groups = HelpGroups(parser)
+    groups.add_argument("--port", type=int, default=1, help="Port.")
+    groups.add_argument_group("structured outputs").add_argument("--grammar-backend", default="xgrammar",
+                                                                 help="Grammar library.")
+    parser.print_help()
+    text = capsys.readouterr().out
+    assert text.index("HTTP server:") < text.index("--port") < text.index("structured outputs:")
+    assert "--grammar-backend GRAMMAR_BACKEND" in text and "(default: xgrammar)" in text

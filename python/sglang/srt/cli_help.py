@@ -9,13 +9,14 @@ import argparse
 HELP_GROUPS = {
     "model and tokenizer": ("--model-path", "--tokenizer-path", "--dtype", "--device", "--context-length"),
     "HTTP server": ("--host", "--port", "--served-model-name", "--api-key", "--max-queued-requests",
-                    "--skip-server-warmup"),
+                    "--skip-server-warmup", "--max-payload-size", "--max-sequences-per-request",
+                    "--max-stop-strings", "--max-stop-str-len"),
     "memory": ("--mem-fraction-static", "--max-total-tokens", "--disable-radix-cache"),
     "scheduling": ("--max-running-requests", "--chunked-prefill-size", "--admission-batch-steps",
                    "--schedule-policy", "--random-seed"),
     "kernels and CUDA graphs": ("--attention-backend", "--disable-overlap-schedule", "--disable-cuda-graph",
                                 "--cuda-graph-max-bs", "--cuda-graph-bs", "--prefill-cuda-graph-max-tokens"),
-    "parallelism": ("--tp-size",),
+    "parallelism": ("--tp-size", "--dp-size", "--base-gpu-id"),
     "speculative decoding": ("--speculative-*", "--disable-speculative-step-graph"),
     "logging": ("--log-level",),
     "metrics": ("--enable-metrics",),
@@ -26,10 +27,17 @@ class HelpGroups:
     """Stands in for the parser in add_cli_args: each flag goes to its HELP_GROUPS group."""
 
     def __init__(self, parser: argparse.ArgumentParser):
+        self.parser = parser
         self.groups = {title: parser.add_argument_group(title) for title in [*HELP_GROUPS, "other"]}
 
     def add_argument(self, *names, **kwargs):
         return self.groups[help_group(names[0])].add_argument(*names, **kwargs)
+
+    def add_argument_group(self, title: str, description: str | None = None):
+        """A group of the caller's own: a feature that keeps its flags together."""
+        if title not in self.groups:
+            self.groups[title] = self.parser.add_argument_group(title, description)
+        return self.groups[title]
 
 
 def help_group(flag: str) -> str:
