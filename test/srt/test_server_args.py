@@ -249,5 +249,6 @@ def test_a_feature_may_keep_its_flags_in_a_group_of_its_own(capsys):
                                                                  help="Grammar library.")
     parser.print_help()
     text = capsys.readouterr().out
-    assert text.index("HTTP server:") < text.index("--port") < text.index("structured outputs:")
+    http = text.index("HTTP server:")
+    assert http < text.index("--port PORT", http) < text.index("structured outputs:")
     assert "--grammar-backend GRAMMAR_BACKEND" in text and "(default: xgrammar)" in text
