@@ -7,7 +7,7 @@ C B A, ...), so a drift of the machine's speed during the run falls on every ser
 
 Why: on a model whose steps take under a millisecond the host sets the speed, and sweeps run one
 after another on the same machine differed by up to 37% between two servers making the same
-choices (session 9); a sweep per server cannot read a 2% envelope.
+choices; a sweep per server cannot read a 2% envelope.
 
 Every server gets the same prompts at each level and round (one dataset draw per server, seeded
 alike). Writes OUT/NAME.rounds.jsonl (every round's bench_serving line, with "round",

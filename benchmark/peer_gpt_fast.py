@@ -47,6 +47,9 @@ COMPILE_SETTINGS = [("inductor", "coordinate_descent_tuning", True),
 
 
 def load_gpt_fast(path: str):
+    if not os.path.isfile(os.path.join(path, "model.py")):
+        raise SystemExit(f"no gpt-fast checkout at {path!r} (its model.py is missing): clone "
+                         f"pytorch-labs/gpt-fast there, or pass --gpt-fast-dir")
     sys.path.insert(0, os.path.abspath(path))
     import model as gpt_fast_model
 

@@ -54,9 +54,7 @@ case "$CONFIG" in
     export NUM_PROMPTS=${NUM_PROMPTS:-32} PER_CONC=${PER_CONC:-3}
     if [ -z "${MODEL:-}" ]; then
       python - <<'PY' || exit 1
-import sys
-sys.path.insert(0, "benchmark")
-from spec_speed import make_pair
+from sglang.benchmark.speculative_levels import make_pair
 make_pair("8b", "/tmp/spec_envelope")
 PY
     fi

@@ -1,7 +1,7 @@
 """Static-batch latency: prefill a batch, then decode step by step, without the scheduler.
 
     python -m sglang.bench_one_batch --model-path DIR --batch-size 1 8 64 --input-len 1024 \
-        --output-len 128 [--result-filename out.jsonl] [any server flag]
+        --output-len 128 [--memory-floor] [--result-filename out.jsonl] [any server flag]
 
 Prints per batch size the prefill latency and throughput and the decode step latency (median,
 p90) and throughput, and appends one JSON line per batch size to --result-filename. Each step
@@ -18,6 +18,7 @@ import time
 
 import torch
 
+from sglang.benchmark import memory_floor
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -129,6 +130,13 @@ def run_one(runner: ModelRunner, bs: int, args: BenchArgs) -> dict:
     }
 
 
+def add_memory_floor(result: dict, runner: ModelRunner, bandwidth: float) -> None:
+    mean_context = result["input_len"] + result["output_len"] / 2
+    floor = memory_floor.decode_floor_s(runner, result["batch_size"], mean_context, bandwidth)
+    result.update(copy_bandwidth_bytes_per_s=bandwidth, memory_floor_step_s=floor,
+                  ratio_to_floor=result["decode_median_step_s"] / floor)
+
+
 def _quantile(values: list[float], q: float) -> float:
     if not values:
         return float("nan")
@@ -145,20 +153,27 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--result-filename", type=str, default=None)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--warmup-steps", type=int, default=4, help="decode steps of a throw-away run first")
+    parser.add_argument("--memory-floor", action="store_true",
+                        help="also each decode step against its memory floor: (weight bytes + the batch's KV bytes "
+                             "at the mean context) / the device's measured copy bandwidth")
     args = parser.parse_args(argv)
     bench = BenchArgs(args.batch_size, args.input_len, args.output_len, args.result_filename, args.seed)
     if args.max_running_requests is None:
         args.max_running_requests = max(args.batch_size)
     runner = make_runner(ServerArgs.from_cli_args(args))
     run_one(runner, 1, dataclasses.replace(bench, input_len=min(32, bench.input_len), output_len=args.warmup_steps))
+    bandwidth = memory_floor.copy_bandwidth(runner.device) if args.memory_floor else None
     results = []
     for bs in bench.batch_size:
         result = run_one(runner, bs, bench)
+        if bandwidth:
+            add_memory_floor(result, runner, bandwidth)
         results.append(result)
         print(f"batch {bs:4d} | prefill {result['prefill_latency_s'] * 1e3:8.2f} ms "
               f"({result['prefill_throughput_tok_s']:9.0f} tok/s) | decode step median "
               f"{result['decode_median_step_s'] * 1e3:7.3f} ms, p90 {result['decode_p90_step_s'] * 1e3:7.3f} ms "
-              f"({result['decode_throughput_tok_s']:8.0f} tok/s)", flush=True)
+              f"({result['decode_throughput_tok_s']:8.0f} tok/s)"
+              + (f" = {result['ratio_to_floor']:.2f}x its memory floor" if bandwidth else ""), flush=True)
         if bench.result_filename:
             with open(bench.result_filename, "a") as f:
                 f.write(json.dumps(result) + "\n")

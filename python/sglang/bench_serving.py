@@ -47,7 +47,7 @@ def count(minimum: int):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m sglang.bench_serving", description=__doc__.split("\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m sglang.bench_serving", description=__doc__.split("\n\n")[0],
                                      epilog="Plot result files: python -m sglang.bench_serving plot FILE... -o out.png")
     server = parser.add_argument_group("server")
     server.add_argument("--backend", choices=BACKENDS, default="sglang",

@@ -12,6 +12,14 @@ import torch
 if not torch.cuda.is_available():
     # Triton reads this when a kernel module is imported, whichever test imports one first.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# One torch thread per process unless OMP_NUM_THREADS says otherwise: here (in-process schedulers)
+# and in every process the tests start (engines' schedulers, servers, benchmark scripts), which
+# inherit the variable. The models are tiny, and on a machine of a few shared cores OpenMP
+# threads that spin while they wait for a core make a test many times slower (measured: a
+# speculative scheduler's 252 decode steps took 8.5 s with one thread, 183-219 s with two, on a
+# loaded 2-core machine).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 from sglang.test.tiny_models import ARCHITECTURES, make_tiny_model
 from sglang.test.server_fixture import assert_engine_kv_accounting

@@ -18,3 +18,25 @@ def test_reports_prefill_and_every_decode_step(tiny_model_paths, tmp_path):
         assert len(r["decode_step_s"]) == 4
         assert r["prefill_latency_s"] > 0 and r["decode_median_step_s"] > 0
         assert r["decode_throughput_tok_s"] == r["batch_size"] / r["decode_median_step_s"]
+
+
+def test_memory_floor_is_the_weights_and_the_batchs_kv_over_the_copy_bandwidth(tiny_model_paths):
+    from sglang.benchmark import memory_floor
+
+    results = bench_one_batch.main([
+        "--model-path", tiny_model_paths["llama"], "--device", "cpu", "--dtype", "float32",
+        "--batch-size", "1", "4", "--input-len", "16", "--output-len", "5", "--warmup-steps", "1", "--memory-floor",
+    ])
+    one, four = results
+    bandwidth = one["copy_bandwidth_bytes_per_s"]
+    assert bandwidth > 1e8 and four["copy_bandwidth_bytes_per_s"] == bandwidth
+    # The KV term grows with the batch: four rows at a mean context of 18.5 tokens.
+    runner = bench_one_batch.make_runner(bench_one_batch.ServerArgs(
+        model_path=tiny_model_paths["llama"], device="cpu", dtype="float32", max_running_requests=4))
+    weights = memory_floor.weight_bytes(runner.model)
+    kv = memory_floor.kv_bytes_per_token(runner.token_to_kv_pool)
+    assert weights > 0 and kv > 0
+    assert abs(one["memory_floor_step_s"] - (weights + 1 * 18.5 * kv) / bandwidth) < 1e-12
+    assert abs(four["memory_floor_step_s"] - (weights + 4 * 18.5 * kv) / bandwidth) < 1e-12
+    for r in results:
+        assert r["ratio_to_floor"] == r["decode_median_step_s"] / r["memory_floor_step_s"]

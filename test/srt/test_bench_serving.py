@@ -244,3 +244,10 @@ def test_plot_draws_one_line_per_result_file(sweep, tmp_path):
     assert bench_serving.main(["plot", str(path), "--output", str(tmp_path / "one.png")]) == 0
     with Image.open(tmp_path / "one.png") as image:
         assert json.loads(image.text["bench_serving_lines"]) == ["tiny llama"]
+
+
+def test_help_describes_the_tool_in_whole_sentences(capsys):
+    with pytest.raises(SystemExit):
+        bench_serving.make_parser().parse_args(["--help"])
+    description = capsys.readouterr().out.split("\n\n")[1]
+    assert " ".join(description.split()).endswith("achieved concurrency (docs/bench_serving.md).")

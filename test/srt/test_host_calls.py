@@ -1,19 +1,14 @@
-"""The host's torch calls per scheduler pass (benchmark/host_calls.py), counted on the CPU with
+"""The host's torch calls per scheduler pass (sglang.test.host_calls), counted on the CPU with
 CUDA graphs stood in for: on the GPU machine each call costs the host 5-30 us and a small
 model's server is bound by its host, so a change that adds calls to a pass slows every such
-server. The bounds are the counts as of session 14, with a little room (before it, a prefill
+server. The bounds are the counts when this test was written, with a little room (before it, a prefill
 launch with the draft made 96 calls and a decode launch without one 34)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmark"))
-
-import host_calls  # noqa: E402
+from sglang.test import host_calls
 
 BOUNDS = {
     "always": {"prefill/launch": 52, "decode/launch": 8},

@@ -6,9 +6,10 @@ import dataclasses
 import pytest
 import torch
 
+from sglang import demo
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 
-MODEL = "/models/tiny"
+MODEL = demo.TARGET_PATH  # the CLI checks that the model directory exists
 
 
 def parse_error(capsys, argv):
@@ -161,23 +162,23 @@ def test_from_kwargs_builds_validated_args():
 
 def test_upstream_flag_names_parse():
     args = prepare_server_args([
-        "--model-path", "m", "--tp-size", "1", "--disable-radix-cache", "--chunked-prefill-size", "64",
+        "--model-path", MODEL, "--tp-size", "1", "--disable-radix-cache", "--chunked-prefill-size", "64",
         "--schedule-policy", "lpm", "--mem-fraction-static", "0.5", "--context-length", "512",
         "--max-total-tokens", "4096", "--max-running-requests", "8", "--dtype", "float32",
         "--device", "cpu", "--random-seed", "7", "--served-model-name", "tiny", "--port", "31000",
-        "--host", "0.0.0.0", "--log-level", "warning", "--tokenizer-path", "t",
+        "--host", "0.0.0.0", "--log-level", "warning", "--tokenizer-path", MODEL,
     ])
     assert args == ServerArgs(
-        model_path="m", tp_size=1, disable_radix_cache=True, chunked_prefill_size=64,
+        model_path=MODEL, tp_size=1, disable_radix_cache=True, chunked_prefill_size=64,
         schedule_policy="lpm", mem_fraction_static=0.5, context_length=512, max_total_tokens=4096,
         max_running_requests=8, dtype="float32", device="cpu", random_seed=7, served_model_name="tiny",
-        port=31000, host="0.0.0.0", log_level="warning", tokenizer_path="t",
+        port=31000, host="0.0.0.0", log_level="warning", tokenizer_path=MODEL,
     )
 
 
 def test_model_and_tensor_parallel_size_aliases_parse():
-    args = prepare_server_args(["--model", "m", "--tensor-parallel-size", "1"])
-    assert (args.model_path, args.tp_size) == ("m", 1)
+    args = prepare_server_args(["--model", MODEL, "--tensor-parallel-size", "1"])
+    assert (args.model_path, args.tp_size) == (MODEL, 1)
 
 
 def test_no_model_path_means_the_shipped_demo_model():
@@ -222,3 +223,73 @@ def test_structured_output_flags_parse_and_a_missing_chat_template_is_named(tmp_
     assert ServerArgs(model_path="m").grammar_backend == "xgrammar"  # upstream's default
     err = parse_error(capsys, ["--chat-template", str(tmp_path / "missing.jinja")])
     assert "--chat-template" in err and "missing.jinja" in err
+
+
+def test_help_groups_flags_as_upstream_does_and_shows_each_default(capsys):
+    with pytest.raises(SystemExit) as exc:
+        prepare_server_args(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    groups = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    for title in ("model and tokenizer", "HTTP server", "memory", "scheduling", "speculative decoding",
+                  "logging", "metrics"):
+        assert title in groups, (title, groups)
+    assert "other" not in groups, "every flag belongs to a group (cli_help.HELP_GROUPS)"
+    flat = " ".join(text.split())  # help text is wrapped
+    for flag, default in (("--port PORT", "30000"), ("--host HOST", "127.0.0.1"), ("--log-level", "info"),
+                          ("--mem-fraction-static", "0.85"), ("--chunked-prefill-size", "8192"),
+                          ("--cuda-graph-max-bs", "256"), ("--enable-metrics", "False")):
+        entry = flat[flat.index(flag, flat.index("options:")):]
+        assert f"(default: {default})" in entry[:400], (flag, entry[:400])
+
+
+def test_every_flag_has_help_and_says_its_default():
+    """Flags whose default is not None show it; a None default depends on other flags or the
+    machine, and the help text says what it is."""
+    import argparse
+
+    from sglang.srt.cli_help import DefaultsHelpFormatter
+
+    parser = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter)
+    ServerArgs.add_cli_args(parser)
+    for action in parser._actions:
+        if action.option_strings == ["-h", "--help"]:
+            continue
+        assert action.help, f"{action.option_strings[0]} has no help text"
+        if action.default is None:
+            assert "default" in action.help.lower(), f"{action.option_strings[0]} does not say its default"
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/no/such/model", "'/no/such/model' does not exist"),
+    ("meta-llama/Llama-3.1-8B-Instruct", "weights are not downloaded"),
+])
+def test_a_missing_model_or_hub_id_is_one_line_naming_the_flag(capsys, path, message):
+    with pytest.raises(SystemExit) as exc:
+        prepare_server_args(["--model-path", path])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--model-path" in err and message in err, err
+
+
+def test_a_directory_without_config_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", str(tmp_path)])
+    assert "has no config.json" in capsys.readouterr().err
+
+
+def test_a_feature_may_keep_its_flags_in_a_group_of_its_own(capsys):
+    import argparse
+
+    from sglang.srt.cli_help import DefaultsHelpFormatter, HelpGroups
+
+    parser = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter)
+    groups = HelpGroups(parser)
+    groups.add_argument("--port", type=int, default=1, help="Port.")
+    groups.add_argument_group("structured outputs").add_argument("--grammar-backend", default="xgrammar",
+                                                                 help="Grammar library.")
+    parser.print_help()
+    text = capsys.readouterr().out
+    http = text.index("HTTP server:")
+    assert http < text.index("--port PORT", http) < text.index("structured outputs:")
+    assert "--grammar-backend GRAMMAR_BACKEND" in text and "(default: xgrammar)" in text

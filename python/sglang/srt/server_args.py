@@ -7,9 +7,12 @@ from them (pool sizes, the resolved dtype) live in their own objects, never writ
 from __future__ import annotations
 
 import argparse
-import os
 import dataclasses
+import os
+import re
 from typing import Optional
+
+from sglang.srt.cli_help import DefaultsHelpFormatter, HelpGroups
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 DEVICE_CHOICES = ("cuda", "cpu")
@@ -289,6 +292,7 @@ class ServerArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         d = ServerArgs.__dataclass_fields__
+        parser = HelpGroups(parser)  # each flag lands in its --help group (cli_help.HELP_GROUPS)
         parser.add_argument("--model-path", "--model", type=str, default=None,
                             help="Hugging Face model directory (config.json, *.safetensors, tokenizer). "
                                  "Default: the small Python code model shipped in sglang/demo, served "
@@ -306,9 +310,9 @@ class ServerArgs:
         parser.add_argument("--mem-fraction-static", type=float, default=d["mem_fraction_static"].default,
                             help="Fraction of GPU memory for weights and the KV cache.")
         parser.add_argument("--max-total-tokens", type=int, default=None,
-                            help="Size of the KV pool in tokens (overrides the size derived from memory).")
+                            help="Size of the KV pool in tokens. Default: derived from --mem-fraction-static.")
         parser.add_argument("--max-running-requests", type=int, default=None,
-                            help="Maximum number of requests decoded together.")
+                            help="Maximum number of requests decoded together. Default: derived from the KV pool's size.")
         parser.add_argument("--chunked-prefill-size", type=int, default=d["chunked_prefill_size"].default,
                             help="Maximum prompt tokens prefilled in one step; longer prompts are chunked.")
         parser.add_argument("--admission-batch-steps", type=int, default=d["admission_batch_steps"].default,
@@ -329,11 +333,14 @@ class ServerArgs:
         parser.add_argument("--attention-backend", type=str, default=None, choices=ATTENTION_BACKEND_CHOICES,
                             help="Attention kernels: triton (default on CUDA) or torch_native (the reference; "
                                  "default on CPU).")
-        parser.add_argument("--log-level", type=str, default=d["log_level"].default, choices=LOG_LEVEL_CHOICES)
+        parser.add_argument("--log-level", type=str, default=d["log_level"].default, choices=LOG_LEVEL_CHOICES,
+                            help="Logging level of every server process.")
         parser.add_argument("--served-model-name", type=str, default=None,
                             help="Model name reported by the API; defaults to --model-path.")
-        parser.add_argument("--host", type=str, default=d["host"].default)
-        parser.add_argument("--port", type=int, default=d["port"].default)
+        parser.add_argument("--host", type=str, default=d["host"].default,
+                            help="Address the HTTP server listens on (0.0.0.0 for every interface).")
+        parser.add_argument("--port", type=int, default=d["port"].default,
+                            help="Port the HTTP server listens on; checked free before the model loads.")
         parser.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=d["tp_size"].default,
                             help="Tensor-parallel size (only 1 for now).")
         parser.add_argument("--dp-size", "--data-parallel-size", type=int, default=d["dp_size"].default,
@@ -343,7 +350,8 @@ class ServerArgs:
         parser.add_argument("--base-gpu-id", type=int, default=d["base_gpu_id"].default,
                             help="The GPU this server (its first replica) runs on; replica i takes the next ones.")
         parser.add_argument("--api-key", type=str, default=None,
-                            help="Require 'Authorization: Bearer <key>' on every route but /health* and /metrics.")
+                            help="Require 'Authorization: Bearer <key>' on every route but /health* and /metrics. "
+                                 "Default: no key.")
         parser.add_argument("--max-queued-requests", type=int, default=None,
                             help="Requests allowed to wait beyond --max-running-requests; more get HTTP 503. "
                                  "Unlimited by default.")
@@ -371,13 +379,13 @@ class ServerArgs:
                             help="Largest decode batch captured in a CUDA graph (buckets 1, 2, 4, 8, then "
                                  "every 8 to 64 and every 16 beyond); larger batches run eagerly.")
         parser.add_argument("--cuda-graph-bs", type=int, nargs="+", default=None,
-                            help="Explicit list of batch sizes to capture (overrides --cuda-graph-max-bs).")
+                            help="Explicit list of batch sizes to capture. Default: the buckets up to --cuda-graph-max-bs.")
         parser.add_argument("--prefill-cuda-graph-max-tokens", type=int,
                             default=d["prefill_cuda_graph_max_tokens"].default,
                             help="Largest prefill (in new tokens, up to 16 requests) replayed from a CUDA graph; "
                                  "each graph is kept only where it beats launching the forward eagerly, "
                                  "measured at start-up. 0 turns prefill graphs off.")
-        spec = parser.add_argument_group("speculative decoding")
+        spec = parser
         spec.add_argument("--speculative-algorithm", type=str, default=None, choices=SPECULATIVE_ALGORITHM_CHOICES,
                           help="EAGLE3 (EAGLE is accepted as the same): a one-layer draft proposes "
                                "--speculative-num-steps tokens per step and the target verifies them at once. "
@@ -388,18 +396,19 @@ class ServerArgs:
         spec.add_argument("--speculative-num-steps", type=int, default=None,
                           help=f"Draft tokens per step, k (default 3; at most {MAX_SPECULATIVE_STEPS}).")
         spec.add_argument("--speculative-eagle-topk", type=int, default=None,
-                          help="Draft branching; must be 1 (chain drafting).")
+                          help="Draft branching; must be 1 (chain drafting), the default.")
         spec.add_argument("--speculative-num-draft-tokens", type=int, default=None,
-                          help="Tokens verified per step; must be k + 1 (derived when omitted).")
+                          help="Tokens verified per step; must be k + 1, the default.")
         spec.add_argument("--speculative-token-map", type=str, default=None,
-                          help="Not supported: EAGLE-3 checkpoints carry their reduced vocabulary (d2t).")
+                          help="Not supported (default: none): EAGLE-3 checkpoints carry their reduced vocabulary (d2t).")
         spec.add_argument("--speculative-adaptive", action="store_true",
                           help="Dynamic speculation: each decode step either speculates with one of the "
                                "candidate k or decodes plainly, whichever the policy expects to give more tokens "
                                "per second (default policy: cost).")
         spec.add_argument("--speculative-adaptive-config", type=str, default=None,
                           help="JSON file in upstream's format: batch-size lower bounds (integer keys) to candidate "
-                               "steps, e.g. {\"1\": [0, 1, 3], \"64\": [0]}; implies --speculative-adaptive.")
+                               "steps, e.g. {\"1\": [0, 1, 3], \"64\": [0]}; implies --speculative-adaptive. "
+                               "Default: none (candidates from --speculative-candidate-steps).")
         spec.add_argument("--speculative-policy", type=str, default=None,
                           help="How each decode step chooses k: always (k = --speculative-num-steps; the default "
                                "without --speculative-adaptive), never (plain steps, the draft kept warm), threshold "
@@ -407,7 +416,8 @@ class ServerArgs:
                                "cost (the k with the most expected tokens per second from measured step times and "
                                "observed acceptance; the default with --speculative-adaptive).")
         spec.add_argument("--speculative-threshold", type=int, default=None,
-                          help="For --speculative-policy threshold: the largest decode batch that speculates.")
+                          help="For --speculative-policy threshold: the largest decode batch that speculates "
+                               "(no default: required by that policy).")
         spec.add_argument("--speculative-candidate-steps", type=_int_list, default=None,
                           help="For --speculative-policy cost: the k it chooses from, comma separated, 0 = a plain "
                                "step (default: 0, 1 and --speculative-num-steps).")
@@ -509,14 +519,45 @@ def _check_positive(flag: str, value) -> None:
 
 
 def prepare_server_args(argv: list[str]) -> ServerArgs:
-    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server")
+    """Parses and checks the flags; a bad setting exits with one line naming it, before anything loads."""
+    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server", formatter_class=DefaultsHelpFormatter,
+                                     description="Serve a model over HTTP with SGLang's native and "
+                                                 "OpenAI-compatible APIs.")
     ServerArgs.add_cli_args(parser)
     args = parser.parse_args(argv)
     try:
-        return ServerArgs.from_cli_args(args)
+        server_args = ServerArgs.from_cli_args(args)
+        check_model_paths(server_args)
+        return server_args
     except ValueError as e:
-        parser.error(str(e))
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
 
+
+def check_model_paths(server_args: ServerArgs) -> None:
+    """The model and tokenizer must be local directories: nothing is downloaded. Checked before
+    any process starts, so a typo or a Hugging Face id fails in a line, not after a load."""
+    _check_model_dir("--model-path", server_args.model_path, need_config=True)
+    if server_args.tokenizer_path != server_args.model_path:
+        _check_model_dir("--tokenizer-path", server_args.tokenizer_path, need_config=False)
+
+
+def _check_model_dir(flag: str, path: str, need_config: bool) -> None:
+    if os.path.isdir(path):
+        if need_config and not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(f"{flag} {path!r} has no config.json: point it at a Hugging Face model directory")
+        return
+    if os.path.exists(path):
+        raise ValueError(f"{flag} {path!r} is a file; it must be a model directory")
+    if _looks_like_hub_id(path):
+        raise ValueError(f"{flag} {path!r} is not a local directory. If it is a Hugging Face model id: weights are "
+                         f"not downloaded here, so download them (e.g. `huggingface-cli download {path} --local-dir "
+                         f"DIR`) and point {flag} at DIR")
+    raise ValueError(f"{flag} {path!r} does not exist")
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    """`org/name` or `name`, as the Hugging Face hub spells model ids."""
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", path) is not None
 
 
 @dataclasses.dataclass(frozen=True)

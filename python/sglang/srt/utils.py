@@ -55,6 +55,19 @@ def name_process(name: str) -> None:
         pass
 
 
+def check_port_free(host: str, port: int) -> None:
+    """Raises RuntimeError when (host, port) cannot be listened on, e.g. another server holds it."""
+    import socket
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as e:
+            raise RuntimeError(f"cannot listen on {host}:{port} ({e.strerror}); is another server running "
+                               f"there? Pick a free port with --port") from None
+
+
 def configure_logger(log_level: str, prefix: str = "") -> None:
     logging.basicConfig(
         level=getattr(logging, log_level.upper()),

@@ -32,6 +32,9 @@ class ServerProcess:
         # A private TMPDIR shows what the server leaves behind (its IPC socket directory).
         self.tmpdir = tempfile.mkdtemp(prefix="sglang-test-server-")
         env = dict(os.environ, TMPDIR=self.tmpdir)
+        # One torch thread per server process unless asked otherwise: the server's processes, the
+        # test's client and other servers share a few cores, and idle OpenMP threads spin on them.
+        env.setdefault("OMP_NUM_THREADS", "1")
         # The output goes to a file, not a pipe: nobody reads a pipe while the server runs, and a
         # server that logged more than the pipe holds would block in its next write.
         self._log = tempfile.NamedTemporaryFile(prefix="sglang-test-server-", suffix=".log", delete=False)

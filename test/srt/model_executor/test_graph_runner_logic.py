@@ -21,6 +21,9 @@ from sglang.srt.speculative import eagle_worker_v2
 from sglang.test.runner_utils import fake_cuda_graphs, run_to_completion
 
 BUCKETS = [1, 2, 4, 8]
+# Prefill graphs up to 64 tokens hold every prefill here (at most 43 prompt tokens in one pass);
+# capturing the default 2048-token range re-runs ~150 forwards of up to 2048 tokens per server.
+PREFILL_GRAPH_TOKENS = 64
 
 
 @pytest.fixture
@@ -57,7 +60,8 @@ def generate(spec: bool, choose=None, num_reqs: int = 3, step_graph: bool = Fals
     `overlap`: each decode step is launched from the tokens the last one left on the device."""
     kwargs = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3,
                   disable_speculative_step_graph=not step_graph, **spec_kwargs) if spec else {}
-    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=not overlap, **kwargs))
+    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=not overlap,
+                                     prefill_cuda_graph_max_tokens=PREFILL_GRAPH_TOKENS, **kwargs))
     if without_draft:
         scheduler.draft_reads_prompt = lambda req, joining: req.rid not in without_draft
     if choose is not None:

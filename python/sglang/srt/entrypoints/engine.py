@@ -14,7 +14,7 @@ from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.scheduler_process import run_scheduler_process
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
-from sglang.srt.server_args import PortArgs, ServerArgs
+from sglang.srt.server_args import PortArgs, ServerArgs, check_model_paths
 from sglang.srt.utils import configure_logger
 
 logger = logging.getLogger(__name__)
@@ -83,7 +83,8 @@ async def _first(agen):
 
 
 class Engine:
-    """`Engine(model_path=..., **server_args)`: keyword names are ServerArgs fields."""
+    """`Engine(model_path=..., **server_args)`: keyword names are ServerArgs fields; without
+    model_path it runs the demo code model shipped in sglang/demo."""
 
     def __init__(self, **kwargs):
         # An offline batch is the caller's own: no fan-out limit unless one is asked for (the HTTP
@@ -93,6 +94,7 @@ class Engine:
         if self.server_args.dp_size > 1:
             raise ValueError("dp_size > 1 runs replicas behind sglang-router, which an Engine is not: start them "
                              "with python -m sglang.launch_server --dp-size N (docs/scaling_out.md)")
+        check_model_paths(self.server_args)
         configure_logger(self.server_args.log_level)
         self._closed = False
         self.subprocesses = Subprocesses(self.server_args)

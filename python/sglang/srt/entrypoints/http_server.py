@@ -34,6 +34,7 @@ from sglang.srt.errors import InvalidRequest
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils import check_port_free
 
 logger = logging.getLogger(__name__)
 WATCHDOG_INTERVAL_S = 0.5
@@ -319,6 +320,7 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
 def launch_server(server_args: ServerArgs) -> int:
     """Runs the server until it is stopped; returns the process exit code. Also what
     `sglang_router.launch_server` runs in each replica's process."""
+    check_port_free(server_args.host, server_args.port)  # before the model loads, not after
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop_on_signal)
         signal.signal(signal.SIGINT, _stop_on_signal)

@@ -1,0 +1,56 @@
+"""`python -m sglang.launch_server` refuses what cannot work in one line and before the model
+loads: a model path that does not exist, a Hugging Face id (nothing is downloaded), a port that
+another server holds."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sglang import demo
+
+
+def launch(*argv: str, timeout: float = 120) -> tuple[int, str, float]:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--device", "cpu", *argv],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+@pytest.mark.parametrize("path, message", [
+    ("/no/such/model-dir", "does not exist"),
+    ("meta-llama/Llama-3.1-8B-Instruct", "weights are not downloaded"),
+])
+def test_a_model_path_that_is_not_a_local_directory_fails_in_one_line(path, message):
+    code, output, _ = launch("--model-path", path)
+    assert code == 2, output
+    lines = output.strip().splitlines()
+    assert len(lines) == 1 and "--model-path" in lines[0] and message in lines[0], output
+    assert "usage:" not in output
+
+
+def test_a_port_in_use_is_found_before_the_model_loads():
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        code, output, _ = launch("--model-path", demo.TARGET_PATH, "--port", str(port), "--log-level", "info")
+    assert code == 1, output
+    assert f"127.0.0.1:{port}" in output and "--port" in output, output
+    assert "KV cache:" not in output, "the model loaded before the port was checked"  # ModelRunner's log line
+
+
+def test_the_engine_refuses_a_hub_id_before_starting_any_process():
+    import multiprocessing
+
+    import sglang
+
+    with pytest.raises(ValueError, match="weights are not downloaded"):
+        sglang.Engine(model_path="Qwen/Qwen2.5-0.5B-Instruct")
+    assert not multiprocessing.active_children()
