@@ -249,7 +249,7 @@ class ServerArgs:
         self._check_spec_policy()
 
     def _check_spec_policy(self) -> None:
-        from sglang.srt.speculative.adaptive_config import parse_adaptive_config
+        from sglang.srt.configs.speculative_adaptive import parse_adaptive_config
         from sglang.srt.speculative.spec_policy import POLICY_NAMES
 
         _check_choice("--speculative-policy", self.speculative_policy, POLICY_NAMES)
@@ -283,7 +283,7 @@ class ServerArgs:
             return []
         steps = set(self.speculative_candidate_steps or (0, 1, k_max))
         if self.speculative_adaptive_config is not None:
-            from sglang.srt.speculative.adaptive_config import parse_adaptive_config
+            from sglang.srt.configs.speculative_adaptive import parse_adaptive_config
 
             for bucket_steps in parse_adaptive_config(self.speculative_adaptive_config)["candidates_by_bs"].values():
                 steps.update(bucket_steps)

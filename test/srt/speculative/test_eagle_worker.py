@@ -255,7 +255,7 @@ def test_streaming_delivers_several_tokens_per_step_and_the_same_text(demo_pair)
 
 
 def test_catch_up_pieces_cover_every_position_in_order_within_the_cap():
-    from sglang.srt.speculative.eagle_worker_v2 import catch_up_pieces
+    from sglang.srt.speculative.draft_catch_up import catch_up_pieces
 
     behind = [(0, 3), (2, 11), (5, 1), (7, 4)]
     for cap in (1, 2, 4, 5, 19, 100):

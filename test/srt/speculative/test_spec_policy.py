@@ -16,7 +16,7 @@ import pytest
 
 from sglang.srt.speculative import acceptance, spec_policy
 from sglang.srt.speculative.acceptance import SMALL_BATCH, AcceptanceEstimator
-from sglang.srt.speculative.adaptive_config import DEFAULT_ADAPTIVE_CONFIG, parse_adaptive_config
+from sglang.srt.configs.speculative_adaptive import DEFAULT_ADAPTIVE_CONFIG, parse_adaptive_config
 from sglang.srt.speculative.cost_model import LEARN_FIRST_SAMPLES, CostTable
 from sglang.srt.speculative.exploration import Exploration
 from sglang.srt.speculative.spec_policy import (

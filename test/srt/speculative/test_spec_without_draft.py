@@ -190,7 +190,7 @@ def test_an_estimate_gone_low_is_refreshed_by_an_exploring_request(monkeypatch, 
     gets the draft (speculation could pay at batch 1 at the prior): its plain steps' probes (warm)
     or the speculative steps taken while it decodes (catch-up, whose plain steps do not probe)
     show the draft is good now (simulated accept length 3), and the requests after it speculate."""
-    from sglang.srt.managers.scheduler import EXPLORE_EVERY
+    from sglang.srt.managers.spec_scheduling import EXPLORE_EVERY
     from sglang.srt.speculative.cost_model import CostTable
     from sglang.srt.speculative.spec_policy import make_policy
 
@@ -254,7 +254,7 @@ def test_a_request_admitted_without_the_draft_speculates_once_the_load_drops(ove
 
 
 def test_adoption_waits_for_enough_tokens_left_and_is_never_under_a_policy_that_cannot_pay():
-    from sglang.srt.managers.scheduler import ADOPT_MIN_REMAINING
+    from sglang.srt.managers.spec_scheduling import ADOPT_MIN_REMAINING
 
     for spec, max_new in ((dict(speculative_policy="never"), 200),
                           (dict(speculative_policy="threshold", speculative_threshold=2), ADOPT_MIN_REMAINING - 10)):
@@ -278,7 +278,7 @@ def test_adoption_gives_the_draft_the_kv_it_would_have_had_following_the_request
     the same request followed from its admission: adoption leaves no position uncovered."""
     import torch
 
-    from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+    from sglang.srt.speculative import eagle_worker_v2
 
     def draft_kv(scheduler, req, upto):
         table = scheduler.tp_worker.model_runner.req_to_token_pool.req_to_token
@@ -287,7 +287,7 @@ def test_adoption_gives_the_draft_the_kv_it_would_have_had_following_the_request
         return torch.stack([pool.get_key_buffer(0)[slots], pool.get_value_buffer(0)[slots]])
 
     adopted = {}
-    adopt = EAGLEWorkerV2._adopt
+    adopt = eagle_worker_v2.adopt
 
     def recording_adopt(self, batch, rows):
         reqs = [req for req in batch.reqs if req.draft_adopting]
@@ -295,7 +295,7 @@ def test_adoption_gives_the_draft_the_kv_it_would_have_had_following_the_request
         for req in reqs:
             adopted[req.rid] = (req.kv_len, req.all_ids[:req.kv_len], draft_kv(scheduler, req, req.kv_len))
 
-    monkeypatch.setattr(EAGLEWorkerV2, "_adopt", recording_adopt)
+    monkeypatch.setattr(eagle_worker_v2, "adopt", recording_adopt)
     scheduler = make_scheduler(overlap, speculative_policy="threshold", speculative_threshold=2,
                                speculative_draft_sync=sync)
     for i, ids in enumerate(PROMPTS):
@@ -322,7 +322,7 @@ def test_a_draining_batch_of_many_long_contexts_is_not_adopted():
     """Four requests with long contexts admitted without the draft (threshold 0 at admission),
     then the policy would speculate (threshold raised): their contexts together are more than
     ADOPT_CONTEXT_PER_REMAINING tokens per token left, so the passes are not worth it."""
-    from sglang.srt.managers.scheduler import ADOPT_CONTEXT_PER_REMAINING, ADOPT_MIN_REMAINING
+    from sglang.srt.managers.spec_scheduling import ADOPT_CONTEXT_PER_REMAINING, ADOPT_MIN_REMAINING
 
     scheduler = make_scheduler(speculative_policy="threshold", speculative_threshold=0)
     max_new = ADOPT_MIN_REMAINING + 20
@@ -342,7 +342,7 @@ def test_a_request_released_before_its_adoption_launches_leaves_target_only_cach
     """r3 is marked for adoption, then retracted (as when the step's KV allocation fails) before
     a step runs the draft over its context: its positions have no draft KV, so the cache must keep
     them as target-only entries, which a request the draft follows does not match."""
-    from sglang.srt.managers.scheduler import ADOPT_CHECK_EVERY
+    from sglang.srt.managers.spec_scheduling import ADOPT_CHECK_EVERY
 
     scheduler = make_scheduler(speculative_policy="threshold", speculative_threshold=2)
     for i, ids in enumerate(PROMPTS):

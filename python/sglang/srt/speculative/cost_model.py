@@ -97,7 +97,7 @@ class LearnedCost:
     table (the prior).
 
     A sample is the wall time between two consecutive decode launches where the launch before
-    them ran the same k with nothing else launched between (Scheduler._observe_decode_launch):
+    them ran the same k with nothing else launched between (spec_scheduling.observe_decode_launch):
     what one step costs the server end to end, with its host work, sampling, result processing
     and the device time the host could not hide. The start-up replays see none of that, nor the
     real batch's contexts; on 8B shapes at batch 256 they priced k = 1 a few percent better than

@@ -29,7 +29,6 @@ import dataclasses
 import itertools
 import logging
 import os
-import time
 from typing import Optional
 
 import torch
@@ -39,50 +38,26 @@ from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import GenerationBatchResult, HostCopies, TpModelWorker
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_loader.loader import safetensors_files
-from sglang.srt.model_executor.cuda_graph_runner import (CudaGraphRunner, capture_graph, graph_batch_sizes,
-                                                          maybe_prefill_graph_runner)
+from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes, maybe_prefill_graph_runner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.models.llama_eagle3 import default_aux_layer_ids
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
-from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
 from sglang.srt.speculative.spec_sampling import (SIMULATE_ACC_LEN_ENV, ChainVerdict, draw_draft, filtered_probs,
                                                    simulate_acceptance, simulated_accept_rate, simulated_probe_hits,
                                                    verify_greedy, verify_sampled)
 from sglang.srt.speculative.spec_grammar import GrammarLookahead, masked_draft_logits
-from sglang.srt.speculative.spec_stats import SpecStats
-from sglang.srt.utils import HostStaging, host_to_device, step_stream
+from sglang.srt.speculative.draft_catch_up import CATCH_UP_BUFFER, adopt, buffer_for_catch_up, catch_up_draft
+from sglang.srt.speculative.eagle_cuda_graphs import SpecStepGraphs
+from sglang.srt.speculative.spec_stats import PhaseTimer, SpecStats
+from sglang.srt.speculative.step_costs import measure_step_costs
+from sglang.srt.utils import host_to_device
 
 logger = logging.getLogger(__name__)
 
-# --speculative-draft-sync catch-up: aux hidden states kept per request for this many plain steps;
-# a longer plain run is caught up by recomputing them with a target forward.
-CATCH_UP_BUFFER = 64
 # Speculative steps whose phases are timed (CUDA events): one in this many.
 PHASE_TIMED_EVERY = 8
-
-
-def catch_up_pieces(behind: list[tuple[int, int]], cap: int) -> list[list[tuple[int, int, int]]]:
-    """Splits a catch-up over (request index, positions behind) into forwards of at most `cap`
-    positions: each piece is [(index, lo, hi)] (the request's positions lo .. hi - 1 counted
-    from the first it missed), a request at most once per piece and its segments in order."""
-    pieces: list[list[tuple[int, int, int]]] = []
-    current: list[tuple[int, int, int]] = []
-    size = 0
-    for i, n in behind:
-        lo = 0
-        while lo < n:
-            if size == cap or (current and current[-1][0] == i):  # a request's segments are consecutive
-                pieces.append(current)
-                current, size = [], 0
-            hi = min(n, lo + cap - size)
-            current.append((i, lo, hi))
-            size += hi - lo
-            lo = hi
-    if current:
-        pieces.append(current)
-    return pieces
 
 
 @dataclasses.dataclass
@@ -94,7 +69,7 @@ class SpecStepResult(HostCopies):
     token_logprobs: Optional[torch.Tensor] = None  # float32[bs, k + 1]
     top_logprobs: Optional[torch.Tensor] = None  # float32[bs, k + 1, N]
     top_logprob_ids: Optional[torch.Tensor] = None
-    timer: Optional["_StepTimer"] = None
+    timer: Optional["PhaseTimer"] = None
     # A plain step's free probe: whether the draft's guess d_1 was the target's token (bool[bs]).
     probe_hits: Optional[torch.Tensor] = None
 
@@ -163,7 +138,7 @@ class EAGLEWorkerV2(TpModelWorker):
             self.pending_tokens = torch.zeros(rows, CATCH_UP_BUFFER + 1, dtype=torch.int64, **zeros)
         self.stats = SpecStats(self.k)
         self._steps_since_timed = 0  # see _phase_timer
-        self.num_draft_adoptions = 0  # requests adopted mid-decode (see _adopt)
+        self.num_draft_adoptions = 0  # requests adopted mid-decode (see draft_catch_up.adopt)
         simulated = float(os.environ.get(SIMULATE_ACC_LEN_ENV) or "-1")
         self.simulated_rate = simulated_accept_rate(simulated, self.k) if simulated >= 0 else None
         # Per request row under simulation: a request may ask for its own accept length
@@ -354,7 +329,7 @@ class EAGLEWorkerV2(TpModelWorker):
         return result
 
     def _spec_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, k: int, info: SamplingBatchInfo,
-                   timer: Optional["_StepTimer"] = None, capturing: bool = False,
+                   timer: Optional["PhaseTimer"] = None, capturing: bool = False,
                    opted_out: Optional[torch.Tensor] = None, grammar: Optional[GrammarLookahead] = None):
         """One speculative step of the requests in `rows` over the slots `out_cache_loc`
         ([bs * (k + 1)]); returns (tokens [bs, k + 1], num_out [bs], target logits). Everything
@@ -484,11 +459,11 @@ class EAGLEWorkerV2(TpModelWorker):
         result.start_copy_to_host()
         return result
 
-    def _phase_timer(self) -> Optional["_StepTimer"]:
+    def _phase_timer(self) -> Optional["PhaseTimer"]:
         """A phase timer for one speculative step in PHASE_TIMED_EVERY (the first included): the
         phase times are a mean over recent steps, and two timing events cost a step ~10 us."""
         self._steps_since_timed = (self._steps_since_timed + 1) % PHASE_TIMED_EVERY
-        return _StepTimer(self.device) if self._steps_since_timed == 1 % PHASE_TIMED_EVERY else None
+        return PhaseTimer(self.device) if self._steps_since_timed == 1 % PHASE_TIMED_EVERY else None
 
     def _draft_work(self, batch: ScheduleBatch, row_ids: list[int], catch_up: bool = True) -> Optional[torch.Tensor]:
         """Before a decode step: the draft's passes that bring requests it adopts (and, before a
@@ -498,9 +473,9 @@ class EAGLEWorkerV2(TpModelWorker):
         if not any(req.draft_adopting or (catch_up and req.draft_behind) for req in batch.reqs):
             return None
         rows = host_to_device(row_ids, self.device)
-        self._adopt(batch, rows)
+        adopt(self, batch, rows)
         if catch_up:
-            self._catch_up(batch, rows)
+            catch_up_draft(self, batch, rows)
         return rows
 
     def _device_slots(self, batch: ScheduleBatch) -> torch.Tensor:
@@ -538,7 +513,7 @@ class EAGLEWorkerV2(TpModelWorker):
         elif self.draft_sync == "catch-up":
             if behind is None:
                 behind = torch.zeros(bs, dtype=torch.int64, device=self.device)
-            self._buffer_for_catch_up(rows, out.aux_hidden_states, next_ids, behind)
+            buffer_for_catch_up(self, rows, out.aux_hidden_states, next_ids, behind)
             hits = None
         else:
             # Warm: a one-token draft extend at the same position keeps the draft current, and
@@ -559,202 +534,12 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_offset[rows] = offsets + 1
         return next_ids, out.next_token_logits, hits
 
-    # ---- catch-up (--speculative-draft-sync catch-up) --------------------------------------
-
-    def _buffer_for_catch_up(self, rows: torch.Tensor, aux: torch.Tensor, next_ids: torch.Tensor,
-                             behind: torch.Tensor) -> None:
-        """A catch-up plain step keeps each row's aux states and sampled token at column `behind`
-        of its buffer; past the buffer they go to the spare last column and are dropped (the
-        catch-up then recomputes them)."""
-        columns = behind.clamp(max=CATCH_UP_BUFFER)
-        self.pending_aux[rows, columns] = aux.to(self.pending_aux.dtype)
-        self.pending_tokens[rows, columns] = next_ids
-
-    def _adopt(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
-        """Requests the draft adopts (Req.draft_adopting; admitted without its pass over their
-        prompt): DRAFT_EXTENDs over each one's whole context, from aux states a target forward
-        recomputes, so its draft KV, hidden state and guess d_1 are a warm draft's. The host
-        knows every position's token: the steps since admission were plain, all processed but
-        the one in flight (whose token the device holds)."""
-        adopting = [(i, req.kv_len) for i, req in enumerate(batch.reqs) if req.draft_adopting]
-        if not adopting:
-            return
-        for i, context in adopting:
-            batch.reqs[i].draft_behind = context
-        for piece in catch_up_pieces(adopting, self.catch_up_tokens):
-            self._catch_up_piece(batch, rows, piece, recompute=True)
-        for i, _ in adopting:
-            batch.reqs[i].draft_behind = 0
-            batch.reqs[i].draft_adopting = False
-        self.num_draft_adoptions += len(adopting)
-
-    def _catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
-        """Before a speculative step: DRAFT_EXTENDs over the positions each request decoded in
-        plain steps since the draft last caught up (from the buffered aux states and tokens, or
-        from a target forward that recomputes them when a request's run outgrew the buffer), so
-        the draft's KV, hidden state and guess d_1 are those a warm draft would have. One
-        forward when the positions fit `catch_up_tokens` (the prefill chunk size, which the
-        memory plan leaves room for); more, in position order per request, when they do not."""
-        if self.draft_sync != "catch-up":
-            return
-        behind = [(i, req.draft_behind) for i, req in enumerate(batch.reqs) if req.draft_behind > 0]
-        if not behind:
-            return
-        for piece in catch_up_pieces(behind, self.catch_up_tokens):
-            self._catch_up_piece(batch, rows, piece)
-        for i, _ in behind:
-            batch.reqs[i].draft_behind = 0
-
-    def _catch_up_piece(self, batch: ScheduleBatch, rows: torch.Tensor, piece: list[tuple[int, int, int]],
-                        recompute: bool = False) -> None:
-        """One DRAFT_EXTEND over positions m - n + lo .. m - n + hi - 1 of each (request index,
-        lo, hi) in `piece`, where m is the request's next position and n its draft_behind; aux
-        states from the catch-up buffer, or (`recompute`, or a run past the buffer) a target forward."""
-        device = self.device
-        idx = [i for i, _, _ in piece]
-        reqs = [batch.reqs[i] for i in idx]
-        lens = [hi - lo for _, lo, hi in piece]
-        total = sum(lens)
-        rows_sub = rows[host_to_device(idx, device)] if len(idx) < len(batch.reqs) else rows
-        lens_dev = host_to_device(lens, device)
-        lo_dev = host_to_device([lo for _, lo, _ in piece], device)
-        base = self.next_start[rows_sub] - host_to_device([req.draft_behind for req in reqs], device)  # m - n
-        ends = base + lo_dev + lens_dev  # one past each segment's last position
-        local = host_to_device([j for n in lens for j in range(n)], device)
-        row_rep = torch.repeat_interleave(rows_sub, lens_dev, output_size=total)
-        columns = torch.repeat_interleave(lo_dev, lens_dev, output_size=total) + local  # offsets from m - n
-        positions = torch.repeat_interleave(base, lens_dev, output_size=total) + columns
-        last = host_to_device([end - 1 for end in itertools.accumulate(lens)], device)
-        if not recompute and all(req.draft_behind <= CATCH_UP_BUFFER for req in reqs):
-            input_ids, aux = self.pending_tokens[row_rep, columns], self.pending_aux[row_rep, columns]
-        else:
-            input_ids, aux = self._recompute_aux(reqs, piece, rows_sub, ends, positions, last)
-        table = self.model_runner.req_to_token_pool.req_to_token
-        fb = ForwardBatch(
-            forward_mode=ForwardMode.DRAFT_EXTEND, batch_size=len(idx), input_ids=input_ids, positions=positions,
-            req_pool_indices=rows_sub, seq_lens=ends, out_cache_loc=table[row_rep, positions].to(torch.int64),
-            seq_lens_cpu=None, extend_seq_lens_cpu=lens, extend_prefix_lens_cpu=None, spec_hidden_states=aux)
-        out = self.draft_runner.forward(fb)
-        info = self.sampling_info(reqs)
-        # Logits come per request (its last position), hidden states per token. A later piece
-        # of the same request overwrites what an earlier one stored.
-        self._store_next_draft(rows_sub, out.next_token_logits, out.hidden_states[last], info,
-                               self.next_offset[rows_sub])
-
-    def _recompute_aux(self, reqs, piece, rows_sub, ends, positions, last):
-        """The aux states of a piece's positions, from a target forward over their tokens
-        (host-known: the steps since are plain, and all but the one in flight are processed). Its
-        KV goes to the padding slot: the target's own KV stays as decoded. Returns the draft's
-        inputs (each position's next token) and the aux states."""
-        tokens, shifted, prefix, seq_ends, at_end = [], [], [], [], []
-        for j, (req, (_, lo, hi)) in enumerate(zip(reqs, piece)):
-            m = req.kv_len  # no speculative step of this request is in flight
-            first, stop = m - req.draft_behind + lo, m - req.draft_behind + hi
-            ids = req.all_ids
-            tokens.extend(ids[first:stop])
-            if stop == m:  # the last one's next token is the one in flight, filled in below
-                shifted.extend(ids[first + 1:stop] + [0])
-                at_end.append(j)
-            else:
-                shifted.extend(ids[first + 1:stop + 1])
-            prefix.append(first)
-            seq_ends.append(stop)
-        fb = ForwardBatch(
-            forward_mode=ForwardMode.EXTEND, batch_size=len(reqs), input_ids=host_to_device(tokens, self.device),
-            positions=positions, req_pool_indices=rows_sub, seq_lens=ends,
-            out_cache_loc=torch.zeros(len(tokens), dtype=torch.int64, device=self.device),
-            seq_lens_cpu=seq_ends, extend_seq_lens_cpu=[hi - lo for _, lo, hi in piece],
-            extend_prefix_lens_cpu=prefix, capture_aux_hidden_states=True)
-        out = self.model_runner.forward(fb)
-        input_ids = host_to_device(shifted, self.device)
-        if at_end:
-            at = host_to_device(at_end, self.device)
-            input_ids[last[at]] = self.next_input[rows_sub[at]]
-        return input_ids, out.aux_hidden_states
-
-    # ---- step costs, for the speculation policy -------------------------------------------
-
     def measure_step_costs(self, repeats: int = 5) -> dict:
-        """Seconds per decode step of a plain step and of each reachable k, at every graph
-        bucket (replaying the graphs a real step replays), or eagerly at batch size 1 without
-        graphs. Every row of these steps is the scratch row and every slot the padding slot 0,
-        so no request's state is touched. Returns {"plain": {bs: s}, "spec": {(bs, k): s},
-        "context": {k: s per context token}} (see _context_seconds_per_token)."""
-        sizes = graph_batch_sizes(self.model_runner) or [1]
-        plain: dict[int, float] = {}
-        spec: dict[tuple[int, int], float] = {}
-        for bs in sizes:
-            rows = torch.full((bs,), self.scratch_row, dtype=torch.int64, device=self.device)
-            info = SamplingBatchInfo.from_params([SamplingParams(temperature=0)] * bs, [0] * bs, self.vocab_size,
-                                                 self.device)
-            row_ids = [self.scratch_row] * bs
-            graphs = self.step_graphs.get(0)
-            if graphs is not None and graphs.can_run(bs, True, False):
-                run = lambda: graphs.replay(row_ids, [0] * bs)  # noqa: E731
-            else:
-                run = lambda: self._plain_body(rows, self._pad_slots(bs), info)  # noqa: E731
-            plain[bs] = self._seconds_per_call(run, repeats)
-            for k in self.reachable_steps:
-                slots = self._pad_slots(bs * (k + 1))
-                graphs = self.step_graphs.get(k)
-                if graphs is not None and graphs.can_run(bs, True, False):
-                    run = lambda: graphs.replay(row_ids, [0] * (bs * (k + 1)))  # noqa: E731
-                else:
-                    run = lambda: self._spec_body(rows, slots, k, info)  # noqa: E731
-                spec[(bs, k)] = self._seconds_per_call(run, repeats)
-        return {"plain": plain, "spec": spec, "context": self._context_seconds_per_token()}
-
-    def _context_seconds_per_token(self) -> dict[int, float]:
-        """What one token of context adds to a step of each k, from the KV bytes the step's
-        attention reads and the device's measured copy bandwidth: the target's KV once (a verify
-        reads each request's KV once for all its k + 1 tokens), the draft's once per draft
-        forward (k chain steps and the extend; a warm plain step's one-token extend)."""
-        def kv_bytes(runner) -> int:
-            pool = runner.token_to_kv_pool
-            return len(pool.k_buffer) * 2 * pool.k_buffer[0][0].numel() * pool.k_buffer[0].element_size()
-
-        seconds_per_byte = 1.0 / self._copy_bandwidth()
-        target, draft = kv_bytes(self.model_runner), kv_bytes(self.draft_runner)
-        plain_draft = draft if self.draft_sync == "warm" else 0
-        return {0: (target + plain_draft) * seconds_per_byte,
-                **{k: (target + (k + 1) * draft) * seconds_per_byte for k in self.reachable_steps}}
-
-    def _copy_bandwidth(self, nbytes: int = 1 << 26, repeats: int = 10) -> float:
-        """Bytes per second moved (read + written) by a device-to-device copy of `nbytes` (64 MiB
-        each way: past the L2 cache, small beside what the memory plan leaves free)."""
-        if self.device != "cuda":
-            nbytes = 1 << 24
-        src = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
-        dst = torch.empty_like(src)
-        dst.copy_(src)
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            dst.copy_(src)
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-        return 2 * nbytes * repeats / (time.perf_counter() - start)
+        """Seconds per decode step of each shape the policy can choose (step_costs.py)."""
+        return measure_step_costs(self, repeats)
 
     def _pad_slots(self, n: int) -> torch.Tensor:
         return torch.zeros(n, dtype=torch.int64, device=self.device)
-
-    def _seconds_per_call(self, run, repeats: int) -> float:
-        scratch = torch.tensor([self.scratch_row], device=self.device)
-
-        def once():
-            self.next_start.index_fill_(0, scratch, 0)  # the scratch row's steps start at position 0
-            run()
-
-        once()  # warm-up
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        for _ in range(repeats):
-            once()
-        if self.device == "cuda":
-            torch.cuda.synchronize()
-        return (time.perf_counter() - start) / repeats
 
     def _store_next_draft(self, rows, logits, hidden, info: SamplingBatchInfo, offsets) -> None:
         """Draw d_1 for the step after this one and keep it with q and the hidden state."""
@@ -775,99 +560,6 @@ class EAGLEWorkerV2(TpModelWorker):
             result.top_logprobs, result.top_logprob_ids = logprobs.topk(top_n, dim=-1)
 
 
-class SpecStepGraphs:
-    """One CUDA graph per batch-size bucket for a whole greedy speculative step with k drafts
-    (chain, verify, acceptance, draft extend, row updates): a step then costs the host one
-    replay instead of ~5 replays and ~50 small launches. k = 0 is the plain step (the target's
-    decode, its token, and the draft kept warm or the aux states buffered for a catch-up).
-    Padding rows point at the worker's scratch row (whose position is reset inside the graph)
-    and write their KV to slot 0."""
-
-    def __init__(self, worker: "EAGLEWorkerV2", batch_sizes: list[int], k: int, draft: bool = True):
-        self.worker = worker
-        self.k, self.width = k, k + 1
-        self.draft = draft  # False (k = 0 only): the target alone, for batches the draft does not follow
-        self.batch_sizes = sorted(batch_sizes)
-        self.max_bs = self.batch_sizes[-1]
-        device = worker.device
-        self.scratch = torch.tensor([worker.scratch_row], dtype=torch.int64, device=device)
-        # Every input of a replay in one device buffer, which one copy from a host staging
-        # buffer fills: request rows, KV slots, plain steps behind (a catch-up plain step), and
-        # opted-out flags (a speculative step; 1: the row takes plain decoding's token).
-        n, width = self.max_bs, self.width
-        self.inputs = torch.zeros(n * (width + 3), dtype=torch.int64, device=device)
-        self.slots_at, self.behind_at, self.opted_at = n, n + n * width, 2 * n + n * width
-        self.rows = self.inputs[:n]
-        self.slots = self.inputs[self.slots_at:self.behind_at]
-        self.behind = self.inputs[self.behind_at:self.opted_at]
-        self.opted_out = self.inputs[self.opted_at:]
-        self.rows.fill_(worker.scratch_row)
-        self.staging = HostStaging(self.inputs.numel(), device)
-        self.graphs: dict = {}
-        self.outputs: dict = {}
-
-    def can_run(self, bs: int, all_greedy: bool, logprobs: bool) -> bool:
-        return bs <= self.max_bs and all_greedy and not logprobs
-
-    def _run(self, bs: int):
-        """The captured work: the whole step over the static rows and slots of bucket bs."""
-        self.worker.next_start.index_fill_(0, self.scratch, 0)  # padding rows start at position 0
-        if self.k == 0:  # (tokens [bs], probe hits [bs] or None)
-            tokens, _, hits = self.worker._plain_body(self.rows[:bs], self.slots[:bs], self.greedy_info[bs],
-                                                      self.behind[:bs], capturing=True, draft=self.draft)
-            return tokens, hits
-        tokens, num_out, _ = self.worker._spec_body(self.rows[:bs], self.slots[:bs * self.width], self.k,
-                                                   self.greedy_info[bs], capturing=True,
-                                                   opted_out=self.opted_out[:bs] != 0)
-        return tokens, num_out
-
-    def capture(self) -> None:
-        start = time.perf_counter()
-        runners = (self.worker.model_runner, self.worker.draft_runner)
-        for runner in runners:
-            runner.attn_backend.init_cuda_graph_state(self.max_bs * self.width)
-        # Built before capture: a host-to-device copy inside a graph would read a freed buffer.
-        self.greedy_info = {bs: SamplingBatchInfo.from_params([SamplingParams(temperature=0)] * bs, [0] * bs,
-                                                              self.worker.vocab_size, self.worker.device)
-                            for bs in self.batch_sizes}
-        for bs in reversed(self.batch_sizes):
-            self._capture_one(bs)
-        kind = "speculative" if self.k else "plain" if self.draft else "target-only plain"
-        logger.info("captured %d whole-step %s graphs (k = %d, bs %s) in %.1f s", len(self.graphs), kind, self.k,
-                    self.batch_sizes, time.perf_counter() - start)
-
-    def _capture_one(self, bs: int) -> None:
-        self.graphs[bs], self.outputs[bs] = capture_graph(lambda: self._run(bs),
-                                                          self.worker.model_runner.graph_memory_pool())
-
-    def replay(self, rows: list[int], slots, behind: Optional[list[int]] = None,
-               opted_out: Optional[list[bool]] = None):
-        """(tokens, num_out) of a speculative step (`opted_out`: per row, whether it takes plain
-        decoding's token; None: none does); (tokens, probe hits or None) of a plain one. All
-        inputs are host values (`slots`: the step's KV slots, a host int64 tensor or array of
-        bs * width); they reach the device in one copy."""
-        bs, width = len(rows), self.width
-        graph_bs = next(b for b in self.batch_sizes if b >= bs)
-        host = self.staging.fill()
-        host[:bs] = rows
-        host[bs:graph_bs] = self.worker.scratch_row
-        at = self.slots_at
-        host[at:at + bs * width] = slots
-        host[at + bs * width:at + graph_bs * width] = 0
-        if self.k == 0:
-            host[self.behind_at:self.behind_at + graph_bs] = 0
-            if behind is not None:
-                host[self.behind_at:self.behind_at + bs] = behind
-        else:
-            host[self.opted_at:self.opted_at + graph_bs] = 0
-            if opted_out is not None:
-                host[self.opted_at:self.opted_at + bs] = opted_out
-        self.staging.send(self.inputs)
-        self.graphs[graph_bs].replay()
-        tokens, second = self.outputs[graph_bs]
-        return tokens[:bs], (second[:bs] if second is not None else None)
-
-
 def _check_pair(target: ModelConfig, draft: ModelConfig) -> None:
     if draft.architecture != "LlamaForCausalLMEagle3":
         raise ValueError(f"--speculative-draft-model-path {draft.path} is a {draft.architecture}; EAGLE-3 "
@@ -879,29 +571,3 @@ def _check_pair(target: ModelConfig, draft: ModelConfig) -> None:
     if target_hidden != target.hidden_size:
         raise ValueError(f"the draft expects target hidden size {target_hidden}, the target has "
                          f"{target.hidden_size}: it was made for another model")
-
-
-
-class _StepTimer:
-    """Wall time of the phases of one step (CUDA events on the GPU, read when the step is done)."""
-
-    def __init__(self, device: str):
-        self.cuda = device == "cuda"
-        self.marks: list[tuple[str, object]] = [("start", self._now())]
-
-    def _now(self):
-        if self.cuda:
-            event = torch.cuda.Event(enable_timing=True)
-            event.record(step_stream("cuda"))
-            return event
-        return time.perf_counter()
-
-    def mark(self, name: str) -> None:
-        self.marks.append((name, self._now()))
-
-    def seconds(self) -> dict[str, float]:
-        """Phase -> seconds; on the GPU only once the step has finished."""
-        out = {}
-        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
-            out[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a
-        return out

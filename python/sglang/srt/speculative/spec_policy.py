@@ -20,7 +20,7 @@ from bisect import bisect_right
 from typing import Optional
 
 from sglang.srt.speculative.acceptance import AcceptanceEstimator
-from sglang.srt.speculative.adaptive_config import _is_int
+from sglang.srt.configs.speculative_adaptive import _is_int
 from sglang.srt.speculative.cost_model import CostTable, LearnedCost
 from sglang.srt.speculative.exploration import Exploration
 

@@ -3,8 +3,13 @@ each phase of a step, for the periodic log line, /get_server_info and /metrics."
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from typing import Optional
+
+import torch
+
+from sglang.srt.utils import step_stream
 
 # Phase times are averaged over this many recent steps.
 RECENT_STEPS = 256
@@ -78,3 +83,28 @@ class SpecStats:
             "spec_accept_length_histogram": list(self.histogram),
             "spec_phase_ms": self.mean_phase_ms(),
         }
+
+
+class PhaseTimer:
+    """Wall time of the phases of one step (CUDA events on the GPU, read when the step is done)."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+        self.marks: list[tuple[str, object]] = [("start", self._now())]
+
+    def _now(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(step_stream("cuda"))
+            return event
+        return time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, self._now()))
+
+    def seconds(self) -> dict[str, float]:
+        """Phase -> seconds; on the GPU only once the step has finished."""
+        out = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            out[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+        return out

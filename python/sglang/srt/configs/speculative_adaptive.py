@@ -1,4 +1,4 @@
-"""Upstream-style --speculative-adaptive-config files: batch-size buckets of candidate steps and
+"""Upstream-style --speculative-adaptive-config files (dynamic speculation): batch-size buckets of candidate steps and
 hysteresis margins, plus a few global settings."""
 
 from __future__ import annotations

@@ -1,0 +1,153 @@
+"""--speculative-draft-sync catch-up and adoption: the draft brought up to date over positions it
+missed (plain steps that ran the target only, or a request admitted without the draft), by
+DRAFT_EXTENDs over buffered or recomputed aux hidden states. Functions of the EAGLEWorkerV2
+whose state they update."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.utils import host_to_device
+
+# --speculative-draft-sync catch-up: aux hidden states kept per request for this many plain steps;
+# a longer plain run is caught up by recomputing them with a target forward.
+CATCH_UP_BUFFER = 64
+
+
+def catch_up_pieces(behind: list[tuple[int, int]], cap: int) -> list[list[tuple[int, int, int]]]:
+    """Splits a catch-up over (request index, positions behind) into forwards of at most `cap`
+    positions: each piece is [(index, lo, hi)] (the request's positions lo .. hi - 1 counted
+    from the first it missed), a request at most once per piece and its segments in order."""
+    pieces: list[list[tuple[int, int, int]]] = []
+    current: list[tuple[int, int, int]] = []
+    size = 0
+    for i, n in behind:
+        lo = 0
+        while lo < n:
+            if size == cap or (current and current[-1][0] == i):  # a request's segments are consecutive
+                pieces.append(current)
+                current, size = [], 0
+            hi = min(n, lo + cap - size)
+            current.append((i, lo, hi))
+            size += hi - lo
+            lo = hi
+    if current:
+        pieces.append(current)
+    return pieces
+
+
+
+def buffer_for_catch_up(worker, rows: torch.Tensor, aux: torch.Tensor, next_ids: torch.Tensor,
+                        behind: torch.Tensor) -> None:
+    """A catch-up plain step keeps each row's aux states and sampled token at column `behind`
+    of its buffer; past the buffer they go to the spare last column and are dropped (the
+    catch-up then recomputes them)."""
+    columns = behind.clamp(max=CATCH_UP_BUFFER)
+    worker.pending_aux[rows, columns] = aux.to(worker.pending_aux.dtype)
+    worker.pending_tokens[rows, columns] = next_ids
+
+def adopt(worker, batch: ScheduleBatch, rows: torch.Tensor) -> None:
+    """Requests the draft adopts (Req.draft_adopting; admitted without its pass over their
+    prompt): DRAFT_EXTENDs over each one's whole context, from aux states a target forward
+    recomputes, so its draft KV, hidden state and guess d_1 are a warm draft's. The host
+    knows every position's token: the steps since admission were plain, all processed but
+    the one in flight (whose token the device holds)."""
+    adopting = [(i, req.kv_len) for i, req in enumerate(batch.reqs) if req.draft_adopting]
+    if not adopting:
+        return
+    for i, context in adopting:
+        batch.reqs[i].draft_behind = context
+    for piece in catch_up_pieces(adopting, worker.catch_up_tokens):
+        _catch_up_piece(worker, batch, rows, piece, recompute=True)
+    for i, _ in adopting:
+        batch.reqs[i].draft_behind = 0
+        batch.reqs[i].draft_adopting = False
+    worker.num_draft_adoptions += len(adopting)
+
+def catch_up_draft(worker, batch: ScheduleBatch, rows: torch.Tensor) -> None:
+    """Before a speculative step: DRAFT_EXTENDs over the positions each request decoded in
+    plain steps since the draft last caught up (from the buffered aux states and tokens, or
+    from a target forward that recomputes them when a request's run outgrew the buffer), so
+    the draft's KV, hidden state and guess d_1 are those a warm draft would have. One
+    forward when the positions fit `catch_up_tokens` (the prefill chunk size, which the
+    memory plan leaves room for); more, in position order per request, when they do not."""
+    if worker.draft_sync != "catch-up":
+        return
+    behind = [(i, req.draft_behind) for i, req in enumerate(batch.reqs) if req.draft_behind > 0]
+    if not behind:
+        return
+    for piece in catch_up_pieces(behind, worker.catch_up_tokens):
+        _catch_up_piece(worker, batch, rows, piece)
+    for i, _ in behind:
+        batch.reqs[i].draft_behind = 0
+
+def _catch_up_piece(worker, batch: ScheduleBatch, rows: torch.Tensor, piece: list[tuple[int, int, int]],
+                    recompute: bool = False) -> None:
+    """One DRAFT_EXTEND over positions m - n + lo .. m - n + hi - 1 of each (request index,
+    lo, hi) in `piece`, where m is the request's next position and n its draft_behind; aux
+    states from the catch-up buffer, or (`recompute`, or a run past the buffer) a target forward."""
+    device = worker.device
+    idx = [i for i, _, _ in piece]
+    reqs = [batch.reqs[i] for i in idx]
+    lens = [hi - lo for _, lo, hi in piece]
+    total = sum(lens)
+    rows_sub = rows[host_to_device(idx, device)] if len(idx) < len(batch.reqs) else rows
+    lens_dev = host_to_device(lens, device)
+    lo_dev = host_to_device([lo for _, lo, _ in piece], device)
+    base = worker.next_start[rows_sub] - host_to_device([req.draft_behind for req in reqs], device)  # m - n
+    ends = base + lo_dev + lens_dev  # one past each segment's last position
+    local = host_to_device([j for n in lens for j in range(n)], device)
+    row_rep = torch.repeat_interleave(rows_sub, lens_dev, output_size=total)
+    columns = torch.repeat_interleave(lo_dev, lens_dev, output_size=total) + local  # offsets from m - n
+    positions = torch.repeat_interleave(base, lens_dev, output_size=total) + columns
+    last = host_to_device([end - 1 for end in itertools.accumulate(lens)], device)
+    if not recompute and all(req.draft_behind <= CATCH_UP_BUFFER for req in reqs):
+        input_ids, aux = worker.pending_tokens[row_rep, columns], worker.pending_aux[row_rep, columns]
+    else:
+        input_ids, aux = _recompute_aux(worker, reqs, piece, rows_sub, ends, positions, last)
+    table = worker.model_runner.req_to_token_pool.req_to_token
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.DRAFT_EXTEND, batch_size=len(idx), input_ids=input_ids, positions=positions,
+        req_pool_indices=rows_sub, seq_lens=ends, out_cache_loc=table[row_rep, positions].to(torch.int64),
+        seq_lens_cpu=None, extend_seq_lens_cpu=lens, extend_prefix_lens_cpu=None, spec_hidden_states=aux)
+    out = worker.draft_runner.forward(fb)
+    info = worker.sampling_info(reqs)
+    # Logits come per request (its last position), hidden states per token. A later piece
+    # of the same request overwrites what an earlier one stored.
+    worker._store_next_draft(rows_sub, out.next_token_logits, out.hidden_states[last], info,
+                           worker.next_offset[rows_sub])
+
+def _recompute_aux(worker, reqs, piece, rows_sub, ends, positions, last):
+    """The aux states of a piece's positions, from a target forward over their tokens
+    (host-known: the steps since are plain, and all but the one in flight are processed). Its
+    KV goes to the padding slot: the target's own KV stays as decoded. Returns the draft's
+    inputs (each position's next token) and the aux states."""
+    tokens, shifted, prefix, seq_ends, at_end = [], [], [], [], []
+    for j, (req, (_, lo, hi)) in enumerate(zip(reqs, piece)):
+        m = req.kv_len  # no speculative step of this request is in flight
+        first, stop = m - req.draft_behind + lo, m - req.draft_behind + hi
+        ids = req.all_ids
+        tokens.extend(ids[first:stop])
+        if stop == m:  # the last one's next token is the one in flight, filled in below
+            shifted.extend(ids[first + 1:stop] + [0])
+            at_end.append(j)
+        else:
+            shifted.extend(ids[first + 1:stop + 1])
+        prefix.append(first)
+        seq_ends.append(stop)
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.EXTEND, batch_size=len(reqs), input_ids=host_to_device(tokens, worker.device),
+        positions=positions, req_pool_indices=rows_sub, seq_lens=ends,
+        out_cache_loc=torch.zeros(len(tokens), dtype=torch.int64, device=worker.device),
+        seq_lens_cpu=seq_ends, extend_seq_lens_cpu=[hi - lo for _, lo, hi in piece],
+        extend_prefix_lens_cpu=prefix, capture_aux_hidden_states=True)
+    out = worker.model_runner.forward(fb)
+    input_ids = host_to_device(shifted, worker.device)
+    if at_end:
+        at = host_to_device(at_end, worker.device)
+        input_ids[last[at]] = worker.next_input[rows_sub[at]]
+    return input_ids, out.aux_hidden_states

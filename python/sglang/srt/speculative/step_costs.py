@@ -1,0 +1,93 @@
+"""What each decode step shape of the EAGLE-3 worker costs, measured at start-up by replaying
+its graphs on the scratch row: the speculation policy's prior (cost_model.CostTable), which the
+costs it learns from the running server refine."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from sglang.srt.model_executor.cuda_graph_runner import graph_batch_sizes
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+
+def measure_step_costs(worker, repeats: int = 5) -> dict:
+    """Seconds per decode step of a plain step and of each reachable k, at every graph
+    bucket (replaying the graphs a real step replays), or eagerly at batch size 1 without
+    graphs. Every row of these steps is the scratch row and every slot the padding slot 0,
+    so no request's state is touched. Returns {"plain": {bs: s}, "spec": {(bs, k): s},
+    "context": {k: s per context token}} (see _context_seconds_per_token below)."""
+    sizes = graph_batch_sizes(worker.model_runner) or [1]
+    plain: dict[int, float] = {}
+    spec: dict[tuple[int, int], float] = {}
+    for bs in sizes:
+        rows = torch.full((bs,), worker.scratch_row, dtype=torch.int64, device=worker.device)
+        info = SamplingBatchInfo.from_params([SamplingParams(temperature=0)] * bs, [0] * bs, worker.vocab_size,
+                                             worker.device)
+        row_ids = [worker.scratch_row] * bs
+        graphs = worker.step_graphs.get(0)
+        if graphs is not None and graphs.can_run(bs, True, False):
+            run = lambda: graphs.replay(row_ids, [0] * bs)  # noqa: E731
+        else:
+            run = lambda: worker._plain_body(rows, worker._pad_slots(bs), info)  # noqa: E731
+        plain[bs] = _seconds_per_call(worker, run, repeats)
+        for k in worker.reachable_steps:
+            slots = worker._pad_slots(bs * (k + 1))
+            graphs = worker.step_graphs.get(k)
+            if graphs is not None and graphs.can_run(bs, True, False):
+                run = lambda: graphs.replay(row_ids, [0] * (bs * (k + 1)))  # noqa: E731
+            else:
+                run = lambda: worker._spec_body(rows, slots, k, info)  # noqa: E731
+            spec[(bs, k)] = _seconds_per_call(worker, run, repeats)
+    return {"plain": plain, "spec": spec, "context": _context_seconds_per_token(worker)}
+
+def _context_seconds_per_token(worker) -> dict[int, float]:
+    """What one token of context adds to a step of each k, from the KV bytes the step's
+    attention reads and the device's measured copy bandwidth: the target's KV once (a verify
+    reads each request's KV once for all its k + 1 tokens), the draft's once per draft
+    forward (k chain steps and the extend; a warm plain step's one-token extend)."""
+    def kv_bytes(runner) -> int:
+        pool = runner.token_to_kv_pool
+        return len(pool.k_buffer) * 2 * pool.k_buffer[0][0].numel() * pool.k_buffer[0].element_size()
+
+    seconds_per_byte = 1.0 / _copy_bandwidth(worker)
+    target, draft = kv_bytes(worker.model_runner), kv_bytes(worker.draft_runner)
+    plain_draft = draft if worker.draft_sync == "warm" else 0
+    return {0: (target + plain_draft) * seconds_per_byte,
+            **{k: (target + (k + 1) * draft) * seconds_per_byte for k in worker.reachable_steps}}
+
+def _copy_bandwidth(worker, nbytes: int = 1 << 26, repeats: int = 10) -> float:
+    """Bytes per second moved (read + written) by a device-to-device copy of `nbytes` (64 MiB
+    each way: past the L2 cache, small beside what the memory plan leaves free)."""
+    if worker.device != "cuda":
+        nbytes = 1 << 24
+    src = torch.empty(nbytes, dtype=torch.uint8, device=worker.device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    if worker.device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        dst.copy_(src)
+    if worker.device == "cuda":
+        torch.cuda.synchronize()
+    return 2 * nbytes * repeats / (time.perf_counter() - start)
+
+def _seconds_per_call(worker, run, repeats: int) -> float:
+    scratch = torch.tensor([worker.scratch_row], device=worker.device)
+
+    def once():
+        worker.next_start.index_fill_(0, scratch, 0)  # the scratch row's steps start at position 0
+        run()
+
+    once()  # warm-up
+    if worker.device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        once()
+    if worker.device == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start) / repeats
