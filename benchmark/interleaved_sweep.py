@@ -111,17 +111,11 @@ async def sweep(args: argparse.Namespace) -> int:
             return await sweep_trace(args, names, benches, session)
         levels, empty = args.max_concurrency or [None], []
         for level in levels:
-            rounds: dict[str, list[dict]] = {name: [] for name in names}
-            for round_index in range(args.rounds):
-                for position, name in enumerate(round_order(names, round_index)):
-                    desc = f"{name} concurrency {level or 'unlimited'} round {round_index + 1}/{args.rounds}"
-                    started = time.time()
-                    line = await runner.measure_level(benches[name], level, desc)
-                    line.update(round=round_index, position=position, started_unix=started, ended_unix=time.time())
-                    runner.append_line(os.path.join(args.out_dir, f"{name}.rounds.jsonl"), line)
-                    rounds[name].append(line)
-                    if line["failed"]:
-                        await runner.check_alive(session, benches[name].base_url, line)
+            def measure(name, round_index, level=level):
+                desc = f"{name} concurrency {level or 'unlimited'} round {round_index + 1}/{args.rounds}"
+                return runner.measure_level(benches[name], level, desc)
+
+            rounds = await run_rounds(args, names, benches, session, measure)
             for name in names:
                 pooled = pool(rounds[name])
                 runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pooled)
@@ -136,19 +130,27 @@ async def sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-async def sweep_trace(args: argparse.Namespace, names: list[str], benches: dict, session) -> int:
-    """--trace: each round plays the trace against every server in turn (order reversed every
-    other round); OUT/NAME.trace.jsonl gets each round's line, OUT/NAME.jsonl the rounds pooled."""
+async def run_rounds(args: argparse.Namespace, names: list[str], benches: dict, session, measure) -> dict:
+    """ROUNDS rounds of `measure(name, round)` over the servers in rotating order; each line gets
+    its round, position and wall-clock span, goes to OUT/NAME.rounds.jsonl, and a line with
+    failures checks that its server is still up. Returns {name: [line per round]}."""
     rounds: dict[str, list[dict]] = {name: [] for name in names}
     for round_index in range(args.rounds):
         for position, name in enumerate(round_order(names, round_index)):
             started = time.time()
-            line = await runner.measure_trace(benches[name])
+            line = await measure(name, round_index)
             line.update(round=round_index, position=position, started_unix=started, ended_unix=time.time())
             runner.append_line(os.path.join(args.out_dir, f"{name}.rounds.jsonl"), line)
             rounds[name].append(line)
             if line["failed"]:
                 await runner.check_alive(session, benches[name].base_url, line)
+    return rounds
+
+
+async def sweep_trace(args: argparse.Namespace, names: list[str], benches: dict, session) -> int:
+    """--trace: each round plays the trace against every server in turn (order reversed every
+    other round); OUT/NAME.trace.jsonl gets each round's line, OUT/NAME.jsonl the rounds pooled."""
+    rounds = await run_rounds(args, names, benches, session, lambda name, _: runner.measure_trace(benches[name]))
     for name in names:
         runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pool([dict(line, phases=None) for line in rounds[name]]))
     for name in names:
