@@ -54,3 +54,17 @@ def test_the_engine_refuses_a_hub_id_before_starting_any_process():
     with pytest.raises(ValueError, match="weights are not downloaded"):
         sglang.Engine(model_path="Qwen/Qwen2.5-0.5B-Instruct")
     assert not multiprocessing.active_children()
+
+
+def test_the_command_line_help_shows_groups_and_defaults():
+    """`python -m sglang.launch_server --help` as a user runs it (the launcher that also takes
+    --dp-size and the router's flags), not only the parser the tests build."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    groups = [line for line in proc.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
+    assert len(groups) >= 6, groups  # options plus at least five groups of flags
+    assert proc.stdout.count("(default: ") >= 20

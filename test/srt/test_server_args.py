@@ -217,7 +217,7 @@ def test_data_parallel_flags_parse_and_check(capsys):
 def test_structured_output_flags_parse_and_a_missing_chat_template_is_named(tmp_path, capsys):
     template = tmp_path / "chat.jinja"
     template.write_text("{{ messages }}")
-    args = prepare_server_args(["--model-path", "m", "--grammar-backend", "none", "--tool-call-parser", "llama3",
+    args = prepare_server_args(["--model-path", MODEL, "--grammar-backend", "none", "--tool-call-parser", "llama3",
                                 "--chat-template", str(template)])
     assert (args.grammar_backend, args.tool_call_parser, args.chat_template) == ("none", "llama3", str(template))
     assert ServerArgs(model_path="m").grammar_backend == "xgrammar"  # upstream's default

@@ -492,10 +492,11 @@ def _add_structured_output_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--tool-call-parser", type=str, default=None, choices=TOOL_CALL_PARSER_CHOICES,
                        help="How tool calls are read from the model's output with tool_choice auto: llama3 "
                             "(JSON objects {\"name\", \"parameters\"}) or qwen25 / qwen / hermes "
-                            "(<tool_call>{\"name\", \"arguments\"}</tool_call>).")
+                            "(<tool_call>{\"name\", \"arguments\"}</tool_call>). Default: none (calls are read only where "
+                            "tool_choice is required or names a function).")
     group.add_argument("--chat-template", type=str, default=None,
                        help="Path of a Jinja chat template used for /v1/chat/completions instead of the "
-                            "tokenizer's own (or where the tokenizer has none).")
+                            "tokenizer's own (or where the tokenizer has none). Default: none (the tokenizer's template).")
 
 DRAFT_SYNC_CHOICES = ("warm", "catch-up")
 MAX_SPECULATIVE_STEPS = 16

@@ -30,7 +30,7 @@ UPSTREAM_DEFAULTS = {
     "ebnf": None,
 }
 # Ours, beside upstream's: a request's opt-out of speculative decoding (issue 8).
-OUR_DEFAULTS = {"disable_speculative_decoding": False}
+OUR_DEFAULTS = {"disable_speculative_decoding": False, "simulated_accept_length": None}
 
 
 def test_defaults_match_upstream():

@@ -23,7 +23,8 @@ import time
 import urllib.request
 from typing import Optional
 
-from sglang.srt.server_args import ServerArgs
+from sglang.srt.cli_help import DefaultsHelpFormatter
+from sglang.srt.server_args import ServerArgs, check_model_paths
 from sglang.srt.utils import configure_logger, free_port, name_process
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,8 @@ PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 def parse_launch_args(argv: list[str]):
     """The server's flags, plus the router's (`--router-*`, as `sglang_router.launch_server` takes
     them) when sglang-router is installed and the command asks for replicas or the router."""
-    parser = argparse.ArgumentParser(prog=PROG)
+    parser = argparse.ArgumentParser(prog=PROG, formatter_class=DefaultsHelpFormatter,
+                                     description="Serve a model over HTTP with SGLang's native and OpenAI-compatible APIs.")
     ServerArgs.add_cli_args(parser)
     router_args_cls = _router_args_class() if any(a.startswith(ROUTER_FLAG_PREFIXES) for a in argv) else None
     if router_args_cls is not None:
@@ -54,8 +56,9 @@ def parse_launch_args(argv: list[str]):
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         server_args = ServerArgs.from_cli_args(args)
-    except ValueError as e:
-        parser.error(str(e))
+        check_model_paths(server_args)  # before any process starts
+    except ValueError as e:  # one line naming the flag, as prepare_server_args gives
+        parser.exit(2, f"{parser.prog}: error: {e}\n")
     if server_args.dp_size == 1:
         given = [a for a in argv if a.startswith("--router-")]
         if given:
