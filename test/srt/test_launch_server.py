@@ -51,9 +51,10 @@ def test_the_engine_refuses_a_hub_id_before_starting_any_process():
 
     import sglang
 
+    before = set(multiprocessing.active_children())  # engines other tests in this process keep
     with pytest.raises(ValueError, match="weights are not downloaded"):
         sglang.Engine(model_path="Qwen/Qwen2.5-0.5B-Instruct")
-    assert not multiprocessing.active_children()
+    assert set(multiprocessing.active_children()) <= before, "it started a process"
 
 
 def test_the_command_line_help_shows_groups_and_defaults():
