@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 
-import jsonschema
 import torch
 import xgrammar
 from transformers import AutoTokenizer
@@ -53,11 +52,19 @@ def constrained_requests(temperature: float) -> list[tuple[str, dict]]:
             for i, prompt in enumerate(PROMPTS) for key, value in CONSTRAINTS]
 
 
+def assert_valid(value) -> None:
+    # SCHEMA checked by hand: the GPU machine has no jsonschema (the CPU tests validate with it).
+    assert isinstance(value, dict) and set(value) >= set(SCHEMA["required"]), value
+    assert isinstance(value["name"], str) and len(value["name"]) <= 12, value
+    assert type(value["n"]) is int and 0 <= value["n"] <= 999, value
+    assert type(value["ok"]) is bool, value
+
+
 def check_matches(requests, outputs) -> None:
     for (_, params), ids in zip(requests, outputs):
         text = TOKENIZER.decode(ids, skip_special_tokens=True)
         if "json_schema" in params:
-            jsonschema.validate(json.loads(text), SCHEMA)
+            assert_valid(json.loads(text))
         elif "regex" in params:
             assert re.fullmatch(REGEX, text), text
         else:
