@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import re
+import types
 from typing import Optional
 
 from sglang.srt.cli_help import DefaultsHelpFormatter, HelpGroups
@@ -194,15 +196,15 @@ class ServerArgs:
             _check_positive(flag, value)
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be in [1, 65535], got {self.port}")
-        if self.tp_size > 1:
-            raise ValueError(
-                f"--tp-size {self.tp_size}: tensor parallelism is not supported yet; use --tp-size 1"
-            )
         if self.device == "cuda":
             import torch
 
             if not torch.cuda.is_available():
                 raise ValueError("--device cuda was asked for, but no CUDA device is available")
+            visible = torch.cuda.device_count()
+            if self.tp_size > visible:
+                raise ValueError(f"--tp-size {self.tp_size} needs {self.tp_size} GPUs, one per rank; "
+                                 f"{visible} {'is' if visible == 1 else 'are'} visible")
 
     def _check_structured_outputs(self) -> None:
         _check_choice("--grammar-backend", self.grammar_backend, GRAMMAR_BACKEND_CHOICES)
@@ -244,8 +246,6 @@ class ServerArgs:
         if not os.path.isdir(self.speculative_draft_model_path):
             raise ValueError(f"--speculative-draft-model-path {self.speculative_draft_model_path!r} is not "
                              "a directory")
-        if self.tp_size != 1:
-            raise ValueError("speculative decoding runs with --tp-size 1 only")
         self._check_spec_policy()
 
     def _check_spec_policy(self) -> None:
@@ -342,7 +342,11 @@ class ServerArgs:
         parser.add_argument("--port", type=int, default=d["port"].default,
                             help="Port the HTTP server listens on; checked free before the model loads.")
         parser.add_argument("--tp-size", "--tensor-parallel-size", type=int, default=d["tp_size"].default,
-                            help="Tensor-parallel size (only 1 for now).")
+                            help="Tensor-parallel ranks: the model (and an EAGLE-3 draft) split Megatron-style over "
+                                 "this many processes, one GPU each from --base-gpu-id on (gloo on the CPU). "
+                                 "Attention heads and the intermediate size must divide by it; key-value heads "
+                                 "must divide by it or divide it (then they are replicated). Under tensor "
+                                 "parallelism steps run without CUDA graphs (docs/tensor_parallel.md).")
         parser.add_argument("--dp-size", "--data-parallel-size", type=int, default=d["dp_size"].default,
                             help="Replicas of the whole server behind sglang-router (pip install 'sglang[router]'), "
                                  "each on its own GPU from --base-gpu-id on, or sharing GPUs (and their memory) when "
@@ -540,6 +544,19 @@ def check_model_paths(server_args: ServerArgs) -> None:
     _check_model_dir("--model-path", server_args.model_path, need_config=True)
     if server_args.tokenizer_path != server_args.model_path:
         _check_model_dir("--tokenizer-path", server_args.tokenizer_path, need_config=False)
+    if server_args.tp_size > 1:  # whether --tp-size can split the model(s), before any rank loads them
+        from sglang.srt.distributed.parallel_state import check_shardable
+
+        check_shardable(_read_config(server_args.model_path), server_args.tp_size)
+        if server_args.speculative_enabled:
+            check_shardable(_read_config(server_args.speculative_draft_model_path), server_args.tp_size,
+                            "the EAGLE-3 draft")
+
+
+def _read_config(path: str) -> types.SimpleNamespace:
+    """A model directory's config.json as attributes (no model code needed to read head counts)."""
+    with open(os.path.join(path, "config.json")) as f:
+        return types.SimpleNamespace(**json.load(f))
 
 
 def _check_model_dir(flag: str, path: str, need_config: bool) -> None:
@@ -569,9 +586,10 @@ class PortArgs:
     scheduler_input_ipc: str  # tokenizer manager -> scheduler
     detokenizer_ipc: str  # scheduler -> detokenizer
     tokenizer_ipc: str  # detokenizer and scheduler -> tokenizer manager
+    tp_init_address: str = ""  # host:port where the tensor-parallel ranks meet (tp_size > 1)
 
     @classmethod
-    def create(cls) -> "PortArgs":
+    def create(cls, tp_size: int = 1) -> "PortArgs":
         import tempfile
 
         ipc_dir = tempfile.mkdtemp(prefix="sglang-ipc-")
@@ -580,4 +598,14 @@ class PortArgs:
             scheduler_input_ipc=f"ipc://{ipc_dir}/scheduler",
             detokenizer_ipc=f"ipc://{ipc_dir}/detokenizer",
             tokenizer_ipc=f"ipc://{ipc_dir}/tokenizer",
+            tp_init_address=f"127.0.0.1:{_free_port()}" if tp_size > 1 else "",
         )
+
+
+def _free_port() -> int:
+    """A TCP port free on this host now (the OS picks it)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -81,7 +81,6 @@ def draft_runner(draft_dir, target_runner):
                       max_total_tokens=1024)
     runner = ModelRunner(ModelConfig.from_path(draft_dir, dtype="float32", device="cpu"), args,
                          target=target_runner)
-    runner.model.share_target_weights(target_runner.model)
     return runner
 
 

@@ -1,5 +1,6 @@
-"""sglang.Engine: the offline entry point. Starts the scheduler and detokenizer processes
-(the same ones the HTTP server uses) and runs the TokenizerManager in this process."""
+"""sglang.Engine: the offline entry point. Starts the scheduler and detokenizer processes, and the
+other tensor-parallel ranks (the same processes the HTTP server uses), and runs the
+TokenizerManager in this process."""
 
 from __future__ import annotations
 
@@ -8,32 +9,42 @@ import atexit
 import logging
 import multiprocessing as mp
 import shutil
+import time
 from typing import Iterator, Optional, Union
 
 from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.scheduler_process import run_scheduler_process
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
+from sglang.srt.managers.tp_follower_process import run_tp_follower_process
 from sglang.srt.server_args import PortArgs, ServerArgs, check_model_paths
 from sglang.srt.utils import configure_logger
 
 logger = logging.getLogger(__name__)
 STARTUP_TIMEOUT_S = 1800  # loading a large checkpoint from a slow disk can take long
 SHUTDOWN_GRACE_S = 5
+READY_POLL_S = 1.0
 
 
 class Subprocesses:
-    """The scheduler and detokenizer processes of one engine, and their IPC directory."""
+    """The scheduler and detokenizer processes of one engine, the other tensor-parallel ranks
+    (tp_size > 1), and their IPC directory."""
 
     def __init__(self, server_args: ServerArgs):
-        self.port_args = PortArgs.create()
+        self.port_args = PortArgs.create(server_args.tp_size)
         ctx = mp.get_context("spawn")
         reader, writer = ctx.Pipe(duplex=False)
         self.scheduler = ctx.Process(target=run_scheduler_process, name="sglang-scheduler",
                                      args=(server_args, self.port_args, writer), daemon=True)
         self.detokenizer = ctx.Process(target=run_detokenizer_process, name="sglang-detokenizer",
                                        args=(server_args, self.port_args), daemon=True)
+        self.tp_followers = [
+            ctx.Process(target=run_tp_follower_process, name=f"sglang-tp{rank}",
+                        args=(server_args, rank, self.port_args.tp_init_address), daemon=True)
+            for rank in range(1, server_args.tp_size)]
         self.scheduler.start()
+        for proc in self.tp_followers:
+            proc.start()
         self.detokenizer.start()
         writer.close()
         try:
@@ -43,8 +54,15 @@ class Subprocesses:
             raise
 
     def _wait_ready(self, reader) -> dict:
-        if not reader.poll(STARTUP_TIMEOUT_S):
-            raise RuntimeError(f"the scheduler did not start within {STARTUP_TIMEOUT_S} s")
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while not reader.poll(READY_POLL_S):
+            # Rank 0 would wait for a dead rank in a collective until its timeout.
+            for proc in self.tp_followers:
+                if not proc.is_alive():
+                    raise RuntimeError(f"tensor-parallel rank {proc.name.removeprefix('sglang-tp')} exited during "
+                                       f"start-up (exit code {proc.exitcode}); see its log above")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the scheduler did not start within {STARTUP_TIMEOUT_S} s")
         try:
             msg = reader.recv()
         except EOFError:
@@ -54,17 +72,21 @@ class Subprocesses:
             raise RuntimeError(f"the scheduler failed to start: {msg['message']}")
         return msg
 
+    @property
+    def processes(self) -> list:
+        return [self.scheduler, *self.tp_followers, self.detokenizer]
+
     def why_dead(self) -> Optional[str]:
-        for proc in (self.scheduler, self.detokenizer):
+        for proc in self.processes:
             if not proc.is_alive():
                 return f"the {proc.name} process died (exit code {proc.exitcode})"
         return None
 
     def shutdown(self) -> None:
-        for proc in (self.scheduler, self.detokenizer):
+        for proc in self.processes:
             if proc.is_alive():
                 proc.terminate()
-        for proc in (self.scheduler, self.detokenizer):
+        for proc in self.processes:
             proc.join(SHUTDOWN_GRACE_S)
             if proc.is_alive():
                 proc.kill()

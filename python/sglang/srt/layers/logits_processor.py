@@ -26,11 +26,16 @@ class LogitsProcessorOutput:
 
 
 class LogitsProcessor(nn.Module):
-    def forward(self, hidden: torch.Tensor, lm_head_weight: torch.Tensor, forward_batch: ForwardBatch,
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Module, forward_batch: ForwardBatch,
                 aux_hidden_states: list[torch.Tensor]) -> LogitsProcessorOutput:
+        """`lm_head`: a module with `weight` [vocab, hidden]; a vocabulary-parallel one's logits are
+        gathered over the ranks."""
         mode = forward_batch.forward_mode
         if mode.is_extend() and not forward_batch.return_all_logits:
             hidden = hidden[forward_batch.last_token_indices()]
-        logits = linear(hidden, lm_head_weight).float()
+        logits = linear(hidden, lm_head.weight)
+        if hasattr(lm_head, "gather_logits"):
+            logits = lm_head.gather_logits(logits)
+        logits = logits.float()
         aux = torch.cat(aux_hidden_states, dim=-1) if aux_hidden_states else None
         return LogitsProcessorOutput(next_token_logits=logits, aux_hidden_states=aux)

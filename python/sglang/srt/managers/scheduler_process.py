@@ -15,6 +15,7 @@ import traceback
 import torch
 import zmq
 
+from sglang.srt.distributed.parallel_state import init_tensor_parallel
 from sglang.srt.managers.io_struct import AbortReq, ControlReply, ControlReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.managers.step_times import ENV as STEP_TIMES_ENV, make_step_clock, write_period_files, write_text
@@ -78,7 +79,10 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pi
         logger.info("torch intra-op threads: %d (%s)", threads,
                     "OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "usable CPUs - 2, at most 16")
     try:
-        _select_gpu(server_args)
+        select_gpu(server_args)
+        # Rank 0 of tensor parallelism runs the scheduler; the other ranks (tp_follower_process)
+        # build and run what it announces.
+        init_tensor_parallel(0, server_args.tp_size, port_args.tp_init_address, server_args.device)
         scheduler = Scheduler(server_args)
     except Exception as e:
         logger.error("scheduler failed to start:\n%s", traceback.format_exc())
@@ -110,13 +114,12 @@ def cpu_intra_op_threads() -> int:
     return max(1, min(usable - 2, MAX_CPU_THREADS))
 
 
-def _select_gpu(server_args: ServerArgs) -> None:
-    """The GPU this server runs on: --base-gpu-id, wrapped over the visible GPUs (replicas that
-    outnumber them share one; each plans its memory from its share, see `replicas_per_gpu`)."""
+def select_gpu(server_args: ServerArgs, tp_rank: int = 0) -> None:
+    """The GPU this process runs on: --base-gpu-id plus its tensor-parallel rank, wrapped over the
+    visible GPUs (replicas that outnumber them share one; each plans its memory from its share, see
+    `replicas_per_gpu`)."""
     if server_args.device == "cuda":
-        import torch
-
-        torch.cuda.set_device(server_args.base_gpu_id % torch.cuda.device_count())
+        torch.cuda.set_device((server_args.base_gpu_id + tp_rank) % torch.cuda.device_count())
 
 
 def load_report(scheduler: Scheduler) -> dict:

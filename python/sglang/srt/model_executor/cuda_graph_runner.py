@@ -409,6 +409,13 @@ def graph_batch_sizes(model_runner) -> Optional[list[int]]:
     if args.attention_backend != "triton":
         logger.info("CUDA graphs need the triton attention backend; running %s eagerly", args.attention_backend)
         return None
+    if model_runner.tp_size > 1:
+        # The other ranks mirror each forward with inputs sent from rank 0 (tp_mirror), which a
+        # replay would not send.
+        if model_runner.tp_rank == 0:
+            logger.info("--tp-size %d: CUDA graphs are not captured under tensor parallelism; every step "
+                        "runs eagerly", model_runner.tp_size)
+        return None
     sizes = sorted(set(args.cuda_graph_bs)) if args.cuda_graph_bs else default_batch_sizes(args.cuda_graph_max_bs)
     return [bs for bs in sizes if bs <= model_runner.memory.max_running_requests] or [1]
 

@@ -9,6 +9,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.distributed.parallel_state import kv_heads_per_rank, tensor_model_parallel_min, tensor_parallel
 from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import Sampler
@@ -16,6 +17,7 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.cuda_graph_runner import (PrefillGraphRunner, maybe_graph_runner,
                                                          maybe_prefill_graph_runner)
+from sglang.srt.model_executor import tp_mirror
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.loader import load_model
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -55,7 +57,20 @@ class ModelRunner:
         device memory kept out of the KV plan (a draft model loaded after it). extra_rows: request
         table rows beyond the running limit (a speculative worker's padding row).
         capture_prefill_graphs: False where the caller captures its own (a speculative worker's
-        target, whose prefills also return the draft's aux hidden states)."""
+        target, whose prefills also return the draft's aux hidden states).
+
+        Under tensor parallelism every rank builds the same runners (rank 0 announces each one to
+        the others first, see tp_mirror) and holds its share of the heads and KV heads."""
+        tp = tensor_parallel()
+        self.tp_rank, self.tp_size = tp.rank, tp.size
+        self.tp_id = None  # this runner's id among those rank 0 announced (rank 0 only)
+        if tp_mirror.drives():
+            self.tp_id = tp_mirror.announce_runner(model_config, dict(
+                draft_kv_bytes_per_token=draft_kv_bytes_per_token, extra_positions=extra_positions,
+                reserve_bytes=reserve_bytes, extra_rows=extra_rows, capture_prefill_graphs=capture_prefill_graphs),
+                target.tp_id if target is not None else None)
+        self.num_heads = model_config.num_attention_heads // tp.size
+        self.num_kv_heads = kv_heads_per_rank(model_config.num_key_value_heads, tp.size)
         self.model_config = model_config
         self.server_args = server_args
         self.device = server_args.device
@@ -66,17 +81,19 @@ class ModelRunner:
         self.extra_rows = extra_rows
         torch.manual_seed(server_args.random_seed)
         self.model = load_model(model_config, self.device)
+        self.aux_layer_ids = None  # a draft's: the target layers whose hidden states it reads
         if target is None:
             self.memory = self._plan_memory()
             self._init_pools()
         else:
+            self.aux_layer_ids = self.model.attach_to_target(target.model)
             self.memory = target.memory
             self._init_draft_pools(target)
         self.attn_backend = create_attention_backend(server_args.attention_backend, self)
         if hasattr(self.attn_backend, "precompile"):
             self.attn_backend.precompile(self)  # no kernel compiles in the middle of serving
         self.sampler = Sampler()
-        if target is None:
+        if target is None and self.tp_rank == 0:  # only rank 0 samples
             self.sampler.precompile(model_config.vocab_size, self.memory.max_running_requests, self.device)
         # One CUDA graph memory pool per engine: a draft's graphs share its target's.
         self._graph_pool_owner = target if target is not None else self
@@ -100,7 +117,7 @@ class ModelRunner:
     def _plan_memory(self) -> MemoryConfig:
         cfg, args = self.model_config, self.server_args
         per_token = MHATokenToKVPool.bytes_per_token(
-            cfg.dtype, cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
+            cfg.dtype, self.num_kv_heads, cfg.head_dim, cfg.num_hidden_layers
         ) + self.draft_kv_bytes_per_token
         detail = ""
         if self.device == "cuda":
@@ -124,6 +141,8 @@ class ModelRunner:
             tokens = min(CPU_MAX_TOTAL_TOKENS, CPU_KV_BUDGET_BYTES // per_token)
         if args.max_total_tokens is not None:
             tokens = args.max_total_tokens if self.device != "cuda" else min(tokens, args.max_total_tokens)
+        # Every rank holds the same slots: the rank with the least memory sets the pool.
+        tokens = tensor_model_parallel_min(tokens, self.device)
         if tokens < 2:
             raise RuntimeError(
                 f"not enough memory for the KV cache ({tokens} tokens){detail}; raise --mem-fraction-static "
@@ -139,24 +158,27 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(mem.max_running_requests + 1 + self.extra_rows,
                                                 mem.context_len + self.extra_positions, self.device)
         self.token_to_kv_pool = MHATokenToKVPool(
-            mem.max_total_num_tokens, cfg.dtype, cfg.num_key_value_heads, cfg.head_dim,
+            mem.max_total_num_tokens, cfg.dtype, self.num_kv_heads, cfg.head_dim,
             cfg.num_hidden_layers, self.device,
         )
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(mem.max_total_num_tokens, self.device)
-        logger.info("KV cache: %d tokens; max running requests %d; context length %d",
-                    mem.max_total_num_tokens, mem.max_running_requests, mem.context_len)
+        if self.tp_rank == 0:
+            logger.info("KV cache: %d tokens; max running requests %d; context length %d",
+                        mem.max_total_num_tokens, mem.max_running_requests, mem.context_len)
 
     def _init_draft_pools(self, target: "ModelRunner") -> None:
         cfg = self.model_config
         self.req_to_token_pool = target.req_to_token_pool
         self.token_to_kv_pool_allocator = target.token_to_kv_pool_allocator
         self.token_to_kv_pool = MHATokenToKVPool(
-            self.memory.max_total_num_tokens, cfg.dtype, cfg.num_key_value_heads, cfg.head_dim,
+            self.memory.max_total_num_tokens, cfg.dtype, self.num_kv_heads, cfg.head_dim,
             cfg.num_hidden_layers, self.device,
         )
 
     @torch.inference_mode()
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        if self.tp_id is not None:
+            tp_mirror.send_forward(self.tp_id, forward_batch, self.req_to_token_pool)
         for runner in self.graph_runners:
             if runner.can_run(forward_batch):
                 return runner.replay(forward_batch)

@@ -1,6 +1,8 @@
 """Dense Llama-family decoders: LlamaForCausalLM (Llama 3.x), Qwen2ForCausalLM (qkv bias,
 tied embeddings) and Qwen3ForCausalLM (per-head q/k RMSNorm). q/k/v and gate/up
-projections are fused into one matmul each when the weights are loaded."""
+projections are fused into one matmul each when the weights are loaded. Under tensor
+parallelism each rank builds its share: its attention heads (and KV heads, or the one its heads
+read when there are fewer than ranks), its intermediate rows and its vocabulary rows."""
 
 from __future__ import annotations
 
@@ -11,9 +13,10 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import rope_parameters
+from sglang.srt.distributed.parallel_state import check_shardable, kv_heads_per_rank, tensor_parallel
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import Linear
+from sglang.srt.layers.linear import Linear, ParallelLMHead, RowParallelLinear, VocabParallelEmbedding
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
@@ -31,9 +34,9 @@ class ArchOptions:
 class LlamaMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
         super().__init__()
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = Linear(hidden_size, 2 * intermediate_size, bias=bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
+        self.intermediate_size = intermediate_size // tensor_parallel().size  # this rank's rows
+        self.gate_up_proj = Linear(hidden_size, 2 * self.intermediate_size, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -50,13 +53,17 @@ class LlamaAttention(nn.Module):
     def __init__(self, config, layer_id: int, opts: ArchOptions, rotary_emb: RotaryEmbedding):
         super().__init__()
         hidden = config.hidden_size
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or hidden // self.num_heads
+        tp_size = tensor_parallel().size
+        self.total_num_heads = config.num_attention_heads
+        self.total_num_kv_heads = getattr(config, "num_key_value_heads", None) or self.total_num_heads
+        self.head_dim = getattr(config, "head_dim", None) or hidden // self.total_num_heads
+        # This rank's heads (all of them at tp_size 1).
+        self.num_heads = self.total_num_heads // tp_size
+        self.num_kv_heads = kv_heads_per_rank(self.total_num_kv_heads, tp_size)
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(hidden, self.q_size + 2 * self.kv_size, bias=opts.qkv_bias)
-        self.o_proj = Linear(self.q_size, hidden, bias=opts.o_bias)
+        self.o_proj = RowParallelLinear(self.total_num_heads * self.head_dim, hidden, bias=opts.o_bias)
         eps = config.rms_norm_eps
         self.q_norm = RMSNorm(self.head_dim, eps) if opts.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, eps) if opts.qk_norm else None
@@ -107,7 +114,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config, opts: ArchOptions):
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # The cos/sin table is [max_position, head_dim] float32 (64 MiB at 128k positions): build it once.
         rotary_emb = RotaryEmbedding(head_dim, config.max_position_embeddings, rope_parameters(config))
@@ -136,6 +143,7 @@ class LlamaForCausalLM(nn.Module):
 
     def __init__(self, config):
         super().__init__()
+        check_shardable(config, tensor_parallel().size)
         self.config = config
         opts = self._options(config)
         self.model = LlamaModel(config, opts)
@@ -143,7 +151,7 @@ class LlamaForCausalLM(nn.Module):
         if self.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
         else:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         self.logits_processor = LogitsProcessor()
 
     def _options(self, config) -> ArchOptions:
@@ -152,14 +160,14 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         hidden, aux = self.model(input_ids, positions, forward_batch)
-        return self.logits_processor(hidden, self.lm_head.weight, forward_batch, aux)
+        return self.logits_processor(hidden, self.lm_head, forward_batch, aux)
 
     def set_eagle3_layers_to_capture(self, layer_ids: list[int]) -> None:
         self.model.layers_to_capture = list(layer_ids)
 
     def fused_shards(self) -> dict[str, FusedShard]:
         layer = self.model.layers[0]
-        return llama_fused_shards(layer.self_attn.q_size, layer.self_attn.kv_size, layer.mlp.intermediate_size)
+        return llama_fused_shards(layer.self_attn, layer.mlp)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         skip = {"lm_head.weight"} if self.tie_word_embeddings else set()

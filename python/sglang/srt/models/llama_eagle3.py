@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.model_config import rope_parameters
+from sglang.srt.distributed.parallel_state import check_shardable, tensor_parallel
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import Linear
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
@@ -68,6 +69,7 @@ class LlamaForCausalLMEagle3(nn.Module):
     def __init__(self, config):
         super().__init__()
         _check_config(config)
+        check_shardable(config, tensor_parallel().size, "the EAGLE-3 draft")
         self.config = config
         self.hidden_size = config.hidden_size
         self.vocab_size = config.vocab_size
@@ -91,7 +93,7 @@ class LlamaForCausalLMEagle3(nn.Module):
         hidden = self._hidden_input(forward_batch.spec_hidden_states)
         mlp_out, residual = self.midlayer(positions, self._embed(input_ids), hidden, forward_batch)
         normed, output = self.norm(mlp_out, residual)
-        result = self.logits_processor(normed, self.lm_head.weight, forward_batch, [])
+        result = self.logits_processor(normed, self.lm_head, forward_batch, [])
         result.hidden_states = output
         return result
 
@@ -118,12 +120,24 @@ class LlamaForCausalLMEagle3(nn.Module):
                                "share_target_weights(target_model) before running it")
         return self.embed_tokens(input_ids)
 
+    def attach_to_target(self, target_model: nn.Module) -> list[int]:
+        """Share the target's weights where the checkpoint has none (share_target_weights) and
+        have the target capture the hidden states of the layers this draft reads. Returns them."""
+        self.share_target_weights(target_model)
+        num_layers = target_model.config.num_hidden_layers
+        aux_ids = self.aux_layer_ids or default_aux_layer_ids(num_layers)
+        if len(aux_ids) != 3 or any(not 0 <= i < num_layers for i in aux_ids):
+            raise ValueError(f"the draft's aux layer ids {list(aux_ids)} must be 3 layers of the target's "
+                             f"{num_layers} (eagle_config.eagle_aux_hidden_state_layer_ids)")
+        target_model.set_eagle3_layers_to_capture(list(aux_ids))
+        return list(aux_ids)
+
     def share_target_weights(self, target_model: nn.Module) -> None:
         """Use the target's embedding (and lm_head) where the checkpoint has none: the same
         tensors, not copies."""
         if self.embed_tokens is None:
             embed = target_model.model.embed_tokens
-            _check_shared_shape("embed_tokens", embed.weight, (self.vocab_size, self.hidden_size))
+            _check_shared_shape("embed_tokens", embed, (self.vocab_size, self.hidden_size))
             self.embed_tokens = embed
         if self.lm_head is None:
             if self.draft_vocab_size != self.vocab_size:
@@ -132,12 +146,11 @@ class LlamaForCausalLMEagle3(nn.Module):
                     f"({self.draft_vocab_size}) differs from vocab_size ({self.vocab_size}), so the "
                     "target's lm_head cannot stand in for it"
                 )
-            _check_shared_shape("lm_head", target_model.lm_head.weight, (self.vocab_size, self.hidden_size))
+            _check_shared_shape("lm_head", target_model.lm_head, (self.vocab_size, self.hidden_size))
             self.lm_head = target_model.lm_head
 
     def fused_shards(self) -> dict[str, FusedShard]:
-        attn = self.midlayer.self_attn
-        return llama_fused_shards(attn.q_size, attn.kv_size, self.midlayer.mlp.intermediate_size)
+        return llama_fused_shards(self.midlayer.self_attn, self.midlayer.mlp)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Layer weights under `midlayer.` or `layers.0.` (either with or without `model.`);
@@ -209,9 +222,11 @@ def _check_t2d(ckpt_name: str, mask: torch.Tensor, target_ids: torch.Tensor, voc
         raise ValueError(f"weight {ckpt_name!r} does not mark the same target ids as 'd2t'")
 
 
-def _check_shared_shape(name: str, weight: torch.Tensor, shape: tuple) -> None:
-    if tuple(weight.shape) != tuple(shape):
-        raise ValueError(f"cannot share the target's {name}: it is {tuple(weight.shape)}, "
+def _check_shared_shape(name: str, module: nn.Module, shape: tuple) -> None:
+    # A vocabulary-parallel module's weight holds this rank's rows: compare the whole.
+    whole = tuple(getattr(module, "full_shape", module.weight.shape))
+    if whole != tuple(shape):
+        raise ValueError(f"cannot share the target's {name}: it is {whole}, "
                          f"the draft needs {tuple(shape)}")
 
 

@@ -34,6 +34,7 @@ from typing import Optional
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.distributed.parallel_state import kv_heads_per_rank, tensor_parallel
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import GenerationBatchResult, HostCopies, TpModelWorker
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
@@ -41,7 +42,6 @@ from sglang.srt.model_loader.loader import safetensors_files
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes, maybe_prefill_graph_runner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.models.llama_eagle3 import default_aux_layer_ids
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
 from sglang.srt.speculative.spec_sampling import (SIMULATE_ACC_LEN_ENV, ChainVerdict, draw_draft, filtered_probs,
@@ -89,8 +89,9 @@ class EAGLEWorkerV2(TpModelWorker):
         margin = MAX_SPECULATIVE_STEPS + 1
         model_config.hf_config.max_position_embeddings = model_config.context_len + margin
         draft_config.hf_config.max_position_embeddings = model_config.context_len + margin
-        draft_kv = MHATokenToKVPool.bytes_per_token(draft_config.dtype, draft_config.num_key_value_heads,
-                                                    draft_config.head_dim, draft_config.num_hidden_layers)
+        draft_kv = MHATokenToKVPool.bytes_per_token(
+            draft_config.dtype, kv_heads_per_rank(draft_config.num_key_value_heads, tensor_parallel().size),
+            draft_config.head_dim, draft_config.num_hidden_layers)
         draft_weights = sum(os.path.getsize(f) for f in safetensors_files(draft_config.path))
         self.model_runner = ModelRunner(model_config, server_args, draft_kv_bytes_per_token=draft_kv,
                                         extra_positions=margin, reserve_bytes=draft_weights, extra_rows=1,
@@ -99,13 +100,7 @@ class EAGLEWorkerV2(TpModelWorker):
         self.scratch_row = self.model_runner.req_to_token_pool.alloc()
         self.draft_runner = ModelRunner(draft_config, server_args, target=self.model_runner)
         self.draft_model = self.draft_runner.model
-        self.draft_model.share_target_weights(self.model_runner.model)
-        num_layers = model_config.num_hidden_layers
-        aux_ids = self.draft_model.aux_layer_ids or default_aux_layer_ids(num_layers)
-        if len(aux_ids) != 3 or any(not 0 <= i < num_layers for i in aux_ids):
-            raise ValueError(f"the draft's aux layer ids {list(aux_ids)} must be 3 layers of the target's "
-                             f"{num_layers} (eagle_config.eagle_aux_hidden_state_layer_ids)")
-        self.model_runner.model.set_eagle3_layers_to_capture(list(aux_ids))
+        aux_ids = self.draft_runner.aux_layer_ids
         rows = self.model_runner.req_to_token_pool.size
         hidden = draft_config.hidden_size
         self.vocab_size = model_config.vocab_size

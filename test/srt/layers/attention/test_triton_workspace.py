@@ -12,7 +12,7 @@ from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
 def test_an_outgrown_workspace_stays_allocated():
     config = types.SimpleNamespace(num_attention_heads=4, head_dim=8)
-    backend = TritonAttnBackend(types.SimpleNamespace(model_config=config, device="cpu"))
+    backend = TritonAttnBackend(types.SimpleNamespace(model_config=config, num_heads=4, num_kv_heads=4, device="cpu"))
     first = backend._decode_workspace(4)
     address = first.data_ptr()
     assert backend._decode_workspace(2).data_ptr() == address  # smaller batches reuse it

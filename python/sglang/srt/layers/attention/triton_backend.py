@@ -28,7 +28,8 @@ class TritonAttnBackend(AttentionBackend):
         self._decode = decode_attention
         self._extend = extend_attention
         cfg = model_runner.model_config
-        self.num_heads, self.head_dim = cfg.num_attention_heads, cfg.head_dim
+        # This rank's heads (all of them without tensor parallelism).
+        self.num_heads, self.head_dim = model_runner.num_heads, cfg.head_dim
         self.device = model_runner.device
         self.num_kv_splits = DEFAULT_NUM_KV_SPLITS
         self.workspace = None  # decode scratch, grown on demand and reused (also by CUDA graphs)
@@ -49,7 +50,7 @@ class TritonAttnBackend(AttentionBackend):
         if torch.device(self.device).type != "cuda":
             return
         cfg = model_runner.model_config
-        kv_heads, head_dim, dtype = cfg.num_key_value_heads, self.head_dim, cfg.dtype
+        kv_heads, head_dim, dtype = model_runner.num_kv_heads, self.head_dim, cfg.dtype
         pool = model_runner.token_to_kv_pool
         real_rows = model_runner.req_to_token_pool.req_to_token
         rows = torch.zeros((1, real_rows.shape[1]), dtype=real_rows.dtype, device=self.device)
