@@ -101,14 +101,13 @@ def test_port_at_range_edges_is_accepted(port):
     assert ServerArgs(model_path=MODEL, port=port).port == port
 
 
-def test_tp_size_two_says_tensor_parallelism_is_not_supported():
-    with pytest.raises(ValueError, match="--tp-size 2.*tensor parallelism is not supported yet"):
-        ServerArgs(model_path=MODEL, tp_size=2)
+def test_tp_size_two_is_accepted():
+    assert ServerArgs(model_path=MODEL, tp_size=2).tp_size == 2
 
 
-def test_tp_size_two_on_cli_exits_2_with_the_reason(capsys):
-    err = parse_error(capsys, ["--tp-size", "2"])
-    assert "tensor parallelism is not supported yet" in err
+def test_tp_size_that_cannot_split_the_model_exits_2_with_the_reason(capsys):
+    err = parse_error(capsys, ["--tp-size", "3"])
+    assert "--tp-size 3 cannot split the model: its 4 attention heads do not divide by 3" in err
 
 
 def test_tokenizer_path_and_served_model_name_default_to_model_path():

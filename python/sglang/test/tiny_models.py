@@ -77,7 +77,9 @@ def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, max_shard_siz
     from transformers import AutoModelForCausalLM
 
     tokenizer = build_tokenizer()
-    config = tiny_config(arch, len(tokenizer), tokenizer.eos_token_id, **config_overrides)
+    # A vocabulary larger than the tokenizer's is allowed (rows no text maps to), as in real checkpoints.
+    vocab_size = config_overrides.pop("vocab_size", len(tokenizer))
+    config = tiny_config(arch, vocab_size, tokenizer.eos_token_id, **config_overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _spread_norm_weights(model, seed)

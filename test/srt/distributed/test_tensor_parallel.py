@@ -1,0 +1,202 @@
+"""Tensor parallelism on the CPU (gloo, one process per rank): the same greedy tokens as one rank,
+for every architecture, for shapes that split unevenly, and with the EAGLE-3 draft deciding step
+by step; a server with --tp-size 2 over HTTP; no process left behind; clear errors for a bad size."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import httpx
+import pytest
+
+import sglang
+from sglang import demo
+from sglang.srt.server_args import ServerArgs, check_model_paths
+from sglang.test.server_fixture import ServerProcess, assert_engine_kv_accounting, assert_server_kv_accounting
+from sglang.test.tiny_models import ARCHITECTURES, make_tiny_eagle3_draft, make_tiny_model
+
+GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
+PROMPTS = [
+    "def add(a, b):",
+    "The quick brown fox jumps over the lazy dog. A radix tree shares",
+    "Hello",
+]
+CODE_PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\ndef main(", "class Stack:\n    def __init__(self):\n"]
+
+
+def tp_engine(model_path: str, tp_size: int = 2, **kwargs) -> sglang.Engine:
+    return sglang.Engine(model_path=model_path, dtype="float32", device="cpu", log_level="warning",
+                         tp_size=tp_size, **kwargs)
+
+
+def generate_ids(engine, prompts, params=GREEDY) -> list[list[int]]:
+    return [out["output_ids"] for out in engine.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_two_ranks_give_one_ranks_greedy_tokens(engine_pool, tiny_model_paths, arch):
+    expected = generate_ids(engine_pool.get(arch), PROMPTS)
+    engine = tp_engine(tiny_model_paths[arch])
+    try:
+        assert generate_ids(engine, PROMPTS) == expected
+        # The same prompt again: its prefix comes from the radix cache of both ranks' KV.
+        again = engine.generate(PROMPTS[1], GREEDY)
+        assert again["meta_info"]["cached_tokens"] == again["meta_info"]["prompt_tokens"] - 1
+        assert again["output_ids"] == expected[1]
+        assert_engine_kv_accounting(engine)
+    finally:
+        engine.shutdown()
+
+
+def test_uneven_shapes_split_with_replicated_kv_heads_and_a_padded_vocabulary(tmp_path):
+    # One KV head for two ranks (each holds a copy) and a vocabulary of 387 rows (the second rank's
+    # block is padded); three ranks would not divide the 4 heads.
+    path = make_tiny_model(str(tmp_path / "uneven"), "llama", num_key_value_heads=1, vocab_size=387)
+    outputs = {}
+    for tp_size in (1, 2):
+        engine = tp_engine(path, tp_size)
+        try:
+            outputs[tp_size] = generate_ids(engine, PROMPTS)
+        finally:
+            engine.shutdown()
+    assert outputs[2] == outputs[1]
+
+
+def test_four_ranks_over_two_kv_heads(tmp_path):
+    path = make_tiny_model(str(tmp_path / "wide"), "qwen3", num_attention_heads=8, num_key_value_heads=2,
+                           intermediate_size=96)
+    outputs = {}
+    for tp_size in (1, 4):
+        engine = tp_engine(path, tp_size)
+        try:
+            outputs[tp_size] = generate_ids(engine, PROMPTS[:2])
+        finally:
+            engine.shutdown()
+    assert outputs[4] == outputs[1]
+
+
+@pytest.fixture(scope="module")
+def demo_plain_ids():
+    engine = tp_engine(demo.TARGET_PATH, 1)
+    try:
+        yield generate_ids(engine, CODE_PROMPTS)
+    finally:
+        engine.shutdown()
+
+
+@pytest.mark.parametrize("policy", [{"speculative_adaptive": True}, {"speculative_policy": "always"}],
+                         ids=["adaptive", "always"])
+def test_eagle3_draft_over_two_ranks_keeps_plain_decodings_tokens(demo_plain_ids, policy):
+    engine = tp_engine(demo.TARGET_PATH, speculative_algorithm="EAGLE3", **policy)
+    try:
+        outs = engine.generate(CODE_PROMPTS, GREEDY)
+        assert [out["output_ids"] for out in outs] == demo_plain_ids
+        if "speculative_policy" in policy:  # every step drafted, and drafts were accepted
+            verifies = sum(out["meta_info"]["spec_verify_ct"] for out in outs)
+            assert 0 < verifies < sum(out["meta_info"]["completion_tokens"] for out in outs)
+        assert_engine_kv_accounting(engine)
+    finally:
+        engine.shutdown()
+
+
+def test_server_with_two_ranks_answers_aborts_and_stops_clean(tiny_model_paths, engine_pool):
+    expected = generate_ids(engine_pool.get("llama"), PROMPTS[:1])[0]
+    srv = ServerProcess(tiny_model_paths["llama"], "--tp-size", "2")
+    try:
+        body = {"text": PROMPTS[0], "sampling_params": GREEDY}
+        response = httpx.post(f"{srv.base_url}/generate", json=body, timeout=60)
+        assert response.status_code == 200 and response.json()["output_ids"] == expected
+        chat = httpx.post(f"{srv.base_url}/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "ignore_eos": True})
+        assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 5, chat.text
+        # A client that leaves mid-stream: the request is aborted on rank 0, the KV freed.
+        long = {"text": "Hello", "stream": True, "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+        with httpx.stream("POST", f"{srv.base_url}/generate", json=long, timeout=60) as stream:
+            for _ in zip(range(3), stream.iter_lines()):
+                pass
+        _wait_idle(srv)
+        assert_server_kv_accounting(srv)
+        assert len(srv.children_pids()) >= 3  # scheduler (rank 0), rank 1, detokenizer
+        assert srv.stop(signal.SIGTERM) == 0
+        assert srv.wait_children_gone() == []
+        assert srv.leftover_files() == []
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+def _wait_idle(srv: ServerProcess, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = httpx.get(f"{srv.base_url}/get_server_info", timeout=10).json()["internal_states"][0]
+        if state["num_running_reqs"] == 0 and state["num_queue_reqs"] == 0:
+            return
+        time.sleep(0.1)
+
+
+def test_killed_rank_zero_takes_every_rank_down(tiny_model_paths):
+    srv = ServerProcess(tiny_model_paths["qwen2"], "--tp-size", "2", "--skip-server-warmup")
+    try:
+        scheduler_pid = httpx.get(f"{srv.base_url}/get_server_info").json()["scheduler_pid"]
+        outcome = {}
+
+        def long_request():
+            body = {"text": "Hello", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+            try:
+                outcome["status"] = httpx.post(f"{srv.base_url}/generate", json=body, timeout=60).status_code
+            except httpx.HTTPError as e:
+                outcome["status"] = type(e).__name__
+
+        waiter = threading.Thread(target=long_request)
+        waiter.start()
+        time.sleep(1.0)
+        os.kill(scheduler_pid, signal.SIGKILL)
+        srv.proc.wait(timeout=30)
+        assert srv.proc.returncode != 0
+        waiter.join(timeout=30)
+        assert outcome.get("status") not in (None, 200), outcome
+        assert srv.wait_children_gone(timeout=15) == []
+    finally:
+        srv.stop(signal.SIGKILL)
+
+
+@pytest.mark.parametrize("heads, kv_heads, tp_size, message", [
+    (4, 2, 3, "--tp-size 3 cannot split the model: its 4 attention heads do not divide by 3"),
+    (6, 3, 2, "--tp-size 2 cannot split the model: its 3 key-value heads neither divide by 2 nor divide it"),
+])
+def test_a_size_that_cannot_split_the_model_fails_before_loading(tmp_path, heads, kv_heads, tp_size, message):
+    config = {"architectures": ["LlamaForCausalLM"], "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+              "hidden_size": 16 * heads, "intermediate_size": 96}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = ServerArgs(model_path=str(tmp_path), device="cpu", tp_size=tp_size)
+    with pytest.raises(ValueError, match=message):
+        check_model_paths(args)
+
+
+def test_a_draft_that_cannot_split_is_named(tiny_model_paths, tmp_path):
+    target = make_tiny_model(str(tmp_path / "target"), "llama", num_attention_heads=8, num_key_value_heads=4,
+                             intermediate_size=96)
+    draft = make_tiny_eagle3_draft(str(tmp_path / "draft"), target)
+    # The draft's intermediate size (the target's, 96) splits over 4 ranks; make it one that does not.
+    config_path = os.path.join(draft, "config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    config["intermediate_size"] = 98
+    with open(config_path, "w") as f:
+        json.dump(config, f)
+    args = ServerArgs(model_path=target, device="cpu", tp_size=4, speculative_algorithm="EAGLE3",
+                      speculative_draft_model_path=draft)
+    with pytest.raises(ValueError, match="cannot split the EAGLE-3 draft: its intermediate_size 98"):
+        check_model_paths(args)
+
+
+def test_more_ranks_than_gpus_is_refused(tiny_model_paths, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match="--tp-size 2 needs 2 GPUs, one per rank; 1 is visible"):
+        ServerArgs(model_path=tiny_model_paths["llama"], device="cuda", attention_backend="torch_native", tp_size=2)
