@@ -52,6 +52,27 @@ def test_two_ranks_give_one_ranks_greedy_tokens(engine_pool, tiny_model_paths, a
         engine.shutdown()
 
 
+def test_retraction_and_chunked_prefill_over_two_ranks(tiny_model_paths):
+    # A pool of 300 slots for 8 requests of up to 120 tokens: requests go back to the queue and
+    # return; prompts longer than a 16-token chunk prefill in pieces.
+    prompts = ["The quick brown fox jumps over the lazy dog. " * 6, "def add(a, b):\n    return a + b\n" * 5,
+               *[f"Hello {i}" for i in range(6)]]
+    params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
+    seeded = {"temperature": 0.8, "max_new_tokens": 12, "sampling_seed": 5}
+    outputs = {}
+    for tp_size in (1, 2):
+        engine = tp_engine(tiny_model_paths["llama"], tp_size, chunked_prefill_size=16, max_total_tokens=300,
+                           max_running_requests=8)
+        try:
+            outputs[tp_size] = generate_ids(engine, prompts, params), generate_ids(engine, prompts[:2], seeded)
+            state = engine.get_server_info()["internal_state"]
+            assert state["num_retractions"] > 0
+            assert_engine_kv_accounting(engine)
+        finally:
+            engine.shutdown()
+    assert outputs[2] == outputs[1]
+
+
 def test_uneven_shapes_split_with_replicated_kv_heads_and_a_padded_vocabulary(tmp_path):
     # One KV head for two ranks (each holds a copy) and a vocabulary of 387 rows (the second rank's
     # block is padded); three ranks would not divide the 4 heads.
