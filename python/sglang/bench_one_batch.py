@@ -3,6 +3,9 @@
     python -m sglang.bench_one_batch --model-path DIR --batch-size 1 8 64 --input-len 1024 \
         --output-len 128 [--memory-floor] [--result-filename out.jsonl] [any server flag]
 
+With --tp-size N the model is split over N processes as in a server (docs/tensor_parallel.md);
+the memory floor is then rank 0's: its share of the weights and KV over one device's bandwidth.
+
 Prints per batch size the prefill latency and throughput and the decode step latency (median,
 p90) and throughput, and appends one JSON line per batch size to --result-filename. Each step
 is timed to the end of its GPU work (a synchronize per step), as a user's token would be.
@@ -11,6 +14,7 @@ is timed to the end of its GPU work (a synchronize per step), as a user's token 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import statistics
@@ -20,11 +24,18 @@ import torch
 
 from sglang.benchmark import memory_floor
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from sglang.srt.managers.scheduler_process import select_gpu
+from sglang.srt.managers.tp_follower_process import start_tp_followers
+from sglang.srt.model_executor import tp_mirror
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils import free_port
+
+FOLLOWER_EXIT_S = 10  # how long the other tensor-parallel ranks get to exit after the benchmark
 
 
 @dataclasses.dataclass
@@ -160,12 +171,40 @@ def main(argv=None) -> list[dict]:
     bench = BenchArgs(args.batch_size, args.input_len, args.output_len, args.result_filename, args.seed)
     if args.max_running_requests is None:
         args.max_running_requests = max(args.batch_size)
-    runner = make_runner(ServerArgs.from_cli_args(args))
+    server_args = ServerArgs.from_cli_args(args)
+    with tensor_parallel_ranks(server_args):
+        return _run(make_runner(server_args), bench, args)
+
+
+@contextlib.contextmanager
+def tensor_parallel_ranks(server_args: ServerArgs):
+    """With --tp-size N > 1: this process is rank 0 and ranks 1 .. N-1 run in processes of their
+    own (as in a server), mirroring every forward; they stop when the benchmark ends."""
+    if server_args.tp_size == 1:
+        yield
+        return
+    address = f"127.0.0.1:{free_port()}"
+    followers = start_tp_followers(server_args, address)
+    try:
+        select_gpu(server_args)
+        init_tensor_parallel(0, server_args.tp_size, address, server_args.device)
+        yield
+        tp_mirror.stop()
+    finally:
+        for proc in followers:
+            proc.join(FOLLOWER_EXIT_S)
+            if proc.is_alive():
+                proc.kill()
+        destroy_tensor_parallel()
+
+
+def _run(runner: ModelRunner, bench: BenchArgs, args) -> list[dict]:
     run_one(runner, 1, dataclasses.replace(bench, input_len=min(32, bench.input_len), output_len=args.warmup_steps))
     bandwidth = memory_floor.copy_bandwidth(runner.device) if args.memory_floor else None
     results = []
     for bs in bench.batch_size:
         result = run_one(runner, bs, bench)
+        result["tp_size"] = runner.tp_size
         if bandwidth:
             add_memory_floor(result, runner, bandwidth)
         results.append(result)

@@ -592,20 +592,14 @@ class PortArgs:
     def create(cls, tp_size: int = 1) -> "PortArgs":
         import tempfile
 
+        from sglang.srt.utils import free_port
+
         ipc_dir = tempfile.mkdtemp(prefix="sglang-ipc-")
         return cls(
             ipc_dir=ipc_dir,
             scheduler_input_ipc=f"ipc://{ipc_dir}/scheduler",
             detokenizer_ipc=f"ipc://{ipc_dir}/detokenizer",
             tokenizer_ipc=f"ipc://{ipc_dir}/tokenizer",
-            tp_init_address=f"127.0.0.1:{_free_port()}" if tp_size > 1 else "",
+            tp_init_address=f"127.0.0.1:{free_port()}" if tp_size > 1 else "",
         )
 
-
-def _free_port() -> int:
-    """A TCP port free on this host now (the OS picks it)."""
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -16,7 +16,7 @@ from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.scheduler_process import run_scheduler_process
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
-from sglang.srt.managers.tp_follower_process import run_tp_follower_process
+from sglang.srt.managers.tp_follower_process import start_tp_followers
 from sglang.srt.server_args import PortArgs, ServerArgs, check_model_paths
 from sglang.srt.utils import configure_logger
 
@@ -38,13 +38,8 @@ class Subprocesses:
                                      args=(server_args, self.port_args, writer), daemon=True)
         self.detokenizer = ctx.Process(target=run_detokenizer_process, name="sglang-detokenizer",
                                        args=(server_args, self.port_args), daemon=True)
-        self.tp_followers = [
-            ctx.Process(target=run_tp_follower_process, name=f"sglang-tp{rank}",
-                        args=(server_args, rank, self.port_args.tp_init_address), daemon=True)
-            for rank in range(1, server_args.tp_size)]
         self.scheduler.start()
-        for proc in self.tp_followers:
-            proc.start()
+        self.tp_followers = start_tp_followers(server_args, self.port_args.tp_init_address)
         self.detokenizer.start()
         writer.close()
         try:

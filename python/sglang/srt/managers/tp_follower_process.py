@@ -5,6 +5,7 @@ own; it ends when rank 0 says stop, when rank 0 goes, or when the server stops i
 from __future__ import annotations
 
 import logging
+import multiprocessing as mp
 import os
 import signal
 import threading
@@ -45,6 +46,17 @@ def run_tp_follower_process(server_args: ServerArgs, tp_rank: int, init_address:
         logger.error("tensor-parallel rank %d failed:\n%s", tp_rank, traceback.format_exc())
         os._exit(1)
     destroy_tensor_parallel()
+
+
+def start_tp_followers(server_args: ServerArgs, init_address: str) -> list:
+    """Starts ranks 1 .. tp_size - 1 (daemon processes, `spawn`), which meet rank 0 at init_address."""
+    ctx = mp.get_context("spawn")
+    followers = [ctx.Process(target=run_tp_follower_process, name=f"sglang-tp{rank}",
+                             args=(server_args, rank, init_address), daemon=True)
+                 for rank in range(1, server_args.tp_size)]
+    for proc in followers:
+        proc.start()
+    return followers
 
 
 def _make_runner(model_config, server_args, target, **kwargs) -> ModelRunner:
