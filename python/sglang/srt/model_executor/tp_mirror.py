@@ -69,6 +69,8 @@ def send_forward(runner_id: int, batch: ForwardBatch, req_to_token_pool: "ReqToT
             tensors.append(value.contiguous())
         else:
             host[field.name] = value
+    # The rows up to the longest sequence: every slot the forward's attention reads. An overlapped
+    # step does not know its lengths on the host, so it waits for the device here (under TP only).
     width = max(batch.seq_lens_cpu) if batch.seq_lens_cpu else int(batch.seq_lens.max()) if batch.batch_size else 0
     rows = req_to_token_pool.req_to_token[batch.req_pool_indices, :width].contiguous()
     broadcast_command(("forward", runner_id, host, specs, (tuple(rows.shape), rows.dtype)))
