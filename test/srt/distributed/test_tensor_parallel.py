@@ -84,6 +84,8 @@ def test_uneven_shapes_split_with_replicated_kv_heads_and_a_padded_vocabulary(tm
             outputs[tp_size] = generate_ids(engine, PROMPTS)
         finally:
             engine.shutdown()
+        assert len(engine.subprocesses.processes) == 1 + tp_size  # the detokenizer and a process per rank
+        assert not any(proc.is_alive() for proc in engine.subprocesses.processes)
     assert outputs[2] == outputs[1]
 
 
