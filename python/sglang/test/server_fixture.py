@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from pathlib import Path
@@ -95,6 +96,22 @@ class ServerProcess:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         return self.proc.returncode
+
+
+def post_in_background(url: str, body: dict, timeout: float = 60) -> tuple[threading.Thread, dict]:
+    """POSTs `body` on a thread of its own; the dict gets "status": the HTTP status, or the name of
+    the error that ended the request (a server that died under it)."""
+    outcome: dict = {}
+
+    def post():
+        try:
+            outcome["status"] = httpx.post(url, json=body, timeout=timeout).status_code
+        except httpx.HTTPError as e:
+            outcome["status"] = type(e).__name__
+
+    thread = threading.Thread(target=post)
+    thread.start()
+    return thread, outcome
 
 
 def server_state(server: ServerProcess) -> dict:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 
 import httpx
@@ -16,7 +15,8 @@ import pytest
 import sglang
 from sglang import demo
 from sglang.srt.server_args import ServerArgs, check_model_paths
-from sglang.test.server_fixture import ServerProcess, assert_engine_kv_accounting, assert_server_kv_accounting
+from sglang.test.server_fixture import (ServerProcess, assert_engine_kv_accounting, assert_server_kv_accounting,
+                                        post_in_background)
 from sglang.test.tiny_models import ARCHITECTURES, make_tiny_eagle3_draft, make_tiny_model
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
@@ -164,17 +164,8 @@ def test_killed_rank_zero_takes_every_rank_down(tiny_model_paths):
     srv = ServerProcess(tiny_model_paths["qwen2"], "--tp-size", "2", "--skip-server-warmup")
     try:
         scheduler_pid = httpx.get(f"{srv.base_url}/get_server_info").json()["scheduler_pid"]
-        outcome = {}
-
-        def long_request():
-            body = {"text": "Hello", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
-            try:
-                outcome["status"] = httpx.post(f"{srv.base_url}/generate", json=body, timeout=60).status_code
-            except httpx.HTTPError as e:
-                outcome["status"] = type(e).__name__
-
-        waiter = threading.Thread(target=long_request)
-        waiter.start()
+        body = {"text": "Hello", "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
+        waiter, outcome = post_in_background(f"{srv.base_url}/generate", body)
         time.sleep(1.0)
         os.kill(scheduler_pid, signal.SIGKILL)
         srv.proc.wait(timeout=30)

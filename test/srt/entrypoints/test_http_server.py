@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 
 import httpx
 import pytest
 
 from sglang.srt.entrypoints.http_server import READY_MESSAGE
-from sglang.test.server_fixture import ServerProcess
+from sglang.test.server_fixture import ServerProcess, post_in_background
 
 
 def test_health_routes_and_model_info(server):
@@ -60,17 +59,8 @@ def test_flush_cache_empties_the_prefix_cache(server):
 def test_killed_scheduler_fails_waiting_clients_and_the_server_exits(tiny_model_paths):
     srv = ServerProcess(tiny_model_paths["llama"])
     info = httpx.get(f"{srv.base_url}/get_server_info").json()
-    outcome = {}
-
-    def long_request():
-        body = {"text": "Hello", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
-        try:
-            outcome["status"] = httpx.post(f"{srv.base_url}/generate", json=body, timeout=60).status_code
-        except httpx.HTTPError as e:
-            outcome["status"] = type(e).__name__
-
-    waiter = threading.Thread(target=long_request)
-    waiter.start()
+    body = {"text": "Hello", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+    waiter, outcome = post_in_background(f"{srv.base_url}/generate", body)
     time.sleep(0.5)
     killed_at = time.monotonic()
     os.kill(info["scheduler_pid"], signal.SIGKILL)
