@@ -116,6 +116,28 @@ def test_a_server_whose_policy_stays_plain_never_runs_the_draft(plain, overlap):
     assert set(state["spec_steps_by_k"]) == {"0"}
 
 
+@pytest.mark.parametrize("sync", ["warm", "catch-up"])
+def test_draft_follows_all_makes_a_plain_policy_run_the_draft_following_plain_step(monkeypatch, plain, sync):
+    """SGLANG_DRAFT_FOLLOWS_ALL=1 (benchmarks only): the draft reads every prompt although the
+    policy never speculates, so each plain step is the one of requests the draft follows (warm:
+    with the draft's extend; catch-up: aux states kept). Outputs stay plain decoding's."""
+    from sglang.srt.managers import spec_scheduling
+
+    monkeypatch.setattr(spec_scheduling, "DRAFT_FOLLOWS_ALL", True)
+    scheduler = make_scheduler(True, speculative_policy="never", speculative_draft_sync=sync)
+    calls = count_draft_forwards(scheduler)
+    out = drive(scheduler, abort_at=5)
+    for rid in ("r0", "r1", "r3", "r4"):
+        assert out[rid]["ids"] == plain[rid]["ids"], rid
+        assert out[rid]["verify_ct"] == 0
+    state = scheduler.get_internal_state()
+    assert state["spec_prompts_without_draft"] == 0
+    assert set(state["spec_steps_by_k"]) == {"0"}
+    # The draft's passes over the prompts, and (warm) its extend on every plain step.
+    plain_steps = state["spec_steps_by_k"]["0"]
+    assert calls[0] > plain_steps if sync == "warm" else 0 < calls[0] < plain_steps
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_requests_with_and_without_the_draft_share_speculative_steps_losslessly(plain, overlap):
     """r1 and r3 (and r4) are admitted without the draft; every k in turn, r2 aborted mid-run."""

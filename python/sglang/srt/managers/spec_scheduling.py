@@ -6,6 +6,7 @@ read and update."""
 from __future__ import annotations
 
 import logging
+import os
 from typing import Optional
 
 import numpy as np
@@ -27,6 +28,12 @@ EXPLORE_EVERY = 16
 ADOPT_CHECK_EVERY = 16
 ADOPT_MIN_REMAINING = 64
 ADOPT_CONTEXT_PER_REMAINING = 16
+# Benchmark-only: with SGLANG_DRAFT_FOLLOWS_ALL=1 the draft reads every prompt (a request that opted
+# out aside), whatever the policy says. A `--speculative-policy never` server then runs, on every step,
+# the plain step of requests the draft follows (warm: with the draft's one-token extend; catch-up: with
+# the aux states kept), which is what the cost policy's k = 0 costs a server that speculates at times.
+DRAFT_FOLLOWS_ALL_ENV = "SGLANG_DRAFT_FOLLOWS_ALL"
+DRAFT_FOLLOWS_ALL = os.environ.get(DRAFT_FOLLOWS_ALL_ENV) == "1"
 
 
 def observe_decode_launch(scheduler, start: float, batch: Optional[ScheduleBatch]) -> None:
@@ -66,6 +73,8 @@ def draft_reads_prompt(scheduler, req: Req, joining: list[Req]) -> bool:
     scheduler._explorer = None
     if req.sampling_params.disable_speculative_decoding:
         return False
+    if DRAFT_FOLLOWS_ALL:
+        return True
     running_rids, running_context = scheduler._admission_view or running_view(scheduler)
     joining = joining + [req]
     rids = running_rids + [r.rid for r in joining if not r.sampling_params.disable_speculative_decoding]
@@ -154,6 +163,9 @@ def make_spec_policy(scheduler, args: ServerArgs):
     from sglang.srt.speculative.spec_policy import make_policy
 
     config = parse_adaptive_config(args.speculative_adaptive_config) if args.speculative_adaptive_config else {}
+    if DRAFT_FOLLOWS_ALL:
+        logger.warning("%s=1: the draft reads every prompt whatever the policy says (for benchmarks only: "
+                       "a plain-deciding server pays for a draft it does not use)", DRAFT_FOLLOWS_ALL_ENV)
     cost = None
     if args.speculative_policy == "cost":
         measured = scheduler.tp_worker.measure_step_costs()
