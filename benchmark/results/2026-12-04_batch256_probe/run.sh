@@ -21,7 +21,7 @@ mkdir -p "$RAW/steps"
 source benchmark/serve_lib.sh
 # MODEL / DRAFT, CONC, OUTPUT_LEN, EXTRA_SERVER_ARGS: overrides for a dry run (e.g. the demo pair on the CPU).
 if [ -z "${MODEL:-}" ]; then
-  read -r MODEL DRAFT < <(python -c "from sglang.benchmark.speculative_levels import make_pair; print(*make_pair('8b', '/tmp/spec_envelope'))")
+  read -r MODEL DRAFT < <(python -c "from sglang.benchmark.speculative_levels import make_pair; print(*make_pair('8b', '/tmp/spec_envelope'))" | tail -1)
 fi
 [ -n "${MODEL:-}" ] && [ -n "${DRAFT:-}" ] || { echo "no model pair"; exit 1; }
 CONC=${CONC:-256} OUTPUT_LEN=${OUTPUT_LEN:-256}
