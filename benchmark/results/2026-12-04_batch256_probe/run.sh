@@ -8,7 +8,8 @@
 #      plain step of requests the draft follows, the cost policy's k = 0); plain_catch_up (the same
 #      with --speculative-draft-sync catch-up: the target with aux states kept, no draft forward).
 #   B: no_draft; k1 (k = 1 on every step); dynamic (--speculative-adaptive, the default policy).
-# Each group: servers measured in turn, ROUNDS rounds in rotating order (interleaved_sweep.py); every
+#   C (PROBE_GROUPS="c"): no_draft; no_draft_b (its twin: the A/A spread); dynamic.
+# PROBE_GROUPS: which groups run (default "a b"). Each group: servers measured in turn, ROUNDS rounds in rotating order (interleaved_sweep.py); every
 # scheduler times its steps (SGLANG_STEP_TIMES, one table per busy period). Everything lands in
 # OUT/probe.tgz; OUT/summary.txt has the throughputs, the step tables at batch 129-256 and dynamic's
 # learned costs.
@@ -64,9 +65,11 @@ stop() {  # NAME...
   for name in "$@"; do wait "${PID[$name]}" 2>/dev/null; unset "PID[$name]"; done
 }
 trap 'kill ${PID[@]} 2>/dev/null; wait 2>/dev/null' EXIT
-mkdir -p "$RAW/a" "$RAW/b"
-echo "== $(date +%T) starting group A"
+PROBE_GROUPS=" ${PROBE_GROUPS:-a b} "
+mkdir -p "$RAW/a" "$RAW/b" "$RAW/c"
 launch no_draft $BASE --
+if [[ $PROBE_GROUPS == *" a "* ]]; then
+echo "== $(date +%T) starting group A"
 launch plain_warm $((BASE + 1)) $SIM SGLANG_DRAFT_FOLLOWS_ALL=1 -- $SPEC --speculative-policy never --speculative-draft-sync warm
 launch plain_catch_up $((BASE + 2)) $SIM SGLANG_DRAFT_FOLLOWS_ALL=1 -- $SPEC --speculative-policy never --speculative-draft-sync catch-up
 wait_all no_draft plain_warm plain_catch_up && { memory "group A up"; measure a no_draft plain_warm plain_catch_up; }
@@ -74,10 +77,20 @@ stop plain_warm plain_catch_up
 for _ in $(seq 30); do  # their memory back before group B starts
   (( $(nvidia-smi --query-compute-apps=pid --format=csv,noheader 2>/dev/null | wc -l) <= 1 )) && break; sleep 1
 done
+fi
+if [[ $PROBE_GROUPS == *" b "* ]]; then
 echo "== $(date +%T) starting group B"
 launch k1 $((BASE + 3)) $SIM -- $SPEC --speculative-adaptive --speculative-candidate-steps 1
 launch dynamic $((BASE + 4)) $SIM -- $SPEC --speculative-adaptive
-wait_all k1 dynamic && { memory "group B up"; measure b no_draft k1 dynamic; }
+wait_all no_draft k1 dynamic && { memory "group B up"; measure b no_draft k1 dynamic; }
+stop k1 dynamic
+fi
+if [[ $PROBE_GROUPS == *" c "* ]]; then  # dynamic against no draft with an A/A pair of no-draft servers
+echo "== $(date +%T) starting group C"
+launch no_draft_b $((BASE + 5)) --
+launch dynamic $((BASE + 4)) $SIM -- $SPEC --speculative-adaptive
+wait_all no_draft no_draft_b dynamic && { memory "group C up"; measure c no_draft no_draft_b dynamic; }
+fi
 memory "end"
 stop "${!PID[@]}"
 python benchmark/results/2026-12-04_batch256_probe/summarize.py "$RAW" > "$OUT/summary.txt" 2>&1

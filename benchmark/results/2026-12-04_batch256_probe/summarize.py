@@ -47,7 +47,7 @@ def step_rows(raw: str, name: str) -> dict[str, dict]:
 def main() -> int:
     raw = sys.argv[1]
     out: dict = {"groups": {}}
-    for group in ("a", "b"):
+    for group in ("a", "b", "c"):
         folder = os.path.join(raw, group)
         names = [os.path.basename(p)[: -len(".rounds.jsonl")] for p in sorted(glob.glob(os.path.join(folder, "*.rounds.jsonl")))]
         if not names:
@@ -81,12 +81,15 @@ def main() -> int:
                       f"{row['p50_us'] / 1e3:>7.3f} {row['p90_us'] / 1e3:>7.3f} "
                       + " ".join(f"{row[p + '_us'] / 1e3:>8.3f}" for p in PHASES))
                 print(f"{'':16} {'':8} per period (file, steps, pass ms): {row['periods']}")
-    info_path = os.path.join(raw, "b", "dynamic.server_info.json")
-    if os.path.exists(info_path):
+    for info_path in glob.glob(os.path.join(raw, "[bc]", "dynamic.server_info.json")):
         with open(info_path) as f:
-            policy = json.load(f)["internal_states"][0]["spec_policy"]
+            state = json.load(f)["internal_states"][0]
+        policy = state["spec_policy"]
         cost = policy["cost"]
         out["dynamic_policy"] = policy
+        print(f"== dynamic: draft drops {state.get('spec_draft_drops')}, adoptions {state.get('spec_draft_adoptions')}, "
+              f"explorations {state.get('spec_draft_explorations')}, prompts without the draft "
+              f"{state.get('spec_prompts_without_draft')}")
         print("== dynamic: learned costs at no context (ms per step), bucket >= 128: learned (median) / window mean / samples; prior")
         for k, by_bucket in sorted(cost["learned_ms"].items()):
             for bucket, ms in sorted(by_bucket.items(), key=lambda kv: int(kv[0])):

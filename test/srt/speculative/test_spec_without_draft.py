@@ -387,3 +387,59 @@ def test_a_request_released_before_its_adoption_launches_leaves_target_only_cach
     while scheduler.has_work():  # r3 resumes (now followed by the draft) and finishes
         scheduler.step()
     assert_idle_kv_accounting(scheduler.get_internal_state())
+
+
+@pytest.mark.parametrize("sync", ["warm", "catch-up"])
+def test_the_draft_stops_following_while_plain_decoding_holds_and_adopts_when_the_load_drops(sync):
+    """threshold 2: r0 and r1 are admitted with the draft, r2 and r3 without; at batch 4 the policy
+    decodes plainly. After DROP_AFTER_PLAIN_STEPS plain steps the draft stops following r0 and r1,
+    so the plain steps run the target alone (no draft forward); once r0 and r1 are done, the draft
+    adopts r2 and r3, which speculate. Outputs stay plain decoding's, and the dropped requests'
+    positions are cached as target-only entries."""
+    from sglang.srt.managers.spec_scheduling import DROP_AFTER_PLAIN_STEPS
+
+    max_new = [60, 60, 200, 200]
+    plain_out = run_prompts(make_scheduler(True), max_new)
+    scheduler = make_scheduler(True, speculative_policy="threshold", speculative_threshold=2,
+                               speculative_draft_sync=sync)
+    calls = count_draft_forwards(scheduler)
+    for i, ids in enumerate(PROMPTS):
+        submit(scheduler, f"r{i}", ids, max_new[i])
+    out, calls_while_dropped, finish = {}, [], scheduler._finish
+    scheduler._finish = lambda req, reason: out.setdefault(req.rid + ".all_ids", list(req.all_ids)) and finish(req, reason)
+    while scheduler.has_work():
+        result = scheduler.step()
+        for j, rid in enumerate(result.rids if result else ()):
+            out.setdefault(rid, []).extend(result.new_token_ids[j])
+            out[rid + ".verify_ct"] = result.spec_verify_ct[j]
+        if scheduler.num_draft_drops and len(scheduler.running_reqs) == 4:
+            calls_while_dropped.append(calls[0])
+    state = scheduler.get_internal_state()
+    assert_idle_kv_accounting(state)
+    assert all(out[f"r{i}"] == plain_out[f"r{i}"] for i in range(4))
+    assert state["spec_draft_drops"] == 2 and state["spec_draft_adoptions"] == 2
+    # From the drop until r0 and r1 finish (60 - DROP_AFTER_PLAIN_STEPS steps), the draft never runs.
+    assert len(calls_while_dropped) >= 60 - DROP_AFTER_PLAIN_STEPS - 8 and len(set(calls_while_dropped)) == 1
+    assert out["r0.verify_ct"] == out["r1.verify_ct"] == 0 < out["r2.verify_ct"]
+    tree = scheduler.kv_manager.tree_cache
+    ids = out["r0.all_ids"][:-1]
+    assert len(tree.match_prefix(ids).indices) > len(PROMPTS[0])
+    assert len(tree.match_prefix(ids, draft_only=True).indices) == 0
+
+
+def test_explorers_are_spaced_by_decode_steps():
+    """At a large batch admissions come every step or two: an explorer (a request given the draft
+    to refresh the acceptance estimate) comes at most once in EXPLORE_MIN_DECODE_STEPS decode steps,
+    however many admissions without the draft came in a row."""
+    from sglang.srt.managers.spec_scheduling import EXPLORE_EVERY, EXPLORE_MIN_DECODE_STEPS
+
+    scheduler = make_scheduler(speculative_policy="always")
+    submit(scheduler, "x", [205, 300, 1100], 8)
+    req = scheduler.waiting_queue[0]
+    scheduler.admissions_without_draft = EXPLORE_EVERY
+    scheduler.spec_policy.would_speculate = lambda *args: False  # the estimate says no...
+    scheduler.spec_policy.would_speculate_at_prior = lambda *args: True  # ...but it could pay
+    scheduler._decode_steps_since_explorer = EXPLORE_MIN_DECODE_STEPS - 1
+    assert not scheduler.draft_reads_prompt(req, [])
+    scheduler._decode_steps_since_explorer = EXPLORE_MIN_DECODE_STEPS
+    assert scheduler.draft_reads_prompt(req, []) and scheduler._explorer is req

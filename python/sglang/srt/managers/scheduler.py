@@ -74,6 +74,9 @@ class Scheduler:
         self.admissions_without_draft = 0  # in a row, for draft_reads_prompt's exploration
         self.num_draft_explorations = 0
         self._decode_steps_since_adoption_check = 0
+        self._plain_streak = 0  # decode launches in a row with k = 0 (spec_scheduling)
+        self._decode_steps_since_explorer = spec_scheduling.EXPLORE_MIN_DECODE_STEPS
+        self.num_draft_drops = 0  # running requests the draft stopped following (drop_draft_while_plain)
         self._explorer: Optional[Req] = None  # the request draft_reads_prompt last chose to explore
         self._admission_view: Optional[tuple] = None  # _running_view, while _schedule_prefill admits
         self.last_step_time = time.perf_counter()
@@ -320,6 +323,7 @@ class Scheduler:
         """A decode step over the running requests. Overlapped, their inputs are the step in
         flight's tokens, and running out of KV returns None (the caller syncs, then retracts)."""
         if self.spec_k:
+            spec_scheduling.drop_draft_while_plain(self)
             self._adopt_cold_requests()
         while self.running_reqs:
             # With a draft: this step verifies k_step drafts (0: a plain step), k_step + 1 slots each.
@@ -515,6 +519,7 @@ class Scheduler:
             state["spec_prompts_without_draft"] = self.num_prompts_without_draft
             state["spec_draft_explorations"] = self.num_draft_explorations
             state["spec_draft_adoptions"] = self.tp_worker.num_draft_adoptions
+            state["spec_draft_drops"] = self.num_draft_drops
             state["spec_running_without_draft"] = sum(not req.speculates for req in self.running_reqs)
         return state
 

@@ -1,5 +1,5 @@
-"""The scheduler's side of speculation: which requests the draft follows (at admission, and by
-adoption when the load drops), the policy it asks for each step's k, the costs it feeds that
+"""The scheduler's side of speculation: which requests the draft follows (at admission, by
+adoption when the load drops, and no more while plain decoding holds), the policy it asks for each step's k, the costs it feeds that
 policy, and processing a speculative step's results. Functions of the Scheduler whose state they
 read and update."""
 
@@ -28,6 +28,16 @@ EXPLORE_EVERY = 16
 ADOPT_CHECK_EVERY = 16
 ADOPT_MIN_REMAINING = 64
 ADOPT_CONTEXT_PER_REMAINING = 16
+# With a draft: after this many plain decode steps in a row (and every ADOPT_CHECK_EVERY more), if
+# the policy would not speculate for the running batch, the draft stops following the running
+# requests (drop_draft_while_plain): a plain step that keeps the draft current costs more than the
+# target's step alone (measured 12.6 against 12.1 ms at batch 256 on 8B shapes), and one followed
+# request puts the whole batch on it. Adoption takes them back when the load drops.
+DROP_AFTER_PLAIN_STEPS = 32
+# With a draft: an explorer (draft_reads_prompt) comes at most once in this many decode steps, so
+# that at a large batch, where admissions come every step or two, explorers keep the batch on the
+# draft-following plain step only now and then.
+EXPLORE_MIN_DECODE_STEPS = 256
 # Benchmark-only: with SGLANG_DRAFT_FOLLOWS_ALL=1 the draft reads every prompt (a request that opted
 # out aside), whatever the policy says. A `--speculative-policy never` server then runs, on every step,
 # the plain step of requests the draft follows (warm: with the draft's one-token extend; catch-up: with
@@ -49,6 +59,8 @@ def observe_decode_launch(scheduler, start: float, batch: Optional[ScheduleBatch
         scheduler._decode_launch = None
         return
     previous, k = scheduler._decode_launch, batch.spec_steps
+    scheduler._plain_streak = scheduler._plain_streak + 1 if k == 0 else 0
+    scheduler._decode_steps_since_explorer += 1
     if previous is not None and previous[4]:
         _, batch_size, previous_k, context, _ = previous
         scheduler.spec_policy.observe_step_seconds(batch_size, previous_k, context, start - previous[0])
@@ -82,7 +94,9 @@ def draft_reads_prompt(scheduler, req: Req, joining: list[Req]) -> bool:
     batch_size = len(scheduler.running_reqs) + len(joining)
     if scheduler.spec_policy.would_speculate(rids, context, batch_size - len(rids)):
         return True
-    if scheduler.admissions_without_draft >= EXPLORE_EVERY and scheduler.spec_policy.would_speculate_at_prior(batch_size, context):
+    if (scheduler.admissions_without_draft >= EXPLORE_EVERY
+            and scheduler._decode_steps_since_explorer >= EXPLORE_MIN_DECODE_STEPS
+            and scheduler.spec_policy.would_speculate_at_prior(batch_size, context)):
         scheduler._explorer = req
         return True
     return False
@@ -110,6 +124,8 @@ def note_admission(scheduler, req: Req, admitted: bool = True) -> None:
         req.draft_explorer = scheduler._explorer is req
         scheduler.num_draft_explorations += req.draft_explorer
         scheduler.admissions_without_draft = 0
+        if req.draft_explorer:
+            scheduler._decode_steps_since_explorer = 0
 
 
 def adopt_cold_requests(scheduler) -> None:
@@ -147,6 +163,32 @@ def adopt_cold_requests(scheduler) -> None:
     for req in candidates:
         req.draft_adopting = True
     logger.info("the draft adopts %d request(s) admitted without it (the load dropped)", len(candidates))
+
+
+def drop_draft_while_plain(scheduler) -> None:
+    """While plain decoding holds (DROP_AFTER_PLAIN_STEPS decode steps in a row, checked every
+    ADOPT_CHECK_EVERY after that) and the policy would not speculate for the running batch, the
+    draft stops following the running requests: they become as if admitted without it
+    (Req.draft_cold), so the batch's plain steps run the target alone, and adopt_cold_requests
+    takes them back when the load drops. Their positions go to the radix cache as target-only
+    entries (the draft's KV there is no longer kept current)."""
+    streak = scheduler._plain_streak
+    if DRAFT_FOLLOWS_ALL or streak < DROP_AFTER_PLAIN_STEPS or (streak - DROP_AFTER_PLAIN_STEPS) % ADOPT_CHECK_EVERY:
+        return
+    if scheduler.in_flight is not None and scheduler.in_flight[0].spec_steps:
+        return
+    followed = [req for req in scheduler.running_reqs if req.speculates and not req.draft_adopting]
+    if not followed:
+        return
+    rids = [req.rid for req in scheduler.running_reqs if req.speculates]
+    context = sum(req.kv_len for req in scheduler.running_reqs)
+    if scheduler.spec_policy.would_speculate(rids, context, len(scheduler.running_reqs) - len(rids)):
+        return
+    for req in followed:
+        req.draft_cold, req.draft_behind, req.draft_explorer = True, 0, False
+    scheduler.num_draft_drops += len(followed)
+    logger.info("the draft stops following %d running request(s) after %d plain steps at batch %d (speculation "
+                "would not pay)", len(followed), streak, len(scheduler.running_reqs))
 
 
 def explore_now(scheduler) -> bool:

@@ -62,6 +62,9 @@ class MetricsCollector:
         self.spec_draft_adoptions = gauge(
             "spec_draft_adoptions", "Speculative decoding: requests admitted without the draft that it adopted "
             "mid-decode, once the load dropped (it ran over their context; they speculate from then on).")
+        self.spec_draft_drops = gauge(
+            "spec_draft_drops", "Speculative decoding: running requests the draft stopped following while plain "
+            "decoding held and speculation would not pay (their plain steps then run the target alone).")
         self.spec_steps_by_k = Gauge("sglang:spec_decode_steps", "Speculative decoding: decode steps run with each k "
                                      "(0 = plain).", labels + ["k"], registry=r)
         self.spec_position_acceptance = Gauge(
@@ -128,6 +131,7 @@ class MetricsCollector:
             self.spec_prompts_without_draft.set(state.get("spec_prompts_without_draft", 0))
             self.spec_draft_explorations.set(state.get("spec_draft_explorations", 0))
             self.spec_draft_adoptions.set(state.get("spec_draft_adoptions", 0))
+            self.spec_draft_drops.set(state.get("spec_draft_drops", 0))
             for k, steps in state.get("spec_steps_by_k", {}).items():
                 self.spec_steps_by_k.labels(self.model_name, str(k)).set(steps)
             for position, rate in enumerate(policy.get("acceptance_rates", []), start=1):
