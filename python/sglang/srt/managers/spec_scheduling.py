@@ -124,6 +124,9 @@ def note_admission(scheduler, req: Req, admitted: bool = True) -> None:
         req.draft_explorer = scheduler._explorer is req
         scheduler.num_draft_explorations += req.draft_explorer
         scheduler.admissions_without_draft = 0
+        # A request the draft follows gets DROP_AFTER_PLAIN_STEPS plain steps (an explorer's probes)
+        # before drop_draft_while_plain may stop following it.
+        scheduler._plain_streak = 0
         if req.draft_explorer:
             scheduler._decode_steps_since_explorer = 0
 
@@ -166,8 +169,9 @@ def adopt_cold_requests(scheduler) -> None:
 
 
 def drop_draft_while_plain(scheduler) -> None:
-    """While plain decoding holds (DROP_AFTER_PLAIN_STEPS decode steps in a row, checked every
-    ADOPT_CHECK_EVERY after that) and the policy would not speculate for the running batch, the
+    """While plain decoding holds (DROP_AFTER_PLAIN_STEPS decode steps in a row since the last
+    speculative step or admission with the draft, checked every ADOPT_CHECK_EVERY after that) and
+    the policy would not speculate for the running batch, the
     draft stops following the running requests: they become as if admitted without it
     (Req.draft_cold), so the batch's plain steps run the target alone, and adopt_cold_requests
     takes them back when the load drops. Their positions go to the radix cache as target-only
