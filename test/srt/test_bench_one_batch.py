@@ -45,10 +45,11 @@ def test_memory_floor_is_the_weights_and_the_batchs_kv_over_the_copy_bandwidth(t
 def test_two_tensor_parallel_ranks_report_the_same_way_and_stop(tiny_model_paths):
     import multiprocessing
 
+    before = set(multiprocessing.active_children())  # other tests' engines may live in this process
     results = bench_one_batch.main([
         "--model-path", tiny_model_paths["qwen2"], "--device", "cpu", "--dtype", "float32", "--tp-size", "2",
         "--batch-size", "2", "--input-len", "16", "--output-len", "4", "--warmup-steps", "1", "--memory-floor",
     ])
     assert [(r["batch_size"], r["tp_size"]) for r in results] == [(2, 2)]
     assert len(results[0]["decode_step_s"]) == 3 and results[0]["decode_median_step_s"] > 0
-    assert multiprocessing.active_children() == []  # rank 1 stopped with the benchmark
+    assert set(multiprocessing.active_children()) - before == set()  # rank 1 stopped with the benchmark
