@@ -1,7 +1,7 @@
 """The scheduler's side of speculation: which requests the draft follows (at admission, by
-adoption when the load drops, and no more while plain decoding holds), the policy it asks for each step's k, the costs it feeds that
-policy, and processing a speculative step's results. Functions of the Scheduler whose state they
-read and update."""
+adoption when the load drops, and no more while plain decoding holds), the policy it asks for
+each step's k, the costs it feeds that policy, and processing a speculative step's results.
+Functions of the Scheduler whose state they read and update."""
 
 from __future__ import annotations
 
@@ -143,7 +143,7 @@ def adopt_cold_requests(scheduler) -> None:
     scheduler._decode_steps_since_adoption_check += 1
     if scheduler._decode_steps_since_adoption_check < ADOPT_CHECK_EVERY:
         return
-    if scheduler.in_flight is not None and scheduler.in_flight[0].spec_steps:
+    if _speculative_step_in_flight(scheduler):
         return
     scheduler._decode_steps_since_adoption_check = 0
     candidates, least_left = [], None
@@ -157,9 +157,7 @@ def adopt_cold_requests(scheduler) -> None:
         return
     for req in candidates:  # as the policy would see the batch with them followed
         req.draft_cold = False
-    rids = [req.rid for req in scheduler.running_reqs if req.speculates]
-    context = sum(req.kv_len for req in scheduler.running_reqs)
-    if not scheduler.spec_policy.would_speculate(rids, context, len(scheduler.running_reqs) - len(rids)):
+    if not _would_speculate_for_running(scheduler):
         for req in candidates:
             req.draft_cold = True
         return
@@ -171,28 +169,36 @@ def adopt_cold_requests(scheduler) -> None:
 def drop_draft_while_plain(scheduler) -> None:
     """While plain decoding holds (DROP_AFTER_PLAIN_STEPS decode steps in a row since the last
     speculative step or admission with the draft, checked every ADOPT_CHECK_EVERY after that) and
-    the policy would not speculate for the running batch, the
-    draft stops following the running requests: they become as if admitted without it
-    (Req.draft_cold), so the batch's plain steps run the target alone, and adopt_cold_requests
-    takes them back when the load drops. Their positions go to the radix cache as target-only
-    entries (the draft's KV there is no longer kept current)."""
+    the policy would not speculate for the running batch, the draft stops following the running
+    requests: they become as if admitted without it (Req.draft_cold), so the batch's plain steps
+    run the target alone, and adopt_cold_requests takes them back when the load drops. Their
+    positions go to the radix cache as target-only entries (the draft's KV there is no longer
+    kept current)."""
     streak = scheduler._plain_streak
     if DRAFT_FOLLOWS_ALL or streak < DROP_AFTER_PLAIN_STEPS or (streak - DROP_AFTER_PLAIN_STEPS) % ADOPT_CHECK_EVERY:
         return
-    if scheduler.in_flight is not None and scheduler.in_flight[0].spec_steps:
+    if _speculative_step_in_flight(scheduler):
         return
     followed = [req for req in scheduler.running_reqs if req.speculates and not req.draft_adopting]
-    if not followed:
-        return
-    rids = [req.rid for req in scheduler.running_reqs if req.speculates]
-    context = sum(req.kv_len for req in scheduler.running_reqs)
-    if scheduler.spec_policy.would_speculate(rids, context, len(scheduler.running_reqs) - len(rids)):
+    if not followed or _would_speculate_for_running(scheduler):
         return
     for req in followed:
         req.draft_cold, req.draft_behind, req.draft_explorer = True, 0, False
     scheduler.num_draft_drops += len(followed)
     logger.info("the draft stops following %d running request(s) after %d plain steps at batch %d (speculation "
                 "would not pay)", len(followed), streak, len(scheduler.running_reqs))
+
+
+def _speculative_step_in_flight(scheduler) -> bool:
+    # Its cold rows' kv_len is over-counted on the host until it is processed.
+    return scheduler.in_flight is not None and bool(scheduler.in_flight[0].spec_steps)
+
+
+def _would_speculate_for_running(scheduler) -> bool:
+    """The policy's fresh judgement for the running batch as the draft follows it now."""
+    rids = [req.rid for req in scheduler.running_reqs if req.speculates]
+    context = sum(req.kv_len for req in scheduler.running_reqs)
+    return scheduler.spec_policy.would_speculate(rids, context, len(scheduler.running_reqs) - len(rids))
 
 
 def explore_now(scheduler) -> bool:
