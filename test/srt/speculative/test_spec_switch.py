@@ -18,6 +18,7 @@ from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, prepare_server_args
+from sglang.srt.speculative.cost_model import CostTable, LearnedCost
 from sglang.srt.speculative.exploration import Exploration
 from sglang.srt.speculative.spec_sampling import simulated_accept_rate
 from sglang.test.runner_utils import run_to_completion
@@ -44,12 +45,33 @@ POLICIES = {
 }
 
 
+# A fixed start-up table (seconds per step at batch buckets 1, 8, 64), so that what the cost policy
+# decides does not depend on how fast this machine happens to be while the test runs.
+FIXED_PRIOR = CostTable(plain={1: 1.0e-3, 8: 1.2e-3, 64: 2.0e-3},
+                        spec={(bs, k): seconds * (1 + 0.3 * k) for bs, seconds in
+                              ((1, 1.0e-3), (8, 1.2e-3), (64, 2.0e-3)) for k in (1, 2, 3)})
+
+
+def learned_ratio(k: int) -> float:
+    """What the server 'learns' a step of k costs, against the prior: steps of 2 and 3 drafts
+    twice as costly as the table says, so the learned costs move the choice off the prior's."""
+    return 2.0 if k >= 2 else 1.0
+
+
 def explore_often(scheduler) -> None:
-    """The cost policy with exploration bursts of 2 steps every 3 steps and no dwell: the learned
-    costs (noisy CPU step times) and the bursts switch k every few steps."""
+    """The cost policy with exploration bursts of 2 steps every 3 steps and no dwell, deciding
+    from a fixed prior and from step times fed by learned_ratio instead of the wall clock: the
+    learned costs and the bursts switch k every few steps, the same steps on every run."""
     policy = scheduler.spec_policy
     policy.min_dwell = 1
     policy.exploration = Exploration(steps=2, max_share=1.0, intervals=((math.inf, 3),))
+    policy.cost = LearnedCost(FIXED_PRIOR)
+
+    def observe(batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
+        policy.cost.observe(batch_size, k, context_tokens,
+                            FIXED_PRIOR.seconds(batch_size, k, context_tokens) * learned_ratio(k))
+
+    policy.observe_step_seconds = observe
 
 
 def record_cached_tokens(scheduler) -> dict[str, int]:
@@ -164,6 +186,7 @@ def test_exploration_and_learned_costs_switching_every_few_steps_give_plain_deco
     assert policy["exploration"]["bursts"] >= 2 and policy["switches"] >= 4, policy  # in ~15 decode steps
     assert len(policy["steps_per_k"]) >= 2, policy
     assert policy["cost"]["samples"], "the learned costs were fed"
+    assert policy["decisions"] >= 1, "the learned costs moved the choice, not exploration alone"
 
 
 @pytest.mark.parametrize("sync", ["warm", "catch-up", "exploring"])
