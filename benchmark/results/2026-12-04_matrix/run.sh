@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Dynamic speculation against the three static servers on steady loads, 8B shapes, k_max = 3, one H200.
+# Four servers up at once (no draft; always k = 3; k = 1 on every step; dynamic), measured in turn, ROUNDS
+# rounds in rotating order (interleaved_sweep.py), one load after another on the same servers. Each
+# request asks for its load's accept length (--accept-length-mix ACC:1; the speculative servers run with
+# SGLANG_SIMULATE_ACC_LEN), so one set of servers serves every load. Four 8B servers fit one H200 with
+# KV for about 45K tokens each, so each load's levels stop where concurrency x (input + output) fits.
+# LOADS: "NAME:INPUT:OUTPUT:ACCEPT:LEVELS ..." (default the three loads below). Everything lands in
+# OUT/matrix.tgz; OUT/summary.txt has every level's pooled tok/s, each server's spread between rounds
+# and the envelope report's verdicts.
+# Usage (GPU machine, repository root): bash benchmark/results/2026-12-04_matrix/run.sh OUT
+set -u -o pipefail
+OUT=${1:?usage: run.sh OUT}
+ROUNDS=${ROUNDS:-3} KV=${KV_TOKENS:-45000} BASE=${PORT:-30400}
+LOADS=${LOADS:-"in128_out512_acc2.5:128:512:2.5:1,4,16,64 in1024_out128_acc2.0:1024:128:2.0:1,4,16,32 in2048_out256_acc3.0:2048:256:3.0:1,4,16"}
+RAW=$OUT/raw
+mkdir -p "$RAW"
+source benchmark/serve_lib.sh
+if [ -z "${MODEL:-}" ]; then  # MODEL / DRAFT / EXTRA_SERVER_ARGS: overrides for a dry run
+  read -r MODEL DRAFT < <(python -c "from sglang.benchmark.speculative_levels import make_pair; print(*make_pair('8b', '/tmp/spec_envelope'))" | tail -1)
+fi
+[ -n "${MODEL:-}" ] && [ -n "${DRAFT:-}" ] || { echo "no model pair"; exit 1; }
+SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
+NAMES=(no_draft always k1 dynamic)
+declare -A ARGS=([no_draft]="" [always]="$SPEC" [k1]="$SPEC --speculative-adaptive --speculative-candidate-steps 1"
+                 [dynamic]="$SPEC --speculative-adaptive")
+PIDS=()
+trap 'kill ${PIDS[@]} 2>/dev/null; wait 2>/dev/null' EXIT
+for i in "${!NAMES[@]}"; do
+  name=${NAMES[$i]}
+  env SGLANG_SIMULATE_ACC_LEN=2.0 python -m sglang.launch_server --model-path "$MODEL" --port $((BASE + i)) \
+    --max-running-requests 256 --max-total-tokens "$KV" ${ARGS[$name]} ${EXTRA_SERVER_ARGS:-} > "$RAW/$name.server.log" 2>&1 &
+  PIDS+=($!)
+done
+echo "== $(date +%T) starting ${NAMES[*]}"
+for i in "${!NAMES[@]}"; do
+  wait_healthy "${PIDS[$i]}" $((BASE + i)) "$RAW/${NAMES[$i]}.server.log" 400 || exit 1
+done
+{ nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv,noheader; } > "$RAW/memory.txt" 2>&1
+SERVERS=()
+for i in "${!NAMES[@]}"; do SERVERS+=("--server=${NAMES[$i]}=http://127.0.0.1:$((BASE + i))"); done
+start_monitor "$RAW/monitor"
+for load in $LOADS; do
+  IFS=: read -r lname input output acc levels <<< "$load"
+  echo "== $(date +%T) $lname: levels $levels"
+  mkdir -p "$RAW/$lname"
+  timeout "${LOAD_TIMEOUT_S:-300}" python benchmark/interleaved_sweep.py "${SERVERS[@]}" --rounds "$ROUNDS" \
+    --out-dir "$RAW/$lname" --dataset-name random --random-input-len "$input" --random-output-len "$output" \
+    --random-range-ratio 1 --num-prompts 2 --prompts-per-concurrency 1 --max-concurrency "$levels" \
+    --accept-length-mix "$acc:1" --warmup-requests 8 --flush-cache --disable-tqdm | grep -E "^concurrency"
+  python -m sglang.benchmark.envelope --dynamic "$RAW/$lname/dynamic.jsonl" --static no_draft="$RAW/$lname/no_draft.jsonl" \
+    --static always="$RAW/$lname/always.jsonl" --static k1="$RAW/$lname/k1.jsonl" --out "$RAW/$lname/report.json" \
+    > "$RAW/$lname/report.txt" 2>&1
+  for i in "${!NAMES[@]}"; do save_server_info $((BASE + i)) "$RAW/$lname/${NAMES[$i]}.server_info.json"; done
+done
+stop_monitor
+python benchmark/results/2026-12-04_matrix/summarize.py "$RAW" > "$OUT/summary.txt" 2>&1
+cat "$OUT/summary.txt"
+(cd "$OUT" && tar czf matrix.tgz raw && rm -rf raw)
