@@ -12,6 +12,7 @@ import random
 
 import pytest
 
+from sglang.srt.speculative.acceptance import AcceptanceEstimator
 from sglang.srt.speculative.cost_model import LEARN_FIRST_SAMPLES, LEARN_WINDOW, CostTable, LearnedCost
 from sglang.srt.speculative.exploration import EXPLORE_CREDIT_START, EXPLORE_MAX_SHARE, EXPLORE_STEPS, Exploration
 from sglang.srt.speculative.spec_policy import CostPolicy, make_policy
@@ -125,11 +126,49 @@ def test_learned_cost_keeps_the_priors_context_dependence_and_borrows_between_bu
     for _ in range(LEARN_FIRST_SAMPLES):  # at 100K tokens of context, steps cost 1.5x the prior
         learned.observe(256, 0, 100_000, 1.5 * prior.seconds(256, 0, 100_000))
     assert learned.seconds(256, 0, 100_000) == pytest.approx(1.5 * prior.seconds(256, 0, 100_000))
-    assert learned.seconds(256, 0, 400_000) == pytest.approx(1.5 * prior.seconds(256, 0, 400_000)), \
-        "a longer context costs more by the prior's per-token term"
+    assert learned.seconds(256, 0, 120_000) == pytest.approx(1.5 * prior.seconds(256, 0, 120_000)), \
+        "a longer context in the same class (mean < 512 tokens) costs more by the prior's per-token term"
+    assert learned.seconds(256, 0, 180_000) == pytest.approx(1.5 * prior.seconds(256, 0, 180_000)), \
+        "the next class up (mean 703 tokens) borrows the ratio"
     assert not learned.known(64, 0) and learned.seconds(64, 0) == pytest.approx(1.5 * prior.seconds(64, 0)), \
         "an unmeasured bucket borrows the nearest measured one's ratio"
+    assert learned.seconds(256, 0, 400_000) == prior.seconds(256, 0, 400_000), \
+        "two classes away (mean 1,562 tokens) the ratio is not trusted: the prior"
     assert learned.seconds(256, 1) == prior.seconds(256, 1), "no k = 1 sample anywhere: the prior"
+
+
+def test_costs_learned_at_long_contexts_do_not_price_short_ones():
+    """Measured on 8B shapes with four servers starting at once: the start-up table's context term
+    read 10x too high and its k = 1 step cheaper than its plain one; the ratios learned at 2K-token
+    contexts set that right there, lower for plain steps than for speculative ones. Carried to
+    300-token contexts they priced plain decoding ahead of speculation at accept length 1.5, and a
+    request was admitted without the draft. Learned per context class, the short contexts are
+    priced by the prior until they have steps of their own, then by those: speculation wins there
+    throughout, and the long contexts keep their own costs."""
+    prior = CostTable({4: 6.55e-3}, {(4, 1): 5.58e-3, (4, K_MAX): 7.51e-3},
+                      context_seconds={0: 280e-9, 1: 288e-9, K_MAX: 305e-9})
+    long_ms = {0: 4.5, 1: 6.8, K_MAX: 8.0}  # a step's true cost at batch 4, 2.2K tokens each
+    short_ms = {0: 4.0, 1: 4.6, K_MAX: 5.4}  # the same at 300 tokens each: speculation pays
+    policy = CostPolicy([0, 1, K_MAX], prior, AcceptanceEstimator(K_MAX, prior=rate_for(1.5)))
+    long_context, short_context = 4 * 2200, 4 * 300
+    for k, ms in long_ms.items():
+        for _ in range(LEARN_FIRST_SAMPLES):
+            policy.observe_step_seconds(4, k, long_context, ms / 1e3)
+    rids = [f"r{i}" for i in range(4)]
+    assert not policy.would_speculate(rids, long_context)
+    assert policy.would_speculate(rids, short_context)
+    assert {k: policy.seconds(4, k, short_context) for k in short_ms} == {
+        k: prior.seconds(4, k, short_context) for k in short_ms}, "the prior until short contexts have samples"
+    for k, ms in short_ms.items():
+        for _ in range(LEARN_FIRST_SAMPLES):
+            policy.observe_step_seconds(4, k, short_context, ms / 1e3)
+    assert policy.seconds(4, 0, short_context) == pytest.approx(short_ms[0] / 1e3)
+    assert policy.would_speculate(rids, short_context)
+    assert policy.seconds(4, 0, long_context) == pytest.approx(long_ms[0] / 1e3), "the long class kept its own"
+    assert not policy.would_speculate(rids, long_context)
+    summary = policy.summary()["cost"]
+    assert set(summary["learned_ms_by_context"]) == {"<512", "2048-4095"}
+    assert summary["samples"] == {k: {4: 2 * LEARN_FIRST_SAMPLES} for k in short_ms}
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -634,7 +634,8 @@ def test_summary_counts_steps_and_switches():
     summary = cost_policy.summary()
     assert summary["steps_per_k"] == {K_MAX: 50} and summary["switches"] == 0
     assert summary["acceptance_rates"][0] > 0.8
-    assert summary["cost"] == {"prior": make_cost().summary(), "learned_ms": {}, "window_mean_ms": {}, "samples": {}}
+    assert summary["cost"] == {"prior": make_cost().summary(), "learned_ms": {}, "window_mean_ms": {}, "samples": {},
+                               "learned_ms_by_context": {}}
     assert summary["exploration"] == {"steps": 0, "bursts": 0, "share": 0.0, "cost_share": 0.0}
     json.dumps(summary)
 

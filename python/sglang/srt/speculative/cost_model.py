@@ -90,6 +90,21 @@ class CostTable:
 
 LEARN_FIRST_SAMPLES = 3  # a key has its own learned cost from this many samples on
 LEARN_WINDOW = 9  # the learned cost is the median of a key's last this many samples
+CONTEXT_CLASS_TOKENS = 512  # mean context per request below this is context class 0; each class above doubles it
+
+
+def context_class(batch_size: int, context_tokens: int) -> int:
+    """The class of a batch's mean context per request: 0 below CONTEXT_CLASS_TOKENS, then one
+    class per doubling (1: 512-1023 tokens, 2: 1024-2047, 3: 2048-4095, ...)."""
+    mean = context_tokens / max(batch_size, 1)
+    return 0 if mean < CONTEXT_CLASS_TOKENS else 1 + int(math.log2(mean / CONTEXT_CLASS_TOKENS))
+
+
+def context_class_label(cls: int) -> str:
+    if cls == 0:
+        return f"<{CONTEXT_CLASS_TOKENS}"
+    low = CONTEXT_CLASS_TOKENS << (cls - 1)
+    return f"{low}-{2 * low - 1}"
 
 
 class LearnedCost:
@@ -103,21 +118,24 @@ class LearnedCost:
     real batch's contexts; on 8B shapes at batch 256 they priced k = 1 a few percent better than
     plain decoding where serving it was 8% worse.
 
-    The cost is learned per (batch-size bucket, k) as a ratio to the prior, so the prior's
-    context term (seconds per token of context, per k) still scales it between contexts, and the
-    ratio absorbs what the prior gets wrong at this bucket. A key's ratio is the median of its
-    last LEARN_WINDOW samples, from LEARN_FIRST_SAMPLES on: one slow sample (a collection, a page
-    fault) moves it not at all, a lasting change within a few samples. Exploration brings a few
-    samples at a time, so the window of a k that runs rarely spans its last few bursts. Until a key
-    has its own estimate it borrows the ratio of the nearest bucket that has one at the same k,
-    else takes the prior as it is."""
+    The cost is learned per (batch-size bucket, context class, k) as a ratio to the prior, the
+    context class being the batch's mean context per request in doublings (context_class). The
+    prior's context term (seconds per token of context, per k) scales a ratio within its class;
+    across classes it is not trusted: measured beside other servers starting up, it read 10x too
+    high, and a ratio learned at 2K-token contexts then priced plain steps at 300 tokens 40% too
+    cheap against speculative ones. A key's ratio is the median of its last LEARN_WINDOW samples,
+    from LEARN_FIRST_SAMPLES on: one slow sample (a collection, a page fault) moves it not at all,
+    a lasting change within a few samples. Exploration brings a few samples at a time, so the
+    window of a k that runs rarely spans its last few bursts. Until a key has its own estimate it
+    borrows the ratio of the nearest key at the same k, within one context class of its own
+    (distance: doublings of batch size plus classes), else takes the prior as it is."""
 
     def __init__(self, prior: CostTable):
         self.prior = prior
         self._grouping_k = prior.measured_steps[-1]  # one grouping of batch sizes for every k
-        self._window: dict[tuple[int, int], deque[float]] = {}
-        self._log_ratio: dict[tuple[int, int], float] = {}
-        self.samples: dict[tuple[int, int], int] = {}
+        self._window: dict[tuple[int, int, int], deque[float]] = {}
+        self._log_ratio: dict[tuple[int, int, int], float] = {}  # (bucket, context class, k) -> log ratio
+        self.samples: dict[tuple[int, int, int], int] = {}
 
     @property
     def measured_steps(self) -> tuple[int, ...]:
@@ -126,11 +144,15 @@ class LearnedCost:
     def bucket(self, batch_size: int) -> int:
         return self.prior.bucket(batch_size, self._grouping_k)
 
+    def key(self, batch_size: int, context_tokens: int = 0) -> tuple[int, int]:
+        """(batch-size bucket, context class): steps alike in cost, for the policy's exploration."""
+        return self.bucket(batch_size), context_class(batch_size, context_tokens)
+
     def observe(self, batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
         """One steady step of k drafts at this batch size and summed context took `seconds`."""
         if k not in self.prior.measured_steps or batch_size < 1 or not 0 < seconds < math.inf:
             return
-        key = (self.bucket(batch_size), k)
+        key = (*self.key(batch_size, context_tokens), k)
         window = self._window.get(key)
         if window is None:
             window = self._window[key] = deque(maxlen=LEARN_WINDOW)
@@ -139,36 +161,47 @@ class LearnedCost:
         if len(window) >= LEARN_FIRST_SAMPLES:
             self._log_ratio[key] = statistics.median(window)
 
-    def known(self, batch_size: int, k: int) -> bool:
-        """Whether this bucket has its own learned cost for k."""
-        return (self.bucket(batch_size), k) in self._log_ratio
+    def known(self, batch_size: int, k: int, context_tokens: int = 0) -> bool:
+        """Whether this bucket and context class have their own learned cost for k."""
+        return (*self.key(batch_size, context_tokens), k) in self._log_ratio
 
-    def ratio(self, batch_size: int, k: int) -> float:
-        """learned / prior for a step of k at this batch size (borrowed from the nearest learned
-        bucket at the same k while this one has none; 1 when no bucket has one)."""
-        bucket = self.bucket(batch_size)
-        value = self._log_ratio.get((bucket, k))
+    def ratio(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
+        """learned / prior for a step of k at this batch size and summed context (borrowed from the
+        nearest learned key at the same k within one context class while this one has none; 1
+        when there is none)."""
+        bucket, cls = self.key(batch_size, context_tokens)
+        value = self._log_ratio.get((bucket, cls, k))
         if value is None:
-            learned = [(abs(math.log(b / bucket)), r) for (b, kk), r in self._log_ratio.items() if kk == k]
-            value = min(learned)[1] if learned else 0.0
+            near = [(abs(math.log2(b / bucket)) + abs(c - cls), abs(c - cls), b, r)
+                    for (b, c, kk), r in self._log_ratio.items() if kk == k and abs(c - cls) <= 1]
+            value = min(near)[3] if near else 0.0
         return math.exp(value)
 
     def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
-        return self.prior.seconds(batch_size, k, context_tokens) * self.ratio(batch_size, k)
+        return self.prior.seconds(batch_size, k, context_tokens) * self.ratio(batch_size, k, context_tokens)
 
     def summary(self) -> dict:
-        """{"learned_ms": {k: {bucket: ms at no context}}, "window_mean_ms": (the same from the mean
-        of the window's ratios instead of its median: where the two differ, steps of that kind
-        vary, e.g. a costly step every few), "samples": {k: {bucket: n}}} beside the prior's
-        table, for logs, /get_server_info and /metrics."""
+        """{"learned_ms": {k: {bucket: ms at no context}} (per bucket, the context class with the
+        most samples), "window_mean_ms": (the same from the mean of the window's ratios instead of
+        its median: where the two differ, steps of that kind vary, e.g. a costly step every few),
+        "samples": {k: {bucket: n}} (all classes), "learned_ms_by_context": {class label: {k:
+        {bucket: ms}}}} beside the prior's table, for logs, /get_server_info and /metrics."""
         learned: dict[int, dict[int, float]] = {}
         means: dict[int, dict[int, float]] = {}
         samples: dict[int, dict[int, int]] = {}
-        for (bucket, k), value in sorted(self._log_ratio.items()):
+        by_context: dict[str, dict[int, dict[int, float]]] = {}
+        shown: dict[tuple[int, int], int] = {}  # (k, bucket) -> samples of the class shown
+        for (bucket, cls, k), value in sorted(self._log_ratio.items()):
             prior_ms = 1e3 * self.prior.seconds(bucket, k)
-            learned.setdefault(k, {})[bucket] = round(prior_ms * math.exp(value), 4)
-            window = self._window[(bucket, k)]
-            means.setdefault(k, {})[bucket] = round(prior_ms * sum(map(math.exp, window)) / len(window), 4)
-        for (bucket, k), n in sorted(self.samples.items()):
-            samples.setdefault(k, {})[bucket] = n
-        return {"prior": self.prior.summary(), "learned_ms": learned, "window_mean_ms": means, "samples": samples}
+            ms = round(prior_ms * math.exp(value), 4)
+            by_context.setdefault(context_class_label(cls), {}).setdefault(k, {})[bucket] = ms
+            n = self.samples[(bucket, cls, k)]
+            if n > shown.get((k, bucket), 0):
+                shown[(k, bucket)] = n
+                learned.setdefault(k, {})[bucket] = ms
+                window = self._window[(bucket, cls, k)]
+                means.setdefault(k, {})[bucket] = round(prior_ms * sum(map(math.exp, window)) / len(window), 4)
+        for (bucket, _, k), n in sorted(self.samples.items()):
+            samples.setdefault(k, {})[bucket] = samples.get(k, {}).get(bucket, 0) + n
+        return {"prior": self.prior.summary(), "learned_ms": learned, "window_mean_ms": means, "samples": samples,
+                "learned_ms_by_context": by_context}

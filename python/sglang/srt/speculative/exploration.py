@@ -1,10 +1,11 @@
 """Bounded exploration for the cost policy: now and then a candidate k other than the chosen one
-runs for a few steps, so that its learned cost at the current batch-size bucket stays known."""
+runs for a few steps, so that its learned cost at the current batch-size bucket and context class
+stays known."""
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Hashable, Optional
 
 EXPLORE_STEPS = 4  # steps per exploration burst: with the pipelined sample rule, 3 cost samples
 # (objective shortfall of a candidate against the chosen k, steps between its bursts at a bucket):
@@ -17,9 +18,10 @@ EXPLORE_CREDIT_START = 2 * EXPLORE_STEPS  # a fresh server may explore twice bef
 class Exploration:
     """When to run which other candidate, and what it cost.
 
-    Each (bucket, k) remembers the decode step at which k last ran there. A candidate is due when
-    its age passes the interval for its shortfall (1 - objective[k] / objective[chosen]), one it
-    has never run at this bucket at once; a burst runs it EXPLORE_STEPS steps, then the policy
+    Each (key, k) remembers the decode step at which k last ran there, the key being the policy's
+    (batch-size bucket, context class). A candidate is due when its age passes the interval for
+    its shortfall (1 - objective[k] / objective[chosen]), one it has never run at this key at
+    once; a burst runs it EXPLORE_STEPS steps, then the policy
     decides afresh with what was learned. A credit (EXPLORE_MAX_SHARE per decode step, a burst
     spends EXPLORE_STEPS) caps the share of exploration steps whatever the load does. The cost
     is counted as the shortfall of each exploration step: the tokens per second it gave up,
@@ -33,7 +35,7 @@ class Exploration:
         self.max_share = max_share
         self.intervals = intervals
         self._credit = float(EXPLORE_CREDIT_START) if max_share else 0.0
-        self._last_run: dict[tuple[int, int], int] = {}
+        self._last_run: dict[tuple[Hashable, int], int] = {}
         self.decode_steps = 0
         self.steps = 0  # exploration steps run
         self.bursts = 0
@@ -43,8 +45,8 @@ class Exploration:
         self._step_explores = False  # the step being chosen is an exploration step
         self._burst_shortfall = 0.0
 
-    def note_step(self, bucket: int, k: int, seconds: float) -> None:
-        """A decode step of k, estimated at `seconds`, ran at this bucket (every step, exploring or not)."""
+    def note_step(self, bucket: Hashable, k: int, seconds: float) -> None:
+        """A decode step of k, estimated at `seconds`, ran at this key (every step, exploring or not)."""
         self.decode_steps += 1
         self.decode_seconds += seconds
         if self._step_explores:
@@ -69,7 +71,7 @@ class Exploration:
         self._burst = None
         return None, back
 
-    def start_if_due(self, bucket: int, chosen: int, objective: dict[int, float]) -> Optional[int]:
+    def start_if_due(self, bucket: Hashable, chosen: int, objective: dict[int, float]) -> Optional[int]:
         """A candidate to run now instead of `chosen`, or None. The first step of the burst counts."""
         if self._credit < self.burst_steps or not objective.get(chosen):
             return None

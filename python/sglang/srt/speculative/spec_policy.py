@@ -258,7 +258,7 @@ class CostPolicy(SpecPolicy):
     def choose(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0, explore: bool = False) -> int:
         k = super().choose(rids, context_tokens, num_plain_only, explore)
         bs = max(len(rids) + num_plain_only, 1)
-        self.exploration.note_step(self.cost.bucket(bs), k, self.cost.seconds(bs, k, context_tokens))
+        self.exploration.note_step(self.cost.key(bs, context_tokens), k, self.cost.seconds(bs, k, context_tokens))
         return k
 
     def _margin(self, batch_size: int, current: int, best: int) -> float:
@@ -278,8 +278,9 @@ class CostPolicy(SpecPolicy):
                 return k
             cur, after_burst = back, True  # decide afresh from the k the burst left
         # Batch sizes that replay the same graphs cost the same per step, so within a bucket (and
-        # candidate set) only the requests' estimates and the learned costs move the choice.
-        key = (self.cost.bucket(bs), id(candidates))
+        # context class and candidate set) only the requests' estimates and the learned costs move
+        # the choice.
+        key = (self.cost.key(bs, context_tokens), id(candidates))
         if cur is not None and cur in candidates and not after_burst:
             if self.steps_in_current < self.min_dwell:
                 return cur
