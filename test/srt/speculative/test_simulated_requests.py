@@ -6,6 +6,7 @@ and change its mix over time."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -27,11 +28,11 @@ def simulating_server():
     server.stop()
 
 
-def generate(server, accept_length, max_new=48):
+def generate(server, accept_length, max_new=48, text="def f(x):"):
     params = {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}
     if accept_length is not None:
         params["simulated_accept_length"] = accept_length
-    response = httpx.post(f"{server.base_url}/generate", json={"text": "def f(x):", "sampling_params": params},
+    response = httpx.post(f"{server.base_url}/generate", json={"text": text, "sampling_params": params},
                           timeout=120)
     assert response.status_code == 200, response.text
     return response.json()["meta_info"]
@@ -44,6 +45,20 @@ def test_each_request_gets_the_accept_length_it_asks_for(simulating_server):
     assert easy["spec_accept_length"] == pytest.approx(4.0, abs=0.2), easy
     assert hard["spec_accept_length"] == pytest.approx(1.0, abs=0.05), hard  # the prefill token counts too
     assert hard["spec_accept_length"] < default["spec_accept_length"] < easy["spec_accept_length"]
+
+
+def test_a_request_accepts_alike_whichever_row_it_runs_in(simulating_server):
+    """A benchmark sends every server the same prompts: each request's simulated draws follow its
+    prompt, not the request-table row it lands in, so it has the same luck on every server and in
+    every round. Each prompt alone (the first free row) and then all at once (other rows) give the
+    same accept length."""
+    prompts = ["def f(x):", "import os\n", "class Point:", "for i in range(10):"]
+    alone = [generate(simulating_server, 2.0, max_new=96, text=text)["spec_accept_length"] for text in prompts]
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        together = list(pool.map(lambda text: generate(simulating_server, 2.0, max_new=96, text=text)
+                                 ["spec_accept_length"], prompts))
+    assert together == alone
+    assert len(set(alone)) > 1, "different prompts draw differently"
 
 
 def test_a_bad_simulated_accept_length_is_refused(simulating_server):

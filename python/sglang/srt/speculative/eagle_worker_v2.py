@@ -46,6 +46,7 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
 from sglang.srt.speculative.spec_sampling import (SIMULATE_ACC_LEN_ENV, ChainVerdict, draw_draft, filtered_probs,
                                                    simulate_acceptance, simulated_accept_rate, simulated_probe_hits,
+                                                   simulated_stream,
                                                    verify_greedy, verify_sampled)
 from sglang.srt.speculative.spec_grammar import GrammarLookahead, masked_draft_logits
 from sglang.srt.speculative.draft_catch_up import CATCH_UP_BUFFER, adopt, buffer_for_catch_up, catch_up_draft
@@ -145,6 +146,9 @@ class EAGLEWorkerV2(TpModelWorker):
                            "own accept length with simulated_accept_length)", SIMULATE_ACC_LEN_ENV,
                            simulated, self.simulated_rate)
             self.simulated_rates = torch.full((rows,), self.simulated_rate, dtype=torch.float64, device=self.device)
+            # Each row's draws are keyed by its request's prompt (simulated_stream), not by the row:
+            # a request then has the same luck on every server, whichever row it lands in.
+            self.simulated_streams = torch.zeros((rows,), dtype=torch.int64, device=self.device)
         # Every k > 0 the speculation policy can choose; graphs are captured for each.
         self.reachable_steps = server_args.speculative_reachable_steps()
         self.step_graphs: dict[int, SpecStepGraphs] = {}
@@ -240,6 +244,8 @@ class EAGLEWorkerV2(TpModelWorker):
         rates = [self.simulated_rate if req.sampling_params.simulated_accept_length is None
                  else simulated_accept_rate(req.sampling_params.simulated_accept_length, self.k) for req in reqs]
         self.simulated_rates[rows] = torch.tensor(rates, dtype=torch.float64).to(self.device, non_blocking=True)
+        streams = [simulated_stream(req.origin_input_ids) for req in reqs]
+        self.simulated_streams[rows] = torch.tensor(streams, dtype=torch.int64).to(self.device, non_blocking=True)
 
     def _draft_prefill(self, batch: ScheduleBatch, fb: ForwardBatch, aux: torch.Tensor, next_ids: torch.Tensor,
                        info: SamplingBatchInfo, offsets: torch.Tensor, warm: list[int]) -> None:
@@ -387,7 +393,8 @@ class EAGLEWorkerV2(TpModelWorker):
             target_logits = target_logits.masked_fill(~grammar.verify_mask(), float("-inf"))
             grammar.rollback()
         if self.simulated_rate is not None and grammar is None:  # a grammar's batch is verified for real
-            verdict = simulate_acceptance(target_logits, draft_tokens, starts, self.simulated_rates[rows], rows)
+            verdict = simulate_acceptance(target_logits, draft_tokens, starts, self.simulated_rates[rows],
+                                          self.simulated_streams[rows])
         elif info.is_all_greedy:
             verdict = verify_greedy(target_logits, draft_tokens)
         else:
@@ -516,7 +523,7 @@ class EAGLEWorkerV2(TpModelWorker):
             if self.simulated_rate is None:
                 hits = self.next_draft[rows] == next_ids
             else:
-                hits = simulated_probe_hits(starts, self.simulated_rates[rows], rows)
+                hits = simulated_probe_hits(starts, self.simulated_rates[rows], self.simulated_streams[rows])
             # One token per row: every token's logits are the last ones (and need no host-made
             # index, which a graph capture could not copy).
             draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=next_ids,
