@@ -55,6 +55,43 @@ def run_to_completion(scheduler, on_step=None) -> dict[str, dict]:
     return outputs
 
 
+class OneRank:
+    """One rank's greedy or seeded output through a Scheduler in this process: what an Engine with
+    --tp-size 1 and the same arguments computes in its scheduler process, without starting the
+    engine's processes (each imports torch and transformers anew: seconds of CPU apiece). Prompts
+    are tokenized as the engine's tokenizer manager does; requests of one `generate` call are all
+    queued before the first step, as a batch sent to an idle engine arrives."""
+
+    def __init__(self, **server_args):
+        from sglang.srt.hf_transformers_utils import get_tokenizer
+        from sglang.srt.managers.scheduler import Scheduler
+
+        self.server_args = ServerArgs(**server_args)
+        self.tokenizer = get_tokenizer(self.server_args.tokenizer_path)
+        self.scheduler = Scheduler(self.server_args)
+        self.calls = 0
+
+    def generate(self, prompts: list[str], params) -> list[list[int]]:
+        """Output token ids per prompt; `params`: one dict of sampling parameters, or one per prompt."""
+        from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        params_list = params if isinstance(params, list) else [params] * len(prompts)
+        self.calls += 1
+        rids = [f"{self.calls}-{i}" for i in range(len(prompts))]
+        for rid, prompt, raw in zip(rids, prompts, params_list):
+            sampling = SamplingParams.from_dict(raw)
+            sampling.verify(self.scheduler.model_config.vocab_size)
+            self.scheduler.add_request(TokenizedGenerateReqInput(rid, self.tokenizer.encode(prompt), sampling,
+                                                                 stream=False))
+        outputs = run_to_completion(self.scheduler)
+        return [outputs[rid]["ids"] for rid in rids]
+
+    def internal_state(self) -> dict:
+        """What an engine's get_server_info()["internal_state"] reports."""
+        return self.scheduler.get_internal_state()
+
+
 class RerunGraph:
     """A stand-in for a captured CUDA graph on the CPU: replays by running the captured forward
     again and writing its results into the tensors the capture returned, as a graph replay

@@ -4,6 +4,7 @@ by step; a server with --tp-size 2 over HTTP; no process left behind; clear erro
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -15,8 +16,9 @@ import pytest
 import sglang
 from sglang import demo
 from sglang.srt.server_args import ServerArgs, check_model_paths
-from sglang.test.server_fixture import (ServerProcess, assert_engine_kv_accounting, assert_server_kv_accounting,
-                                        post_in_background)
+from sglang.test.runner_utils import OneRank
+from sglang.test.server_fixture import (ServerProcess, assert_engine_kv_accounting, assert_idle_kv_accounting,
+                                        assert_server_kv_accounting, post_in_background)
 from sglang.test.tiny_models import ARCHITECTURES, make_tiny_eagle3_draft, make_tiny_model
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
@@ -31,6 +33,12 @@ CODE_PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\ndef main(", "cl
 def tp_engine(model_path: str, tp_size: int = 2, **kwargs) -> sglang.Engine:
     return sglang.Engine(model_path=model_path, dtype="float32", device="cpu", log_level="warning",
                          tp_size=tp_size, **kwargs)
+
+
+def one_rank(model_path: str, **kwargs) -> OneRank:
+    """The one-rank reference: tp_engine(model_path, 1, **kwargs)'s scheduler, run in this process
+    (an engine's processes take seconds of CPU each to start)."""
+    return OneRank(model_path=model_path, dtype="float32", device="cpu", log_level="warning", tp_size=1, **kwargs)
 
 
 def generate_ids(engine, prompts, params=GREEDY) -> list[list[int]]:
@@ -59,18 +67,19 @@ def test_retraction_and_chunked_prefill_over_two_ranks(tiny_model_paths):
                *[f"Hello {i}" for i in range(6)]]
     params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
     seeded = {"temperature": 0.8, "max_new_tokens": 12, "sampling_seed": 5}
-    outputs = {}
-    for tp_size in (1, 2):
-        engine = tp_engine(tiny_model_paths["llama"], tp_size, chunked_prefill_size=16, max_total_tokens=300,
-                           max_running_requests=8)
-        try:
-            outputs[tp_size] = generate_ids(engine, prompts, params), generate_ids(engine, prompts[:2], seeded)
-            state = engine.get_server_info()["internal_state"]
-            assert state["num_retractions"] > 0
-            assert_engine_kv_accounting(engine)
-        finally:
-            engine.shutdown()
-    assert outputs[2] == outputs[1]
+    settings = dict(chunked_prefill_size=16, max_total_tokens=300, max_running_requests=8)
+    reference = one_rank(tiny_model_paths["llama"], **settings)
+    expected = reference.generate(prompts, params), reference.generate(prompts[:2], seeded)
+    assert reference.internal_state()["num_retractions"] > 0
+    assert_idle_kv_accounting(reference.internal_state())
+    engine = tp_engine(tiny_model_paths["llama"], 2, **settings)
+    try:
+        assert (generate_ids(engine, prompts, params), generate_ids(engine, prompts[:2], seeded)) == expected
+        state = engine.get_server_info()["internal_state"]
+        assert state["num_retractions"] > 0
+        assert_engine_kv_accounting(engine)
+    finally:
+        engine.shutdown()
 
 
 def test_uneven_shapes_split_with_replicated_kv_heads_and_a_padded_vocabulary(tmp_path):
@@ -92,23 +101,19 @@ def test_uneven_shapes_split_with_replicated_kv_heads_and_a_padded_vocabulary(tm
 def test_four_ranks_over_two_kv_heads(tmp_path):
     path = make_tiny_model(str(tmp_path / "wide"), "qwen3", num_attention_heads=8, num_key_value_heads=2,
                            intermediate_size=96)
-    outputs = {}
-    for tp_size in (1, 4):
-        engine = tp_engine(path, tp_size)
-        try:
-            outputs[tp_size] = generate_ids(engine, PROMPTS[:2])
-        finally:
-            engine.shutdown()
-    assert outputs[4] == outputs[1]
+    expected = one_rank(path).generate(PROMPTS[:2], GREEDY)
+    engine = tp_engine(path, 4)
+    try:
+        assert generate_ids(engine, PROMPTS[:2]) == expected
+    finally:
+        engine.shutdown()
 
 
 @pytest.fixture(scope="module")
 def demo_plain_ids():
-    engine = tp_engine(demo.TARGET_PATH, 1)
-    try:
-        yield generate_ids(engine, CODE_PROMPTS)
-    finally:
-        engine.shutdown()
+    ids = one_rank(demo.TARGET_PATH).generate(CODE_PROMPTS, GREEDY)
+    gc.collect()  # the scheduler's KV pool (about 1.3 GB) goes with the reference cycles around it
+    return ids
 
 
 @pytest.mark.parametrize("policy", [{"speculative_adaptive": True}, {"speculative_policy": "always"}],
