@@ -70,7 +70,7 @@ def test_envelope_script_plays_a_trace_against_each_server_in_turn(tmp_path):
     """TRACE=FILE: every server plays the bench_serving trace in turn each round; the pooled line
     per server feeds python -m sglang.benchmark.envelope."""
     trace = tmp_path / "trace.json"
-    trace.write_text(json.dumps({"phases": [{"seconds": 2, "concurrency": 1}, {"seconds": 2, "concurrency": [1, 3]}]}))
+    trace.write_text(json.dumps({"phases": [{"seconds": 1, "concurrency": 1}, {"seconds": 1, "concurrency": [1, 3]}]}))
     out = tmp_path / "out"
     env = dict(os.environ, INPUT_LEN="16", OUTPUT_LEN="8", EXTRA_SERVER_ARGS="--device cpu", PORT="30881",
                SWEEP_TIMEOUT_S="200", ROUNDS="2", KV_TOKENS="4096", TRACE=str(trace), NUM_PROMPTS="2", PER_CONC="1")
