@@ -6,12 +6,14 @@ distribution); KV accounting holds after every test, aborts included; stats are 
 
 from __future__ import annotations
 
+import gc
 import time
 
 import pytest
 
 import sglang
 from sglang import demo
+from sglang.test.runner_utils import OneRank
 from sglang.test.sampling_checks import chi_square_pvalue, exact_token_distributions
 from sglang.test.tiny_models import make_tiny_eagle3_draft
 
@@ -30,17 +32,35 @@ def engine(**kwargs):
     return sglang.Engine(**{**args, **kwargs})
 
 
+def plain_reference(prompts, params, **kwargs) -> list[list[int]]:
+    """Greedy output ids of engine(**kwargs) without a draft, from its Scheduler run in this process
+    (the same scheduler, without starting an engine's processes); cached per arguments, since
+    several tests compare against the same plain decoding."""
+    key = repr((prompts, params, sorted(kwargs.items())))
+    if key not in _plain_outputs:
+        args = {"model_path": demo.TARGET_PATH, "dtype": "float32", "device": "cpu", "log_level": "warning",
+                "disable_overlap_schedule": True, **kwargs}
+        _plain_outputs[key] = OneRank(**args).generate(prompts, params)
+        gc.collect()  # the scheduler's KV pool goes with the reference cycles around it
+    return _plain_outputs[key]
+
+
+_plain_outputs: dict[str, list[list[int]]] = {}
+
+
 @pytest.fixture(scope="module")
 def tiny_pair(tiny_model_paths, tmp_path_factory):
     target = tiny_model_paths["llama"]
     draft = make_tiny_eagle3_draft(str(tmp_path_factory.mktemp("tiny_draft")), target, draft_vocab_size=200)
-    plain = engine(model_path=target)
+    # Plain decoding: the plain engine's Scheduler, in this process.
+    plain = OneRank(model_path=target, dtype="float32", device="cpu", log_level="warning",
+                    disable_overlap_schedule=True)
     spec = engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
                   speculative_num_steps=3)
     spec_serial = engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
                          speculative_num_steps=3, disable_overlap_schedule=True)
     yield plain, spec, spec_serial
-    for e in (plain, spec, spec_serial):
+    for e in (spec, spec_serial):
         e.shutdown()
 
 
@@ -64,9 +84,9 @@ def test_tiny_random_pair_greedy_is_plain_decoding(tiny_pair, overlap):
     prompts = ["Hello", "The quick brown fox", "a b c d e f g", "def add(a, b):", "1 2 3"]
     # Lengths that end inside a chain (k = 3: steps give 1..4 tokens) and beyond.
     params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in (1, 2, 5, 17, 40)]
-    assert ids(spec.generate(prompts, params)) == ids(plain.generate(prompts, params))
+    assert ids(spec.generate(prompts, params)) == plain.generate(prompts, params)
     for prompt, p in zip(prompts, params):  # one at a time == in a batch
-        assert spec.generate(prompt, p)["output_ids"] == plain.generate(prompt, p)["output_ids"]
+        assert spec.generate(prompt, p)["output_ids"] == plain.generate([prompt], p)[0]
     assert_kv_accounting(spec)
 
 
@@ -207,14 +227,13 @@ def test_speculation_under_chunking_memory_pressure_and_context_limit(extra, spe
         tokenizer = AutoTokenizer.from_pretrained(demo.TARGET_PATH)
         params = [{"temperature": 0, "ignore_eos": True,
                    "max_new_tokens": extra["context_length"] - len(tokenizer(p).input_ids)} for p in prompts]
-    plain = engine(**extra)
+    expected = plain_reference(prompts, params, **extra)
     spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=4, **extra, **spec_extra)
     try:
-        expected, got = ids(plain.generate(prompts, params)), ids(spec.generate(prompts, params))
+        got = ids(spec.generate(prompts, params))
         state = spec.get_server_info()["internal_state"]
         assert_kv_accounting(spec)
     finally:
-        plain.shutdown()
         spec.shutdown()
     assert got == expected
     if "max_total_tokens" in extra:
@@ -231,14 +250,13 @@ def test_other_target_architectures_speculate_losslessly(tiny_model_paths, tmp_p
     draft = make_tiny_eagle3_draft(str(tmp_path / "draft"), target)
     prompts = ["Hello", "The quick brown fox", "def add(a, b):"]
     params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in (3, 12, 25)]
-    plain = engine(model_path=target)
+    expected = plain_reference(prompts, params, model_path=target)
     spec = engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
                   speculative_num_steps=2)
     try:
-        assert ids(spec.generate(prompts, params)) == ids(plain.generate(prompts, params))
+        assert ids(spec.generate(prompts, params)) == expected
         assert_kv_accounting(spec)
     finally:
-        plain.shutdown()
         spec.shutdown()
 
 
