@@ -10,6 +10,7 @@ so a replica's speculation shows whether it follows its own batch.
 from __future__ import annotations
 
 import concurrent.futures
+import gc
 import os
 import signal
 import subprocess
@@ -25,6 +26,7 @@ import sglang_router  # noqa: F401  a test dependency (the "router" extra): miss
 from sglang import demo
 from sglang.srt.entrypoints.replicas import parse_launch_args, replica_args
 from sglang.srt.server_args import ServerArgs
+from sglang.test.runner_utils import OneRank
 from sglang.test.server_fixture import ServerProcess, free_port
 
 LAUNCHERS = {"sglang": "sglang.launch_server", "sglang_router": "sglang_router.launch_server"}
@@ -47,17 +49,17 @@ def _router_flags() -> list[str]:
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, list[int]]:
-    """Greedy output ids of a single server with the replicas' settings (an in-process Engine) per
-    prompt, one at a time."""
-    engine = sglang.Engine(device="cpu", dtype="float32", log_level="warning", max_total_tokens=4096, **SPECULATION)
-    try:
-        outs = {}
-        for prompt in PROMPTS:
-            assert engine.flush_cache()
-            outs[prompt] = engine.generate(prompt, GREEDY)["output_ids"]
-        return outs
-    finally:
-        engine.shutdown()
+    """Greedy output ids of a single server with the replicas' settings per prompt, one at a time:
+    its Scheduler run in this process (runner_utils.OneRank; an engine's processes take seconds
+    of CPU each to start)."""
+    one = OneRank(device="cpu", dtype="float32", log_level="warning", max_total_tokens=4096, **SPECULATION)
+    outs = {}
+    for prompt in PROMPTS:
+        assert one.scheduler.flush_cache()
+        outs[prompt] = one.generate([prompt], GREEDY)[0]
+    del one
+    gc.collect()  # the scheduler's KV pool goes with the reference cycles around it
+    return outs
 
 
 @pytest.fixture(scope="module", params=sorted(LAUNCHERS))
