@@ -19,12 +19,15 @@ from sglang.test.server_fixture import assert_idle_kv_accounting
 PROMPTS = [[205, 300, 1100, 52, 9, 77], [17, 905, 33], list(range(100, 140)), [640, 12, 12, 77, 1500, 8]]
 MAX_NEW = [9, 24, 40, 3]
 SPEC = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=demo.DRAFT_PATH, speculative_num_steps=3)
+# The requests hold a few hundred tokens of KV at most: a pool of 4096 (the CPU default, 65536,
+# takes ~2 s to allocate per scheduler on the demo pair).
+MAX_TOTAL_TOKENS = 4096
 
 
 def make_scheduler(overlap: bool = False, **spec) -> Scheduler:
     kwargs = {**SPEC, **spec} if spec else {}
     return Scheduler(ServerArgs(model_path=demo.TARGET_PATH, dtype="float32", device="cpu",
-                                disable_overlap_schedule=not overlap, **kwargs))
+                                disable_overlap_schedule=not overlap, max_total_tokens=MAX_TOTAL_TOKENS, **kwargs))
 
 
 def count_draft_forwards(scheduler: Scheduler) -> list[int]:
