@@ -24,6 +24,9 @@ BUCKETS = [1, 2, 4, 8]
 # Prefill graphs up to 64 tokens hold every prefill here (at most 43 prompt tokens in one pass);
 # capturing the default 2048-token range re-runs ~150 forwards of up to 2048 tokens per server.
 PREFILL_GRAPH_TOKENS = 64
+# The requests hold under 200 tokens of KV: a pool of 4096 (the CPU default, 65536, takes ~2 s to
+# allocate per scheduler on the demo pair).
+MAX_TOTAL_TOKENS = 4096
 
 
 @pytest.fixture
@@ -61,7 +64,8 @@ def generate(spec: bool, choose=None, num_reqs: int = 3, step_graph: bool = Fals
     kwargs = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3,
                   disable_speculative_step_graph=not step_graph, **spec_kwargs) if spec else {}
     scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=not overlap,
-                                     prefill_cuda_graph_max_tokens=PREFILL_GRAPH_TOKENS, **kwargs))
+                                     prefill_cuda_graph_max_tokens=PREFILL_GRAPH_TOKENS,
+                                     max_total_tokens=MAX_TOTAL_TOKENS, **kwargs))
     if without_draft:
         scheduler.draft_reads_prompt = lambda req, joining: req.rid not in without_draft
     if choose is not None:
