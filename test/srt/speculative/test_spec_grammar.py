@@ -7,6 +7,7 @@ the grammar keeps the acceptance up."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -19,6 +20,7 @@ from sglang import demo
 from sglang.srt.constrained.bitmask import allowed_tokens
 from sglang.srt.constrained.grammar_backend import GrammarBackend
 from sglang.srt.speculative.spec_grammar import GrammarLookahead, draft_mask
+from sglang.test.runner_utils import OneRank
 from sglang.test.sampling_checks import chi_square_pvalue, exact_token_distributions
 from sglang.test.server_fixture import assert_engine_kv_accounting
 
@@ -104,10 +106,12 @@ def test_greedy_constrained_speculation_is_plain_constrained_decoding():
     params = [{"temperature": 0, "max_new_tokens": 48, key: value} for key, value in
               [("json_schema", schema), ("regex", REGEX), ("ebnf", 'root ::= "[" [0-9]+ ("," [0-9]+)* "]"'),
                ("regex", r"(True|False|None)")]]
-    plain = engine(disable_overlap_schedule=True)
+    # Plain constrained decoding: the plain engine's Scheduler, in this process.
+    plain = OneRank(model_path=demo.TARGET_PATH, dtype="float32", device="cpu", log_level="warning",
+                    disable_radix_cache=True, disable_overlap_schedule=True)
     spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=4)
     try:
-        expected = [o["output_ids"] for o in plain.generate(prompts, params)]
+        expected = plain.generate(prompts, params)
         assert [o["output_ids"] for o in spec.generate(prompts, params)] == expected
         # The draft proposes under the grammar: without that (drafts masked at verification only)
         # these requests accept 1.2 tokens per verify step, with it 2.5.
@@ -117,9 +121,10 @@ def test_greedy_constrained_speculation_is_plain_constrained_decoding():
         free = [{"temperature": 0, "max_new_tokens": 32}] * len(prompts)
         got = spec.generate(prompts * 2, params + free)
         assert [o["output_ids"] for o in got[: len(prompts)]] == expected
-        assert [o["output_ids"] for o in got[len(prompts):]] == [o["output_ids"] for o in plain.generate(prompts, free)]
+        assert [o["output_ids"] for o in got[len(prompts):]] == plain.generate(prompts, free)
         assert spec.get_server_info()["internal_state"]["spec_verifies"] > 0
         assert_engine_kv_accounting(spec)
     finally:
-        plain.shutdown()
         spec.shutdown()
+        del plain
+        gc.collect()  # the in-process scheduler's KV pool goes with the reference cycles around it
