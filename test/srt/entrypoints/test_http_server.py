@@ -90,9 +90,28 @@ def _poll_until_not_healthy(base_url: str, deadline: float):
     return 200
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_stop_signal_leaves_no_process_and_no_socket_dir(tiny_model_paths, sig):
+@pytest.fixture(scope="module")
+def unmetered_server(tiny_model_paths):
+    """A server without --enable-metrics, for the metrics check and then the SIGTERM case of the
+    stop test, which stops it (so the metrics test comes first in this file): a server's start
+    is the expensive part of both."""
     srv = ServerProcess(tiny_model_paths["llama"], "--skip-server-warmup")
+    yield srv
+    srv.stop()
+
+
+def test_metrics_route_is_off_without_the_flag(unmetered_server):
+    response = httpx.get(f"{unmetered_server.base_url}/metrics")
+    assert response.status_code == 404 and "--enable-metrics" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_stop_signal_leaves_no_process_and_no_socket_dir(tiny_model_paths, request, sig):
+    if sig == signal.SIGTERM:
+        srv = request.getfixturevalue("unmetered_server")
+        assert srv.proc.poll() is None, "the shared server was stopped before this test"
+    else:
+        srv = ServerProcess(tiny_model_paths["llama"], "--skip-server-warmup")
     body = {"text": "Hello", "sampling_params": {"max_new_tokens": 4}}
     assert httpx.post(f"{srv.base_url}/generate", json=body, timeout=30).status_code == 200
     children = srv.children_pids()
@@ -102,15 +121,6 @@ def test_stop_signal_leaves_no_process_and_no_socket_dir(tiny_model_paths, sig):
     assert READY_MESSAGE in output
     assert srv.wait_children_gone() == []
     assert srv.leftover_files() == []
-
-
-def test_metrics_route_is_off_without_the_flag(tiny_model_paths):
-    srv = ServerProcess(tiny_model_paths["qwen2"], "--skip-server-warmup")
-    try:
-        response = httpx.get(f"{srv.base_url}/metrics")
-        assert response.status_code == 404 and "--enable-metrics" in response.json()["error"]["message"]
-    finally:
-        srv.stop()
 
 
 def test_start_failure_exits_non_zero_with_the_reason(tmp_path):
