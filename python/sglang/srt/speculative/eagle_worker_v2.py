@@ -536,7 +536,7 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_offset[rows] = offsets + 1
         return next_ids, out.next_token_logits, hits
 
-    def measure_step_costs(self, repeats: int = 5) -> dict:
+    def measure_step_costs(self, repeats: int = 3) -> dict:
         """Seconds per decode step of each shape the policy can choose (step_costs.py)."""
         return measure_step_costs(self, repeats)
 

@@ -4,6 +4,11 @@ costs it learns from the running server refine."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import logging
+import os
+import tempfile
 import time
 
 import torch
@@ -12,13 +17,29 @@ from sglang.srt.model_executor.cuda_graph_runner import graph_batch_sizes
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 
+logger = logging.getLogger(__name__)
 
-def measure_step_costs(worker, repeats: int = 5) -> dict:
+# Each cost is the fastest of this many timed batches: a server sharing its device with others
+# starting up sees some batches slowed by their kernels (four 8B servers started together read a
+# plain step at batch 256 as 21.5 ms, and the context term 8x high).
+TRIALS = 3
+# How long a server waits for another one on its device to finish measuring before it measures
+# anyway (a table takes seconds; the lock goes with a process that dies).
+LOCK_TIMEOUT_S = 120.0
+
+
+def measure_step_costs(worker, repeats: int = 3) -> dict:
     """Seconds per decode step of a plain step and of each reachable k, at every graph
     bucket (replaying the graphs a real step replays), or eagerly at batch size 1 without
     graphs. Every row of these steps is the scratch row and every slot the padding slot 0,
     so no request's state is touched. Returns {"plain": {bs: s}, "spec": {(bs, k): s},
-    "context": {k: s per context token}} (see _context_seconds_per_token below)."""
+    "context": {k: s per context token}} (see _context_seconds_per_token below). Servers on one
+    device measure one at a time (device_lock)."""
+    with device_lock(_device_key(worker)):
+        return _measure(worker, repeats)
+
+
+def _measure(worker, repeats: int) -> dict:
     sizes = graph_batch_sizes(worker.model_runner) or [1]
     plain: dict[int, float] = {}
     spec: dict[tuple[int, int], float] = {}
@@ -66,14 +87,8 @@ def _copy_bandwidth(worker, nbytes: int = 1 << 26, repeats: int = 10) -> float:
     src = torch.empty(nbytes, dtype=torch.uint8, device=worker.device)
     dst = torch.empty_like(src)
     dst.copy_(src)
-    if worker.device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        dst.copy_(src)
-    if worker.device == "cuda":
-        torch.cuda.synchronize()
-    return 2 * nbytes * repeats / (time.perf_counter() - start)
+    return 2 * nbytes / fastest_call(worker.device, lambda: dst.copy_(src), repeats)
+
 
 def _seconds_per_call(worker, run, repeats: int) -> float:
     scratch = torch.tensor([worker.scratch_row], device=worker.device)
@@ -83,11 +98,54 @@ def _seconds_per_call(worker, run, repeats: int) -> float:
         run()
 
     once()  # warm-up
-    if worker.device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        once()
-    if worker.device == "cuda":
-        torch.cuda.synchronize()
-    return (time.perf_counter() - start) / repeats
+    return fastest_call(worker.device, once, repeats)
+
+
+def fastest_call(device: str, call, repeats: int, trials: int = TRIALS) -> float:
+    """Seconds per call of `call`, from the fastest of `trials` timed batches of `repeats` calls:
+    what the call costs when nothing else holds the device."""
+    best = float("inf")
+    for _ in range(trials):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return best
+
+
+def _device_key(worker) -> str:
+    if worker.device != "cuda":
+        return worker.device
+    index = torch.cuda.current_device()
+    uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+    return f"cuda-{uuid or index}"
+
+
+@contextlib.contextmanager
+def device_lock(key: str, timeout_s: float | None = None):
+    """Held while a server measures its step costs, so that servers starting together on one
+    device do not time each other's kernels: an flock on a file in the temp folder named by the
+    device, waited for up to `timeout_s` (LOCK_TIMEOUT_S), then measured without it, logged."""
+    timeout_s = LOCK_TIMEOUT_S if timeout_s is None else timeout_s
+    path = os.path.join(tempfile.gettempdir(), f"sglang-step-costs-{key}.lock")
+    with open(path, "a") as handle:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    logger.warning("another server held %s for over %.0f s: measuring step costs without it "
+                                   "(the table may read slow where both ran at once)", path, timeout_s)
+                    yield
+                    return
+                time.sleep(0.05)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
