@@ -7,8 +7,9 @@
 #       in a shifting mix; 128-token prompts, 512 output tokens): no draft, always k = 3, dynamic, KV 128K each.
 #   t2: the same trace: k = 1 on every step and dynamic (the reference shared with t1), KV 128K each.
 #       (Four 8B servers with KV for concurrency 256 do not fit one H200, hence two runs.)
-#   demo: the demo pair at concurrency 1..256 (256-token code prompts, 128 output tokens): no draft, always,
-#       dynamic and always_b (always's A/A twin), pinned by role.
+#   demo: the demo pair at concurrency 1, 4, 16, 64, 256 (256-token code prompts, 128 output tokens, 12 prompts
+#       per unit of concurrency, at least 12, at most 512): no draft, always, dynamic and always_b (always's A/A
+#       twin), pinned by role.
 # Usage (GPU machine, repository root): PARTS="t1" bash benchmark/results/2026-12-05_trace_demo/run.sh OUT
 set -u -o pipefail
 OUT=${1:?usage: run.sh OUT}
@@ -29,7 +30,8 @@ for part in ${PARTS:-t1 t2 demo}; do
       python -m sglang.benchmark.envelope --dynamic "$P/8b-acc3_dynamic.jsonl" "${statics[@]}" --out "$P/report.json" \
         > "$OUT/$part.txt" 2>&1 ;;
     demo)
-      env PIN=roles ROUNDS=3 PER_CONC=24 MAX_PROMPTS=768 SWEEP_TIMEOUT_S=115 PORT=30300 \
+      env PIN=roles ROUNDS=3 NUM_PROMPTS=${NUM_PROMPTS:-12} PER_CONC=${PER_CONC:-12} MAX_PROMPTS=${MAX_PROMPTS:-512} \
+        LEVELS=${LEVELS:-1,4,16,64,256} SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-80} PORT=30300 \
         bash benchmark/spec_envelope_gpu.sh "$P" demo no_draft always dynamic always_b
       python -m sglang.benchmark.envelope --dynamic "$P/demo_dynamic.jsonl" --static no_draft="$P/demo_no_draft.jsonl" \
         --static always="$P/demo_always.jsonl" --aa always="$P/demo_always_b.jsonl" --out "$P/report.json" \
