@@ -129,6 +129,31 @@ def test_sampled_steps_skip_the_whole_step_graph(rerun_graphs):
     assert "STEP" not in kinds and "TARGET_VERIFY" in kinds
 
 
+def test_every_batch_size_of_a_runner_writes_into_one_set_of_outputs(rerun_graphs, eager_outputs):
+    """A graph's outputs stay allocated as long as the graph: one set per runner, not one per
+    batch size (on an 8B-shaped EAGLE-3 server the per-size float32 logits took about 11 GB).
+    The tokens stay plain decoding's."""
+    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
+                                     speculative_num_steps=3, prefill_cuda_graph_max_tokens=PREFILL_GRAPH_TOKENS,
+                                     max_total_tokens=MAX_TOTAL_TOKENS))
+    worker = scheduler.tp_worker
+    runners = [r for runner in (worker.model_runner, worker.draft_runner) for r in runner.graph_runners
+               if isinstance(r, CudaGraphRunner)]
+    assert {(r.forward_mode.name, r.tokens_per_req) for r in runners} >= {("TARGET_VERIFY", 4), ("DECODE", 1),
+                                                                          ("DRAFT_EXTEND", 4)}
+    for runner in runners:
+        assert set(runner.outputs) == set(BUCKETS)
+        shared = runner.logits_out.untyped_storage().data_ptr()
+        assert runner.logits_out.shape[0] == max(BUCKETS) * runner.tokens_per_req
+        for bs, out in runner.outputs.items():
+            assert out.next_token_logits.untyped_storage().data_ptr() == shared, (runner.forward_mode, bs)
+            if out.aux_hidden_states is not None:
+                assert out.aux_hidden_states.untyped_storage().data_ptr() == \
+                    runner.aux_hidden_out.untyped_storage().data_ptr()
+    assert any(r.aux_hidden_out is not None for r in runners)  # the verify's aux states for the draft
+    assert generate(True) == eager_outputs["plain"]
+
+
 def test_plain_steps_of_the_speculative_worker_replay_their_graphs(rerun_graphs, eager_outputs):
     assert generate(True, choose=lambda i: 3 * (i % 2)) == eager_outputs["plain"]
     shapes = {shape[:2] for shape in rerun_graphs}

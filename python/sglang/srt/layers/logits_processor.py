@@ -36,6 +36,13 @@ class LogitsProcessor(nn.Module):
         logits = linear(hidden, lm_head.weight)
         if hasattr(lm_head, "gather_logits"):
             logits = lm_head.gather_logits(logits)
-        logits = logits.float()
-        aux = torch.cat(aux_hidden_states, dim=-1) if aux_hidden_states else None
+        out = forward_batch.logits_out
+        logits = logits.float() if out is None else out[:logits.shape[0]].copy_(logits)
+        aux = None
+        if aux_hidden_states:
+            out = forward_batch.aux_hidden_out
+            if out is None:
+                aux = torch.cat(aux_hidden_states, dim=-1)
+            else:
+                aux = torch.cat(aux_hidden_states, dim=-1, out=out[:aux_hidden_states[0].shape[0]])
         return LogitsProcessorOutput(next_token_logits=logits, aux_hidden_states=aux)

@@ -82,6 +82,11 @@ class ForwardBatch:
     positions_host: Optional[Sequence[int]] = None
     out_cache_loc_host: Optional[Sequence[int]] = None
     req_pool_indices_host: Optional[Sequence[int]] = None
+    # Set by a CUDA graph runner: where the logits processor writes the logits ([num_rows, vocab]
+    # float32) and the aux hidden states, views of buffers every batch size of the runner shares
+    # (a graph's own outputs would stay allocated once per captured batch size). None: new tensors.
+    logits_out: Optional[torch.Tensor] = None
+    aux_hidden_out: Optional[torch.Tensor] = None
     # Set by the ModelRunner before the forward.
     req_to_token_pool: Optional["ReqToTokenPool"] = None
     token_to_kv_pool: Optional["MHATokenToKVPool"] = None

@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-# Set by the ModelRunner before each forward, never sent.
-_LOCAL_FIELDS = ("req_to_token_pool", "token_to_kv_pool", "attn_backend")
+# Set by the ModelRunner (or a graph runner: output buffers) before each forward, never sent.
+_LOCAL_FIELDS = ("req_to_token_pool", "token_to_kv_pool", "attn_backend", "logits_out", "aux_hidden_out")
 # Runner ids per TP group (a process that joins a new group numbers from 0 again).
 _runner_ids: dict[int, itertools.count] = {}
 
