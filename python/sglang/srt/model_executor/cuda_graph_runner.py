@@ -118,10 +118,8 @@ class CudaGraphRunner:
         allocated once per batch size: float32 logits for every token of every bucket, for a
         verify at k = 3 over a 128K vocabulary 4 x 2,311 rows (the 23 buckets up to 256), 4.7 GB,
         against 0.5 GB shared."""
-        probe = self.model_runner.forward_eager(self._static_batch(self.max_bs))
-        self.logits_out = torch.empty_like(probe.next_token_logits)
-        if probe.aux_hidden_states is not None:
-            self.aux_hidden_out = torch.empty_like(probe.aux_hidden_states)
+        self.logits_out, self.aux_hidden_out = output_buffers(
+            self.model_runner.forward_eager(self._static_batch(self.max_bs)))
 
     def _static_batch(self, bs: int) -> ForwardBatch:
         n = bs * self.tokens_per_req
@@ -188,6 +186,12 @@ class CudaGraphRunner:
         self.staging.send(self.inputs)
         for target, tensor in late:
             target.copy_(tensor, non_blocking=True)
+
+
+def output_buffers(probe: LogitsProcessorOutput) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """Buffers shaped like a forward's logits and aux hidden states, for a runner's graphs to share."""
+    aux = probe.aux_hidden_states
+    return torch.empty_like(probe.next_token_logits), None if aux is None else torch.empty_like(aux)
 
 
 def _stage_token_rows(host, fb: ForwardBatch, tokens: torch.Tensor, width: int, n: int, graph_n: int) -> list:
@@ -259,6 +263,7 @@ class PrefillGraphRunner:
         self.eager_from: dict[int, int] = {}
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
         self.outputs: dict[tuple[int, int], LogitsProcessorOutput] = {}
+        self.logits_out = self.aux_hidden_out = None  # made by capture(), at the largest graph's shapes
         self.timings: dict[tuple[int, int], tuple[float, float]] = {}  # (replay s, eager launch s)
         # Every integer input is a view of one buffer, which one copy from a host staging buffer
         # fills per replay: input ids, positions and KV slots ([3, max_tokens]), the requests'
@@ -316,6 +321,11 @@ class PrefillGraphRunner:
 
     def capture(self) -> None:
         start = time.perf_counter()
+        # One set of outputs for every graph, as CudaGraphRunner's (here up to 2K tokens of aux
+        # hidden states per graph, ~50 graphs).
+        self._valid_layout(self.max_reqs, self.max_tokens)
+        self.logits_out, self.aux_hidden_out = output_buffers(
+            self.model_runner.forward_eager(self._static_batch(self.max_reqs, self.max_tokens)))
         for bs in reversed(self.request_buckets):  # largest first, as CudaGraphRunner
             for n in reversed(self.token_buckets):
                 if n >= bs:
@@ -339,13 +349,17 @@ class PrefillGraphRunner:
             extend_prefix_lens_cpu=None, capture_aux_hidden_states=self.capture_aux,
             spec_hidden_states=self.spec_hidden[:n] if self.spec_hidden is not None else None,
             extend_seq_lens=lens, extend_start_loc=starts, last_token_index=last,
+            logits_out=self.logits_out, aux_hidden_out=self.aux_hidden_out,
         )
 
-    def _capture_one(self, bs: int, n: int) -> None:
-        # The capture runs the forward: give it a valid layout (one request of n tokens).
+    def _valid_layout(self, bs: int, n: int) -> None:
+        """One request of n tokens: a layout the forward can run (a capture runs it)."""
         self.layouts[bs].zero_()
         self.layouts[bs][0, 0] = self.layouts[bs][2, 0] = n
         self.layouts[bs][3, 0] = n - 1
+
+    def _capture_one(self, bs: int, n: int) -> None:
+        self._valid_layout(bs, n)
         self.graphs[bs, n], self.outputs[bs, n] = capture_graph(
             lambda: self.model_runner.forward_eager(self._static_batch(bs, n)), self.model_runner.graph_memory_pool())
 
