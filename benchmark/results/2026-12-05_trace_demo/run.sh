@@ -11,6 +11,8 @@
 #       per unit of concurrency, at least 12, at most 512): no draft, always, dynamic and always_b (always's A/A
 #       twin), pinned by role.
 # Usage (GPU machine, repository root): PARTS="t1" bash benchmark/results/2026-12-05_trace_demo/run.sh OUT
+# (ROUNDS=N for t1 / t2: three rounds of t1 take ~12 minutes with the start on a fresh machine; split them over
+# calls and pool the rounds' lines.)
 set -u -o pipefail
 OUT=${1:?usage: run.sh OUT}
 HERE=$(dirname "$0")
@@ -20,7 +22,7 @@ for part in ${PARTS:-t1 t2 demo}; do
   case $part in
     t1|t2)
       [ "$part" = t1 ] && servers="no_draft always dynamic" || servers="k1 dynamic"
-      env INPUT_LEN=128 OUTPUT_LEN=512 NUM_PROMPTS=2 PER_CONC=1 HEALTH_DEADLINE_S=300 ROUNDS=3 TRACE=${TRACE:-$HERE/trace.json} \
+      env INPUT_LEN=128 OUTPUT_LEN=512 NUM_PROMPTS=2 PER_CONC=1 HEALTH_DEADLINE_S=300 ROUNDS=${ROUNDS:-3} TRACE=${TRACE:-$HERE/trace.json} \
         KV_TOKENS=128000 PORT=30200 SWEEP_TIMEOUT_S=175 bash benchmark/spec_envelope_gpu.sh "$P" 8b-acc3 $servers
       statics=()
       for s in no_draft always k1; do
