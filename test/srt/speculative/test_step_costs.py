@@ -58,3 +58,12 @@ def test_a_lock_held_too_long_is_measured_past_and_said(caplog):
     start = time.monotonic()
     with device_lock(key, timeout_s=5):
         assert time.monotonic() - start < 1
+
+
+def test_a_lock_file_that_cannot_be_opened_is_measured_past_and_said(caplog, monkeypatch, tmp_path):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "missing"))
+    entered = False
+    with caplog.at_level(logging.WARNING, logger="sglang.srt.speculative.step_costs"):
+        with device_lock(f"test-{uuid.uuid4().hex}", timeout_s=5):
+            entered = True
+    assert entered and "cannot open" in caplog.text

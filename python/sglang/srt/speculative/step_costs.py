@@ -132,7 +132,13 @@ def device_lock(key: str, timeout_s: float | None = None):
     device, waited for up to `timeout_s` (LOCK_TIMEOUT_S), then measured without it, logged."""
     timeout_s = LOCK_TIMEOUT_S if timeout_s is None else timeout_s
     path = os.path.join(tempfile.gettempdir(), f"sglang-step-costs-{key}.lock")
-    with open(path, "a") as handle:
+    try:
+        handle = open(path, "a")
+    except OSError as e:  # e.g. another user's lock file
+        logger.warning("cannot open %s (%s): measuring step costs without it", path, e)
+        yield
+        return
+    with handle:
         deadline = time.monotonic() + timeout_s
         while True:
             try:
