@@ -433,3 +433,29 @@ def test_an_arrival_held_for_company_can_be_aborted(tiny_model_paths):
     assert results["held"]["reason"]["type"] == "abort" and results["held"]["ids"] == []
     assert all(len(results[f"load{i}"]["ids"]) == 200 for i in range(40))
     assert_accounting(scheduler)
+
+
+def test_decode_log_line_reads_the_throughput_of_its_window_without_idle_time(tiny_model_paths, caplog,
+                                                                               monkeypatch):
+    """The log line's gen throughput is the tokens of the steps since the last line over the time
+    they took (a last step slowed by anything no longer sets it), and time the server sat idle
+    does not count."""
+    import logging
+    import types
+
+    from sglang.srt.managers import scheduler as scheduler_module
+
+    scheduler = make_scheduler(tiny_model_paths["llama"], max_total_tokens=4096)
+    now = [1000.0]
+    monkeypatch.setattr(scheduler_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    scheduler.step()  # idle: nothing to run
+    now[0] += 500.0  # idle for a long while
+    scheduler.step()
+    interval = scheduler_module.DECODE_LOG_INTERVAL
+    with caplog.at_level(logging.INFO, logger="sglang.srt.managers.scheduler"):
+        for i in range(interval):
+            now[0] += 0.01 if i < interval - 1 else 1.0  # the last step of the window is slow
+            scheduler._count_step(4, True)
+    line = next(r.getMessage() for r in caplog.records if "Decode batch." in r.getMessage())
+    window = 4 * interval / (0.01 * (interval - 1) + 1.0)
+    assert f"gen throughput (token/s): {window:.2f}," in line, line

@@ -134,11 +134,13 @@ def test_threshold_server_reports_its_modes_in_metrics_and_logs():
 def test_cost_server_shows_learned_costs_and_exploration_in_metrics_and_server_info():
     """A dynamic server prices its steps by what they cost it: /get_server_info and /metrics show
     the start-up table (prior) and the learned cost per (k, bucket) for the k that ran, the
-    exploration share and its estimated cost."""
+    exploration share and its estimated cost; the decode log line sets the tokens per second the
+    policy expects of its k beside the served ones."""
     server = ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
-                           "--enable-metrics", "--skip-server-warmup")
+                           "--enable-metrics", "--log-level", "info", "--skip-server-warmup")
     try:
-        body = {"text": "def parse(line):", "sampling_params": {"temperature": 0, "max_new_tokens": 96,
+        # Long enough for a decode log line (every 40 decode steps; up to 4 tokens a step).
+        body = {"text": "def parse(line):", "sampling_params": {"temperature": 0, "max_new_tokens": 192,
                                                                 "ignore_eos": True}}
         assert httpx.post(f"{server.base_url}/generate", json=body, timeout=120).status_code == 200
         policy = server_state(server)["spec_policy"]
@@ -160,3 +162,5 @@ def test_cost_server_shows_learned_costs_and_exploration_in_metrics_and_server_i
         assert_server_kv_accounting(server)
     finally:
         server.stop()
+    lines = [line for line in server.output().splitlines() if "Decode batch." in line]
+    assert lines and all(float(line.split("expected (token/s): ")[1].split(",")[0]) > 0 for line in lines), lines

@@ -81,6 +81,9 @@ class Scheduler:
         self._admission_view: Optional[tuple] = None  # _running_view, while _schedule_prefill admits
         self.last_step_time = time.perf_counter()
         self.last_step_throughput = 0.0
+        # Tokens and busy seconds (steps' intervals, idle time left out) since the last decode log line.
+        self._window_tokens, self._window_seconds = 0, 0.0
+        self._idle = True  # nothing waited, ran or was in flight after the last step
         self.tokenizer = None
         self.overlap = not server_args.disable_overlap_schedule
         self.num_decode_steps = 0
@@ -175,6 +178,8 @@ class Scheduler:
             # A request's KV extent is exact only once no speculative step of it is in flight.
             self._process_in_flight()
         start = time.perf_counter()
+        if self._idle:  # the time since the last step was idle: the next step's interval starts now
+            self.last_step_time = start
         self._drop_aborted()
         if self.grammar_queue:
             self._take_compiled_grammars()
@@ -192,6 +197,7 @@ class Scheduler:
                 clock.lap("process")
                 outputs = self._collect_outputs()
                 clock.lap("collect")
+                self._idle = False
                 return outputs
         if self.in_flight is not None:
             result = self.in_flight[1]
@@ -213,6 +219,7 @@ class Scheduler:
                 clock.lap("process")
         outputs = self._collect_outputs()
         clock.lap("collect")
+        self._idle = not (self.waiting_queue or self.running_reqs or self.chunked_req or self.in_flight)
         return outputs
 
     def spec_steps_for(self, batch_size: int) -> int:
@@ -416,6 +423,8 @@ class Scheduler:
         now = time.perf_counter()
         self.num_generated_tokens += new_tokens
         self.last_step_throughput = new_tokens / max(now - self.last_step_time, 1e-9)
+        self._window_tokens += new_tokens
+        self._window_seconds += now - self.last_step_time
         self.last_step_time = now
         if not is_decode:
             return
@@ -424,14 +433,23 @@ class Scheduler:
             self._log_decode()
 
     def _log_decode(self) -> None:
+        """Every DECODE_LOG_INTERVAL decode steps: the batch, the KV in use, the speculation of the
+        moment (with a cost policy, the tokens per second it expects of its k, to set beside the
+        served throughput) and the tokens per second generated since the last such line, over
+        the time the scheduler was busy."""
         state = self.kv_manager.accounting(0)
         line = (f"Decode batch. #running-req: {len(self.running_reqs)}, "
                 f"#token: {state['total_slots'] - state['free_slots']}, "
                 f"token usage: {1 - state['free_slots'] / state['total_slots']:.2f}, ")
         if self.spec_k:
-            line += (f"accept len: {self.tp_worker.stats.take_window_accept_length():.2f}, "
-                     f"spec k: {self.spec_policy.current_k}, ")
-        line += f"gen throughput (token/s): {self.last_step_throughput:.2f}, #queue-req: {len(self.waiting_queue)}"
+            k = self.spec_policy.current_k
+            line += f"accept len: {self.tp_worker.stats.take_window_accept_length():.2f}, spec k: {k}, "
+            expected = getattr(self.spec_policy, "last_objective", {}).get(k)
+            if expected:
+                line += f"expected (token/s): {expected:.0f}, "
+        window = self._window_tokens / max(self._window_seconds, 1e-9)
+        self._window_tokens, self._window_seconds = 0, 0.0
+        line += f"gen throughput (token/s): {window:.2f}, #queue-req: {len(self.waiting_queue)}"
         logger.info(line)
 
     def _append(self, req: Req, token_id: int) -> None:
