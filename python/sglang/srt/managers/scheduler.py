@@ -124,8 +124,7 @@ class Scheduler:
         self.waiting_queue.append(req)
 
     def _take_compiled_grammars(self) -> None:
-        idle = not (self.waiting_queue or self.running_reqs or self.chunked_req or self.in_flight)
-        for req, error in self.grammar_queue.pop_ready(idle):
+        for req, error in self.grammar_queue.pop_ready(self._is_idle()):
             if error:
                 req.finished_reason = finish_abort(error)
                 self.pending_outputs.append(req)
@@ -219,8 +218,12 @@ class Scheduler:
                 clock.lap("process")
         outputs = self._collect_outputs()
         clock.lap("collect")
-        self._idle = not (self.waiting_queue or self.running_reqs or self.chunked_req or self.in_flight)
+        self._idle = self._is_idle()
         return outputs
+
+    def _is_idle(self) -> bool:
+        """Nothing waits, runs or is in flight."""
+        return not (self.waiting_queue or self.running_reqs or self.chunked_req or self.in_flight)
 
     def spec_steps_for(self, batch_size: int) -> int:
         """Draft tokens for the next decode step of the running requests (0: a plain step), as
@@ -444,7 +447,7 @@ class Scheduler:
         if self.spec_k:
             k = self.spec_policy.current_k
             line += f"accept len: {self.tp_worker.stats.take_window_accept_length():.2f}, spec k: {k}, "
-            expected = getattr(self.spec_policy, "last_objective", {}).get(k)
+            expected = self.spec_policy.last_objective.get(k)
             if expected:
                 line += f"expected (token/s): {expected:.0f}, "
         window = self._window_tokens / max(self._window_seconds, 1e-9)

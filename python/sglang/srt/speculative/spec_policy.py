@@ -44,6 +44,9 @@ class SpecPolicy(ABC):
         self.steps_per_k: dict[int, int] = {}
         # Steps run in a row with current_k, the step that chose it included (for dwell).
         self.steps_in_current = 0
+        # Expected tokens per second of each candidate k at the last evaluation (policies that price
+        # steps fill it; shown in the decode log line).
+        self.last_objective: dict[int, float] = {}
 
     def choose(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0, explore: bool = False) -> int:
         """k for the next decode step of this batch; 0 = PLAIN. rids: its decode requests that may
@@ -228,9 +231,6 @@ class CostPolicy(SpecPolicy):
         if missing:
             raise ValueError(f"CostPolicy: the cost table has no step time for k in {missing} "
                              f"(measured k: {list(cost.measured_steps)})")
-        # The objective at the last step that evaluated it (steps held by dwell do not), for
-        # logs and tests.
-        self.last_objective: dict[int, float] = {}
         self._evaluated_key: Optional[tuple] = None  # (graph bucket, candidate set) of the last evaluation
         self.num_decisions = 0  # switches the objective made (exploration's own moves not counted)
         self.last_switch: Optional[str] = None  # why the last decided switch was made

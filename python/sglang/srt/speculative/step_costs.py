@@ -129,7 +129,8 @@ def _device_key(worker) -> str:
 def device_lock(key: str, timeout_s: float | None = None):
     """Held while a server measures its step costs, so that servers starting together on one
     device do not time each other's kernels: an flock on a file in the temp folder named by the
-    device, waited for up to `timeout_s` (LOCK_TIMEOUT_S), then measured without it, logged."""
+    device, waited for up to `timeout_s` (LOCK_TIMEOUT_S); past that, or where the file cannot be
+    opened, the costs are measured without it, logged."""
     timeout_s = LOCK_TIMEOUT_S if timeout_s is None else timeout_s
     path = os.path.join(tempfile.gettempdir(), f"sglang-step-costs-{key}.lock")
     try:
@@ -139,19 +140,24 @@ def device_lock(key: str, timeout_s: float | None = None):
         yield
         return
     with handle:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    logger.warning("another server held %s for over %.0f s: measuring step costs without it "
-                                   "(the table may read slow where both ran at once)", path, timeout_s)
-                    yield
-                    return
-                time.sleep(0.05)
+        locked = _flock_within(handle, timeout_s)
+        if not locked:
+            logger.warning("another server held %s for over %.0f s: measuring step costs without it "
+                           "(the table may read slow where both ran at once)", path, timeout_s)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _flock_within(handle, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
