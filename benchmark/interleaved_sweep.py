@@ -94,6 +94,23 @@ def pool(lines: list[dict]) -> dict:
     return pooled
 
 
+def pool_phases(rounds: list[list[dict]]) -> list[dict]:
+    """One trace's phases over its rounds: the tokens delivered during each phase over its seconds
+    (summed over the rounds), each round's rate, the requests started in it and their mean TPOT."""
+    pooled = []
+    for i, first in enumerate(rounds[0]):
+        same = [phases[i] for phases in rounds]
+        seconds = sum(phase["seconds"] for phase in same)
+        tokens = sum(phase.get("window_output_tokens", 0) for phase in same)
+        tpots = [phase["mean_tpot_ms"] for phase in same if isinstance(phase.get("mean_tpot_ms"), (int, float))]
+        pooled.append({"seconds": first["seconds"], "target_concurrency": first["target_concurrency"],
+                       "accept_mix": first["accept_mix"], "completed": sum(phase["completed"] for phase in same),
+                       "window_output_tokens": tokens, "window_output_throughput": tokens / seconds,
+                       "round_window_output_throughput": [phase.get("window_output_throughput") for phase in same],
+                       "mean_tpot_ms": statistics.fmean(tpots) if tpots else None})
+    return pooled
+
+
 async def sweep(args: argparse.Namespace) -> int:
     names = [name for name, _ in args.server]
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=runner.CONNECT_TIMEOUT_S, sock_read=args.request_timeout)
@@ -152,7 +169,10 @@ async def sweep_trace(args: argparse.Namespace, names: list[str], benches: dict,
     other round); OUT/NAME.trace.jsonl gets each round's line, OUT/NAME.jsonl the rounds pooled."""
     rounds = await run_rounds(args, names, benches, session, lambda name, _: runner.measure_trace(benches[name]))
     for name in names:
-        runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pool([dict(line, phases=None) for line in rounds[name]]))
+        lines = rounds[name]
+        pooled = pool([dict(line, phases=None) for line in lines])
+        pooled["phases"] = pool_phases([line["phases"] for line in lines])
+        runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pooled)
     for name in names:
         print(f"trace: {name} " + " / ".join(f"{line['output_throughput']:.0f}" for line in rounds[name]) + " tok/s",
               flush=True)

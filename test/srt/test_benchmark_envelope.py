@@ -43,3 +43,26 @@ def test_a_trace_needs_five_percent_on_throughput_and_tpot(tmp_path):
     slower = write(tmp_path / "d2.jsonl", [trace(1100.0, 9.4)])  # TPOT only 1.02 x the best
     assert envelope.main(["--dynamic", slower] + sum((["--static", s] for s in statics), [])) == 1
     assert envelope.main(["--dynamic", str(tmp_path / "missing.jsonl"), "--static", statics[0]]) == 2
+
+
+def test_a_trace_with_phases_is_also_read_phase_by_phase(tmp_path, capsys):
+    """Lines that carry the tokens delivered per phase get each phase's dynamic / best static (the
+    best may differ by phase) and their mean; the verdict stays on the whole trace."""
+    def trace(tok_s, tpot, phases):
+        return {"max_concurrency": None, "output_throughput": tok_s, "mean_tpot_ms": tpot,
+                "phases": [{"target_concurrency": load, "window_output_throughput": rate} for load, rate in phases]}
+
+    dynamic = write(tmp_path / "d.jsonl", [trace(1100.0, 9.0, [([1, 1], 120.0), ([256, 256], 980.0)])])
+    no_draft = write(tmp_path / "n.jsonl", [trace(1000.0, 10.0, [([1, 1], 60.0), ([256, 256], 1000.0)])])
+    always = write(tmp_path / "a.jsonl", [trace(900.0, 9.6, [([1, 1], 100.0), ([256, 256], 700.0)])])
+    out = tmp_path / "report.json"
+    assert envelope.main(["--dynamic", dynamic, "--static", f"no_draft={no_draft}", "--static", f"always={always}",
+                          "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert [(p["best_static"], p["dynamic_over_best"]) for p in row["phases"]] == [("always", 1.2), ("no_draft", 0.98)]
+    assert row["mean_phase_ratio"] == 1.09
+    printed = capsys.readouterr().out
+    assert "phase 1 (concurrency 256)" in printed and "0.980" in printed and "mean of the phases" in printed
+    old = write(tmp_path / "old.jsonl", [{"max_concurrency": None, "output_throughput": 1000.0, "mean_tpot_ms": 10.0}])
+    assert envelope.main(["--dynamic", dynamic, "--static", f"no_draft={old}", "--out", str(out)]) == 0
+    assert "phases" not in json.loads(out.read_text())[0]  # a line without phases: the whole trace only

@@ -80,6 +80,11 @@ def test_envelope_script_plays_a_trace_against_each_server_in_turn(tmp_path):
     lines = {name: json.loads((out / f"demo_{name}.jsonl").read_text().splitlines()[-1])
              for name in ("no_draft", "dynamic")}
     assert all(line["rounds"] == 2 and line["completed"] >= 4 and line["failed"] == 0 for line in lines.values())
+    for line in lines.values():  # the pooled phases: tokens delivered during each, over both rounds' seconds
+        assert [phase["seconds"] for phase in line["phases"]] == [1, 1]
+        assert all(len(phase["round_window_output_throughput"]) == 2 for phase in line["phases"])
+        assert line["phases"][0]["window_output_throughput"] == pytest.approx(
+            line["phases"][0]["window_output_tokens"] / 2)
     with tarfile.open(out / "demo_servers.tgz") as archive:
         rounds = [json.loads(line) for line in archive.extractfile("demo_dynamic.rounds.jsonl").read().splitlines()]
     assert [len(r["phases"]) for r in rounds] == [2, 2] and [r["round"] for r in rounds] == [0, 1]

@@ -9,7 +9,8 @@ second instance of one static kind), and judges each level or a trace.
 Levels: dynamic / best static >= 0.98, and >= 0.99 x no draft where no draft is best; a miss that
 lies within the A/A spread of that level (|1 - control / its twin|) is reported as such. A trace
 (lines without a concurrency): dynamic >= 1.05 x the best static on output tokens per second and
-on mean time per output token. Exit status 0 when every goal holds, 1 when one is missed, 2 on
+on mean time per output token; where the lines carry phases (tokens delivered during each
+phase), each phase's dynamic / best static is shown too, with their mean. Exit status 0 when every goal holds, 1 when one is missed, 2 on
 unusable input."""
 
 from __future__ import annotations
@@ -70,12 +71,37 @@ def judge_trace(dynamic: dict, statics: dict[str, dict]) -> dict:
     best_tok, best_tpot = max(tok_s, key=tok_s.get), min(tpot, key=tpot.get)
     throughput_gain = dynamic["output_throughput"] / tok_s[best_tok]
     tpot_gain = tpot[best_tpot] / dynamic["mean_tpot_ms"]
-    return {"level": "trace", "dynamic_tok_s": round(dynamic["output_throughput"], 1),
-            "static_tok_s": {n: round(v, 1) for n, v in tok_s.items()},
-            "dynamic_mean_tpot_ms": round(dynamic["mean_tpot_ms"], 3),
-            "static_mean_tpot_ms": {n: round(v, 3) for n, v in tpot.items()},
-            "throughput_over_best": round(throughput_gain, 4), "tpot_gain_over_best": round(tpot_gain, 4),
-            "ok": throughput_gain >= GOAL_TRACE and tpot_gain >= GOAL_TRACE}
+    out = {"level": "trace", "dynamic_tok_s": round(dynamic["output_throughput"], 1),
+           "static_tok_s": {n: round(v, 1) for n, v in tok_s.items()},
+           "dynamic_mean_tpot_ms": round(dynamic["mean_tpot_ms"], 3),
+           "static_mean_tpot_ms": {n: round(v, 3) for n, v in tpot.items()},
+           "throughput_over_best": round(throughput_gain, 4), "tpot_gain_over_best": round(tpot_gain, 4),
+           "ok": throughput_gain >= GOAL_TRACE and tpot_gain >= GOAL_TRACE}
+    phases = judge_phases(dynamic, statics)
+    if phases:
+        out["phases"] = phases
+        ratios = [p["dynamic_over_best"] for p in phases if p["dynamic_over_best"] is not None]
+        out["mean_phase_ratio"] = round(sum(ratios) / len(ratios), 4) if ratios else None
+    return out
+
+
+def judge_phases(dynamic: dict, statics: dict[str, dict]) -> list[dict]:
+    """Per phase: the tokens each server delivered during it per second, and dynamic / the best
+    static; [] unless every line carries the same phases with delivered tokens."""
+    lines = [dynamic, *statics.values()]
+    if not all(line.get("phases") for line in lines) or len({len(line["phases"]) for line in lines}) != 1:
+        return []
+    if not all("window_output_throughput" in phase for line in lines for phase in line["phases"]):
+        return []
+    rows = []
+    for i, phase in enumerate(dynamic["phases"]):
+        tok_s = {name: line["phases"][i]["window_output_throughput"] for name, line in statics.items()}
+        best = max(tok_s, key=tok_s.get)
+        mine = phase["window_output_throughput"]
+        rows.append({"phase": i, "target_concurrency": phase["target_concurrency"],
+                     "dynamic_tok_s": round(mine, 1), "static_tok_s": {n: round(v, 1) for n, v in tok_s.items()},
+                     "best_static": best, "dynamic_over_best": round(mine / tok_s[best], 4) if tok_s[best] else None})
+    return rows
 
 
 def report(dynamic: dict, statics: dict[str, dict], aa: tuple[str, dict] | None) -> list[dict]:
@@ -97,6 +123,14 @@ def print_table(rows: list[dict]) -> None:
         if row["level"] == "trace":
             print(f"trace: dynamic {row['dynamic_tok_s']} tok/s ({row['throughput_over_best']:.3f} x best), mean TPOT "
                   f"{row['dynamic_mean_tpot_ms']} ms ({row['tpot_gain_over_best']:.3f} x best) {'ok' if row['ok'] else 'MISS'}")
+            for phase in row.get("phases", []):
+                low, high = phase["target_concurrency"]
+                load = f"{low}" if low == high else f"{low}->{high}"
+                print(f"  phase {phase['phase']} (concurrency {load}): dynamic {phase['dynamic_tok_s']} tok/s delivered, "
+                      f"best static {phase['best_static']} {phase['static_tok_s'][phase['best_static']]}: "
+                      + (f"{phase['dynamic_over_best']:.3f}" if phase["dynamic_over_best"] is not None else "none delivered"))
+            if row.get("mean_phase_ratio") is not None:
+                print(f"  mean of the phases' dynamic / best: {row['mean_phase_ratio']:.3f}")
             continue
         aa = f", A/A spread {row['aa_spread']:.3f}" if "aa_spread" in row else ""
         verdict = "ok" if row["ok"] else ("miss within A/A" if row.get("miss_within_aa") else "MISS")

@@ -8,11 +8,14 @@ accept lengths, played closed-loop against one server (--trace FILE).
 
 A mix (accept length -> weight) makes each request ask a server run with SGLANG_SIMULATE_ACC_LEN
 for its own accept length (benchmarks of speculation on random weights only; a server without a
-draft ignores it). Requests started in a phase count toward that phase."""
+draft ignores it). Requests started in a phase count toward that phase; each phase's `window_*`
+fields count instead the output tokens delivered during its seconds, whichever phase their request
+started in (what the server served under that phase's load)."""
 
 from __future__ import annotations
 
 import asyncio
+import bisect
 import dataclasses
 import json
 import math
@@ -127,12 +130,30 @@ async def play_trace(client: BackendClient, dataset, rng: random.Random, phases:
 
 def trace_line(results: list[tuple[int, RequestResult]], phases: list[Phase], start: float,
                duration: float) -> dict:
-    """The result line of a trace: the whole run's fields, and per phase those of its requests."""
+    """The result line of a trace: the whole run's fields, and per phase those of its requests and
+    the tokens delivered during it; `drain_*`: the tokens delivered after the trace's time was up."""
     line = summarize([r for _, r in results], start, duration)
+    windows = delivered_by_window(results, phases, start)
     line["phases"] = []
     for i, phase in enumerate(phases):
         mine = [r for index, r in results if index == i]
         fields = summarize(mine, start, phase.seconds) if mine else {"completed": 0}
         line["phases"].append({"seconds": phase.seconds, "target_concurrency": [phase.concurrency_from, phase.concurrency_to],
-                               "accept_mix": phase.accept_mix, **fields})
+                               "accept_mix": phase.accept_mix, **fields, "window_output_tokens": windows[i],
+                               "window_output_throughput": windows[i] / phase.seconds})
+    line["drain_seconds"] = max(0.0, duration - sum(phase.seconds for phase in phases))
+    line["drain_output_tokens"] = windows[-1]
     return line
+
+
+def delivered_by_window(results: list[tuple[int, RequestResult]], phases: list[Phase], start: float) -> list[float]:
+    """Output tokens of the successful requests by the phase during which they arrived, and last
+    those that arrived after the trace's time (len(phases) + 1 entries)."""
+    ends = [start + sum(p.seconds for p in phases[: i + 1]) for i in range(len(phases))]
+    windows = [0.0] * (len(phases) + 1)
+    for _, result in results:
+        if not result.success:
+            continue
+        for arrived, tokens in result.chunks:
+            windows[bisect.bisect_right(ends, arrived)] += tokens
+    return windows

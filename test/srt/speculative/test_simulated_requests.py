@@ -12,7 +12,8 @@ import httpx
 import pytest
 
 from sglang import bench_serving, demo
-from sglang.benchmark.trace import Phase, TraceError, load_trace, parse_mix
+from sglang.benchmark.backends import RequestResult
+from sglang.benchmark.trace import Phase, TraceError, load_trace, parse_mix, trace_line
 from sglang.srt.errors import InvalidRequest
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.test.server_fixture import ServerProcess
@@ -99,6 +100,31 @@ def test_bench_serving_plays_a_trace_with_a_shifting_mix(simulating_server, tmp_
     assert first["accept_length"] > second["accept_length"], (first["accept_length"], second["accept_length"])
     assert line["output_throughput"] > 0 and line["mean_tpot_ms"] > 0
     assert line["spec_accept_length"] is not None
+    # Every delivered token falls in one phase's window or in the drain after the trace's time.
+    delivered = sum(phase["window_output_tokens"] for phase in line["phases"]) + line["drain_output_tokens"]
+    assert delivered == line["total_output_tokens"] and first["window_output_tokens"] > 0
+    assert second["window_output_throughput"] == pytest.approx(second["window_output_tokens"] / 3)
+
+
+def test_a_phase_counts_the_tokens_delivered_during_it_whoever_started_them():
+    """A request started late in phase 0 that streams through phase 1 adds its later tokens to
+    phase 1's window, not to phase 0's; tokens after the trace's time are the drain's."""
+    start = 100.0
+    phases = [Phase(10, 1, 1), Phase(10, 4, 4)]
+
+    def result(*chunks):
+        return RequestResult(success=True, latency=1.0, ttft=0.1, output_tokens=sum(n for _, n in chunks),
+                             chunks=list(chunks))
+
+    spanning = result((start + 9.0, 1), (start + 9.99, 2), (start + 10.0, 3), (start + 12.0, 4))
+    late = result((start + 19.5, 5), (start + 21.0, 6))
+    failed = RequestResult(success=False, chunks=[(start + 1.0, 7)])
+    line = trace_line([(0, spanning), (1, late), (0, failed)], phases, start, 21.5)
+    first, second = line["phases"]
+    assert (first["window_output_tokens"], second["window_output_tokens"], line["drain_output_tokens"]) == (3, 12, 6)
+    assert first["window_output_throughput"] == pytest.approx(0.3) and line["drain_seconds"] == pytest.approx(1.5)
+    # The fields of the requests started in each phase stay as they were.
+    assert first["total_output_tokens"] == 10 and second["total_output_tokens"] == 11
 
 
 def test_trace_files_and_mixes_are_checked(tmp_path):
