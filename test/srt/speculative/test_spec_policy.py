@@ -443,6 +443,31 @@ def test_an_unchanged_bucket_is_re_evaluated_every_few_steps_and_a_new_one_at_on
     assert len(evaluated) - count <= 2 + 1, evaluated[count:]
 
 
+def test_a_switch_is_logged_with_every_candidate_priced_as_the_policy_priced_it(caplog):
+    """The switch line gives each candidate's expected tok/s, its price per step with the batch's
+    context read included (what the decision used, not the table's empty-row time) and whether
+    that price was learned here, borrowed from a nearby bucket or the table's."""
+    cost = CostTable({1: 1.0e-3, 64: 2.0e-3}, {(1, 1): 1.26e-3, (64, 1): 3.0e-3, (1, K_MAX): 1.8e-3,
+                                               (64, K_MAX): 5.0e-3}, context_seconds={0: 1e-8, 1: 1e-8, K_MAX: 1e-8})
+    policy = CostPolicy([0, 1, K_MAX], cost, AcceptanceEstimator(K_MAX, prior=0.5))
+    rids = [f"r{i}" for i in range(40)]
+    context = 40 * 300
+    for _ in range(LEARN_FIRST_SAMPLES):  # k = 1 learned at bucket 1 only; k_max learned here, far slower
+        policy.observe_step_seconds(1, 1, 0, 1.3e-3)
+        policy.observe_step_seconds(40, K_MAX, context, 4 * cost.seconds(40, K_MAX, context))
+    policy.current_k, policy.steps_in_current = K_MAX, policy.min_dwell
+    with caplog.at_level(logging.INFO, logger="sglang.srt.speculative.spec_policy"):
+        k = policy.choose(rids, context_tokens=context)
+    assert k != K_MAX
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speculation: k 3 ->")]
+    assert f"at batch 40 ({context} context tokens)" in line
+    plain_ms = 1e3 * policy.seconds(40, 0, context)
+    assert plain_ms == pytest.approx(2.0 + 0.12)  # the context read is in the price
+    assert f"0: {policy.last_objective[0]:.0f} tok/s, {plain_ms:.3f} ms, table" in line, line
+    assert f"1: {policy.last_objective[1]:.0f} tok/s, {1e3 * policy.seconds(40, 1, context):.3f} ms, borrowed" in line
+    assert f"3: {policy.last_objective[3]:.0f} tok/s, {1e3 * policy.seconds(40, K_MAX, context):.3f} ms, learned" in line
+
+
 def test_the_choice_follows_the_learned_cost_not_the_table(caplog):
     """The table says k = 1 wins at batch 1 by 14%; the server's own steady steps say k = 1 costs
     three times the table's k_max step. Once those samples are in, the policy prices k = 1 by them

@@ -165,6 +165,14 @@ class LearnedCost:
         """Whether this bucket and context class have their own learned cost for k."""
         return (*self.key(batch_size, context_tokens), k) in self._log_ratio
 
+    def source(self, batch_size: int, k: int, context_tokens: int = 0) -> str:
+        """Where the cost of k here comes from: "learned" (this bucket and context class have
+        their own samples), "borrowed" (a nearby key's ratio) or "table" (the prior as it is)."""
+        if self.known(batch_size, k, context_tokens):
+            return "learned"
+        cls = self.key(batch_size, context_tokens)[1]
+        return "borrowed" if any(kk == k and abs(c - cls) <= 1 for _, c, kk in self._log_ratio) else "table"
+
     def ratio(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
         """learned / prior for a step of k at this batch size and summed context (borrowed from the
         nearest learned key at the same k within one context class while this one has none; 1

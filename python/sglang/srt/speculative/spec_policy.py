@@ -297,7 +297,7 @@ class CostPolicy(SpecPolicy):
         if cur is None or cur not in candidates:
             return best
         if best != cur and obj[best] > obj[cur] * (1.0 + self._margin(bs, cur, best)):
-            self._note_decision(bs, cur, best, obj, after_burst)
+            self._note_decision(bs, cur, best, obj, after_burst, context_tokens)
             return best
         if not after_burst:
             explored = self.exploration.start_if_due(key[0], cur, obj)
@@ -305,12 +305,18 @@ class CostPolicy(SpecPolicy):
                 return explored
         return cur
 
-    def _note_decision(self, bs: int, cur: int, best: int, obj: dict[int, float], after_burst: bool) -> None:
+    def _note_decision(self, bs: int, cur: int, best: int, obj: dict[int, float], after_burst: bool,
+                       context_tokens: int) -> None:
+        """Logs a decided switch with every candidate's expected tokens per second, its price per
+        step (context included) and where that price comes from (cost_model.LearnedCost.source)."""
         self.num_decisions += 1
         how = "after exploring it" if after_burst else "by the learned costs"
-        self.last_switch = (f"k {cur} -> {best} at batch {bs} {how}: expected {obj[best]:.0f} against "
-                            f"{obj[cur]:.0f} tok/s, {1e3 * self.seconds(bs, best):.3f} against "
-                            f"{1e3 * self.seconds(bs, cur):.3f} ms per step")
+        each = "; ".join(f"{k}: {value:.0f} tok/s, {1e3 * self.seconds(bs, k, context_tokens):.3f} ms, "
+                         f"{self.cost.source(bs, k, context_tokens)}" for k, value in sorted(obj.items()))
+        self.last_switch = (f"k {cur} -> {best} at batch {bs} ({context_tokens} context tokens) {how}: expected "
+                            f"{obj[best]:.0f} against {obj[cur]:.0f} tok/s, "
+                            f"{1e3 * self.seconds(bs, best, context_tokens):.3f} against "
+                            f"{1e3 * self.seconds(bs, cur, context_tokens):.3f} ms per step (k {each})")
         logger.info("speculation: %s", self.last_switch)
 
     def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
