@@ -1,4 +1,4 @@
-"""Rotary position embedding (neox / rotate-half layout), with Llama 3 and linear scaling."""
+"""Rotary position embedding (neox / rotate-half layout), with Llama 3, linear and YaRN scaling."""
 
 from __future__ import annotations
 
@@ -12,11 +12,16 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, rope_params: dict):
         super().__init__()
         self.head_dim = head_dim
+        # A YaRN config without its pre-training length extends from the table's own length.
+        rope_params = {"original_max_position_embeddings": max_position, **rope_params}
         inv_freq = compute_inv_freq(head_dim, rope_params)
         positions = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(positions, inv_freq)
+        # YaRN's attention factor multiplies cos and sin, hence both rotated q and k.
+        scale = attention_scaling(rope_params)
         # [max_position, head_dim]: cos | sin halves, kept in float32 for accuracy.
-        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1), persistent=False)
+        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1) * scale,
+                             persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]; returns rotated (q, k), in
@@ -49,7 +54,47 @@ def compute_inv_freq(head_dim: int, rope_params: dict) -> torch.Tensor:
         return inv_freq / float(rope_params["factor"])
     if rope_type == "llama3":
         return _llama3_scale(inv_freq, rope_params)
-    raise ValueError(f"rope type {rope_type!r} is not supported (supported: default, linear, llama3)")
+    if rope_type == "yarn":
+        return _yarn_scale(inv_freq, head_dim, base, rope_params)
+    raise ValueError(f"rope type {rope_type!r} is not supported (supported: default, linear, llama3, yarn)")
+
+
+def attention_scaling(rope_params: dict) -> float:
+    """The factor YaRN multiplies cos and sin by (1 for the other types)."""
+    if rope_params.get("rope_type", "default") != "yarn":
+        return 1.0
+    if rope_params.get("attention_factor") is not None:
+        return float(rope_params["attention_factor"])
+    factor = float(rope_params["factor"])
+    mscale, mscale_all_dim = rope_params.get("mscale"), rope_params.get("mscale_all_dim")
+    if mscale and mscale_all_dim:
+        return _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dim)
+    return _yarn_mscale(factor)
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def _yarn_scale(inv_freq: torch.Tensor, head_dim: int, base: float, p: dict) -> torch.Tensor:
+    """YaRN (arXiv 2309.00071): dimensions that turn fewer than `beta_slow` times over the original
+    context are interpolated (divided by `factor`), those turning more than `beta_fast` times are
+    kept, and a linear ramp blends the dimensions between."""
+    factor, old_len = float(p["factor"]), float(p["original_max_position_embeddings"])
+    beta_fast, beta_slow = float(p.get("beta_fast") or 32), float(p.get("beta_slow") or 1)
+
+    def dim_turning(turns: float) -> float:  # the (fractional) dimension index making `turns` rotations
+        return head_dim * math.log(old_len / (turns * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_turning(beta_fast), dim_turning(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, head_dim - 1)
+    if low == high:
+        high += 0.001  # a zero-width ramp would divide by zero
+    ramp = ((torch.arange(head_dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    # ramp 0: fast dimension (kept); ramp 1: slow dimension (interpolated).
+    return inv_freq * (1 - ramp) + (inv_freq / factor) * ramp
 
 
 def _llama3_scale(inv_freq: torch.Tensor, p: dict) -> torch.Tensor:

@@ -31,6 +31,24 @@ class ArchOptions:
     qk_norm: bool = False
 
 
+# transformers' names for the one activation these models compute (SiluAndMul).
+SUPPORTED_ACTIVATIONS = ("silu", "swish")
+
+
+def check_supported(config) -> None:
+    """Refuse at load time what these models would otherwise compute silently wrong: another
+    activation than SiluAndMul's, or sliding-window layers (every layer attends to the whole context)."""
+    act = getattr(config, "hidden_act", "silu")
+    if act not in SUPPORTED_ACTIVATIONS:
+        raise ValueError(f"hidden_act {act!r} in config.json is not supported (supported: "
+                         f"{', '.join(SUPPORTED_ACTIVATIONS)})")
+    window = getattr(config, "sliding_window", None)
+    sliding = [i for i, kind in enumerate(getattr(config, "layer_types", None) or []) if kind != "full_attention"]
+    if sliding and (window is None or window < config.max_position_embeddings):
+        raise ValueError(f"config.json makes layers {sliding} {config.layer_types[sliding[0]]} (window "
+                         f"{window}, use_sliding_window); only full attention is supported")
+
+
 class LlamaMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
         super().__init__()
@@ -144,6 +162,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config):
         super().__init__()
         check_shardable(config, tensor_parallel().size)
+        check_supported(config)
         self.config = config
         opts = self._options(config)
         self.model = LlamaModel(config, opts)
