@@ -9,8 +9,9 @@ import atexit
 import logging
 import multiprocessing as mp
 import shutil
+import threading
 import time
-from typing import Iterator, Optional, Union
+from typing import AsyncIterator, Iterator, Optional, Union
 
 from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
 from sglang.srt.managers.io_struct import GenerateReqInput
@@ -90,6 +91,7 @@ class Subprocesses:
 
 
 ENGINE_MAX_SEQUENCES_PER_REQUEST = 2**31 - 1
+_END = object()  # what _next returns when the generator is exhausted
 
 
 async def _first(agen):
@@ -99,9 +101,20 @@ async def _first(agen):
         await agen.aclose()
 
 
+async def _next(agen):
+    try:
+        return await agen.__anext__()
+    except StopAsyncIteration:  # not through a Future: StopAsyncIteration is no error to set there
+        return _END
+
+
 class Engine:
     """`Engine(model_path=..., **server_args)`: keyword names are ServerArgs fields; without
-    model_path it runs the demo code model shipped in sglang/demo."""
+    model_path it runs the demo code model shipped in sglang/demo.
+
+    The TokenizerManager lives on the engine's own event loop, run by a background thread, so
+    the blocking methods work from any thread (or inside a running loop) and `async_generate`
+    from any event loop; concurrent async calls are batched together by the scheduler."""
 
     def __init__(self, **kwargs):
         # An offline batch is the caller's own: no fan-out limit unless one is asked for (the HTTP
@@ -116,12 +129,15 @@ class Engine:
         self._closed = False
         self.subprocesses = Subprocesses(self.server_args)
         self.loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self.loop.run_forever, name="sglang-engine-loop", daemon=True)
+        self._loop_thread.start()
         try:
             self.tokenizer_manager = TokenizerManager(
                 self.server_args, self.subprocesses.port_args, self.subprocesses.model_info,
                 self.subprocesses.why_dead,
             )
         except BaseException:
+            self._stop_loop()
             self.subprocesses.shutdown()
             raise
         atexit.register(self.shutdown)
@@ -138,41 +154,102 @@ class Engine:
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """One result dict per prompt (`text`, `output_ids`, `meta_info`); a list for a list of
         prompts; an iterator of growing results when `stream=True`."""
+        agen = self._request(prompt, sampling_params, input_ids, stream, rid, return_logprob, top_logprobs_num)
+        if stream:
+            return self._iterate(agen)
+        return self._run(_first(agen))
+
+    async def async_generate(
+        self,
+        prompt: Optional[Union[str, list[str]]] = None,
+        sampling_params: Optional[Union[dict, list[dict]]] = None,
+        input_ids: Optional[Union[list[int], list[list[int]]]] = None,
+        stream: bool = False,
+        rid: Optional[Union[str, list[str]]] = None,
+        return_logprob: Union[bool, list[bool]] = False,
+        top_logprobs_num: Union[int, list[int]] = 0,
+    ) -> Union[dict, list[dict], AsyncIterator[dict]]:
+        """`generate` for asyncio callers, on any event loop: awaits the result, or with
+        `stream=True` returns an async iterator of growing results. Cancelling the awaiting task
+        aborts the request."""
+        agen = self._request(prompt, sampling_params, input_ids, stream, rid, return_logprob, top_logprobs_num)
+        if stream:
+            return self._aiterate(agen)
+        return await self._await(_first(agen))
+
+    def _request(self, prompt, sampling_params, input_ids, stream, rid, return_logprob, top_logprobs_num):
+        self._check_open()
         obj = GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params,
                                rid=rid, stream=stream, return_logprob=return_logprob,
                                top_logprobs_num=top_logprobs_num)
-        agen = self.tokenizer_manager.generate_request(obj)
-        if stream:
-            return self._iterate(agen)
-        return self.loop.run_until_complete(_first(agen))
+        return self.tokenizer_manager.generate_request(obj)
 
     def _iterate(self, agen) -> Iterator[dict]:
         try:
-            while True:
-                try:
-                    yield self.loop.run_until_complete(agen.__anext__())
-                except StopAsyncIteration:
-                    return
+            while (chunk := self._run(_next(agen))) is not _END:
+                yield chunk
         finally:
-            self.loop.run_until_complete(agen.aclose())
+            if not self._closed:
+                self._run(agen.aclose())
+
+    async def _aiterate(self, agen) -> AsyncIterator[dict]:
+        try:
+            while (chunk := await self._await(_next(agen))) is not _END:
+                yield chunk
+        finally:
+            if not self._closed:
+                await self._await(agen.aclose())
+
+    def _run(self, coro):
+        """Runs `coro` on the engine's loop and blocks for its result; an interrupt (Ctrl-C)
+        cancels it there, which aborts its request."""
+        future = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return future.result()
+        except BaseException:
+            future.cancel()
+            raise
+
+    async def _await(self, coro):
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Engine has been shut down; start a new sglang.Engine")
 
     def flush_cache(self) -> bool:
         """Drop the radix cache. False while requests are in flight."""
-        return self.loop.run_until_complete(self.tokenizer_manager.control("flush_cache"))
+        self._check_open()
+        return self._run(self.tokenizer_manager.control("flush_cache"))
 
     def get_server_info(self) -> dict:
         """Server args, model info, and live scheduler state, including the KV accounting
-        (`total_slots`, `free_slots`, `cached_slots`, `request_slots`)."""
-        state = self.loop.run_until_complete(self.tokenizer_manager.control("get_internal_state"))
-        return {**vars(self.server_args), **self.subprocesses.model_info, "internal_state": state}
+        (`total_slots`, `free_slots`, `cached_slots`, `request_slots`). `internal_states` holds
+        the same state as a one-element list, the shape upstream's Engine returns."""
+        self._check_open()
+        state = self._run(self.tokenizer_manager.control("get_internal_state"))
+        return {**vars(self.server_args), **self.subprocesses.model_info, "internal_state": state,
+                "internal_states": [state]}
 
     def shutdown(self) -> None:
+        """Stops the engine's processes; idempotent. Requests still waiting fail with an error."""
         if self._closed:
             return
         self._closed = True
         atexit.unregister(self.shutdown)
         self.subprocesses.shutdown()
-        self.loop.run_until_complete(self.tokenizer_manager.close())
+        self._run(self._close_tokenizer_manager())
+        self._stop_loop()
+
+    async def _close_tokenizer_manager(self) -> None:
+        manager = self.tokenizer_manager
+        if manager.rid_to_state or manager.control_waiters:
+            manager.fail_all("the engine was shut down")
+        await manager.close()
+
+    def _stop_loop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._loop_thread.join()
         self.loop.close()
 
     def __enter__(self):
