@@ -32,7 +32,9 @@
 # scheduler and detokenizer on the same two CPUs per role, since one server is measured at a
 # time, OMP_NUM_THREADS=1, the client on two more: no server's result depends on where the kernel
 # put it), STEP_TIMES (1: every server's scheduler times its steps by phase, SGLANG_STEP_TIMES,
-# one table per busy period, NAME.steps.N.txt in the archive). Servers always_b and always_c are
+# one table per busy period, NAME.steps.N.txt in the archive), LOAD_FORMAT (passed to every server as
+# --load-format; dummy makes the 8B target as config.json and tokenizer only, and every server draws
+# random weights itself: seconds at start-up instead of minutes writing and reading 16 GB). Servers always_b and always_c are
 # further always servers, controls: always_b's ratio to always at each level is the spread between
 # identical servers, which the report prints beside the envelope. With dynamic_b (a second
 # dynamic server) as well, always_b and dynamic_b are second instances instead: the report judges
@@ -53,12 +55,14 @@ case "$CONFIG" in
   8b-acc*)
     export NUM_PROMPTS=${NUM_PROMPTS:-32} PER_CONC=${PER_CONC:-3}
     if [ -z "${MODEL:-}" ]; then
-      python - <<'PY' || exit 1
+      WEIGHTS=True; [ "${LOAD_FORMAT:-}" = dummy ] && WEIGHTS=False
+      python - <<PY || exit 1
 from sglang.benchmark.speculative_levels import make_pair
-make_pair("8b", "/tmp/spec_envelope")
+make_pair("8b", "/tmp/spec_envelope", weights=$WEIGHTS)
 PY
     fi
-    MODEL=${MODEL:-$WORK/llama-3.1-8b}; DRAFT=${DRAFT:-$WORK/llama-3.1-8b-eagle3}
+    TARGET_DIR=llama-3.1-8b; [ "${LOAD_FORMAT:-}" = dummy ] && TARGET_DIR=llama-3.1-8b-config
+    MODEL=${MODEL:-$WORK/$TARGET_DIR}; DRAFT=${DRAFT:-$WORK/llama-3.1-8b-eagle3}
     ACC=${CONFIG#8b-acc}; case "$ACC" in *.*) ;; *) ACC=$ACC.0 ;; esac
     SIM="SGLANG_SIMULATE_ACC_LEN=$ACC"; PAIR=8b ;;
   demo)
@@ -92,6 +96,7 @@ PY
 esac
 SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
 EXTRA=${EXTRA_SERVER_ARGS:-}
+[ -n "${LOAD_FORMAT:-}" ] && EXTRA="$EXTRA --load-format $LOAD_FORMAT"
 server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), ARGS (launch_server flags)
   case "$1" in
     no_draft) NAME=${PAIR}_no_draft LABEL=no_draft ENV="" ARGS="" ;;

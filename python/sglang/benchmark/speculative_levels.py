@@ -216,17 +216,20 @@ def _clock(scheduler, step_times: bool):
     return scheduler.clock
 
 
-def make_pair(kind: str, workdir: str) -> tuple[str, str]:
+def make_pair(kind: str, workdir: str, weights: bool = True) -> tuple[str, str]:
+    """(target, draft) directories: the demo pair, or an 8B-shaped random pair made under
+    `workdir` once. weights=False writes the target's config.json and tokenizer only (its own
+    directory), for servers run with --load-format dummy."""
     if kind == "demo":
         from sglang import demo
 
         return demo.TARGET_PATH, demo.DRAFT_PATH
     from sglang.test.tiny_models import make_tiny_eagle3_draft
 
-    target = os.path.join(workdir, "llama-3.1-8b")
+    target = os.path.join(workdir, "llama-3.1-8b" if weights else "llama-3.1-8b-config")
     if not os.path.isfile(os.path.join(target, "config.json")):
-        subprocess.run([sys.executable, "-m", "sglang.tools.make_random_model", target, "--config", "llama-3.1-8b"],
-                       check=True)
+        subprocess.run([sys.executable, "-m", "sglang.tools.make_random_model", target, "--config", "llama-3.1-8b",
+                        *([] if weights else ["--no-weights"])], check=True)
     draft = os.path.join(workdir, "llama-3.1-8b-eagle3")
     if not os.path.isfile(os.path.join(draft, "config.json")):
         make_tiny_eagle3_draft(draft, target, draft_vocab_size=32000, dtype=torch.bfloat16,

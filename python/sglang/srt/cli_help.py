@@ -7,7 +7,8 @@ import argparse
 
 # --help groups, as upstream SGLang groups its flags; a flag in no group shows under "other".
 HELP_GROUPS = {
-    "model and tokenizer": ("--model-path", "--tokenizer-path", "--dtype", "--device", "--context-length"),
+    "model and tokenizer": ("--model-path", "--tokenizer-path", "--dtype", "--load-format", "--device",
+                            "--context-length"),
     "HTTP server": ("--host", "--port", "--served-model-name", "--api-key", "--max-queued-requests",
                     "--skip-server-warmup", "--max-payload-size", "--max-sequences-per-request",
                     "--max-stop-strings", "--max-stop-str-len"),

@@ -17,6 +17,7 @@ from typing import Optional
 from sglang.srt.cli_help import DefaultsHelpFormatter, HelpGroups
 
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMAT_CHOICES = ("auto", "safetensors", "pt", "dummy")
 DEVICE_CHOICES = ("cuda", "cpu")
 SCHEDULE_POLICY_CHOICES = ("fcfs", "lpm")
 ATTENTION_BACKEND_CHOICES = ("triton", "torch_native")
@@ -37,6 +38,7 @@ class ServerArgs:
     model_path: Optional[str] = None  # None: the demo code model shipped in sglang/demo
     tokenizer_path: Optional[str] = None
     dtype: str = "auto"
+    load_format: str = "auto"
     device: Optional[str] = None
     context_length: Optional[int] = None
     mem_fraction_static: float = 0.85
@@ -155,6 +157,7 @@ class ServerArgs:
 
     def check(self) -> None:
         _check_choice("--dtype", self.dtype, DTYPE_CHOICES)
+        _check_choice("--load-format", self.load_format, LOAD_FORMAT_CHOICES)
         _check_choice("--device", self.device, DEVICE_CHOICES)
         _check_choice("--schedule-policy", self.schedule_policy, SCHEDULE_POLICY_CHOICES)
         _check_choice("--attention-backend", self.attention_backend, ATTENTION_BACKEND_CHOICES)
@@ -302,6 +305,10 @@ class ServerArgs:
         parser.add_argument("--dtype", type=str, default=d["dtype"].default, choices=DTYPE_CHOICES,
                             help="Weight and activation dtype; 'auto' takes the checkpoint's 16-bit dtype "
                                  "(bfloat16 on CUDA and float32 on CPU for a float32 checkpoint).")
+        parser.add_argument("--load-format", type=str, default=d["load_format"].default, choices=LOAD_FORMAT_CHOICES,
+                            help="How to read the weights: 'auto' takes *.safetensors, else pytorch_model*.bin; "
+                                 "'safetensors' / 'pt' only those; 'dummy' reads none and draws random weights "
+                                 "(the draft's too), for measuring speed with only config.json and a tokenizer.")
         parser.add_argument("--device", type=str, default=None, choices=DEVICE_CHOICES,
                             help="Device to run on; defaults to cuda when available, else cpu.")
         parser.add_argument("--context-length", type=int, default=None,

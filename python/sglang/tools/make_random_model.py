@@ -6,6 +6,9 @@ Speed depends on shapes, not weight values, so benchmarks use these instead of d
 Weights are drawn on the device (the GPU when there is one) in bfloat16 and written as
 sharded safetensors; the tokenizer is a byte-level BPE whose vocabulary has exactly the
 config's size, so every token id a benchmark samples decodes and the model accepts it.
+With --no-weights only config.json and the tokenizer are written: enough for a server run
+with --load-format dummy, which draws random weights itself (seconds instead of minutes for
+8B shapes).
 """
 
 from __future__ import annotations
@@ -128,7 +131,8 @@ def _chain(*iterables):
         yield from it
 
 
-def make_random_model(out_dir: str, config: str, device: str | None = None, seed: int = 0) -> str:
+def make_random_model(out_dir: str, config: str, device: str | None = None, seed: int = 0,
+                      weights: bool = True) -> str:
     if config not in CONFIGS:
         raise ValueError(f"--config must be one of {', '.join(CONFIGS)}; got {config!r}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -143,7 +147,8 @@ def make_random_model(out_dir: str, config: str, device: str | None = None, seed
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump({"eos_token_id": tokenizer.eos_token_id, "do_sample": False}, f)
     tokenizer.save_pretrained(out_dir)
-    write_weights(out_dir, cfg, device, seed)
+    if weights:
+        write_weights(out_dir, cfg, device, seed)
     return out_dir
 
 
@@ -153,9 +158,11 @@ def main() -> None:
     parser.add_argument("--config", default="llama-3.1-8b", choices=sorted(CONFIGS))
     parser.add_argument("--device", default=None, help="where to draw the weights (default: cuda if available)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-weights", action="store_true",
+                        help="write config.json and the tokenizer only, for a server run with --load-format dummy")
     args = parser.parse_args()
     start = time.perf_counter()
-    make_random_model(args.out_dir, args.config, args.device, args.seed)
+    make_random_model(args.out_dir, args.config, args.device, args.seed, weights=not args.no_weights)
     print(f"wrote {args.config} to {args.out_dir} in {time.perf_counter() - start:.1f} s")
 
 

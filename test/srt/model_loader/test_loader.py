@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.model_loader.loader import INDEX_FILE, load_model, safetensors_files
+from sglang.srt.model_loader.loader import BIN_INDEX_FILE, INDEX_FILE, load_model, safetensors_files, weight_files
 from sglang.test.runner_utils import make_cpu_runner, prefill
 from sglang.test.tiny_models import make_tiny_model
 
@@ -173,3 +173,33 @@ def test_context_length_defaults_to_max_position_embeddings_and_may_be_lowered(t
     assert ModelConfig.from_path(tiny_llama).context_len == 1024
     assert ModelConfig.from_path(tiny_llama, context_length=1024).context_len == 1024
     assert ModelConfig.from_path(tiny_llama, context_length=300).context_len == 300
+
+
+def _to_bin_checkpoint(path, num_shards):
+    """Replaces model.safetensors by PyTorch pickles, as older checkpoints ship: one
+    pytorch_model.bin, or shards named in pytorch_model.bin.index.json."""
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    os.remove(os.path.join(path, "model.safetensors"))
+    if num_shards == 1:
+        torch.save(tensors, os.path.join(path, "pytorch_model.bin"))
+        return
+    names = sorted(tensors)
+    weight_map = {}
+    for i in range(num_shards):
+        shard = f"pytorch_model-{i + 1:05d}-of-{num_shards:05d}.bin"
+        part = {name: tensors[name] for name in names[i::num_shards]}
+        torch.save(part, os.path.join(path, shard))
+        weight_map.update({name: shard for name in part})
+    with open(os.path.join(path, BIN_INDEX_FILE), "w") as f:
+        json.dump({"weight_map": weight_map}, f)
+
+
+@pytest.mark.parametrize("num_shards", [1, 3])
+def test_pytorch_bin_checkpoint_gives_the_same_logits_as_safetensors(tiny_llama, model_copy, num_shards):
+    _to_bin_checkpoint(model_copy, num_shards)
+    assert torch.equal(prefill_logits(model_copy, PROMPT), prefill_logits(tiny_llama, PROMPT))
+
+
+def test_safetensors_are_preferred_over_bin_files_beside_them(tiny_llama, model_copy):
+    torch.save({"model.embed_tokens.weight": torch.zeros(3, 3)}, os.path.join(model_copy, "pytorch_model.bin"))
+    assert [os.path.basename(f) for f in weight_files(model_copy)] == ["model.safetensors"]

@@ -1,6 +1,8 @@
 """The random-weights model maker: real shapes, a tokenizer of exactly the vocabulary size,
 and a directory the engine loads like any checkpoint."""
 
+import os
+
 import torch
 
 from sglang.tools import make_random_model as maker
@@ -45,3 +47,29 @@ def test_written_model_loads_and_generates(tmp_path, monkeypatch):
         if out:
             outputs += out.new_token_ids[0]
     assert len(outputs) == 5 and all(0 <= t < 1024 for t in outputs)
+
+
+def test_a_model_without_weights_serves_with_dummy_weights(tmp_path, monkeypatch):
+    """--no-weights writes config.json and the tokenizer only; --load-format dummy serves it."""
+    tiny = dict(maker.CONFIGS["llama-3.2-1b"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=1024,
+                max_position_embeddings=512, rope_scaling=None)
+    monkeypatch.setitem(maker.CONFIGS, "tiny", tiny)
+    path = maker.make_random_model(str(tmp_path / "m"), "tiny", device="cpu", weights=False)
+    assert "config.json" in os.listdir(path) and "tokenizer.json" in os.listdir(path)
+    assert not [f for f in os.listdir(path) if f.endswith((".safetensors", ".index.json"))]
+
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    scheduler = Scheduler(ServerArgs(model_path=path, device="cpu", dtype="bfloat16", load_format="dummy"))
+    scheduler.add_request(TokenizedGenerateReqInput("r", [1, 2, 3], SamplingParams(max_new_tokens=3, temperature=0,
+                                                                                    ignore_eos=True), stream=False))
+    tokens = []
+    while scheduler.has_work():
+        out = scheduler.step()
+        if out:
+            tokens += out.new_token_ids[0]
+    assert len(tokens) == 3

@@ -80,7 +80,7 @@ class ModelRunner:
         self.reserve_bytes = reserve_bytes
         self.extra_rows = extra_rows
         torch.manual_seed(server_args.random_seed)
-        self.model = load_model(model_config, self.device)
+        self.model = load_model(model_config, self.device, server_args.load_format)
         self.aux_layer_ids = None  # a draft's: the target layers whose hidden states it reads
         if target is None:
             self.memory = self._plan_memory()

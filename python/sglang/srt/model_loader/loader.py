@@ -1,5 +1,5 @@
-"""Loading a Hugging Face directory: find the safetensors files (sharded or not), build the
-model on the device, copy the weights in."""
+"""Loading a Hugging Face directory: find the weight files (safetensors, else PyTorch .bin;
+sharded or not), build the model on the device, copy the weights in."""
 
 from __future__ import annotations
 
@@ -12,38 +12,60 @@ import torch
 from safetensors import safe_open
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.model_loader.dummy import fill_dummy_weights
 from sglang.srt.models.registry import get_model_class
 
 INDEX_FILE = "model.safetensors.index.json"
+BIN_INDEX_FILE = "pytorch_model.bin.index.json"
 
 
 def safetensors_files(model_path: str) -> list[str]:
-    index_path = os.path.join(model_path, INDEX_FILE)
+    files = _indexed_or_globbed(model_path, INDEX_FILE, "*.safetensors")
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors weights in {model_path}")
+    return files
+
+
+def weight_files(model_path: str) -> list[str]:
+    """The safetensors files, else the PyTorch `pytorch_model*.bin` files (older checkpoints)."""
+    files = (_indexed_or_globbed(model_path, INDEX_FILE, "*.safetensors")
+             or _indexed_or_globbed(model_path, BIN_INDEX_FILE, "pytorch_model*.bin"))
+    if not files:
+        raise FileNotFoundError(f"no *.safetensors (or pytorch_model*.bin) weights in {model_path}")
+    return files
+
+
+def _indexed_or_globbed(model_path: str, index_name: str, pattern: str) -> list[str]:
+    """The shards the index file names (all of which must exist), else the files matching `pattern`."""
+    index_path = os.path.join(model_path, index_name)
     if os.path.isfile(index_path):
         with open(index_path) as f:
             weight_map = json.load(f).get("weight_map", {})
         files = sorted({os.path.join(model_path, name) for name in weight_map.values()})
         missing = [f for f in files if not os.path.isfile(f)]
         if missing:
-            raise FileNotFoundError(f"{INDEX_FILE} names shard {os.path.basename(missing[0])}, "
+            raise FileNotFoundError(f"{index_name} names shard {os.path.basename(missing[0])}, "
                                     f"which is missing from {model_path}")
         return files
-    files = sorted(glob.glob(os.path.join(model_path, "*.safetensors")))
-    if not files:
-        raise FileNotFoundError(f"no *.safetensors weights in {model_path}")
-    return files
+    return sorted(glob.glob(os.path.join(model_path, pattern)))
 
 
 def iterate_weights(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
     for path in files:
+        if path.endswith(".bin"):
+            # weights_only: a .bin is a pickle, and nothing but tensors may come out of it.
+            yield from torch.load(path, map_location="cpu", weights_only=True, mmap=True).items()
+            continue
         with safe_open(path, framework="pt", device="cpu") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
 
 
-def load_model(model_config: ModelConfig, device: str) -> torch.nn.Module:
+def load_model(model_config: ModelConfig, device: str, load_format: str = "auto") -> torch.nn.Module:
+    """load_format (--load-format): "auto" (weight_files), "safetensors" or "pt" (only those
+    files), "dummy" (no files: random weights, model_loader.dummy)."""
     model_class = get_model_class(model_config.architecture)
-    files = safetensors_files(model_config.path)
+    files = None if load_format == "dummy" else _files_of_format(model_config.path, load_format)
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
     try:
@@ -52,5 +74,38 @@ def load_model(model_config: ModelConfig, device: str) -> torch.nn.Module:
     finally:
         torch.set_default_dtype(previous_dtype)
     with torch.no_grad():
-        model.load_weights(iterate_weights(files))
+        if files is None:
+            fill_dummy_weights(model)
+        else:
+            model.load_weights(iterate_weights(files))
     return model.eval()
+
+
+def weight_bytes(model_config: ModelConfig, load_format: str = "auto") -> int:
+    """What the model's weights will take: the size of its weight files, or with dummy weights
+    the parameters of the model built on the meta device (with those `after_dummy_weights`
+    adds). For memory planning before the model is loaded."""
+    if load_format != "dummy":
+        return sum(os.path.getsize(f) for f in _files_of_format(model_config.path, load_format))
+    previous_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(model_config.dtype)
+    try:
+        with torch.device("meta"):
+            model = get_model_class(model_config.architecture)(model_config.hf_config)
+            fill_dummy_weights(model)
+    finally:
+        torch.set_default_dtype(previous_dtype)
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _files_of_format(model_path: str, load_format: str) -> list[str]:
+    if load_format == "auto":
+        return weight_files(model_path)
+    if load_format == "safetensors":
+        return safetensors_files(model_path)
+    if load_format == "pt":
+        files = _indexed_or_globbed(model_path, BIN_INDEX_FILE, "pytorch_model*.bin")
+        if not files:
+            raise FileNotFoundError(f"no pytorch_model*.bin weights in {model_path} (--load-format pt)")
+        return files
+    raise ValueError(f"--load-format must be one of auto, safetensors, pt, dummy; got {load_format!r}")

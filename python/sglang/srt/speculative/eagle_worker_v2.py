@@ -38,7 +38,7 @@ from sglang.srt.distributed.parallel_state import kv_heads_per_rank, tensor_para
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import GenerationBatchResult, HostCopies, TpModelWorker
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-from sglang.srt.model_loader.loader import safetensors_files
+from sglang.srt.model_loader.loader import weight_bytes
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes, maybe_prefill_graph_runner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -93,7 +93,7 @@ class EAGLEWorkerV2(TpModelWorker):
         draft_kv = MHATokenToKVPool.bytes_per_token(
             draft_config.dtype, kv_heads_per_rank(draft_config.num_key_value_heads, tensor_parallel().size),
             draft_config.head_dim, draft_config.num_hidden_layers)
-        draft_weights = sum(os.path.getsize(f) for f in safetensors_files(draft_config.path))
+        draft_weights = weight_bytes(draft_config, server_args.load_format)
         self.model_runner = ModelRunner(model_config, server_args, draft_kv_bytes_per_token=draft_kv,
                                         extra_positions=margin, reserve_bytes=draft_weights, extra_rows=1,
                                         capture_prefill_graphs=False)
