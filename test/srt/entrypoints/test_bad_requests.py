@@ -4,6 +4,7 @@ field at fault, and the server keeps serving afterwards. Also the API key and th
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import httpx
@@ -223,3 +224,35 @@ def _wait_until_idle(base: str, timeout: float = 5.0) -> dict:
             return state
         assert time.monotonic() < deadline, state
         time.sleep(0.05)
+
+
+@pytest.mark.parametrize("route, body", [
+    (GENERATE, {"text": "Hello", "sampling_params": {"max_new_tokens": 4}, "stream": True}),
+    (COMPLETIONS, {"prompt": "Hello", "max_tokens": 4, "stream": True}),
+], ids=["generate", "completions"])
+def test_a_stream_whose_client_leaves_while_it_is_queued_leaves_the_queue(guarded_server, route, body):
+    base = guarded_server.base_url
+    # One running request fills the server (--max-running-requests 1) while the stream waits.
+    long_body = {"text": "Hello", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+    thread = threading.Thread(target=httpx.post, args=(f"{base}/generate",),
+                              kwargs={"json": long_body, "headers": AUTH, "timeout": 120})
+    thread.start()
+    deadline = time.monotonic() + 10
+    while _server_state(base)["num_running_reqs"] == 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    with pytest.raises(httpx.ReadTimeout):
+        with httpx.stream("POST", f"{base}{route}", json=body, headers=AUTH, timeout=0.5) as response:
+            response.read()
+    # The abort lands within a disconnect poll (0.5 s); the long request runs for seconds more.
+    deadline = time.monotonic() + 1.5
+    while (state := _server_state(base))["num_queue_reqs"]:
+        assert time.monotonic() < deadline, f"the stream stayed queued after its client left: {state}"
+        time.sleep(0.05)
+    assert thread.is_alive(), "the long request ended first, so the queue emptied by admission"
+    thread.join()
+    _wait_until_idle(base)
+
+
+def _server_state(base: str) -> dict:
+    return httpx.get(f"{base}/get_server_info", headers=AUTH, timeout=10).json()["internal_states"][0]

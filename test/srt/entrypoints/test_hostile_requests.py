@@ -389,3 +389,18 @@ def test_the_cpu_scheduler_sets_its_torch_threads_deliberately(keyed_server, mon
     assert cpu_intra_op_threads() == MAX_CPU_THREADS
     monkeypatch.setattr("os.sched_getaffinity", lambda pid: {0, 1})
     assert cpu_intra_op_threads() == 1
+
+
+@pytest.mark.parametrize("route, body", [
+    (GENERATE, {"text": "def main():", "sampling_params": {"max_new_tokens": 1500, "ignore_eos": True}}),
+    (COMPLETIONS, {"prompt": "def main():", "max_tokens": 1500, "ignore_eos": True}),
+], ids=["generate", "completions"])
+def test_a_client_that_disconnects_aborts_its_request_behind_the_api_key(client, route, body):
+    # 1500 tokens take the demo model many seconds; the abort must land well before that.
+    with pytest.raises(httpx.ReadTimeout):
+        client.post(route, json=body, timeout=1.0)
+    deadline = time.monotonic() + 4.0
+    while (state := client.get("/get_server_info").json()["internal_states"][0])["num_running_reqs"]:
+        assert time.monotonic() < deadline, f"the request kept running after its client left: {state}"
+        time.sleep(0.1)
+    assert_idle_kv_accounting(client)

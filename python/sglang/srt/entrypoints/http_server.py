@@ -162,15 +162,29 @@ def _add_error_handlers(app: FastAPI) -> None:
 
 
 def _add_auth(app: FastAPI, api_key: Optional[str]) -> None:
-    if not api_key:
-        return
+    if api_key:
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
 
-    @app.middleware("http")
-    async def check_api_key(request: Request, call_next):
-        open_route = request.url.path.startswith(OPEN_ROUTE_PREFIXES)
-        if not open_route and request.headers.get("authorization") != f"Bearer {api_key}":
-            return error_response("missing or wrong API key (send 'Authorization: Bearer <key>')", 401)
-        return await call_next(request)
+
+class ApiKeyMiddleware:
+    """Refuses requests without `Authorization: Bearer <key>`, except on the open routes.
+
+    Plain ASGI, not `@app.middleware("http")`: Starlette's BaseHTTPMiddleware hands the route a
+    receive channel on which `Request.is_disconnected()` never sees the client go, so with
+    --api-key a non-streaming request kept running after its client had disconnected."""
+
+    def __init__(self, app, api_key: str):
+        self.app = app
+        self.expected = f"Bearer {api_key}"
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http" and not scope["path"].startswith(OPEN_ROUTE_PREFIXES):
+            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
+            if given.decode("latin-1") != self.expected:
+                refusal = error_response("missing or wrong API key (send 'Authorization: Bearer <key>')", 401)
+                await refusal(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 def _add_native_routes(app: FastAPI, state: ServerState) -> None:
@@ -234,7 +248,7 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
         agen = state.tokenizer_manager.generate_request(obj)
         try:
             if obj.stream:
-                return await _stream_native(agen)
+                return await _stream_native(agen, raw_request)
             result = await cancel_on_disconnect(_first(agen), raw_request)
         except ClientDisconnected:
             return Response(status_code=499)
@@ -260,11 +274,12 @@ def _native_response(result: Union[dict, list[dict]]) -> Response:
     return JSONResponse(result)
 
 
-async def _stream_native(agen) -> Response:
-    # Pull the first chunk before answering, so a request refused up front gets its status code.
+async def _stream_native(agen, raw_request: Request) -> Response:
+    # Pull the first chunk before answering, so a request refused up front gets its status code;
+    # a client that leaves while its request still waits in the queue aborts it.
     try:
-        first = await agen.__anext__()
-    except InvalidRequest:
+        first = await cancel_on_disconnect(agen.__anext__(), raw_request)
+    except BaseException:
         await agen.aclose()
         raise
 

@@ -185,6 +185,7 @@ class TokenizerManager:
         if obj.stream and len(reqs) > 1:
             raise InvalidRequest("stream is supported for a single prompt with n = 1 only", "stream")
         self._check_capacity(len(reqs))
+        self._check_rids_free(reqs)
         states = [self._send(req) for req in reqs]
         try:
             if obj.stream:
@@ -194,13 +195,22 @@ class TokenizerManager:
                 results = [await self._wait_finished(req.rid, state) for req, state in zip(reqs, states)]
                 yield results if obj.is_batch() or len(results) > 1 else results[0]
         finally:
-            for req in reqs:
-                if req.rid in self.rid_to_state:  # the caller went away before the end
+            for req, state in zip(reqs, states):
+                # The caller went away before the end. Compared by identity: a finished rid may
+                # already belong to another caller's request.
+                if self.rid_to_state.get(req.rid) is state:
                     self.abort_request(req.rid)
 
+    def _check_rids_free(self, reqs: list[TokenizedGenerateReqInput]) -> None:
+        """Before any of the request is sent: a clash found halfway would leave the part already
+        sent running with nobody to collect or abort it, and its rid taken for good."""
+        seen = set()
+        for req in reqs:
+            if req.rid in seen or req.rid in self.rid_to_state:
+                raise InvalidRequest(f"rid {short_repr(req.rid)} is already in use", "rid")
+            seen.add(req.rid)
+
     def _send(self, req: TokenizedGenerateReqInput) -> ReqState:
-        if req.rid in self.rid_to_state:
-            raise InvalidRequest(f"rid {short_repr(req.rid)} is already in use", "rid")
         state = ReqState(created=time.perf_counter())
         self.rid_to_state[req.rid] = state
         self.send_to_scheduler.send_pyobj(req)
