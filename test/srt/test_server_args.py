@@ -3,6 +3,8 @@ fields and the machine, the args are read-only, and upstream SGLang's flag names
 
 import dataclasses
 
+import json
+
 import pytest
 import torch
 
@@ -275,6 +277,27 @@ def test_a_directory_without_config_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         prepare_server_args(["--model-path", str(tmp_path)])
     assert "has no config.json" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("architecture, message", [
+    ("MistralForCausalLM", "not supported as a model to serve; supported: LlamaForCausalLM"),
+    ("LlamaForCausalLMEagle3", "pass it as --speculative-draft-model-path"),
+])
+def test_an_architecture_the_engine_cannot_serve_is_refused_before_start_up(tmp_path, capsys, architecture, message):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": [architecture]}))
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert architecture in err and message in err and "--model-path" in err, err
+
+
+def test_a_draft_must_be_an_eagle3_draft(tmp_path, capsys):
+    from sglang import demo
+
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", demo.TARGET_PATH])
+    err = capsys.readouterr().err
+    assert "--speculative-draft-model-path" in err and "'LlamaForCausalLM'" in err and "an EAGLE-3 draft" in err, err
 
 
 def test_a_feature_may_keep_its_flags_in_a_group_of_its_own(capsys):

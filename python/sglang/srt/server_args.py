@@ -549,6 +549,14 @@ def check_model_paths(server_args: ServerArgs) -> None:
     """The model and tokenizer must be local directories: nothing is downloaded. Checked before
     any process starts, so a typo or a Hugging Face id fails in a line, not after a load."""
     _check_model_dir("--model-path", server_args.model_path, need_config=True)
+    from sglang.srt.models.registry import check_architecture
+
+    check_architecture(getattr(_read_config(server_args.model_path), "architectures", None), False,
+                       f"--model-path {server_args.model_path}")
+    if server_args.speculative_enabled:
+        _check_model_dir("--speculative-draft-model-path", server_args.speculative_draft_model_path, need_config=True)
+        check_architecture(getattr(_read_config(server_args.speculative_draft_model_path), "architectures", None),
+                           True, f"--speculative-draft-model-path {server_args.speculative_draft_model_path}")
     if server_args.tokenizer_path != server_args.model_path:
         _check_model_dir("--tokenizer-path", server_args.tokenizer_path, need_config=False)
     if server_args.tp_size > 1:  # whether --tp-size can split the model(s), before any rank loads them

@@ -12,8 +12,25 @@ _MODELS = {
 }
 
 
-def supported_architectures() -> list[str]:
-    return sorted(_MODELS)
+DRAFT_ARCHITECTURES = ("LlamaForCausalLMEagle3",)  # served only as --speculative-draft-model-path
+
+
+def supported_architectures(draft: bool | None = None) -> list[str]:
+    """Every architecture; draft=False: those a server serves as its model, True: drafts only."""
+    return sorted(name for name in _MODELS if draft is None or (name in DRAFT_ARCHITECTURES) == draft)
+
+
+def check_architecture(architectures, draft: bool, where: str) -> None:
+    """config.json's `architectures` must name one this engine serves in that role; checked
+    before any process starts, so a wrong model fails in a line, not after start-up."""
+    name = architectures[0] if isinstance(architectures, list) and architectures else None
+    allowed = supported_architectures(draft)
+    if name not in allowed:
+        role = "an EAGLE-3 draft" if draft else "a model to serve"
+        hint = " (it is an EAGLE-3 draft: pass it as --speculative-draft-model-path)" if (
+            not draft and name in DRAFT_ARCHITECTURES) else ""
+        raise ValueError(f"{where}: config.json names architecture {name!r}, which is not supported as {role}"
+                         f"{hint}; supported: {', '.join(allowed)}")
 
 
 def get_model_class(architecture: str):
