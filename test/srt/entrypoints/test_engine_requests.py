@@ -139,16 +139,18 @@ def _set_architecture(path: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "edit, message",
+    "edit, error, message",
     [
-        (_set_architecture, "MysteryForCausalLM"),
-        (lambda p: os.remove(os.path.join(p, "model.safetensors")), "safetensors"),
+        # Refused before any process starts, from config.json alone.
+        (_set_architecture, ValueError, "MysteryForCausalLM"),
+        # Found by the scheduler process as it loads, and reported through its start-up pipe.
+        (lambda p: os.remove(os.path.join(p, "model.safetensors")), RuntimeError, "safetensors"),
     ],
 )
-def test_engine_start_failure_names_the_problem_and_leaves_nothing(tiny_model_paths, tmp_path, edit, message):
+def test_engine_start_failure_names_the_problem_and_leaves_nothing(tiny_model_paths, tmp_path, edit, error, message):
     before = _child_pids()
     path = _broken_copy(tiny_model_paths["llama"], tmp_path / "broken", edit)
-    with pytest.raises(RuntimeError, match=message):
+    with pytest.raises(error, match=message):
         sglang.Engine(model_path=path, dtype="float32", device="cpu", log_level="critical")
     assert _child_pids() <= before
 
