@@ -11,7 +11,7 @@ HELP_GROUPS = {
                             "--context-length"),
     "HTTP server": ("--host", "--port", "--served-model-name", "--api-key", "--max-queued-requests",
                     "--skip-server-warmup", "--max-payload-size", "--max-sequences-per-request",
-                    "--max-stop-strings", "--max-stop-str-len"),
+                    "--max-stop-strings", "--max-stop-str-len", "--sampling-defaults"),
     "memory": ("--mem-fraction-static", "--max-total-tokens", "--disable-radix-cache"),
     "scheduling": ("--max-running-requests", "--chunked-prefill-size", "--admission-batch-steps",
                    "--schedule-policy", "--random-seed"),

@@ -22,6 +22,7 @@ DEVICE_CHOICES = ("cuda", "cpu")
 SCHEDULE_POLICY_CHOICES = ("fcfs", "lpm")
 ATTENTION_BACKEND_CHOICES = ("triton", "torch_native")
 LOG_LEVEL_CHOICES = ("debug", "info", "warning", "error", "critical")
+SAMPLING_DEFAULTS_CHOICES = ("model", "openai")
 
 
 def _default_device() -> str:
@@ -93,6 +94,8 @@ class ServerArgs:
     grammar_backend: str = "xgrammar"
     tool_call_parser: Optional[str] = None
     chat_template: Optional[str] = None
+    # Where chat requests take the sampling parameters they leave unset (docs/http_api.md).
+    sampling_defaults: str = "model"
 
     def __post_init__(self):
         # Fill the defaults that depend on the machine or on other fields, once.
@@ -162,6 +165,7 @@ class ServerArgs:
         _check_choice("--schedule-policy", self.schedule_policy, SCHEDULE_POLICY_CHOICES)
         _check_choice("--attention-backend", self.attention_backend, ATTENTION_BACKEND_CHOICES)
         _check_choice("--log-level", self.log_level, LOG_LEVEL_CHOICES)
+        _check_choice("--sampling-defaults", self.sampling_defaults, SAMPLING_DEFAULTS_CHOICES)
         if not 0.0 < self.mem_fraction_static < 1.0:
             raise ValueError(
                 f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}"
@@ -360,6 +364,13 @@ class ServerArgs:
                                  "there are more replicas than GPUs. --router-* flags configure the router.")
         parser.add_argument("--base-gpu-id", type=int, default=d["base_gpu_id"].default,
                             help="The GPU this server (its first replica) runs on; replica i takes the next ones.")
+        parser.add_argument("--sampling-defaults", type=str, default=d["sampling_defaults"].default,
+                            choices=SAMPLING_DEFAULTS_CHOICES,
+                            help="Where /v1/chat/completions takes the temperature, top_p, top_k and min_p a "
+                                 "request leaves unset: model (the model's generation_config.json, where it "
+                                 "recommends them; else OpenAI's) or openai (OpenAI's: temperature 1, top_p 1, no "
+                                 "top_k or min_p). A request's own values always win; /v1/completions and "
+                                 "/generate keep these fixed defaults either way.")
         parser.add_argument("--api-key", type=str, default=None,
                             help="Require 'Authorization: Bearer <key>' on every route but /health* and /metrics. "
                                  "Default: no key.")

@@ -17,6 +17,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
     COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, add_constraint, clamp_logprob,
     native_sampling_params, openai_finish_reason, output_logprobs, response_format_schema,
 )
+from sglang.srt.entrypoints.openai.serving_defaults import model_sampling_defaults
 from sglang.srt.entrypoints.openai.tool_calls import (ToolCallStream, forced_calls_schema, parse_tool_calls,
                                                       tool_mode)
 from sglang.srt.errors import InvalidRequest
@@ -34,6 +35,12 @@ class OpenAIServingChat(OpenAIServingBase):
     template answers 400; such a model is served by /v1/completions only."""
 
     id_prefix = "chatcmpl"
+
+    def __init__(self, tokenizer_manager):
+        super().__init__(tokenizer_manager)
+        args = tokenizer_manager.server_args
+        # What a request leaves unset and the model's generation_config.json recommends (--sampling-defaults).
+        self.model_defaults = model_sampling_defaults(args.model_path, args.sampling_defaults)
 
     def build_prompts(self, request: ChatCompletionRequest) -> Prompts:
         return Prompts("input_ids", [self._render(request)])
@@ -61,7 +68,7 @@ class OpenAIServingChat(OpenAIServingBase):
         return list(ids)
 
     def sampling_params(self, request: ChatCompletionRequest) -> dict:
-        params = native_sampling_params(request, request.max_new_tokens)
+        params = {**self.model_defaults, **native_sampling_params(request, request.max_new_tokens)}
         constraint = self._constraint(request)
         return params if constraint is None else add_constraint(params, *constraint)
 
