@@ -14,6 +14,12 @@ def short_repr(value: Any) -> str:
     return _SHORT.repr(value)
 
 
+# The status of a request aborted because a client asked (by going away, or by POST /abort_request):
+# nginx's "client closed request". Not an error of the request: a caller still waiting gets what
+# was generated, finished with type "abort".
+ABORTED_BY_CLIENT = 499
+
+
 class InvalidRequest(ValueError):
     """A request the engine will not run. `param` is the request field at fault (native
     names, e.g. `max_new_tokens`); front ends translate it to their own names."""

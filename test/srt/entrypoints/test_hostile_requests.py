@@ -137,6 +137,9 @@ def _other_route_cases() -> list[tuple]:
     cases += [("POST", "/v1/models", b"{}", None), ("DELETE", "/flush_cache", None, None),
               ("PUT", "/generate", b"{}", None), ("POST", "/health", b"[[[", None),
               ("POST", "/get_model_info", b"[" * 10_000, None), ("PATCH", "/v1/chat/completions", None, None)]
+    cases += [("POST", "/abort_request", body, None) for body in (
+        b"[[[", b'{"rid": 5}', b'{"rid": ["a"]}', b'{"abort_all": "yes"}', b'{"rid": "' + b"r" * 100_000 + b'"}',
+        b'{"rid": ' + b"[" * 900 + b"]" * 900 + b"}")]
     # The API key: missing, wrong, malformed.
     for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY},
                     {"Authorization": f"bearer {API_KEY}"}, {"Authorization": "Bearer " + "k" * 10_000}):

@@ -12,7 +12,6 @@ import logging
 import signal
 import sys
 import threading
-import time
 from contextlib import asynccontextmanager
 from typing import Any, Optional, Union
 
@@ -25,12 +24,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import sglang
 from sglang.srt.entrypoints.engine import Subprocesses
+from sglang.srt.entrypoints.http_middleware import add_auth, add_cors
 from sglang.srt.entrypoints.http_utils import (
     ClientDisconnected, cancel_on_disconnect, error_response, invalid_request_response, redact_query_strings, sse,
 )
 from sglang.srt.entrypoints.not_implemented import reject_native_sampling_fields, reject_openai_fields
 from sglang.srt.entrypoints.request_body import parse_json_body
-from sglang.srt.errors import InvalidRequest
+from sglang.srt.errors import ABORTED_BY_CLIENT, InvalidRequest
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
@@ -42,8 +42,6 @@ EXIT_GRACE_S = 2.0  # after a child dies: time for waiting clients to get their 
 HEALTH_GENERATE_TIMEOUT_S = 30
 SHUTDOWN_TIMEOUT_S = 5
 READY_MESSAGE = "The server is fired up and ready to roll!"
-# Routes that answer without an API key (probes and scrapers): every /health* route, as upstream.
-OPEN_ROUTE_PREFIXES = ("/health", "/metrics")
 # Idle HTTP keep-alive connections are closed after this long (clients that reuse one later than
 # this race the close; 30 s covers the usual client pools, which drop idle ones sooner).
 SERVER_KEEPALIVE_S = 30
@@ -64,6 +62,14 @@ class GenerateRequest(BaseModel):
     logprob_start_len: Union[int, list[int]] = -1
 
 
+class AbortRequest(BaseModel):
+    """The /abort_request body (upstream's names)."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+    rid: str = ""
+    abort_all: bool = False
+
+
 @dataclasses.dataclass
 class ServerState:
     server_args: ServerArgs
@@ -78,7 +84,8 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(lifespan=_lifespan(state))
     app.state.server = state
     _add_error_handlers(app)
-    _add_auth(app, state.server_args.api_key)
+    add_auth(app, state.server_args.api_key)
+    add_cors(app)  # after the key check, so outside it: preflights carry no key
     _add_native_routes(app, state)
     _add_openai_routes(app, state)
     return app
@@ -161,32 +168,6 @@ def _add_error_handlers(app: FastAPI) -> None:
         return error_response(f"internal error: {type(exc).__name__}", 500)
 
 
-def _add_auth(app: FastAPI, api_key: Optional[str]) -> None:
-    if api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key)
-
-
-class ApiKeyMiddleware:
-    """Refuses requests without `Authorization: Bearer <key>`, except on the open routes.
-
-    Plain ASGI, not `@app.middleware("http")`: Starlette's BaseHTTPMiddleware hands the route a
-    receive channel on which `Request.is_disconnected()` never sees the client go, so with
-    --api-key a non-streaming request kept running after its client had disconnected."""
-
-    def __init__(self, app, api_key: str):
-        self.app = app
-        self.expected = f"Bearer {api_key}"
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] == "http" and not scope["path"].startswith(OPEN_ROUTE_PREFIXES):
-            given = next((value for name, value in scope["headers"] if name == b"authorization"), b"")
-            if given.decode("latin-1") != self.expected:
-                refusal = error_response("missing or wrong API key (send 'Authorization: Bearer <key>')", 401)
-                await refusal(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
 def _add_native_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/health")
     async def health():
@@ -251,11 +232,17 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
                 return await _stream_native(agen, raw_request)
             result = await cancel_on_disconnect(_first(agen), raw_request)
         except ClientDisconnected:
-            return Response(status_code=499)
+            return Response(status_code=ABORTED_BY_CLIENT)
         except RuntimeError as err:  # the engine failed (e.g. its scheduler process died)
             logger.error("request failed: %s", err)
             return error_response(f"internal error: {err}", 500)
         return _native_response(result)
+
+    @app.post("/abort_request")
+    async def abort_request(raw_request: Request):
+        body = await parse_json_body(raw_request, AbortRequest, state.server_args.max_payload_size)
+        state.tokenizer_manager.abort_request(body.rid, body.abort_all)
+        return Response(status_code=200)  # also for an unknown rid, as upstream
 
 
 async def _first(agen):
@@ -269,7 +256,7 @@ def _native_response(result: Union[dict, list[dict]]) -> Response:
     results = result if isinstance(result, list) else [result]
     for r in results:
         reason = r["meta_info"].get("finish_reason") or {}
-        if reason.get("type") == "abort":
+        if reason.get("type") == "abort" and reason.get("status_code") != ABORTED_BY_CLIENT:
             return error_response(reason.get("message", "aborted"), reason.get("status_code", 500))
     return JSONResponse(result)
 
@@ -301,17 +288,15 @@ async def _stream_native(agen, raw_request: Request) -> Response:
 
 
 def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
+    from sglang.srt.entrypoints.openai.models import add_model_routes
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+    from sglang.srt.entrypoints.openai.serving_defaults import model_sampling_defaults
     from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
     from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 
-    @app.get("/v1/models")
-    async def models():
-        card = {"id": state.server_args.served_model_name, "object": "model", "created": int(time.time()),
-                "owned_by": "sglang", "root": state.server_args.model_path,
-                "max_model_len": state.subprocesses.model_info["context_len"]}
-        return {"object": "list", "data": [card]}
-
+    add_model_routes(app, state.server_args, state.subprocesses.model_info["context_len"])
+    # Read (and logged) at start-up, not at the first chat request.
+    model_sampling_defaults(state.server_args.model_path, state.server_args.sampling_defaults)
     serving = {}  # built on first use: the tokenizer manager exists only once the app runs
 
     def handler(cls):

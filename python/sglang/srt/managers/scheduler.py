@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.errors import ABORTED_BY_CLIENT
 from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, TokenizedGenerateReqInput, finish_abort
 from sglang.srt.constrained.grammar_backend import make_grammar_backend
@@ -149,12 +150,12 @@ class Scheduler:
     def abort_request(self, recv: AbortReq) -> None:
         for req in list(self.grammar_queue.reqs):
             if req.rid == recv.rid and self.grammar_queue.remove(req):
-                req.finished_reason = finish_abort("aborted by the client", 499)
+                req.finished_reason = finish_abort("aborted by the client", ABORTED_BY_CLIENT)
                 self.pending_outputs.append(req)
         for req in list(self.waiting_queue):
             if req.rid == recv.rid:
                 self.waiting_queue.remove(req)
-                self._finish(req, finish_abort("aborted by the client", 499))
+                self._finish(req, finish_abort("aborted by the client", ABORTED_BY_CLIENT))
         for req in self.running_reqs + ([self.chunked_req] if self.chunked_req else []):
             if req.rid == recv.rid:
                 req.to_abort = True
@@ -485,10 +486,10 @@ class Scheduler:
     def _drop_aborted(self) -> None:
         for req in [r for r in self.running_reqs if r.to_abort]:
             self.running_reqs.remove(req)
-            self._finish(req, finish_abort("aborted by the client", 499))
+            self._finish(req, finish_abort("aborted by the client", ABORTED_BY_CLIENT))
         if self.chunked_req is not None and self.chunked_req.to_abort:
             req, self.chunked_req = self.chunked_req, None
-            self._finish(req, finish_abort("aborted by the client", 499))
+            self._finish(req, finish_abort("aborted by the client", ABORTED_BY_CLIENT))
 
     def _collect_outputs(self) -> Optional[BatchTokenIDOut]:
         if not self.pending_outputs:

@@ -199,7 +199,7 @@ class TokenizerManager:
                 # The caller went away before the end. Compared by identity: a finished rid may
                 # already belong to another caller's request.
                 if self.rid_to_state.get(req.rid) is state:
-                    self.abort_request(req.rid)
+                    self._abort_abandoned(req.rid)
 
     def _check_rids_free(self, reqs: list[TokenizedGenerateReqInput]) -> None:
         """Before any of the request is sent: a clash found halfway would leave the part already
@@ -243,7 +243,23 @@ class TokenizerManager:
                 meta[key] = list(meta[key])
         return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
 
-    def abort_request(self, rid: str) -> None:
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> list[str]:
+        """Aborts requests on behalf of someone other than their callers (POST /abort_request), as
+        upstream does: every request in flight whose rid starts with `rid` (so the samples
+        `rid-0`, `rid-1`, ... of an `n > 1` request too), or all of them with `abort_all`. Their
+        callers still get their results, finished with type "abort". Unknown rids, and an empty
+        one without `abort_all`, are ignored. Returns the rids aborted."""
+        if abort_all:
+            rids = list(self.rid_to_state)
+        else:
+            rids = [known for known in self.rid_to_state if rid and known.startswith(rid)]
+        if not self.dead_reason:
+            for known in rids:
+                self.send_to_scheduler.send_pyobj(AbortReq(known))
+        return rids
+
+    def _abort_abandoned(self, rid: str) -> None:
+        """The caller went away: nobody waits for the result, so forget the request now."""
         self.rid_to_state.pop(rid, None)
         if not self.dead_reason:
             self.send_to_scheduler.send_pyobj(AbortReq(rid))

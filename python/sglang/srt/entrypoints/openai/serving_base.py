@@ -10,6 +10,7 @@ import asyncio
 import dataclasses
 import json
 import logging
+import re
 import time
 import uuid
 from typing import Any, AsyncIterator, Optional
@@ -21,11 +22,10 @@ from sglang.srt.entrypoints.http_utils import (
     ClientDisconnected, cancel_on_disconnect, error_response, invalid_request_response, sse,
 )
 from sglang.srt.entrypoints.openai.protocol import MAX_SEED, PromptTokensDetails, UsageInfo
-from sglang.srt.errors import InvalidRequest, short_repr
+from sglang.srt.errors import ABORTED_BY_CLIENT, InvalidRequest, short_repr
 from sglang.srt.managers.io_struct import GenerateReqInput
 
 logger = logging.getLogger(__name__)
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"; nobody reads it
 MIN_LOGPROB = -9999.0  # JSON has no -Infinity; OpenAI reports impossible tokens as -9999
 
 # Native field names -> OpenAI's, for the fields both endpoints share.
@@ -135,14 +135,18 @@ class OpenAIServingBase:
                 return await self._stream_response(ctx, prompts, params, raw_request)
             return await self._full_response(ctx, prompts, params, raw_request)
         except InvalidRequest as err:
-            return invalid_request_response(err, self.param_names(request))
+            return self._invalid_request_response(err, request)
         except RequestAborted as err:
             return error_response(err.message, err.status_code)
         except ClientDisconnected:
-            return Response(status_code=CLIENT_CLOSED_REQUEST)
+            return Response(status_code=ABORTED_BY_CLIENT)
         except RuntimeError as err:  # the engine failed (e.g. its scheduler process died)
             logger.error("request failed: %s", err)
             return error_response(f"internal error: {err}", 500)
+
+    def _invalid_request_response(self, err: InvalidRequest, request) -> JSONResponse:
+        names = self.param_names(request)
+        return invalid_request_response(with_openai_names(err, names), names)
 
     def check_model(self, model: Optional[str]) -> None:
         args = self.tokenizer_manager.server_args
@@ -237,7 +241,7 @@ class OpenAIServingBase:
 
     def _error_event(self, ctx: RequestContext, err: Exception) -> dict:
         if isinstance(err, InvalidRequest):
-            response = invalid_request_response(err, self.param_names(ctx.request))
+            response = self._invalid_request_response(err, ctx.request)
         elif isinstance(err, RequestAborted):
             response = error_response(err.message, err.status_code)
         else:
@@ -303,9 +307,23 @@ async def merge_streams(agens: list) -> AsyncIterator[tuple[int, Any]]:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+def with_openai_names(err: InvalidRequest, names: dict) -> InvalidRequest:
+    """`err` with the native field names its message mentions in the endpoint's terms: the field
+    at fault, and the others a rule names ("must be in [0, max_new_tokens=3]"). Only names with an
+    underscore are rewritten beside the field at fault, so prose such as "the text" stays as it is."""
+    renamed = {native: name for native, name in names.items() if native == err.param or "_" in native}
+    if not renamed:
+        return err
+    pattern = "|".join(re.escape(native) for native in sorted(renamed, key=len, reverse=True))
+    message = re.sub(rf"(?<![\w.])({pattern})(?!\w)", lambda match: renamed[match.group(1)], err.message)
+    return InvalidRequest(message, err.param, err.status_code)
+
+
 def raise_if_aborted(result: dict) -> None:
+    """An abort the engine decided (a 400 / 500 / 503) is an error; one a client asked for
+    (POST /abort_request) is a finish, `finish_reason: "abort"`, as upstream."""
     reason = result["meta_info"].get("finish_reason")
-    if reason is not None and reason.get("type") == "abort":
+    if reason is not None and reason.get("type") == "abort" and reason.get("status_code") != ABORTED_BY_CLIENT:
         raise RequestAborted(reason.get("message", "the request was aborted"), reason.get("status_code", 500))
 
 
@@ -336,7 +354,7 @@ def native_sampling_params(request, max_new_tokens: Optional[int]) -> dict:
     context length"."""
     params = {
         "max_new_tokens": max_new_tokens, "temperature": request.temperature, "top_p": request.top_p,
-        "top_k": request.top_k, "min_p": request.min_p, "stop": request.stop or None,
+        "top_k": request.top_k, "min_p": request.min_p, "stop": request.stop,
         "stop_token_ids": request.stop_token_ids, "ignore_eos": request.ignore_eos,
         "min_new_tokens": request.min_tokens, "n": request.n, "sampling_seed": request.seed,
         "skip_special_tokens": request.skip_special_tokens, "no_stop_trim": request.no_stop_trim,
