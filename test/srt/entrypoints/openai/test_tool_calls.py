@@ -68,7 +68,7 @@ def test_forced_schema_lists_the_chosen_tools(choice, max_items):
 
 @pytest.mark.parametrize("parser, text", [
     ("hermes", 'Checking <tool><tool_call>{"name": "add", "arguments": {"a": 5}}</tool_call>'),
-    ("llama3", 'Sure: {"name": "add", "parameters": {"a": 5}}'),
+    ("llama3", 'Sure: <|python_tag|>{"name": "add", "parameters": {"a": 5}}'),
     ("hermes", "Plain text with a < sign and <tool but no call"),
 ])
 def test_streamed_deltas_add_up_to_the_parsed_answer(parser, text):

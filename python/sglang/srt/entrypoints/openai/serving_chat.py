@@ -19,7 +19,7 @@ from sglang.srt.entrypoints.openai.serving_base import (
 )
 from sglang.srt.entrypoints.openai.serving_defaults import model_sampling_defaults
 from sglang.srt.entrypoints.openai.tool_calls import (ToolCallStream, forced_calls_schema, parse_tool_calls,
-                                                      tool_mode)
+                                                      tool_finish_reason, tool_mode)
 from sglang.srt.errors import InvalidRequest
 
 _PARAM_NAMES = {
@@ -107,8 +107,8 @@ class OpenAIServingChat(OpenAIServingBase):
             content, calls = result["text"], None
             if mode is not None:
                 content, calls = parse_tool_calls(content, mode, self.parser, _tool_names(ctx.request))
-                if calls:
-                    finish_reason = "tool_calls"
+                finish_reason = tool_finish_reason(finish_reason, bool(calls))
+                matched = None if finish_reason == "tool_calls" else matched
                 calls = calls or None
             choices.append(ChatCompletionChoice(
                 index=index, message=ChatCompletionMessage(content=content, tool_calls=calls),
@@ -129,6 +129,7 @@ class OpenAIServingChat(OpenAIServingBase):
         mode = tool_mode(ctx.request, self.parser)
         if mode is not None:
             message, finish_reason = self._tool_delta(ctx, index, mode, result, finish_reason)
+            matched = None if finish_reason == "tool_calls" else matched
             if finish_reason is None and message.content is None and not message.tool_calls \
                     and not ctx.request.logprobs:
                 return None  # the text is held back: it may be a call
@@ -149,7 +150,7 @@ class OpenAIServingChat(OpenAIServingBase):
             content, calls = stream.content_delta(text), stream.call_deltas(text)
         else:
             content, calls = stream.finish(text)
-            finish_reason = "tool_calls" if stream.num_calls else finish_reason
+            finish_reason = tool_finish_reason(finish_reason, stream.num_calls > 0)
         return DeltaMessage(content=content, tool_calls=calls or None), finish_reason
 
     def usage_chunk(self, ctx: RequestContext, usage: UsageInfo) -> dict:

@@ -5,8 +5,8 @@ model's text, whole or while it streams.
 "required" and named choices constrain the output to a JSON array of calls,
 `[{"name": ..., "parameters": {...}}, ...]`, whatever the model's own format, and that array is
 what is parsed back. With "auto" the model writes calls in its own format, which the parser reads:
-`llama3`: JSON objects `{"name": ..., "parameters": {...}}` (optionally after `<|python_tag|>`,
-several separated by `;`); `qwen25` / `qwen` / `hermes`: `<tool_call>{"name": ..., "arguments":
+`llama3`: JSON objects `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` or opening the
+output, several separated by `;`); `qwen25` / `qwen` / `hermes`: `<tool_call>{"name": ..., "arguments":
 {...}}</tool_call>` blocks."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Optional
 
 from sglang.srt.entrypoints.openai.protocol import (ChatCompletionRequest, DeltaFunctionCall, DeltaToolCall,
                                                     FunctionCall, NamedToolChoice, ToolCall)
+from sglang.srt.errors import InvalidRequest
 
 PYTHON_TAG = "<|python_tag|>"
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
@@ -37,17 +38,67 @@ def tool_mode(request: ChatCompletionRequest, parser: Optional[str]) -> Optional
 
 def forced_calls_schema(request: ChatCompletionRequest) -> str:
     """The JSON schema of the output under tool_choice "required" or a named function."""
+    try:
+        return json.dumps(_forced_calls_schema(request))
+    except RecursionError:  # the body parser allows about 1000 levels; the walk below takes fewer
+        raise InvalidRequest("the parameters schemas of tools nest too deeply", "tools") from None
+
+
+def _forced_calls_schema(request: ChatCompletionRequest) -> dict:
     choice = request.tool_choice
     tools = request.tools
     if isinstance(choice, NamedToolChoice):
         tools = [tool for tool in tools if tool.function.name == choice.function.name]
-    calls = [{"type": "object", "properties": {"name": {"const": tool.function.name},
-                                               "parameters": tool.function.parameters or {"type": "object"}},
-              "required": ["name", "parameters"]} for tool in tools]
+    calls, defs = [], {}
+    for index, tool in enumerate(tools):
+        parameters = tool.function.parameters or {"type": "object"}
+        # Its "#/..." references point into the parameters schema, which is no longer the root once
+        # nested in the array: such a schema moves under the root's $defs, its references rebased.
+        name = f"tool_{index}_parameters"
+        rebased = _rebase_refs(parameters, f"#/$defs/{name}")
+        if rebased != parameters:
+            defs[name], parameters = rebased, {"$ref": f"#/$defs/{name}"}
+        calls.append({"type": "object", "properties": {"name": {"const": tool.function.name}, "parameters": parameters},
+                      "required": ["name", "parameters"]})
     schema = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}, "minItems": 1}
     if isinstance(choice, NamedToolChoice) or request.parallel_tool_calls is False:
         schema["maxItems"] = 1
-    return json.dumps(schema)
+    if defs:
+        schema["$defs"] = defs
+    return schema
+
+
+# Keywords whose values are JSON data, not schemas (a "$ref" in them is not a reference), and
+# keywords whose values map names, which may be any word, to schemas.
+_DATA_KEYWORDS = frozenset(("const", "enum", "default", "examples"))
+_NAMED_SCHEMAS = frozenset(("properties", "patternProperties", "$defs", "definitions", "dependentSchemas"))
+
+
+def _rebase_refs(schema, base: str, named: bool = False):
+    """`schema` with each local reference "#/a/b" rewritten to base + "/a/b" ("#" to base)."""
+    # Plain loops, not comprehensions (each a frame of its own): a deep schema recurses once a level.
+    if isinstance(schema, list):
+        items = []
+        for item in schema:
+            items.append(_rebase_refs(item, base))
+        return items
+    if not isinstance(schema, dict):
+        return schema
+    rebased = {}
+    for key, value in schema.items():
+        if named:
+            rebased[key] = _rebase_refs(value, base)
+        elif key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            rebased[key] = base + value[1:]
+        else:
+            rebased[key] = value if key in _DATA_KEYWORDS else _rebase_refs(value, base, key in _NAMED_SCHEMAS)
+    return rebased
+
+
+def tool_finish_reason(finish_reason: Optional[str], has_calls: bool) -> Optional[str]:
+    """As OpenAI and upstream: "tool_calls" when the model ended its turn with calls; an answer cut
+    short ("length") or aborted keeps that reason, so a client can tell the calls may be incomplete."""
+    return "tool_calls" if has_calls and finish_reason == "stop" else finish_reason
 
 
 def parse_tool_calls(text: str, mode: str, parser: Optional[str], tool_names: set[str]) -> tuple[Optional[str], list]:
@@ -93,12 +144,22 @@ def _call_of(obj) -> Optional[tuple[str, object]]:
     return None
 
 
+def _llama3_start(text: str, start: int = 0) -> Optional[int]:
+    """Where the calls begin, from `start` on: at <|python_tag|>, or at a "{" that opens the
+    output (Llama 3.1 answers a call with the JSON alone; a "{" later in prose is text, as upstream)."""
+    at = text.find(PYTHON_TAG, start)
+    if at >= 0:
+        return at
+    opening = len(text) - len(text.lstrip())
+    return opening if opening >= start and text.startswith("{", opening) else None
+
+
 def _llama3_calls(text: str) -> tuple[str, list]:
-    start = text.find(PYTHON_TAG)
-    body_at = start + len(PYTHON_TAG) if start >= 0 else text.find("{")
-    if body_at < 0:
+    start = _llama3_start(text)
+    if start is None:
         return text, []
-    content = text[: start if start >= 0 else body_at].strip()
+    content = text[:start].strip()
+    body_at = start + len(PYTHON_TAG) if text.startswith(PYTHON_TAG, start) else start
     decoder, calls, at = json.JSONDecoder(), [], body_at
     body = text
     while at < len(body):
@@ -152,9 +213,10 @@ class ToolCallStream:
         marker_at = self._marker(text)
         if marker_at is not None:
             self.holding = True
-            end = marker_at
+            # Whitespace alone before the call is not content (as parsing the whole text gives).
+            end = marker_at if text[self.sent:marker_at].strip() else self.sent
         else:
-            end = len(text) - _partial_marker_len(text, self._markers())
+            end = len(text) - self._undecided_len(text)
         delta, self.sent = text[self.sent:end], max(self.sent, end)
         return delta or None
 
@@ -184,20 +246,21 @@ class ToolCallStream:
         self.num_calls = max(self.num_calls, len(calls))
         return deltas
 
-    def _markers(self) -> tuple[str, ...]:
-        return (PYTHON_TAG, "{") if self.parser == "llama3" else (HERMES_START,)
-
     def _marker(self, text: str) -> Optional[int]:
-        found = [text.find(m, self.sent) for m in self._markers()]
-        found = [at for at in found if at >= 0]
-        return min(found) if found else None
+        """Where a call starts in the text not sent yet, if it does."""
+        if self.parser == "llama3":
+            return _llama3_start(text, self.sent)
+        at = text.find(HERMES_START, self.sent)
+        return at if at >= 0 else None
+
+    def _undecided_len(self, text: str) -> int:
+        """How many trailing characters may yet turn out to start a call (held back until known)."""
+        if self.parser == "llama3":
+            # Only whitespace so far may precede the "{" of a call.
+            return len(text) if not text.strip() else _partial_marker_len(text, PYTHON_TAG)
+        return _partial_marker_len(text, HERMES_START)
 
 
-def _partial_marker_len(text: str, markers: tuple[str, ...]) -> int:
-    """How many trailing characters could be the start of a marker (held back until known)."""
-    longest = 0
-    for marker in markers:
-        for n in range(1, len(marker)):
-            if text.endswith(marker[:n]):
-                longest = max(longest, n)
-    return longest
+def _partial_marker_len(text: str, marker: str) -> int:
+    """How many trailing characters are a proper prefix of the marker."""
+    return max((n for n in range(1, len(marker)) if text.endswith(marker[:n])), default=0)
