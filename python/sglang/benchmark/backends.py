@@ -1,6 +1,7 @@
-"""Streaming clients for the three backends: `sglang` (native /generate), `sglang-oai`
-(/v1/completions) and `sglang-oai-chat` (/v1/chat/completions). Each request becomes one
-`RequestResult` with its timings and the server's token counts; failures are results too."""
+"""Clients for the three routes: native /generate (`sglang`), /v1/completions (`sglang-oai`)
+and /v1/chat/completions (`sglang-oai-chat`), streamed or not, under upstream's backend names.
+Each request becomes one `RequestResult` with its timings and the server's token counts;
+failures are results too."""
 
 from __future__ import annotations
 
@@ -15,8 +16,28 @@ import orjson
 
 from sglang.benchmark.datasets import BenchRequest
 
-BACKENDS = ("sglang", "sglang-oai", "sglang-oai-chat")
-ROUTES = {"sglang": "/generate", "sglang-oai": "/v1/completions", "sglang-oai-chat": "/v1/chat/completions"}
+# Upstream's backend names for the routes we speak; the other engines' names send the same
+# requests as upstream's client does for them.
+BACKEND_ROUTES = {
+    "sglang": "native", "sglang-native": "native",
+    "sglang-oai": "completions", "vllm": "completions", "lmdeploy": "completions",
+    "sglang-oai-chat": "chat", "vllm-chat": "chat", "lmdeploy-chat": "chat",
+}
+BACKENDS = tuple(BACKEND_ROUTES)
+ROUTES = {"native": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+@dataclasses.dataclass(frozen=True)
+class RequestOptions:
+    """How every request of a run is sent (upstream's --disable-stream, --disable-ignore-eos,
+    --temperature, --top-p, --extra-request-body, --header)."""
+
+    stream: bool = True
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    top_p: float | None = None  # None: not sent
+    extra_body: dict = dataclasses.field(default_factory=dict)  # merged into the JSON body last
+    headers: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -36,6 +57,9 @@ class RequestResult:
     itl: list[float] = dataclasses.field(default_factory=list)  # seconds per token between chunks
     spec_verify_ct: int | None = None  # verify steps, when the server speculates
     checks_prompt_len: bool = False  # the prompt was token ids the server counts as sent
+    exact_output_len: bool = True  # ignore_eos: the server must generate exactly max tokens
+    start: float = 0.0  # perf_counter time the request was sent
+    generated_text: str = ""
 
     @property
     def tpot(self) -> float | None:
@@ -44,7 +68,11 @@ class RequestResult:
         return (self.latency - self.ttft) / (self.output_tokens - 1)
 
     def token_counts_agree(self) -> bool:
-        agree = self.output_tokens == self.server_output_tokens == self.expected_output_len
+        agree = self.output_tokens == self.server_output_tokens
+        if self.exact_output_len:
+            agree = agree and self.output_tokens == self.expected_output_len
+        else:
+            agree = agree and self.output_tokens <= self.expected_output_len
         return agree and (not self.checks_prompt_len or self.prompt_tokens == self.prompt_len)
 
 
@@ -56,43 +84,60 @@ class BackendClient:
     """Sends BenchRequests to one server over one aiohttp session."""
 
     def __init__(self, session: aiohttp.ClientSession, base_url: str, backend: str, model: str | None,
-                 api_key: str | None = None):
-        if backend not in BACKENDS:
+                 api_key: str | None = None, options: RequestOptions | None = None):
+        if backend not in BACKEND_ROUTES:
             raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         self.session, self.backend, self.model = session, backend, model
-        self.url = base_url.rstrip("/") + ROUTES[backend]
-        self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.route = BACKEND_ROUTES[backend]
+        self.options = options or RequestOptions()
+        self.url = base_url.rstrip("/") + ROUTES[self.route]
+        self.headers = {**({"Authorization": f"Bearer {api_key}"} if api_key else {}), **self.options.headers}
 
     def payload(self, request: BenchRequest) -> dict:
-        if self.backend == "sglang":
+        options = self.options
+        sampling = {"temperature": options.temperature, "ignore_eos": options.ignore_eos}
+        if options.top_p is not None:
+            sampling["top_p"] = options.top_p
+        if self.route == "native":
             prompt_key = "text" if isinstance(request.prompt, str) else "input_ids"
-            params = {"max_new_tokens": request.output_len, "temperature": 0.0, "ignore_eos": True}
+            params = {"max_new_tokens": request.output_len, **sampling}
             if request.simulated_accept_length is not None:
                 params["simulated_accept_length"] = request.simulated_accept_length
-            return {prompt_key: request.prompt, "sampling_params": params, "stream": True}
-        body = {"model": self.model, "max_tokens": request.output_len, "temperature": 0.0, "ignore_eos": True,
-                "stream": True, "stream_options": {"include_usage": True}}
-        if self.backend == "sglang-oai":
-            return {**body, "prompt": request.prompt}
-        return {**body, "messages": [{"role": "user", "content": request.prompt}]}
+            extra = dict(options.extra_body)
+            params.update(extra.pop("sampling_params", None) or {})
+            return {prompt_key: request.prompt, "sampling_params": params, "stream": options.stream, **extra}
+        body = {"model": self.model, "max_tokens": request.output_len, **sampling, "stream": options.stream}
+        if options.stream:
+            body["stream_options"] = {"include_usage": True}
+        if self.route == "completions":
+            body["prompt"] = request.prompt
+        else:
+            body["messages"] = [{"role": "user", "content": request.prompt}]
+        return {**body, **options.extra_body}
 
     async def send(self, request: BenchRequest) -> RequestResult:
-        sent_ids = self.backend != "sglang-oai-chat" and not isinstance(request.prompt, str)
+        sent_ids = self.route != "chat" and not isinstance(request.prompt, str)
         result = RequestResult(prompt_len=request.prompt_len, expected_output_len=request.output_len,
-                               checks_prompt_len=sent_ids)
-        start = time.perf_counter()
+                               checks_prompt_len=sent_ids, exact_output_len=self.options.ignore_eos)
+        start = result.start = time.perf_counter()
         try:
             async with self.session.post(self.url, json=self.payload(request), headers=self.headers) as response:
                 if response.status != 200:
                     raise ServerError(f"HTTP {response.status}: {_error_message(await response.text())}")
-                read = self._read_native if self.backend == "sglang" else self._read_openai
-                await read(sse_events(response), result, start)
+                if not self.options.stream:
+                    _read_whole(self.route, await _json_body(response), result, start)
+                elif self.route == "native":
+                    await self._read_native(sse_events(response), result, start)
+                else:
+                    await self._read_openai(sse_events(response), result, start)
             result.success = True
         except ServerError as e:
             result.error = str(e)
         except (asyncio.TimeoutError, aiohttp.ClientError, ConnectionError) as e:
             result.error = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         result.latency = time.perf_counter() - start
+        if result.success and not self.options.stream:
+            result.ttft = result.latency  # the whole answer is the first chunk
         return result
 
     async def _read_native(self, events: AsyncIterator[dict], result: RequestResult, start: float) -> None:
@@ -103,6 +148,7 @@ class BackendClient:
                 _record_chunk(result, start, num_ids - result.output_tokens)
                 result.output_tokens = num_ids
             meta = event.get("meta_info") or meta
+            result.generated_text = event.get("text", result.generated_text)
             _raise_if_aborted(meta)
         if not meta or not meta.get("finish_reason"):
             raise ServerError("the stream ended before the request finished")
@@ -118,6 +164,7 @@ class BackendClient:
                 text = choice.get("text") if "text" in choice else (choice.get("delta") or {}).get("content")
                 if text:
                     _record_chunk(result, start, 1)
+                    result.generated_text += text
                 finished = finished or choice.get("finish_reason") is not None
         if not finished:
             raise ServerError("the stream ended before the request finished")
@@ -126,6 +173,42 @@ class BackendClient:
         result.prompt_tokens = usage.get("prompt_tokens", 0)
         result.output_tokens = result.server_output_tokens = usage.get("completion_tokens", 0)
         _spread_tokens_over_chunks(result)
+
+
+async def _json_body(response: aiohttp.ClientResponse) -> dict:
+    try:
+        body = _parse_event(await response.read())
+    except ServerError:
+        raise ServerError("the server's answer is not JSON") from None
+    if "error" in body:
+        raise ServerError(_error_message(json.dumps(body)))
+    return body
+
+
+def _read_whole(route: str, body: dict, result: RequestResult, start: float) -> None:
+    """A non-streamed answer (--disable-stream): all tokens arrive at once, so the TTFT is the
+    whole latency and there is no ITL, as in upstream."""
+    if route == "native":
+        meta = body.get("meta_info") or {}
+        _raise_if_aborted(meta)
+        if not meta.get("finish_reason"):
+            raise ServerError("the answer has no finish reason")
+        result.generated_text = body.get("text") or ""
+        output_tokens = len(body.get("output_ids") or [])
+        result.prompt_tokens = meta.get("prompt_tokens", 0)
+        result.server_output_tokens = meta.get("completion_tokens", 0)
+        result.spec_verify_ct = meta.get("spec_verify_ct")
+    else:
+        choice = (body.get("choices") or [{}])[0]
+        if choice.get("finish_reason") is None:
+            raise ServerError("the answer has no finish reason")
+        result.generated_text = choice.get("text") or (choice.get("message") or {}).get("content") or ""
+        usage = body.get("usage") or {}
+        result.prompt_tokens = usage.get("prompt_tokens", 0)
+        output_tokens = result.server_output_tokens = usage.get("completion_tokens", 0)
+    if output_tokens:
+        _record_chunk(result, start, output_tokens)
+    result.output_tokens = output_tokens
 
 
 def _record_chunk(result: RequestResult, start: float, num_tokens: float) -> None:

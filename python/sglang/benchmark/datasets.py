@@ -1,5 +1,6 @@
-"""Benchmark requests: `random` token-id prompts sampled from the server's tokenizer, and
-conversations from a local ShareGPT-layout JSON / JSONL file."""
+"""Benchmark requests: `random` token-id prompts (uniform over the tokenizer's vocabulary, or cut
+from a ShareGPT file's prompts), conversations from a local ShareGPT-layout JSON / JSONL file, and
+`generated-shared-prefix` groups of questions behind shared system prompts."""
 
 from __future__ import annotations
 
@@ -44,12 +45,14 @@ def length_range(length: int, range_ratio: float) -> tuple[int, int]:
 
 
 class RandomDataset:
-    """Prompts of uniformly sampled token ids; each call to `sample` draws fresh ones. With
-    `decode` (for chat, whose messages are text) the ids are sent as their decoded text."""
+    """Prompts of sampled token ids; each call to `sample` draws fresh ones. The ids are drawn
+    uniformly from `token_ids`, or, with `source_prompts` (token ids of a ShareGPT file's prompts,
+    upstream's `random` with --dataset-path), cut from a random prompt repeated to the length.
+    With `to_text` (chat messages, a chat template) the ids are sent as that text."""
 
     def __init__(self, token_ids: list[int], input_len: int, output_len: int, range_ratio: float,
-                 decode: Callable[[list[int]], str] | None = None):
-        self.token_ids, self.decode = token_ids, decode
+                 to_text: Callable[[list[int]], str] | None = None, source_prompts: list[list[int]] | None = None):
+        self.token_ids, self.to_text, self.source_prompts = token_ids, to_text, source_prompts
         self.input_range = length_range(input_len, range_ratio)
         self.output_range = length_range(output_len, range_ratio)
 
@@ -57,23 +60,85 @@ class RandomDataset:
         requests = []
         for _ in range(num):
             prompt_len = rng.randint(*self.input_range)
-            prompt = [rng.choice(self.token_ids) for _ in range(prompt_len)]
-            if self.decode is not None:
-                prompt = self.decode(prompt)
+            if self.source_prompts:
+                source = rng.choice(self.source_prompts)
+                prompt = (source * -(-prompt_len // len(source)))[:prompt_len]
+            else:
+                prompt = [rng.choice(self.token_ids) for _ in range(prompt_len)]
+            if self.to_text is not None:
+                prompt = self.to_text(prompt)
             requests.append(BenchRequest(prompt, prompt_len, rng.randint(*self.output_range)))
         return requests
+
+
+def sharegpt_prompt_ids(path: str, tokenizer) -> list[list[int]]:
+    """Token ids of the first human turn of each conversation (the text upstream's `random`
+    dataset cuts its prompts from)."""
+    prompts = [tokenizer.encode(pair[0], add_special_tokens=False)
+               for pair in map(_first_exchange, read_conversations(path)) if pair is not None]
+    prompts = [ids for ids in prompts if ids]
+    if not prompts:
+        raise DatasetError(f"{path} has no conversation with a prompt and a reply")
+    return prompts
+
+
+def chat_template_text(tokenizer, text: str) -> str:
+    """`text` as the user turn of the tokenizer's chat template, ready for generation, without
+    the BOS token (the server adds its own), as upstream's --apply-chat-template does."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DatasetError("--apply-chat-template: the tokenizer has no chat template")
+    templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                              tokenize=False)
+    return templated.replace(tokenizer.bos_token, "") if tokenizer.bos_token else templated
+
+
+class SharedPrefixDataset:
+    """upstream's `generated-shared-prefix`: `num_groups` system prompts of random text, each
+    followed by `prompts_per_group` different questions (a blank line between them), all with the
+    same output length, shuffled once. Every level of a sweep sends the same requests."""
+
+    def __init__(self, tokenizer, token_ids: list[int], rng: random.Random, num_groups: int,
+                 prompts_per_group: int, system_prompt_len: int, question_len: int, output_len: int,
+                 wrap: Callable[[str], str] | None = None):
+        def text(length: int) -> str:
+            return tokenizer.decode([rng.choice(token_ids) for _ in range(length)])
+
+        self.requests = []
+        for _ in range(num_groups):
+            system = text(system_prompt_len)
+            for _ in range(prompts_per_group):
+                prompt = f"{system}\n\n{text(question_len)}"
+                prompt = wrap(prompt) if wrap else prompt
+                prompt_len = len(tokenizer.encode(prompt, add_special_tokens=False))
+                self.requests.append(BenchRequest(prompt, prompt_len, output_len))
+        rng.shuffle(self.requests)
+
+    def sample(self, num: int, rng: random.Random) -> list[BenchRequest]:
+        if num > len(self.requests):
+            raise DatasetError(f"generated-shared-prefix has {len(self.requests)} prompts (--gsp-num-groups x "
+                               f"--gsp-prompts-per-group); lower --num-prompts to at most that")
+        return self.requests[:num]
 
 
 class ShareGPTDataset:
     """The first human turn of each conversation as the prompt; the reply's token count (or
     `output_len`) as the output length. Rows are shuffled once with the seed."""
 
-    def __init__(self, path: str, tokenizer, rng: random.Random, output_len: int | None = None):
+    def __init__(self, path: str, tokenizer, rng: random.Random, output_len: int | None = None,
+                 context_len: int | None = None, wrap: Callable[[str], str] | None = None):
+        """`context_len`: drop conversations whose prompt and output lengths add up to more
+        (upstream's --sharegpt-context-len); `wrap`: rewrites each prompt (a chat template)."""
         pairs = [pair for pair in map(_first_exchange, read_conversations(path)) if pair is not None]
         if not pairs:
             raise DatasetError(f"{path} has no conversation with a prompt and a reply")
         rng.shuffle(pairs)
-        self.requests = [_to_request(tokenizer, prompt, reply, output_len) for prompt, reply in pairs]
+        requests = [_to_request(tokenizer, wrap(prompt) if wrap else prompt, reply, output_len)
+                    for prompt, reply in pairs]
+        if context_len is not None:
+            requests = [r for r in requests if r.prompt_len + r.output_len <= context_len]
+            if not requests:
+                raise DatasetError(f"no conversation of {path} fits --sharegpt-context-len {context_len}")
+        self.requests = requests
 
     def sample(self, num: int, rng: random.Random) -> list[BenchRequest]:
         if num > len(self.requests):

@@ -33,6 +33,29 @@ def peak_output_tokens_per_s(results: list[RequestResult], start: float) -> floa
     return float(max(buckets.values(), default=0))
 
 
+def peak_concurrent_requests(results: list[RequestResult], start: float) -> int:
+    """upstream's max_concurrent_requests: the most completed requests that were in flight during
+    one 1-second bucket of the run (a request counts in every bucket from its start to its end)."""
+    buckets = collections.Counter()
+    for result in results:
+        first, last = int(result.start - start), int(result.start + result.latency - start)
+        buckets.update(range(max(first, 0), last + 1))
+    return max(buckets.values(), default=0)
+
+
+def request_details(results: list[RequestResult]) -> dict:
+    """upstream's --output-details arrays, one entry per request in sending order (failed
+    requests: 0 tokens, an empty text and their error)."""
+    return {
+        "input_lens": [r.prompt_tokens if r.success else r.prompt_len for r in results],
+        "output_lens": [r.output_tokens if r.success else 0 for r in results],
+        "ttfts": [r.ttft if r.success else 0.0 for r in results],
+        "itls": [r.itl if r.success else [] for r in results],
+        "generated_texts": [r.generated_text if r.success else "" for r in results],
+        "errors": [r.error for r in results],
+    }
+
+
 def accept_length(results: list[RequestResult]) -> float | None:
     """Output tokens per verify step, over the requests whose meta_info counted verify steps."""
     speculated = [r for r in results if r.spec_verify_ct]
@@ -52,6 +75,8 @@ def summarize(results: list[RequestResult], start: float, duration: float) -> di
         "failed": len(results) - len(done),
         "errors": _error_counts(results),
         "total_input_tokens": total_input,
+        "total_input_text_tokens": total_input,
+        "total_input_vision_tokens": 0,
         "total_output_tokens": total_output,
         "token_count_mismatches": sum(not r.token_counts_agree() for r in done),
         "request_throughput": len(done) / duration,
@@ -61,6 +86,7 @@ def summarize(results: list[RequestResult], start: float, duration: float) -> di
         "concurrency": sum(r.latency for r in results) / duration,
         "accept_length": accept_length(done),
         "max_output_tokens_per_s": peak_output_tokens_per_s(done, start),
+        "max_concurrent_requests": peak_concurrent_requests(done, start),
     }
     fields.update(distribution("e2e_latency", [r.latency for r in done]))
     fields.update(distribution("ttft", [r.ttft for r in done]))
@@ -96,10 +122,13 @@ def format_summary(line: dict) -> str:
         ("Benchmark duration (s)", line["duration"]),
         ("Total input tokens", line["total_input_tokens"]),
         ("Total generated tokens", line["total_output_tokens"]),
+        *([("Total generated tokens (retokenized)", line["total_output_tokens_retokenized"])]
+          if "total_output_tokens_retokenized" in line else []),
         ("Request throughput (req/s)", line["request_throughput"]),
         ("Input token throughput (tok/s)", line["input_throughput"]),
         ("Output token throughput (tok/s)", line["output_throughput"]),
         ("Peak output token throughput (tok/s)", line["max_output_tokens_per_s"]),
+        ("Peak concurrent requests", line["max_concurrent_requests"]),
         ("Total token throughput (tok/s)", line["total_throughput"]),
         ("Concurrency", line["concurrency"]),
         ("Accept length", line["accept_length"] if line["accept_length"] is not None else "n/a"),

@@ -10,16 +10,19 @@ import dataclasses
 import datetime
 import json
 import math
+import os
 import random
 import time
 
 import aiohttp
 
-from sglang.benchmark.backends import BackendClient, RequestResult
+from sglang.benchmark.backends import BACKEND_ROUTES, BackendClient, RequestOptions, RequestResult
 from sglang.benchmark.datasets import (
-    BenchRequest, DatasetError, RandomDataset, ShareGPTDataset, sampleable_token_ids,
+    BenchRequest, DatasetError, RandomDataset, SharedPrefixDataset, ShareGPTDataset, chat_template_text,
+    sampleable_token_ids, sharegpt_prompt_ids,
 )
-from sglang.benchmark.metrics import format_summary, summarize
+from sglang.benchmark.metrics import format_summary, request_details, summarize
+from sglang.benchmark.upstream_flags import DEFAULT_PORTS
 from sglang.benchmark.trace import draw_accept_length, load_trace, parse_mix, play_trace, trace_line
 
 CONNECT_TIMEOUT_S = 10
@@ -42,8 +45,9 @@ class Bench:
     base_url: str
     model: str
     client: BackendClient
-    dataset: RandomDataset | ShareGPTDataset
+    dataset: RandomDataset | ShareGPTDataset | SharedPrefixDataset
     data_rng: random.Random  # draws the prompts of the warm-up and of each level in turn
+    tokenizer: object = None  # retokenizes the generated text (total_output_tokens_retokenized)
 
 
 async def run(args: argparse.Namespace) -> list[dict]:
@@ -71,14 +75,44 @@ async def run(args: argparse.Namespace) -> list[dict]:
 
 async def connect(args: argparse.Namespace, session: aiohttp.ClientSession) -> Bench:
     """Reads the server's model info and loads its tokenizer to build the dataset."""
-    base_url = (args.base_url or f"http://{args.host}:{args.port}").rstrip("/")
-    info = await get_json(session, f"{base_url}/get_model_info")
+    port = args.port or DEFAULT_PORTS.get(args.backend, 30000)
+    base_url = (args.base_url or f"http://{args.host}:{port}").rstrip("/")
+    info = await model_info(session, base_url, getattr(args, "ready_check_timeout_sec", 0))
     tokenizer = load_tokenizer(args.tokenizer or info.get("tokenizer_path") or info["model_path"])
     data_rng = random.Random(args.seed)
     dataset = build_dataset(args, tokenizer, info.get("vocab_size"), data_rng)
-    model = args.model or info.get("served_model_name") or info.get("model_path")
-    client = BackendClient(session, base_url, args.backend, model, args.api_key)
-    return Bench(args, session, base_url, model, client, dataset, data_rng)
+    model = (getattr(args, "served_model_name", None) or args.model or info.get("served_model_name")
+             or info.get("model_path"))
+    api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
+    client = BackendClient(session, base_url, args.backend, model, api_key, request_options(args))
+    return Bench(args, session, base_url, model, client, dataset, data_rng, tokenizer)
+
+
+async def model_info(session: aiohttp.ClientSession, base_url: str, wait_s: float = 0) -> dict:
+    """The server's /get_model_info; a server without it (vLLM, lmdeploy) is asked /v1/models
+    and its first model stands for the model and tokenizer paths. With `wait_s`, a server that
+    does not answer yet is asked again until then (upstream's --ready-check-timeout-sec)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return await get_json(session, f"{base_url}/get_model_info")
+        except BenchmarkError as e:
+            if "answered HTTP 404" in str(e):
+                models = (await get_json(session, f"{base_url}/v1/models")).get("data") or [{}]
+                if not models[0].get("id"):
+                    raise BenchmarkError(f"{base_url}/v1/models lists no model; pass --model and --tokenizer")
+                return {"model_path": models[0]["id"], "served_model_name": models[0]["id"]}
+            if time.monotonic() >= deadline:
+                raise
+        await asyncio.sleep(1)
+
+
+def request_options(args) -> RequestOptions:
+    return RequestOptions(stream=not getattr(args, "disable_stream", False),
+                          ignore_eos=not getattr(args, "disable_ignore_eos", False),
+                          temperature=getattr(args, "temperature", 0.0), top_p=getattr(args, "top_p", None),
+                          extra_body=getattr(args, "extra_request_body", None) or {},
+                          headers=dict(getattr(args, "header", None) or []))
 
 
 def level_prompts(args, level: int | None) -> int:
@@ -102,9 +136,10 @@ async def measure_level(bench: Bench, level: int | None, desc: str) -> dict:
     arrival_rng = random.Random(f"arrivals-{args.seed}")
     before = await server_spec_counters(bench.session, bench.base_url)
     results, start, duration = await run_level(bench.client, requests, level, args.request_rate, arrival_rng,
-                                               desc, args.disable_tqdm)
+                                               desc, args.disable_tqdm, getattr(args, "burstiness", 1.0))
     line = {**config_fields(args, bench.base_url, bench.model, level, num_prompts),
             **summarize(results, start, duration)}
+    line["total_output_tokens_retokenized"] = retokenized_output_tokens(bench.tokenizer, results)
     if before is not None:
         line.update(spec_level_fields(before, await server_spec_counters(bench.session, bench.base_url)))
     if before is not None:  # the level's own steps: exact, and not inflated by plain steps' tokens
@@ -112,9 +147,29 @@ async def measure_level(bench: Bench, level: int | None, desc: str) -> dict:
     elif line["accept_length"] is None:
         line["accept_length"] = await server_accept_length(bench.session, bench.base_url)
     print(format_summary(line), flush=True)
+    line["server_info"] = await server_info(bench.session, bench.base_url)
+    if getattr(args, "output_details", False):  # upstream's arrays; its `errors` is one string per request
+        line = {**line, "error_summary": line["errors"], **request_details(results)}
     if args.output_file:
         append_line(args.output_file, line)
     return line
+
+
+def retokenized_output_tokens(tokenizer, results: list[RequestResult]) -> int | None:
+    """The generated texts' tokens by the client's tokenizer (upstream's
+    total_output_tokens_retokenized; differs from total_output_tokens where text does not
+    round-trip)."""
+    if tokenizer is None:
+        return None
+    texts = [r.generated_text for r in results if r.success and r.generated_text]
+    return sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else 0
+
+
+async def server_info(session: aiohttp.ClientSession, base_url: str) -> dict | None:
+    try:
+        return await get_json(session, f"{base_url}/get_server_info")
+    except BenchmarkError:
+        return None
 
 
 async def measure_trace(bench: Bench) -> dict:
@@ -157,14 +212,32 @@ def load_tokenizer(path: str):
                              f"pass --tokenizer with a local copy") from None
 
 
+def dataset_name(args) -> str:
+    """--dataset-name, else as upstream (whose default is sharegpt) when --dataset-path is given,
+    else random."""
+    return args.dataset_name or ("sharegpt" if args.dataset_path else "random")
+
+
 def build_dataset(args, tokenizer, vocab_size: int | None, rng: random.Random):
-    if args.dataset_name == "random":
-        decode = tokenizer.decode if args.backend == "sglang-oai-chat" else None
+    name = dataset_name(args)
+    wrap = (lambda text: chat_template_text(tokenizer, text)) if getattr(args, "apply_chat_template", False) else None
+    if name in ("random", "random-ids"):
+        if wrap is not None:
+            to_text = lambda ids: wrap(tokenizer.decode(ids))  # noqa: E731
+        else:
+            to_text = tokenizer.decode if BACKEND_ROUTES[args.backend] == "chat" else None
+        source = sharegpt_prompt_ids(args.dataset_path, tokenizer) if name == "random" and args.dataset_path else None
         return RandomDataset(sampleable_token_ids(tokenizer, vocab_size), args.random_input_len,
-                             args.random_output_len, args.random_range_ratio, decode)
+                             args.random_output_len, args.random_range_ratio, to_text, source)
+    if name == "generated-shared-prefix":
+        return SharedPrefixDataset(tokenizer, sampleable_token_ids(tokenizer, vocab_size), rng, args.gsp_num_groups,
+                                   args.gsp_prompts_per_group, args.gsp_system_prompt_len, args.gsp_question_len,
+                                   args.gsp_output_len, wrap)
     if not args.dataset_path:
-        raise DatasetError("--dataset-name sharegpt needs --dataset-path (a local JSON or JSONL file)")
-    return ShareGPTDataset(args.dataset_path, tokenizer, rng, args.sharegpt_output_len)
+        raise DatasetError("--dataset-name sharegpt needs --dataset-path (a local JSON or JSONL file); "
+                           "nothing is downloaded")
+    return ShareGPTDataset(args.dataset_path, tokenizer, rng, args.sharegpt_output_len,
+                           getattr(args, "sharegpt_context_len", None), wrap)
 
 
 async def warm_up(client: BackendClient, requests: list[BenchRequest]) -> None:
@@ -176,9 +249,11 @@ async def warm_up(client: BackendClient, requests: list[BenchRequest]) -> None:
 
 async def run_level(client: BackendClient, requests: list[BenchRequest], max_concurrency: int | None,
                     request_rate: float, arrival_rng: random.Random, desc: str,
-                    disable_tqdm: bool) -> tuple[list[RequestResult], float, float]:
+                    disable_tqdm: bool, burstiness: float = 1.0) -> tuple[list[RequestResult], float, float]:
     """Sends `requests` with Poisson arrivals at `request_rate` (inf: all at once), at most
-    `max_concurrency` in flight; returns (results, start time, duration)."""
+    `max_concurrency` in flight; returns (results, start time, duration). `burstiness` other
+    than 1 draws the gaps from a gamma distribution of the same mean (vLLM's --burstiness:
+    below 1 burstier, above 1 more even)."""
     from tqdm.asyncio import tqdm
 
     limit = asyncio.Semaphore(max_concurrency) if max_concurrency else contextlib.nullcontext()
@@ -195,23 +270,32 @@ async def run_level(client: BackendClient, requests: list[BenchRequest], max_con
     for request in requests:
         tasks.append(asyncio.create_task(one(request)))
         if math.isfinite(request_rate):
-            await asyncio.sleep(arrival_rng.expovariate(request_rate))
+            await asyncio.sleep(arrival_gap(arrival_rng, request_rate, burstiness))
     results = await asyncio.gather(*tasks)
     duration = time.perf_counter() - start
     progress.close()
     return results, start, duration
 
 
+def arrival_gap(rng: random.Random, request_rate: float, burstiness: float = 1.0) -> float:
+    if burstiness == 1.0:
+        return rng.expovariate(request_rate)
+    return rng.gammavariate(burstiness, 1.0 / (request_rate * burstiness))
+
+
 def config_fields(args, base_url: str, model: str, level: int | None, num_prompts: int) -> dict:
     return {
+        "tag": getattr(args, "tag", None),
         "backend": args.backend,
         "label": args.label or f"{args.backend} {model}",
         "base_url": base_url,
         "model": model,
-        "dataset_name": args.dataset_name,
+        "dataset_name": dataset_name(args),
         "dataset_path": args.dataset_path,
+        "sharegpt_output_len": getattr(args, "sharegpt_output_len", None),
         "num_prompts": num_prompts,
         "request_rate": args.request_rate if math.isfinite(args.request_rate) else "inf",
+        "burstiness": getattr(args, "burstiness", 1.0),
         "max_concurrency": level,
         "random_input_len": args.random_input_len,
         "random_output_len": args.random_output_len,
