@@ -17,20 +17,21 @@ def tokenizer():
     return build_tokenizer()
 
 
-def one_token_message(rid, token_id, finished=None, stop_strs=(), no_stop_trim=False):
+def one_token_message(rid, token_id, finished=None, stop_strs=(), no_stop_trim=False, skip_special=True):
     return BatchTokenIDOut(
         rids=[rid], new_token_ids=[[token_id]], finished_reasons=[finished],
-        constants=[RequestConstants(True, no_stop_trim, tuple(stop_strs), prompt_tokens=1)],
+        constants=[RequestConstants(skip_special, no_stop_trim, tuple(stop_strs), prompt_tokens=1)],
         completion_tokens=[1], new_token_logprobs=[None], new_top_logprobs=[None],
     )
 
 
-def stream(tokenizer, ids, final_reason, stop_strs=(), no_stop_trim=False):
+def stream(tokenizer, ids, final_reason, stop_strs=(), no_stop_trim=False, skip_special=True):
     manager = DetokenizerManager(tokenizer)
     chunks = []
     for i, token_id in enumerate(ids):
         reason = final_reason if i == len(ids) - 1 else None
-        chunks.append(manager.handle(one_token_message("r", token_id, reason, stop_strs, no_stop_trim)).new_texts[0])
+        chunks.append(manager.handle(one_token_message("r", token_id, reason, stop_strs, no_stop_trim,
+                                                       skip_special)).new_texts[0])
     assert manager.states == {}  # a finished request leaves no state behind
     return chunks
 
@@ -61,6 +62,21 @@ def test_no_stop_trim_keeps_the_stop_string(tokenizer):
     ids = tokenizer.encode(TEXT)
     chunks = stream(tokenizer, ids, finish_matched("done"), stop_strs=["done"], no_stop_trim=True)
     assert "".join(chunks) == TEXT
+
+
+def test_a_stop_token_ends_the_text_without_being_part_of_it(tokenizer):
+    """As upstream: the token that matched (EOS, or one of stop_token_ids, special or not) is not
+    decoded into the text unless no_stop_trim; with skip_special_tokens off an EOS no longer
+    shows up as its text."""
+    ids = tokenizer.encode("alpha beta")
+    eos = tokenizer.eos_token_id
+    for skip in (True, False):
+        assert "".join(stream(tokenizer, ids + [eos], finish_matched(eos), skip_special=skip)) == "alpha beta"
+    assert "".join(stream(tokenizer, ids + [eos], finish_matched(eos), no_stop_trim=True, skip_special=False)) \
+        == "alpha beta" + tokenizer.eos_token
+    comma = tokenizer.encode(",")[0]  # an ordinary token given in stop_token_ids
+    assert "".join(stream(tokenizer, ids + [comma], finish_matched(comma))) == "alpha beta"
+    assert "".join(stream(tokenizer, ids + [comma], finish_matched(comma), no_stop_trim=True)) == "alpha beta,"
 
 
 def test_two_requests_are_detokenized_independently(tokenizer):

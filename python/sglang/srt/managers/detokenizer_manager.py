@@ -80,8 +80,12 @@ class DetokenizerManager:
         return delta
 
     def _final_text(self, state: DecodeState, reason: dict) -> str:
-        full = self._decode(state.text.ids, state.params.skip_special_tokens)
-        matched = reason.get("matched")
+        ids, matched = state.text.ids, reason.get("matched")
+        if isinstance(matched, int) and not state.params.no_stop_trim and ids and ids[-1] == matched:
+            # A stop token (EOS, stop_token_ids) ends the text without being part of it, as
+            # upstream; with skip_special_tokens off an EOS would otherwise show as text.
+            ids = ids[:-1]
+        full = self._decode(ids, state.params.skip_special_tokens)
         if isinstance(matched, str) and not state.params.no_stop_trim:
             cut = full.find(matched)
             full = full if cut < 0 else full[:cut]

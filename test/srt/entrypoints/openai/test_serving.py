@@ -524,3 +524,21 @@ def test_server_sent_events_carry_json_a_strict_parser_reads():
     assert parsed["meta_info"] == {"e2e_latency": 0.125, "finish_reason": None, "logprob": None, "ratio": None,
                                    "by_k": {"3": 0.5}}
     assert http_utils.sse("[DONE]") == b"data: [DONE]\n\n"
+
+
+def test_a_chat_with_tools_read_by_a_parser_keeps_special_tokens_in_the_text():
+    """As upstream: a model's call marker may be a special token (Llama's <|python_tag|>), so with
+    tools and a parser the text keeps special tokens unless the request says otherwise."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+
+    def sent(parser, **body):
+        tm = FakeTokenizerManager()
+        tm.server_args.tool_call_parser = parser
+        _, status, _ = chat(tm, **body)
+        assert status == 200
+        return tm.calls[0].sampling_params.get("skip_special_tokens")
+
+    assert sent("llama3", tools=tools) is False
+    assert sent("llama3", tools=tools, skip_special_tokens=True) is True
+    assert sent("llama3", tools=tools, tool_choice="none") is None
+    assert sent(None, tools=tools) is None and sent("llama3") is None

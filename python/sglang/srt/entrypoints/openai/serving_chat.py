@@ -69,6 +69,10 @@ class OpenAIServingChat(OpenAIServingBase):
 
     def sampling_params(self, request: ChatCompletionRequest) -> dict:
         params = {**self.model_defaults, **native_sampling_params(request, request.max_new_tokens)}
+        if tool_mode(request, self.parser) == "auto" and request.skip_special_tokens is None:
+            # As upstream: a model's call markers may be special tokens (Llama's <|python_tag|>),
+            # which the parser must see; the stop token itself is still left out of the text.
+            params["skip_special_tokens"] = False
         constraint = self._constraint(request)
         return params if constraint is None else add_constraint(params, *constraint)
 
