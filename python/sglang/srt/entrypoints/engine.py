@@ -94,6 +94,55 @@ ENGINE_MAX_SEQUENCES_PER_REQUEST = 2**31 - 1
 _END = object()  # what _next returns when the generator is exhausted
 
 
+# Parameters of upstream SGLang's Engine.generate that this engine does not implement, and what
+# they ask for. Code that forwards every upstream default still runs: a value that asks for
+# nothing (None, False, 0, {}, or a list of those) is accepted; any other is refused, not ignored.
+UPSTREAM_ONLY_PARAMS = {
+    **dict.fromkeys(("image_data", "audio_data", "video_data", "mm_hashes", "mm_content_hashes"), "multimodal input"),
+    "token_ids_logprob": "logprobs of chosen token ids",
+    "lora_path": "LoRA adapters",
+    "custom_logit_processor": "custom logit processors",
+    "require_reasoning": "reasoning control",
+    "return_hidden_states": "returning hidden states",
+    **dict.fromkeys(("return_routed_experts", "routed_experts_start_len"), "returning routed experts"),
+    **dict.fromkeys(("bootstrap_host", "bootstrap_port", "bootstrap_room", "disagg_prefill_dp_rank"),
+                    "prefill-decode disaggregation"),
+    **dict.fromkeys(("routed_dp_rank", "data_parallel_rank"), "data-parallel routing (an Engine is one replica)"),
+    **dict.fromkeys(("session_id", "session_params"), "sessions"),
+    "priority": "priority scheduling",
+    "cache_salt": "cache salts",
+    "kv_router_hint": "KV router hints",
+    "external_trace_header": "tracing",
+}
+
+
+def _asks_nothing(value) -> bool:
+    if isinstance(value, dict):
+        return not value
+    if isinstance(value, (list, tuple)):
+        return all(_asks_nothing(item) for item in value)
+    return value is None or value is False or (type(value) is int and value == 0)
+
+
+def _refuse_upstream_only(params: dict) -> None:
+    for name, value in params.items():
+        if name not in UPSTREAM_ONLY_PARAMS:
+            raise TypeError(f"got an unexpected keyword argument {name!r}")
+        if not _asks_nothing(value):
+            raise NotImplementedError(f"{name}: {UPSTREAM_ONLY_PARAMS[name]} is not supported by this engine; "
+                                      f"leave it out (upstream SGLang's Engine takes it)")
+
+
+def model_info(server_args: ServerArgs, subprocesses: Subprocesses) -> dict:
+    """What a server or Engine serves (GET /get_model_info, Engine.get_model_info)."""
+    return {"model_path": server_args.model_path, "tokenizer_path": server_args.tokenizer_path,
+            "is_generation": True, "served_model_name": server_args.served_model_name, **subprocesses.model_info}
+
+
+async def _call(fn, *args):
+    return fn(*args)
+
+
 async def _first(agen):
     try:
         return await agen.__anext__()
@@ -147,14 +196,22 @@ class Engine:
         prompt: Optional[Union[str, list[str]]] = None,
         sampling_params: Optional[Union[dict, list[dict]]] = None,
         input_ids: Optional[Union[list[int], list[list[int]]]] = None,
+        *,
         stream: bool = False,
         rid: Optional[Union[str, list[str]]] = None,
-        return_logprob: Union[bool, list[bool]] = False,
-        top_logprobs_num: Union[int, list[int]] = 0,
+        return_logprob: Optional[Union[bool, list[bool]]] = False,
+        logprob_start_len: Optional[Union[int, list[int]]] = None,
+        top_logprobs_num: Optional[Union[int, list[int]]] = None,
+        **upstream_only,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """One result dict per prompt (`text`, `output_ids`, `meta_info`); a list for a list of
-        prompts; an iterator of growing results when `stream=True`."""
-        agen = self._request(prompt, sampling_params, input_ids, stream, rid, return_logprob, top_logprobs_num)
+        prompts; an iterator of growing results when `stream=True`. Keywords past `input_ids` are
+        upstream's names, keyword-only: upstream's fourth positional parameter is `image_data`.
+        `logprob_start_len` is accepted and changes nothing (no prompt logprobs); the upstream
+        parameters in UPSTREAM_ONLY_PARAMS raise NotImplementedError unless they ask for nothing."""
+        obj = self._request_input(prompt, sampling_params, input_ids, stream, rid, return_logprob,
+                                  logprob_start_len, top_logprobs_num, upstream_only)
+        agen = self.tokenizer_manager.generate_request(obj)
         if stream:
             return self._iterate(agen)
         return self._run(_first(agen))
@@ -164,25 +221,33 @@ class Engine:
         prompt: Optional[Union[str, list[str]]] = None,
         sampling_params: Optional[Union[dict, list[dict]]] = None,
         input_ids: Optional[Union[list[int], list[list[int]]]] = None,
+        *,
         stream: bool = False,
         rid: Optional[Union[str, list[str]]] = None,
-        return_logprob: Union[bool, list[bool]] = False,
-        top_logprobs_num: Union[int, list[int]] = 0,
+        return_logprob: Optional[Union[bool, list[bool]]] = False,
+        logprob_start_len: Optional[Union[int, list[int]]] = None,
+        top_logprobs_num: Optional[Union[int, list[int]]] = None,
+        **upstream_only,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """`generate` for asyncio callers, on any event loop: awaits the result, or with
         `stream=True` returns an async iterator of growing results. Cancelling the awaiting task
         aborts the request."""
-        agen = self._request(prompt, sampling_params, input_ids, stream, rid, return_logprob, top_logprobs_num)
+        obj = self._request_input(prompt, sampling_params, input_ids, stream, rid, return_logprob,
+                                  logprob_start_len, top_logprobs_num, upstream_only)
+        agen = self.tokenizer_manager.generate_request(obj)
         if stream:
             return self._aiterate(agen)
         return await self._await(_first(agen))
 
-    def _request(self, prompt, sampling_params, input_ids, stream, rid, return_logprob, top_logprobs_num):
+    def _request_input(self, prompt, sampling_params, input_ids, stream, rid, return_logprob, logprob_start_len,
+                       top_logprobs_num, upstream_only: dict) -> GenerateReqInput:
         self._check_open()
-        obj = GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params,
-                               rid=rid, stream=stream, return_logprob=return_logprob,
-                               top_logprobs_num=top_logprobs_num)
-        return self.tokenizer_manager.generate_request(obj)
+        _refuse_upstream_only(upstream_only)
+        # None is upstream's default for these; ours are the values it stands for.
+        return GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
+                                stream=stream, return_logprob=False if return_logprob is None else return_logprob,
+                                logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+                                top_logprobs_num=0 if top_logprobs_num is None else top_logprobs_num)
 
     def _iterate(self, agen) -> Iterator[dict]:
         try:
@@ -217,6 +282,15 @@ class Engine:
         if self._closed:
             raise RuntimeError("this Engine has been shut down; start a new sglang.Engine")
 
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> list[str]:
+        """Aborts requests in flight on behalf of someone other than their callers, as POST
+        /abort_request does: every request whose rid starts with `rid` (so the samples of an n > 1
+        request too), or all of them with `abort_all`. Their callers get their tokens so far,
+        finished with type "abort". Returns the rids aborted."""
+        self._check_open()
+        # The manager's state and its ZMQ socket belong to the engine's loop thread.
+        return self._run(_call(self.tokenizer_manager.abort_request, rid, abort_all))
+
     def flush_cache(self) -> bool:
         """Drop the radix cache. False while requests are in flight."""
         self._check_open()
@@ -230,6 +304,11 @@ class Engine:
         state = self._run(self.tokenizer_manager.control("get_internal_state"))
         return {**vars(self.server_args), **self.subprocesses.model_info, "internal_state": state,
                 "internal_states": [state]}
+
+    def get_model_info(self) -> dict:
+        """What the engine serves: the fields GET /get_model_info answers with."""
+        self._check_open()
+        return model_info(self.server_args, self.subprocesses)
 
     def shutdown(self) -> None:
         """Stops the engine's processes; idempotent. Requests still waiting fail with an error."""

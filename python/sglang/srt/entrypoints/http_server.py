@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import sglang
-from sglang.srt.entrypoints.engine import Subprocesses
+from sglang.srt.entrypoints.engine import Subprocesses, model_info
 from sglang.srt.entrypoints.http_middleware import add_auth, add_cors
 from sglang.srt.entrypoints.http_utils import (
     ClientDisconnected, cancel_on_disconnect, error_response, invalid_request_response, redact_query_strings, sse,
@@ -188,9 +188,7 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/get_model_info")
     @app.get("/model_info")  # the newer name, which sglang-router asks first
     async def get_model_info():
-        args = state.server_args
-        return {"model_path": args.model_path, "tokenizer_path": args.tokenizer_path, "is_generation": True,
-                "served_model_name": args.served_model_name, **state.subprocesses.model_info}
+        return model_info(state.server_args, state.subprocesses)
 
     @app.get("/get_server_info")
     @app.get("/server_info")  # the newer name, which sglang-router asks first
