@@ -24,6 +24,7 @@ setup(
         "orjson>=3.6",
         "prometheus-client>=0.20",
         "xgrammar>=0.2",  # structured outputs; imported only when a request asks for a constraint
+        "jsonschema>=4",  # tool parameters are checked as JSON schemas (Draft 2020-12), as upstream
     ],
     extras_require={
         # The tests start replicas behind the real router, so they need it too.

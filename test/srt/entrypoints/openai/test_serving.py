@@ -542,3 +542,95 @@ def test_a_chat_with_tools_read_by_a_parser_keeps_special_tokens_in_the_text():
     assert sent("llama3", tools=tools, skip_special_tokens=True) is True
     assert sent("llama3", tools=tools, tool_choice="none") is None
     assert sent(None, tools=tools) is None and sent("llama3") is None
+
+
+# ---- tools -----------------------------------------------------------------------------------
+
+# Writes each tool's name and each earlier call's "city" argument (read as a mapping), so the
+# prompt shows what the template was given.
+TOOLS_TEMPLATE = ("{% for tool in tools or [] %}<|tool|>{{ tool.function.name }}\n{% endfor %}"
+                  "{% for message in messages %}<|{{ message.role }}|>{{ message.content }}"
+                  "{% for call in message.tool_calls or [] %}city={{ call.function.arguments.city }}{% endfor %}\n"
+                  "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"$ref": "#/$defs/City"}},
+                                          "$defs": {"City": {"type": "string"}}}}}
+ADD_TOOL = {"type": "function", "function": {
+    "name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+
+
+def tools_manager(parser: Optional[str] = None, texts=TEXTS) -> FakeTokenizerManager:
+    tm = FakeTokenizerManager(texts=texts)
+    tm.tokenizer = build_tokenizer()
+    tm.tokenizer.chat_template = TOOLS_TEMPLATE
+    tm.server_args.tool_call_parser = parser
+    return tm
+
+
+def prompt_text(tm: FakeTokenizerManager) -> str:
+    return tm.tokenizer.decode(tm.calls[0].input_ids)
+
+
+def history_with_call(arguments: str) -> list[dict]:
+    return [{"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+
+
+def test_history_call_arguments_reach_the_template_as_a_mapping():
+    tm, status, _ = chat(tools_manager(), messages=history_with_call('{"city": "Oslo"}'), tools=[WEATHER_TOOL])
+    assert status == 200 and "city=Oslo" in prompt_text(tm)
+
+
+@pytest.mark.parametrize("arguments", ['{"city": "Oslo"', '["Oslo"]', "Oslo", "null", "[" * 5000],
+                         ids=["cut_short", "array", "not_json", "null", "nested_too_deeply"])
+def test_history_call_arguments_that_are_not_a_json_object_are_a_400_naming_messages(arguments):
+    """As upstream: an assistant's earlier call must carry the JSON text of an object."""
+    tm, status, body = chat(tools_manager(), messages=history_with_call(arguments), tools=[WEATHER_TOOL])
+    assert status == 400 and body["error"]["param"] == "messages" and tm.calls == []
+    assert body["error"]["message"].startswith("messages[1].tool_calls[0].function.arguments must be")
+
+
+@pytest.mark.parametrize("choice, shown", [({"type": "function", "function": {"name": "add"}}, ["add"]),
+                                           ("required", ["get_weather", "add"]), ("auto", ["get_weather", "add"]),
+                                           ("none", [])])
+def test_the_template_sees_only_the_tools_the_model_may_call(choice, shown):
+    """As upstream: a named tool_choice shows the template that tool alone."""
+    tm, status, _ = chat(tools_manager("hermes"), tools=[WEATHER_TOOL, ADD_TOOL], tool_choice=choice)
+    assert status == 200
+    assert [line[len("<|tool|>"):] for line in prompt_text(tm).splitlines() if line.startswith("<|tool|>")] == shown
+
+
+def _deep_parameters(levels: int) -> dict:
+    parameters = node = {}
+    for _ in range(levels):
+        node["properties"] = {"a": {}}
+        node = node["properties"]["a"]
+    return parameters
+
+
+@pytest.mark.parametrize("parameters", [{"type": "object", "properties": {"a": {"type": "strin"}}},
+                                        {"type": "object", "required": "a"},
+                                        {"type": "object", "properties": {"a": {"minimum": "1"}}},
+                                        _deep_parameters(900)],
+                         ids=["unknown_type", "required_not_a_list", "minimum_not_a_number", "nested_too_deeply"])
+@pytest.mark.parametrize("choice", ["auto", "none", "required"])
+def test_tool_parameters_that_are_not_a_json_schema_are_a_400_naming_tools(parameters, choice):
+    """As upstream: every tool's parameters are checked against JSON Schema Draft 2020-12,
+    whatever tool_choice is (xgrammar, which compiles forced choices, accepts some of these)."""
+    broken = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    tm, status, body = chat(tools_manager("hermes"), tools=[ADD_TOOL, broken], tool_choice=choice)
+    assert status == 400 and body["error"]["param"] == "tools" and tm.calls == []
+    assert body["error"]["message"].startswith("tools[1].function.parameters ")
+
+
+@pytest.mark.parametrize("text", [
+    'I will check. <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
+    'I will check.\n\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>',
+])
+def test_streamed_content_before_a_call_adds_up_to_the_whole_content(text):
+    _, status, whole = chat(tools_manager("hermes", [text]), tools=[ADD_TOOL])
+    assert status == 200 and whole["choices"][0]["message"]["content"] == "I will check."
+    _, status, events = chat(tools_manager("hermes", [text]), tools=[ADD_TOOL], stream=True)
+    assert status == 200 and streamed_texts(events, "content") == {0: "I will check."}

@@ -68,13 +68,16 @@ def test_forced_schema_lists_the_chosen_tools(choice, max_items):
 
 @pytest.mark.parametrize("parser, text", [
     ("hermes", 'Checking <tool><tool_call>{"name": "add", "arguments": {"a": 5}}</tool_call>'),
+    ("hermes", 'Checking. \n <tool_call>{"name": "add", "arguments": {"a": 5}}</tool_call>'),
     ("llama3", 'Sure: <|python_tag|>{"name": "add", "parameters": {"a": 5}}'),
-    ("hermes", "Plain text with a < sign and <tool but no call"),
+    ("hermes", "Plain text with a < sign and <tool but no call \n"),
+    ("hermes", 'Unknown function \n<tool_call>{"name": "rm", "arguments": {}}</tool_call>'),
 ])
-def test_streamed_deltas_add_up_to_the_parsed_answer(parser, text):
+@pytest.mark.parametrize("step", [1, 4, 1000])  # characters per update (1000: the whole text at once)
+def test_streamed_deltas_add_up_to_the_parsed_answer(parser, text, step):
     stream = ToolCallStream("auto", parser, NAMES)
     content, deltas = "", []
-    for end in range(1, len(text) + 1):  # one character per update
+    for end in range(step, len(text) + step, step):
         content += stream.content_delta(text[:end]) or ""
         deltas += stream.call_deltas(text[:end])
     rest, last = stream.finish(text)
@@ -82,7 +85,7 @@ def test_streamed_deltas_add_up_to_the_parsed_answer(parser, text):
     deltas += last
     whole_content, whole_calls = parse_tool_calls(text, "auto", parser, NAMES)
     if whole_calls:
-        assert content.strip() == whole_content
+        assert content == whole_content  # the whitespace before the call included
         names = "".join(d.function.name or "" for d in deltas)
         arguments = "".join(d.function.arguments or "" for d in deltas)
         assert names == "add" and json.loads(arguments) == {"a": 5} and deltas[0].id

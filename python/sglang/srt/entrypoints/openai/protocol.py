@@ -8,6 +8,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
+from sglang.srt.errors import short_repr
 from sglang.srt.sampling.sampling_params import MAX_TEMPERATURE
 
 MAX_N = 64  # the engine's limit on samples per request
@@ -173,18 +174,25 @@ class ChatMessage(_Lenient):
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
-            # Templates read the arguments as a mapping (transformers' convention).
             message["tool_calls"] = [{"id": call.id, "type": "function", "function": {
-                "name": call.function.name, "arguments": _arguments_object(call.function.arguments)}}
-                for call in self.tool_calls]
+                "name": call.function.name, "arguments": self._template_arguments(index, call.function.arguments)}}
+                for index, call in enumerate(self.tool_calls)]
         return message
 
-
-def _arguments_object(arguments: str) -> Any:
-    try:
-        return json.loads(arguments)
-    except json.JSONDecodeError:
-        return arguments
+    def _template_arguments(self, index: int, arguments: str) -> Any:
+        """An assistant's arguments as the mapping templates read (transformers' convention); as
+        upstream, arguments that are not a JSON object are an error (ValueError), and other roles'
+        are passed as sent."""
+        if self.role != "assistant":
+            return arguments
+        try:
+            value = json.loads(arguments)
+        except (json.JSONDecodeError, RecursionError):
+            value = None
+        if not isinstance(value, dict):
+            raise ValueError(f"tool_calls[{index}].function.arguments must be the JSON text of an object, "
+                             f"got {short_repr(arguments)}")
+        return value
 
 
 class FunctionDefinition(_Lenient):

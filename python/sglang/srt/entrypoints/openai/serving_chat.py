@@ -18,8 +18,9 @@ from sglang.srt.entrypoints.openai.serving_base import (
     native_sampling_params, openai_finish_reason, output_logprobs, response_format_schema,
 )
 from sglang.srt.entrypoints.openai.serving_defaults import model_sampling_defaults
-from sglang.srt.entrypoints.openai.tool_calls import (ToolCallStream, forced_calls_schema, parse_tool_calls,
-                                                      tool_finish_reason, tool_mode)
+from sglang.srt.entrypoints.openai.tool_calls import (ToolCallStream, check_tool_parameters, chosen_tools,
+                                                      forced_calls_schema, parse_tool_calls, tool_finish_reason,
+                                                      tool_mode)
 from sglang.srt.errors import InvalidRequest
 
 _PARAM_NAMES = {
@@ -52,11 +53,12 @@ class OpenAIServingChat(OpenAIServingBase):
                                  "completions; use /v1/completions", "messages")
         self.tokenizer_manager.limits.check_prompt_chars(sum(len(m.content or "") for m in request.messages),
                                                          "messages")
-        messages = [message.to_template() for message in request.messages]
+        check_tool_parameters(request)
+        messages = _template_messages(request)
         # The tools reach the template as transformers passes them: a list of {"type": "function", ...}.
         tools = None
         if request.tools and request.tool_choice != "none":
-            tools = [tool.model_dump(exclude_none=True) for tool in request.tools]
+            tools = [tool.model_dump(exclude_none=True) for tool in chosen_tools(request)]
         try:
             # Tokenized by the template call, not by encoding the rendered text: templates
             # write BOS themselves, and encoding would add a second one.
@@ -78,10 +80,18 @@ class OpenAIServingChat(OpenAIServingBase):
 
     def _constraint(self, request: ChatCompletionRequest) -> Optional[tuple[str, str]]:
         """(the OpenAI field, a JSON schema) that tool_choice or response_format asks for."""
+        field = self._constraint_field(request)
+        if field is None:
+            return None
+        return field, forced_calls_schema(request) if field == "tool_choice" else response_format_schema(request)
+
+    def _constraint_field(self, request: ChatCompletionRequest) -> Optional[str]:
+        """The OpenAI field whose JSON schema constrains the output, found without building it (the
+        error path names it, and must not fail on the schema that made the error)."""
         if tool_mode(request, self.parser) == "forced":
-            return "tool_choice", forced_calls_schema(request)
-        schema = response_format_schema(request)
-        return None if schema is None else ("response_format", schema)
+            return "tool_choice"
+        response_format = request.response_format
+        return "response_format" if response_format is not None and response_format.type != "text" else None
 
     @property
     def parser(self) -> Optional[str]:
@@ -90,10 +100,9 @@ class OpenAIServingChat(OpenAIServingBase):
     def param_names(self, request: ChatCompletionRequest) -> dict:
         uses_old_name = request.max_tokens is not None and request.max_completion_tokens is None
         names = {**_PARAM_NAMES, "max_new_tokens": "max_tokens" if uses_old_name else "max_completion_tokens"}
-        if request.json_schema is None and (request.tools or request.response_format):
-            constraint = self._constraint(request)
-            if constraint is not None:  # the schema it made is reported under the field it came from
-                names["json_schema"] = constraint[0]
+        field = self._constraint_field(request) if request.json_schema is None else None
+        if field is not None:  # the schema it made is reported under the field it came from
+            names["json_schema"] = field
         return names
 
     def logprob_kwargs(self, request: ChatCompletionRequest) -> dict:
@@ -179,6 +188,16 @@ class OpenAIServingChat(OpenAIServingBase):
     def _entry(self, logprob: float, token_id: int) -> TopLogprob:
         token, raw = self.token_string(token_id)
         return TopLogprob(token=token, logprob=clamp_logprob(logprob), bytes=raw)
+
+
+def _template_messages(request: ChatCompletionRequest) -> list[dict]:
+    messages = []
+    for index, message in enumerate(request.messages):
+        try:
+            messages.append(message.to_template())
+        except ValueError as err:
+            raise InvalidRequest(f"messages[{index}].{err}", "messages") from None
+    return messages
 
 
 def _tool_names(request: ChatCompletionRequest) -> set[str]:

@@ -36,6 +36,36 @@ def tool_mode(request: ChatCompletionRequest, parser: Optional[str]) -> Optional
     return "auto" if parser else None
 
 
+def chosen_tools(request: ChatCompletionRequest) -> list:
+    """The tools the model may call: the named one for a named tool_choice (all that the template
+    and the forced schema see, as upstream), else all of them."""
+    choice = request.tool_choice
+    if isinstance(choice, NamedToolChoice):
+        return [tool for tool in request.tools if tool.function.name == choice.function.name]
+    return list(request.tools or ())
+
+
+def check_tool_parameters(request: ChatCompletionRequest) -> None:
+    """As upstream: each tool's `parameters` must be a valid JSON schema (Draft 2020-12), whatever
+    tool_choice is, so a broken definition is a 400 naming `tools`, not a prompt the model misreads."""
+    if not request.tools:
+        return
+    from jsonschema import Draft202012Validator, SchemaError  # only requests with tools pay the import
+
+    for index, tool in enumerate(request.tools):
+        if tool.function.parameters is None:
+            continue
+        where = f"tools[{index}].function.parameters"
+        try:
+            Draft202012Validator.check_schema(tool.function.parameters)
+        except SchemaError as err:
+            message = err.message if len(err.message) <= 200 else err.message[:200] + "..."
+            raise InvalidRequest(f"{where} is not a valid JSON schema (Draft 2020-12): at {err.json_path}: "
+                                 f"{message}", "tools") from None
+        except RecursionError:
+            raise InvalidRequest(f"{where} nests too deeply", "tools") from None
+
+
 def forced_calls_schema(request: ChatCompletionRequest) -> str:
     """The JSON schema of the output under tool_choice "required" or a named function."""
     try:
@@ -45,12 +75,8 @@ def forced_calls_schema(request: ChatCompletionRequest) -> str:
 
 
 def _forced_calls_schema(request: ChatCompletionRequest) -> dict:
-    choice = request.tool_choice
-    tools = request.tools
-    if isinstance(choice, NamedToolChoice):
-        tools = [tool for tool in tools if tool.function.name == choice.function.name]
     calls, defs = [], {}
-    for index, tool in enumerate(tools):
+    for index, tool in enumerate(chosen_tools(request)):
         parameters = tool.function.parameters or {"type": "object"}
         # Its "#/..." references point into the parameters schema, which is no longer the root once
         # nested in the array: such a schema moves under the root's $defs, its references rebased.
@@ -61,7 +87,7 @@ def _forced_calls_schema(request: ChatCompletionRequest) -> dict:
         calls.append({"type": "object", "properties": {"name": {"const": tool.function.name}, "parameters": parameters},
                       "required": ["name", "parameters"]})
     schema = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}, "minItems": 1}
-    if isinstance(choice, NamedToolChoice) or request.parallel_tool_calls is False:
+    if isinstance(request.tool_choice, NamedToolChoice) or request.parallel_tool_calls is False:
         schema["maxItems"] = 1
     if defs:
         schema["$defs"] = defs
@@ -213,8 +239,8 @@ class ToolCallStream:
         marker_at = self._marker(text)
         if marker_at is not None:
             self.holding = True
-            # Whitespace alone before the call is not content (as parsing the whole text gives).
-            end = marker_at if text[self.sent:marker_at].strip() else self.sent
+            # Whitespace just before the call is not content (parsing the whole text trims it).
+            end = self.sent + len(text[self.sent:marker_at].rstrip())
         else:
             end = len(text) - self._undecided_len(text)
         delta, self.sent = text[self.sent:end], max(self.sent, end)
@@ -254,7 +280,8 @@ class ToolCallStream:
         return at if at >= 0 else None
 
     def _undecided_len(self, text: str) -> int:
-        """How many trailing characters may yet turn out to start a call (held back until known)."""
+        """How many trailing characters may yet turn out to start a call, or to be the whitespace
+        before one (held back until known)."""
         if self.parser == "llama3":
             # Only whitespace so far may precede the "{" of a call.
             return len(text) if not text.strip() else _partial_marker_len(text, PYTHON_TAG)
@@ -262,5 +289,8 @@ class ToolCallStream:
 
 
 def _partial_marker_len(text: str, marker: str) -> int:
-    """How many trailing characters are a proper prefix of the marker."""
-    return max((n for n in range(1, len(marker)) if text.endswith(marker[:n])), default=0)
+    """How many trailing characters are a proper prefix of the marker, with the whitespace before it."""
+    start = len(text) - max((n for n in range(1, len(marker)) if text.endswith(marker[:n])), default=0)
+    while start > 0 and text[start - 1].isspace():  # from the end, not a copy of the text per update
+        start -= 1
+    return len(text) - start
