@@ -291,6 +291,15 @@ def test_an_architecture_the_engine_cannot_serve_is_refused_before_start_up(tmp_
     assert architecture in err and message in err and "--model-path" in err, err
 
 
+@pytest.mark.parametrize("text", ["{not json", "[1, 2]"])
+def test_a_config_json_that_is_not_an_object_is_named(tmp_path, capsys, text):
+    (tmp_path / "config.json").write_text(text)
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert str(tmp_path / "config.json") in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_a_draft_must_be_an_eagle3_draft(tmp_path, capsys):
     from sglang import demo
 

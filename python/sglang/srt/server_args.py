@@ -581,8 +581,15 @@ def check_model_paths(server_args: ServerArgs) -> None:
 
 def _read_config(path: str) -> types.SimpleNamespace:
     """A model directory's config.json as attributes (no model code needed to read head counts)."""
-    with open(os.path.join(path, "config.json")) as f:
-        return types.SimpleNamespace(**json.load(f))
+    config_path = os.path.join(path, "config.json")
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{config_path} cannot be read as JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path} must hold a JSON object, not {type(config).__name__}")
+    return types.SimpleNamespace(**config)
 
 
 def _check_model_dir(flag: str, path: str, need_config: bool) -> None:

@@ -4,8 +4,10 @@ info, and what happens after shutdown."""
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+
 import sglang
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
@@ -139,3 +141,23 @@ def test_use_after_shutdown_fails_clearly_and_shutdown_is_idempotent(tiny_model_
                  engine.get_model_info):
         with pytest.raises(RuntimeError, match="shut down"):
             call()
+
+
+def test_a_request_waiting_at_shutdown_fails_with_the_reason(tiny_model_paths):
+    """Another thread's generate, and a stream iterator kept across shutdown, get "shut down"
+    errors at once, not a dead process's message, a closed loop's, or a hang."""
+    engine = sglang.Engine(model_path=tiny_model_paths["llama"], dtype="float32", device="cpu", log_level="warning")
+    long = {"max_new_tokens": 1000, "ignore_eos": True}  # seconds on the CPU: still running at shutdown
+    stream = engine.generate(PROMPTS[1], long, stream=True)
+    next(stream)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(engine.generate, PROMPTS[0], long)
+        while engine.get_server_info()["internal_state"]["num_running_reqs"] < 2:
+            time.sleep(0.05)
+        started = time.monotonic()
+        engine.shutdown()
+        with pytest.raises(RuntimeError, match="shut down"):
+            waiting.result(timeout=30)
+    assert time.monotonic() - started < 30
+    with pytest.raises(RuntimeError, match="shut down"):
+        next(stream)

@@ -157,7 +157,8 @@ def test_abort_request_of_an_unknown_rid_changes_nothing(keyed_server, pool):
     waiter = pool.submit(generate, keyed_server, {"text": "Hello", "rid": "kept", "sampling_params":
                                                   {"max_new_tokens": 40, "ignore_eos": True}})
     wait_for(keyed_server, running=1)
-    for body in ({"rid": "no-such-request"}, {"rid": ""}, {}):
+    # Neither a prefix of the running rid nor a longer rid starting with it names it.
+    for body in ({"rid": "no-such-request"}, {"rid": ""}, {}, {"rid": "kep"}, {"rid": "kept-1"}):
         answer = abort(keyed_server, body)
         assert answer.status_code == 200 and answer.content == b"", (body, answer.text)
     response = waiter.result(timeout=30)

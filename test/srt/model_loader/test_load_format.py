@@ -30,7 +30,8 @@ def config_only(src: str, dst: str) -> str:
     return dst
 
 
-def greedy(args: ServerArgs, prompt: list[int], max_new_tokens: int = 12) -> list[int]:
+def greedy(args: ServerArgs, prompt: list[int], max_new_tokens: int = 12, verifies: list | None = None) -> list[int]:
+    """The greedy tokens; `verifies` gets the request's verify steps (speculative servers)."""
     scheduler = Scheduler(args)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=0, ignore_eos=True)
     scheduler.add_request(TokenizedGenerateReqInput("r", prompt, params, stream=False))
@@ -39,6 +40,8 @@ def greedy(args: ServerArgs, prompt: list[int], max_new_tokens: int = 12) -> lis
         out = scheduler.step()
         if out:
             tokens += out.new_token_ids[0]
+            if verifies is not None and out.spec_verify_ct:
+                verifies.append(out.spec_verify_ct[0])
     return tokens
 
 
@@ -85,10 +88,12 @@ def test_a_dummy_pair_speculates_and_gives_plain_decodings_tokens(pair):
     vocabulary map): EAGLE-3 over the dummy target decodes exactly as the dummy target alone."""
     _, target, draft = pair
     plain = greedy(ServerArgs(model_path=target, device="cpu", dtype="float32", load_format="dummy"), [9, 10, 11])
+    verifies = []
     spec = greedy(ServerArgs(model_path=target, device="cpu", dtype="float32", load_format="dummy",
                              speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                             speculative_num_steps=3), [9, 10, 11])
+                             speculative_num_steps=3), [9, 10, 11], verifies=verifies)
     assert spec == plain
+    assert verifies and max(verifies) > 0, "the draft ran and its tokens were verified"
 
 
 def test_safetensors_and_pt_take_only_their_own_files(pair):

@@ -48,3 +48,18 @@ def test_sliding_window_wider_than_the_context_loads(tmp_path):
     path = make_tiny_model(str(tmp_path / "model"), "qwen2", use_sliding_window=True, sliding_window=1024,
                            max_window_layers=1)
     load_model(ModelConfig.from_path(path, dtype="float32", device="cpu"), "cpu")
+
+
+def test_a_sliding_window_is_refused_also_where_transformers_gives_no_layer_types():
+    """Older transformers read a Qwen2 config without making layer_types: the flags alone say
+    which layers slide (those from max_window_layers on)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.models.llama import check_supported
+
+    config = SimpleNamespace(hidden_act="silu", use_sliding_window=True, sliding_window=32, max_window_layers=1,
+                             num_hidden_layers=3, max_position_embeddings=1024)
+    with pytest.raises(ValueError, match=r"layers \[1, 2\] sliding_attention"):
+        check_supported(config)
+    check_supported(SimpleNamespace(**{**vars(config), "sliding_window": 1024}))  # as wide as the context
+    check_supported(SimpleNamespace(**{**vars(config), "use_sliding_window": False}))

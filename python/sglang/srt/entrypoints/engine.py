@@ -143,6 +143,16 @@ async def _call(fn, *args):
     return fn(*args)
 
 
+async def _cancel_the_rest() -> None:
+    """Before the loop stops: its other tasks cancelled and async generators closed, so that
+    nothing submitted to it is left waiting on a loop that never runs again."""
+    tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await asyncio.get_running_loop().shutdown_asyncgens()
+
+
 async def _first(agen):
     try:
         return await agen.__anext__()
@@ -265,9 +275,13 @@ class Engine:
             if not self._closed:
                 await self._await(agen.aclose())
 
-    def _run(self, coro):
+    def _run(self, coro, while_open: bool = True):
         """Runs `coro` on the engine's loop and blocks for its result; an interrupt (Ctrl-C)
-        cancels it there, which aborts its request."""
+        cancels it there, which aborts its request. After shutdown (while_open), the clear error,
+        also for a stream iterator kept across it."""
+        if while_open and self._closed:
+            coro.close()
+            self._check_open()
         future = asyncio.run_coroutine_threadsafe(coro, self.loop)
         try:
             return future.result()
@@ -276,6 +290,9 @@ class Engine:
             raise
 
     async def _await(self, coro):
+        if self._closed:
+            coro.close()
+            self._check_open()
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self.loop))
 
     def _check_open(self) -> None:
@@ -284,9 +301,9 @@ class Engine:
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> list[str]:
         """Aborts requests in flight on behalf of someone other than their callers, as POST
-        /abort_request does: every request whose rid starts with `rid` (so the samples of an n > 1
-        request too), or all of them with `abort_all`. Their callers get their tokens so far,
-        finished with type "abort". Returns the rids aborted."""
+        /abort_request does: the request `rid` (all the samples of an n > 1 request), or all of
+        them with `abort_all`. Their callers get their tokens so far, finished with type "abort".
+        Returns the rids aborted."""
         self._check_open()
         # The manager's state and its ZMQ socket belong to the engine's loop thread.
         return self._run(_call(self.tokenizer_manager.abort_request, rid, abort_all))
@@ -316,8 +333,9 @@ class Engine:
             return
         self._closed = True
         atexit.unregister(self.shutdown)
+        # Waiting callers first (with the reason), then the processes (seconds each at worst).
+        self._run(self._close_tokenizer_manager(), while_open=False)
         self.subprocesses.shutdown()
-        self._run(self._close_tokenizer_manager())
         self._stop_loop()
 
     async def _close_tokenizer_manager(self) -> None:
@@ -327,6 +345,8 @@ class Engine:
         await manager.close()
 
     def _stop_loop(self) -> None:
+        if self.loop.is_running():
+            self._run(_cancel_the_rest(), while_open=False)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._loop_thread.join()
         self.loop.close()

@@ -10,6 +10,7 @@ import itertools
 import logging
 import os
 import pickle
+import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -186,8 +187,10 @@ class TokenizerManager:
             raise InvalidRequest("stream is supported for a single prompt with n = 1 only", "stream")
         self._check_capacity(len(reqs))
         self._check_rids_free(reqs)
-        states = [self._send(req) for req in reqs]
+        states: list[ReqState] = []
         try:
+            for req in reqs:  # inside the try: if a send fails, the ones sent before are aborted
+                states.append(self._send(req))
             if obj.stream:
                 async for out in self._stream(reqs[0].rid, states[0]):
                     yield out
@@ -212,8 +215,10 @@ class TokenizerManager:
 
     def _send(self, req: TokenizedGenerateReqInput) -> ReqState:
         state = ReqState(created=time.perf_counter())
-        self.rid_to_state[req.rid] = state
         self.send_to_scheduler.send_pyobj(req)
+        # Registered once sent (no reply can be handled in between: both run on this loop), so a
+        # send that fails leaves no rid behind.
+        self.rid_to_state[req.rid] = state
         return state
 
     async def _stream(self, rid: str, state: ReqState):
@@ -244,15 +249,16 @@ class TokenizerManager:
         return {"text": state.text, "output_ids": list(state.output_ids), "meta_info": meta}
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> list[str]:
-        """Aborts requests on behalf of someone other than their callers (POST /abort_request), as
-        upstream does: every request in flight whose rid starts with `rid` (so the samples
-        `rid-0`, `rid-1`, ... of an `n > 1` request too), or all of them with `abort_all`. Their
-        callers still get their results, finished with type "abort". Unknown rids, and an empty
-        one without `abort_all`, are ignored. Returns the rids aborted."""
+        """Aborts requests on behalf of someone other than their callers (POST /abort_request,
+        Engine.abort_request): the request `rid` (an `n > 1` request runs as `rid-0`, `rid-1`, ...:
+        all of those), or every request in flight with `abort_all`. Their callers still get their
+        results, finished with type "abort". Unknown rids, and an empty one without `abort_all`,
+        are ignored. Returns the rids aborted."""
         if abort_all:
             rids = list(self.rid_to_state)
         else:
-            rids = [known for known in self.rid_to_state if rid and known.startswith(rid)]
+            samples = re.compile(re.escape(rid) + r"-\d+")
+            rids = [known for known in self.rid_to_state if rid and (known == rid or samples.fullmatch(known))]
         if not self.dead_reason:
             for known in rids:
                 self.send_to_scheduler.send_pyobj(AbortReq(known))

@@ -43,9 +43,13 @@ def check_supported(config) -> None:
         raise ValueError(f"hidden_act {act!r} in config.json is not supported (supported: "
                          f"{', '.join(SUPPORTED_ACTIVATIONS)})")
     window = getattr(config, "sliding_window", None)
-    sliding = [i for i, kind in enumerate(getattr(config, "layer_types", None) or []) if kind != "full_attention"]
+    layer_types = getattr(config, "layer_types", None)
+    if not layer_types and getattr(config, "use_sliding_window", False):  # configs read by older transformers
+        first = getattr(config, "max_window_layers", 0) or 0
+        layer_types = ["full_attention"] * first + ["sliding_attention"] * (config.num_hidden_layers - first)
+    sliding = [i for i, kind in enumerate(layer_types or []) if kind != "full_attention"]
     if sliding and (window is None or window < config.max_position_embeddings):
-        raise ValueError(f"config.json makes layers {sliding} {config.layer_types[sliding[0]]} (window "
+        raise ValueError(f"config.json makes layers {sliding} {layer_types[sliding[0]]} (window "
                          f"{window}, use_sliding_window); only full attention is supported")
 
 

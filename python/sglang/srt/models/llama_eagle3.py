@@ -21,7 +21,7 @@ from sglang.srt.layers.linear import Linear
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.model_loader.dummy import DUMMY_STD
+from sglang.srt.model_loader.dummy import DUMMY_SEED, DUMMY_STD
 from sglang.srt.models.llama import ArchOptions, LlamaAttention, LlamaMLP
 from sglang.srt.models.weight_loading import FusedShard, llama_fused_shards, load_named_weights
 
@@ -184,7 +184,9 @@ class LlamaForCausalLMEagle3(nn.Module):
             weight = torch.empty(self.draft_vocab_size, self.hidden_size, device=self.fc.weight.device,
                                  dtype=self.fc.weight.dtype)
             self.lm_head = Linear(self.hidden_size, self.draft_vocab_size, bias=False, device="meta")
-            self.lm_head.weight = nn.Parameter(weight.normal_(0.0, DUMMY_STD), requires_grad=False)
+            generator = torch.Generator(device=weight.device).manual_seed(DUMMY_SEED) if weight.device.type != "meta" \
+                else None
+            self.lm_head.weight = nn.Parameter(weight.normal_(0.0, DUMMY_STD, generator=generator), requires_grad=False)
 
     def _own_weight(self, ckpt_name: str, tensor: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
         _check_shape(ckpt_name, tensor, shape)

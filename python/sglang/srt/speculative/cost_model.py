@@ -168,22 +168,23 @@ class LearnedCost:
     def source(self, batch_size: int, k: int, context_tokens: int = 0) -> str:
         """Where the cost of k here comes from: "learned" (this bucket and context class have
         their own samples), "borrowed" (a nearby key's ratio) or "table" (the prior as it is)."""
-        if self.known(batch_size, k, context_tokens):
-            return "learned"
-        cls = self.key(batch_size, context_tokens)[1]
-        return "borrowed" if any(kk == k and abs(c - cls) <= 1 for _, c, kk in self._log_ratio) else "table"
+        return self._lookup(batch_size, k, context_tokens)[1]
 
     def ratio(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
         """learned / prior for a step of k at this batch size and summed context (borrowed from the
         nearest learned key at the same k within one context class while this one has none; 1
         when there is none)."""
+        return math.exp(self._lookup(batch_size, k, context_tokens)[0])
+
+    def _lookup(self, batch_size: int, k: int, context_tokens: int) -> tuple[float, str]:
+        """(log ratio, source) of k at this batch size and summed context."""
         bucket, cls = self.key(batch_size, context_tokens)
         value = self._log_ratio.get((bucket, cls, k))
-        if value is None:
-            near = [(abs(math.log2(b / bucket)) + abs(c - cls), abs(c - cls), b, r)
-                    for (b, c, kk), r in self._log_ratio.items() if kk == k and abs(c - cls) <= 1]
-            value = min(near)[3] if near else 0.0
-        return math.exp(value)
+        if value is not None:
+            return value, "learned"
+        near = [(abs(math.log2(b / bucket)) + abs(c - cls), abs(c - cls), b, r)
+                for (b, c, kk), r in self._log_ratio.items() if kk == k and abs(c - cls) <= 1]
+        return (min(near)[3], "borrowed") if near else (0.0, "table")
 
     def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
         return self.prior.seconds(batch_size, k, context_tokens) * self.ratio(batch_size, k, context_tokens)
