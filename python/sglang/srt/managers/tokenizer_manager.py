@@ -22,6 +22,7 @@ import zmq.asyncio
 from sglang.srt.constrained.grammar import check_constraint, constraint_key
 from sglang.srt.errors import InvalidRequest, short_repr
 from sglang.srt.hf_transformers_utils import get_tokenizer, load_chat_template
+from sglang.srt.managers import request_input
 from sglang.srt.managers.io_struct import (
     AbortReq, BatchStrOut, ControlReply, ControlReq, GenerateReqInput, RequestConstants, TokenizedGenerateReqInput,
 )
@@ -97,36 +98,36 @@ class TokenizerManager:
         """Validate and tokenize every prompt of the request; raise InvalidRequest naming the field.
         Everything cheap is checked first; long prompts are tokenized on a worker thread (the
         tokenizer releases the GIL), so the event loop keeps serving meanwhile."""
-        prompts = _as_list(obj.text) if obj.text is not None else None
-        ids_list = _as_id_lists(obj.input_ids) if obj.input_ids is not None else None
+        prompts = request_input.as_list(obj.text) if obj.text is not None else None
+        ids_list = request_input.as_id_lists(obj.input_ids) if obj.input_ids is not None else None
         if (prompts is None) == (ids_list is None):
             raise InvalidRequest("exactly one of text / prompt and input_ids must be given", "text")
         n = len(prompts) if prompts is not None else len(ids_list)
         if n == 0:
             raise InvalidRequest("the batch of prompts is empty", "text")
-        params_list = _broadcast(obj.sampling_params, n, "sampling_params")
-        rids = _broadcast(obj.rid, n, "rid") if obj.rid is not None else [uuid.uuid4().hex for _ in range(n)]
-        return_logprobs = _broadcast(obj.return_logprob, n, "return_logprob")
-        top_nums = _broadcast(obj.top_logprobs_num, n, "top_logprobs_num")
+        params_list = request_input.broadcast(obj.sampling_params, n, "sampling_params")
+        rids = request_input.broadcast(obj.rid, n, "rid") if obj.rid is not None else [uuid.uuid4().hex for _ in range(n)]
+        return_logprobs = request_input.broadcast(obj.return_logprob, n, "return_logprob")
+        top_nums = request_input.broadcast(obj.top_logprobs_num, n, "top_logprobs_num")
         params = [self._sampling_params(raw) for raw in params_list]
         self.limits.check_sequences(n, max(p.n for p in params), sum(p.n for p in params))
         for i in range(n):
-            _check_logprob_args(return_logprobs[i], top_nums[i])
+            request_input.check_logprob_args(return_logprobs[i], top_nums[i])
         ids_list = await self._encode_all(prompts) if prompts is not None else ids_list
         group = obj.group or rids[0]
         out = []
         for i in range(n):
-            if _wants_whole_context(params_list[i]):
+            if request_input.wants_whole_context(params_list[i]):
                 params[i].max_new_tokens = max(self.context_len - len(ids_list[i]), 0)  # None: up to the context
             self._check_lengths(ids_list[i], params[i])
             req = TokenizedGenerateReqInput(rids[i], ids_list[i], params[i], obj.stream,
                                             bool(return_logprobs[i]), top_nums[i], group=group)
-            out.extend(_expand_n(req))
+            out.extend(request_input.expand_n(req))
         return out
 
     def _sampling_params(self, raw) -> SamplingParams:
         params = SamplingParams.from_dict(raw)
-        if _wants_whole_context(raw):
+        if request_input.wants_whole_context(raw):
             params.max_new_tokens = self.context_len  # the exact value is known once the prompt is tokenized
         params.verify(self.vocab_size)
         params.verify_simulation(self.server_args.speculative_enabled)
@@ -376,51 +377,3 @@ class TokenizerManager:
                 pass
         self.ctx.destroy(linger=0)
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
-
-
-def _expand_n(req: TokenizedGenerateReqInput) -> list[TokenizedGenerateReqInput]:
-    """`n` samples of one prompt are n requests; with a seed, sample j uses seed + j."""
-    params = req.sampling_params
-    if params.n == 1:
-        return [req]
-    copies = []
-    for j in range(params.n):
-        seed = None if params.sampling_seed is None else (params.sampling_seed + j) % 2**63
-        copy = dataclasses.replace(params, n=1, sampling_seed=seed)
-        copies.append(dataclasses.replace(req, rid=f"{req.rid}-{j}", sampling_params=copy))
-    return copies
-
-
-MAX_TOP_LOGPROBS = 20
-
-
-def _check_logprob_args(return_logprob, top_logprobs_num) -> None:
-    if not isinstance(return_logprob, bool):
-        raise InvalidRequest("return_logprob must be a boolean", "return_logprob")
-    if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int) \
-            or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
-        raise InvalidRequest(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs_num")
-
-
-def _wants_whole_context(raw) -> bool:
-    return isinstance(raw, dict) and "max_new_tokens" in raw and raw["max_new_tokens"] is None
-
-
-def _as_list(value) -> list:
-    return value if isinstance(value, list) else [value]
-
-
-def _as_id_lists(input_ids) -> list[list[int]]:
-    if not isinstance(input_ids, list):
-        raise InvalidRequest("input_ids must be a list of token ids or a list of such lists", "input_ids")
-    if input_ids and isinstance(input_ids[0], list):
-        return input_ids
-    return [input_ids]
-
-
-def _broadcast(value, n: int, field: str) -> list:
-    if isinstance(value, list):
-        if len(value) != n:
-            raise InvalidRequest(f"{field} has {len(value)} entries for {n} prompts", field)
-        return value
-    return [value] * n

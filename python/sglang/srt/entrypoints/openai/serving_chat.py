@@ -13,9 +13,10 @@ from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionResponse, ChatCompletionStreamChoice, ChatCompletionStreamResponse, ChatTokenLogprob,
     DeltaMessage, TopLogprob, UsageInfo,
 )
+from sglang.srt.entrypoints.openai.sampling import add_constraint, native_sampling_params, response_format_schema
 from sglang.srt.entrypoints.openai.serving_base import (
-    COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, add_constraint, clamp_logprob,
-    native_sampling_params, openai_finish_reason, output_logprobs, response_format_schema,
+    COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, clamp_logprob, openai_finish_reason,
+    output_logprobs,
 )
 from sglang.srt.entrypoints.openai.serving_defaults import model_sampling_defaults
 from sglang.srt.entrypoints.openai.tool_calls import (ToolCallStream, check_tool_parameters, chosen_tools,

@@ -1,0 +1,57 @@
+"""Turning one generate request's fields into per-prompt lists: `n` samples as n requests,
+per-prompt values broadcast, and the logprob arguments checked (TokenizerManager)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from sglang.srt.errors import InvalidRequest
+from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+
+
+def expand_n(req: TokenizedGenerateReqInput) -> list[TokenizedGenerateReqInput]:
+    """`n` samples of one prompt are n requests; with a seed, sample j uses seed + j."""
+    params = req.sampling_params
+    if params.n == 1:
+        return [req]
+    copies = []
+    for j in range(params.n):
+        seed = None if params.sampling_seed is None else (params.sampling_seed + j) % 2**63
+        copy = dataclasses.replace(params, n=1, sampling_seed=seed)
+        copies.append(dataclasses.replace(req, rid=f"{req.rid}-{j}", sampling_params=copy))
+    return copies
+
+
+MAX_TOP_LOGPROBS = 20
+
+
+def check_logprob_args(return_logprob, top_logprobs_num) -> None:
+    if not isinstance(return_logprob, bool):
+        raise InvalidRequest("return_logprob must be a boolean", "return_logprob")
+    if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int) \
+            or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs_num")
+
+
+def wants_whole_context(raw) -> bool:
+    return isinstance(raw, dict) and "max_new_tokens" in raw and raw["max_new_tokens"] is None
+
+
+def as_list(value) -> list:
+    return value if isinstance(value, list) else [value]
+
+
+def as_id_lists(input_ids) -> list[list[int]]:
+    if not isinstance(input_ids, list):
+        raise InvalidRequest("input_ids must be a list of token ids or a list of such lists", "input_ids")
+    if input_ids and isinstance(input_ids[0], list):
+        return input_ids
+    return [input_ids]
+
+
+def broadcast(value, n: int, field: str) -> list:
+    if isinstance(value, list):
+        if len(value) != n:
+            raise InvalidRequest(f"{field} has {len(value)} entries for {n} prompts", field)
+        return value
+    return [value] * n
