@@ -33,7 +33,7 @@ def test_memory_floor_is_the_weights_and_the_batchs_kv_over_the_copy_bandwidth(t
     # The KV term grows with the batch: four rows at a mean context of 18.5 tokens.
     runner = bench_one_batch.make_runner(bench_one_batch.ServerArgs(
         model_path=tiny_model_paths["llama"], device="cpu", dtype="float32", max_running_requests=4))
-    weights = memory_floor.weight_bytes(runner.model)
+    weights = memory_floor.parameter_bytes(runner.model)
     kv = memory_floor.kv_bytes_per_token(runner.token_to_kv_pool)
     assert weights > 0 and kv > 0
     assert abs(one["memory_floor_step_s"] - (weights + 1 * 18.5 * kv) / bandwidth) < 1e-12

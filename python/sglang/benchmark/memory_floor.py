@@ -7,6 +7,8 @@ import time
 
 import torch
 
+from sglang.srt.model_loader.loader import parameter_bytes
+
 
 def copy_bandwidth(device: str, nbytes: int | None = None, iters: int = 10) -> float:
     """Bytes moved per second (read + write) by a large device-to-device copy."""
@@ -22,10 +24,6 @@ def copy_bandwidth(device: str, nbytes: int | None = None, iters: int = 10) -> f
     return 2 * nbytes * iters / (time.perf_counter() - start)
 
 
-def weight_bytes(model: torch.nn.Module) -> int:
-    return sum(p.numel() * p.element_size() for p in model.parameters())
-
-
 def kv_bytes_per_token(kv_pool) -> int:
     """K and V bytes of one token over every layer of an MHATokenToKVPool."""
     return sum(buf[0].numel() * buf.element_size() for buf in (*kv_pool.k_buffer, *kv_pool.v_buffer))
@@ -33,7 +31,7 @@ def kv_bytes_per_token(kv_pool) -> int:
 
 def decode_floor_s(runner, batch_size: int, mean_context: float, bandwidth: float) -> float:
     """Seconds to read the runner's weights and `batch_size` x `mean_context` tokens of KV once."""
-    read = weight_bytes(runner.model) + batch_size * mean_context * kv_bytes_per_token(runner.token_to_kv_pool)
+    read = parameter_bytes(runner.model) + batch_size * mean_context * kv_bytes_per_token(runner.token_to_kv_pool)
     return read / bandwidth
 
 

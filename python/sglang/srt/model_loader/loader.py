@@ -64,15 +64,8 @@ def iterate_weights(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
 def load_model(model_config: ModelConfig, device: str, load_format: str = "auto") -> torch.nn.Module:
     """load_format (--load-format): "auto" (weight_files), "safetensors" or "pt" (only those
     files), "dummy" (no files: random weights, model_loader.dummy)."""
-    model_class = get_model_class(model_config.architecture)
     files = None if load_format == "dummy" else _files_of_format(model_config.path, load_format)
-    previous_dtype = torch.get_default_dtype()
-    torch.set_default_dtype(model_config.dtype)
-    try:
-        with torch.device(device):
-            model = model_class(model_config.hf_config)
-    finally:
-        torch.set_default_dtype(previous_dtype)
+    model = _build(model_config, device)
     with torch.no_grad():
         if files is None:
             fill_dummy_weights(model)
@@ -87,15 +80,25 @@ def weight_bytes(model_config: ModelConfig, load_format: str = "auto") -> int:
     adds). For memory planning before the model is loaded."""
     if load_format != "dummy":
         return sum(os.path.getsize(f) for f in _files_of_format(model_config.path, load_format))
+    model = _build(model_config, "meta")
+    fill_dummy_weights(model)
+    return parameter_bytes(model)
+
+
+def parameter_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _build(model_config: ModelConfig, device: str) -> torch.nn.Module:
+    """The model class of the config, its parameters made on `device` in the config's dtype."""
+    model_class = get_model_class(model_config.architecture)
     previous_dtype = torch.get_default_dtype()
     torch.set_default_dtype(model_config.dtype)
     try:
-        with torch.device("meta"):
-            model = get_model_class(model_config.architecture)(model_config.hf_config)
-            fill_dummy_weights(model)
+        with torch.device(device):
+            return model_class(model_config.hf_config)
     finally:
         torch.set_default_dtype(previous_dtype)
-    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def _files_of_format(model_path: str, load_format: str) -> list[str]:
