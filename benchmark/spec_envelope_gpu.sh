@@ -165,6 +165,9 @@ if (( ${ROUNDS:-0} > 0 )); then
   fi
   if [ -z "$FAILED" ]; then
     echo "== $(date +%T) all healthy; $ROUNDS rounds per level"
+    # GPU memory per process with every server up (the schedulers hold it; ps maps them to ports)
+    { nvidia-smi --query-compute-apps=pid,used_memory --format=csv; ps -eo pid,ppid,args | grep -E 'sglang|launch_server' \
+      | grep -v grep; } > "$OUT/${CONFIG}_monitor.memory.txt" 2>&1
     start_monitor "$OUT/${CONFIG}_monitor"
     bench_args
     [ -n "${TRACE:-}" ] && BENCH_ARGS+=(--trace "$TRACE")

@@ -23,7 +23,7 @@ for part in ${PARTS:-t1 t2 demo}; do
     t1|t2)
       [ "$part" = t1 ] && servers="no_draft always dynamic" || servers="k1 dynamic"
       env INPUT_LEN=128 OUTPUT_LEN=512 NUM_PROMPTS=2 PER_CONC=1 HEALTH_DEADLINE_S=300 ROUNDS=${ROUNDS:-3} TRACE=${TRACE:-$HERE/trace.json} \
-        KV_TOKENS=128000 PORT=30200 SWEEP_TIMEOUT_S=175 bash benchmark/spec_envelope_gpu.sh "$P" 8b-acc3 $servers
+        KV_TOKENS=128000 PORT=30200 SWEEP_TIMEOUT_S=${SWEEP_TIMEOUT_S:-175} bash benchmark/spec_envelope_gpu.sh "$P" 8b-acc3 $servers
       statics=()
       for s in no_draft always k1; do
         f=$P/8b-acc3_$s.jsonl; [ $s = no_draft ] && f=$P/8b_no_draft.jsonl
