@@ -50,7 +50,8 @@ def test_a_trace_with_phases_is_also_read_phase_by_phase(tmp_path, capsys):
     best may differ by phase) and their mean; the verdict stays on the whole trace."""
     def trace(tok_s, tpot, phases):
         return {"max_concurrency": None, "output_throughput": tok_s, "mean_tpot_ms": tpot,
-                "phases": [{"target_concurrency": load, "window_output_throughput": rate} for load, rate in phases]}
+                "phases": [{"seconds": 10, "target_concurrency": load, "window_output_throughput": rate,
+                            "window_output_tokens": rate * 10} for load, rate in phases]}
 
     dynamic = write(tmp_path / "d.jsonl", [trace(1100.0, 9.0, [([1, 1], 120.0), ([256, 256], 980.0)])])
     no_draft = write(tmp_path / "n.jsonl", [trace(1000.0, 10.0, [([1, 1], 60.0), ([256, 256], 1000.0)])])
@@ -61,8 +62,12 @@ def test_a_trace_with_phases_is_also_read_phase_by_phase(tmp_path, capsys):
     (row,) = json.loads(out.read_text())
     assert [(p["best_static"], p["dynamic_over_best"]) for p in row["phases"]] == [("always", 1.2), ("no_draft", 0.98)]
     assert row["mean_phase_ratio"] == 1.09
+    # the best static of each phase: 1,000 + 10,000 tokens against no draft's 600 + 10,000 (dynamic: 1,200 + 9,800)
+    assert row["phase_oracle_over_best"] == round(11000 / 10600, 4)
+    assert row["phase_window_dynamic_over_best"] == round(11000 / 10600, 4)
     printed = capsys.readouterr().out
     assert "phase 1 (concurrency 256)" in printed and "0.980" in printed and "mean of the phases" in printed
+    assert "an oracle switching at the boundaries) 1.038" in printed
     old = write(tmp_path / "old.jsonl", [{"max_concurrency": None, "output_throughput": 1000.0, "mean_tpot_ms": 10.0}])
     assert envelope.main(["--dynamic", dynamic, "--static", f"no_draft={old}", "--out", str(out)]) == 0
     assert "phases" not in json.loads(out.read_text())[0]  # a line without phases: the whole trace only

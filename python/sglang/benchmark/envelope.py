@@ -10,7 +10,8 @@ Levels: dynamic / best static >= 0.98, and >= 0.99 x no draft where no draft is 
 lies within the A/A spread of that level (|1 - control / its twin|) is reported as such. A trace
 (lines without a concurrency): dynamic >= 1.05 x the best static on output tokens per second and
 on mean time per output token; where the lines carry phases (tokens delivered during each
-phase), each phase's dynamic / best static is shown too, with their mean. Exit status 0 when every goal holds, 1 when one is missed, 2 on
+phase), each phase's dynamic / best static is shown too, with their mean, and the bound an oracle
+picking the best static of each phase reaches on the tokens delivered during the phases. Exit status 0 when every goal holds, 1 when one is missed, 2 on
 unusable input."""
 
 from __future__ import annotations
@@ -82,7 +83,25 @@ def judge_trace(dynamic: dict, statics: dict[str, dict]) -> dict:
         out["phases"] = phases
         ratios = [p["dynamic_over_best"] for p in phases if p["dynamic_over_best"] is not None]
         out["mean_phase_ratio"] = round(sum(ratios) / len(ratios), 4) if ratios else None
+        out.update(phase_oracle(dynamic, statics))
     return out
+
+
+def phase_oracle(dynamic: dict, statics: dict[str, dict]) -> dict:
+    """What a choice per phase could gain at most: the tokens delivered during the phases by the best
+    static of each phase, summed (an oracle that switches between the static servers at the phase
+    boundaries), against the best single static's and dynamic's, all over the same phase seconds.
+    If the oracle is under the trace goal, no policy that picks among these settings per phase can
+    reach it; one that picks per step or per request may do somewhat better."""
+    def delivered(line):
+        return [phase.get("window_output_tokens", 0) for phase in line["phases"]]
+    per_static = {name: delivered(line) for name, line in statics.items()}
+    best_single = max(sum(tokens) for tokens in per_static.values())
+    oracle = sum(max(tokens[i] for tokens in per_static.values()) for i in range(len(dynamic["phases"])))
+    if not best_single:
+        return {}
+    return {"phase_oracle_over_best": round(oracle / best_single, 4),
+            "phase_window_dynamic_over_best": round(sum(delivered(dynamic)) / best_single, 4)}
 
 
 def judge_phases(dynamic: dict, statics: dict[str, dict]) -> list[dict]:
@@ -131,6 +150,10 @@ def print_table(rows: list[dict]) -> None:
                       + (f"{phase['dynamic_over_best']:.3f}" if phase["dynamic_over_best"] is not None else "none delivered"))
             if row.get("mean_phase_ratio") is not None:
                 print(f"  mean of the phases' dynamic / best: {row['mean_phase_ratio']:.3f}")
+            if "phase_oracle_over_best" in row:
+                print(f"  tokens delivered during the phases, over the best static's: dynamic "
+                      f"{row['phase_window_dynamic_over_best']:.3f}, the best static of each phase (an oracle "
+                      f"switching at the boundaries) {row['phase_oracle_over_best']:.3f}")
             continue
         aa = f", A/A spread {row['aa_spread']:.3f}" if "aa_spread" in row else ""
         verdict = "ok" if row["ok"] else ("miss within A/A" if row.get("miss_within_aa") else "MISS")
