@@ -280,7 +280,7 @@ def test_a_directory_without_config_is_refused(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("architecture, message", [
-    ("MistralForCausalLM", "not supported as a model to serve; supported: LlamaForCausalLM"),
+    ("MixtralForCausalLM", "not supported as a model to serve; supported: LlamaForCausalLM"),
     ("LlamaForCausalLMEagle3", "pass it as --speculative-draft-model-path"),
 ])
 def test_an_architecture_the_engine_cannot_serve_is_refused_before_start_up(tmp_path, capsys, architecture, message):

@@ -11,7 +11,10 @@ import os
 
 import torch
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3")  # the suite's shared fixtures, each served by engines
+# Mistral runs Llama's code with another config.json: its tests compare the model and a scheduler's
+# greedy tokens with transformers (test/srt/models) without engines of its own.
+ALL_ARCHITECTURES = (*ARCHITECTURES, "mistral")
 EOS_TOKEN = "<|endoftext|>"
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}\n{% endfor %}"
@@ -47,7 +50,7 @@ def build_tokenizer(vocab_size: int = 384):
 
 
 def tiny_config(arch: str, vocab_size: int, eos_token_id: int, **overrides):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
         vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
@@ -66,8 +69,12 @@ def tiny_config(arch: str, vocab_size: int, eos_token_id: int, **overrides):
     elif arch == "qwen3":
         config = Qwen3Config(**{**common, "head_dim": 32, **overrides})
         config.architectures = ["Qwen3ForCausalLM"]
+    elif arch == "mistral":
+        # Mistral-7B-v0.3's settings: no sliding window (MistralConfig's default is v0.1's 4096), theta 1e6.
+        config = MistralConfig(**{**common, "sliding_window": None, "rope_theta": 1e6, **overrides})
+        config.architectures = ["MistralForCausalLM"]
     else:
-        raise ValueError(f"arch must be one of {', '.join(ARCHITECTURES)}; got {arch!r}")
+        raise ValueError(f"arch must be one of {', '.join(ALL_ARCHITECTURES)}; got {arch!r}")
     return config
 
 
@@ -163,7 +170,7 @@ def _spread_norm_weights(model, seed: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description="Write a tiny random Hugging Face model directory.")
     parser.add_argument("path")
-    parser.add_argument("--arch", choices=ARCHITECTURES, default="llama")
+    parser.add_argument("--arch", choices=ALL_ARCHITECTURES, default="llama")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     print(make_tiny_model(args.path, args.arch, args.seed))

@@ -113,7 +113,7 @@ def test_unknown_architecture_fails_naming_it_and_listing_supported_ones(model_c
     edit_config(model_copy, architectures=["MysteryForCausalLM"])
     with pytest.raises(ValueError, match="MysteryForCausalLM") as exc:
         load(model_copy)
-    for supported in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"):
+    for supported in ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"):
         assert supported in str(exc.value)
 
 

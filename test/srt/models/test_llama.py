@@ -1,6 +1,6 @@
-"""Llama, Qwen2 and Qwen3 against transformers on the same checkpoint: logits at every prompt
-position, the EAGLE-3 aux hidden states, tied embeddings, Qwen3's q/k norms, and Llama 3 rope
-scaling past the original context.
+"""Llama, Qwen2, Qwen3 and Mistral against transformers on the same checkpoint: logits at every
+prompt position, the EAGLE-3 aux hidden states, tied embeddings, Qwen3's q/k norms, Llama 3 rope
+scaling past the original context, and Mistral's greedy tokens through a scheduler.
 
 The models have 4 layers so that layers 0-2 are all inner layers: transformers' last
 hidden_states entry is after the final norm, while a captured layer is the raw residual stream.
@@ -9,11 +9,11 @@ hidden_states entry is after the final norm, while a captured layer is the raw r
 import pytest
 import torch
 from safetensors import safe_open
-from sglang.test.runner_utils import make_cpu_runner, prefill
+from sglang.test.runner_utils import OneRank, make_cpu_runner, prefill
 from sglang.test.tiny_models import make_tiny_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3", "mistral")
 NUM_LAYERS = 4
 VOCAB_SIZE = 384
 ATOL = 1e-4
@@ -138,3 +138,23 @@ def test_llama3_rope_scaling_changes_logits_past_original_context(model_dirs, hf
     scaled_logits = hf_forward(hf_models["llama"], LONG_PROMPT).logits[0, 256:]
     unscaled_logits = hf_forward(unscaled.eval(), LONG_PROMPT).logits[0, 256:]
     assert (scaled_logits - unscaled_logits).abs().max() > 100 * ATOL
+
+
+@pytest.mark.parametrize("shape", [
+    {},  # Mistral-7B-v0.3: head_dim is hidden_size / heads
+    {"head_dim": 32},  # Mistral-Nemo: an explicit head_dim (128 there, with hidden 5120 over 32 heads)
+], ids=["v0.3", "explicit-head-dim"])
+def test_mistral_greedy_tokens_through_the_scheduler_match_transformers(shape, tmp_path):
+    path = make_tiny_model(str(tmp_path / "mistral"), "mistral", seed=5, **shape)
+    config = AutoConfig.from_pretrained(path)
+    assert config.sliding_window is None
+    assert (config.head_dim != config.hidden_size // config.num_attention_heads) == bool(shape)
+    prompt = "The quick brown fox jumps over the lazy dog. A radix tree shares"
+    engine = OneRank(model_path=path, dtype="float32", device="cpu", log_level="warning")
+    [got] = engine.generate([prompt], {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True})
+    ids = engine.tokenizer.encode(prompt)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                  max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert got == expected[0, len(ids):].tolist()

@@ -36,6 +36,8 @@ def test_yarn_rope_scaling_matches_transformers_past_original_context(arch, tmp_
     ("llama", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
     ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope type 'dynamic'"),
     ("qwen2", {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 1}, "sliding_attention"),
+    # Mistral-7B-v0.1's 4096-token window on a 32k context, shrunk: every layer slides, with no flag.
+    ("mistral", {"sliding_window": 32}, r"layers \[0, 1, 2\] sliding_attention \(sliding_window 32,"),
 ])
 def test_unsupported_setting_fails_at_load_naming_it(arch, setting, message, tmp_path):
     path = make_tiny_model(str(tmp_path / "model"), arch, **setting)
@@ -43,10 +45,14 @@ def test_unsupported_setting_fails_at_load_naming_it(arch, setting, message, tmp
         load_model(ModelConfig.from_path(path, dtype="float32", device="cpu"), "cpu")
 
 
-def test_sliding_window_wider_than_the_context_loads(tmp_path):
-    """Qwen2.5 checkpoints name a window as long as their context: full attention, so no refusal."""
-    path = make_tiny_model(str(tmp_path / "model"), "qwen2", use_sliding_window=True, sliding_window=1024,
-                           max_window_layers=1)
+@pytest.mark.parametrize("arch, setting", [
+    # Qwen2.5 checkpoints name a window as long as their context: full attention, so no refusal.
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 1024, "max_window_layers": 1}),
+    ("mistral", {"sliding_window": 1024}),
+    ("mistral", {"sliding_window": None}),  # Mistral-7B-v0.3 and later
+], ids=["qwen2.5-window-of-the-context", "mistral-window-of-the-context", "mistral-no-window"])
+def test_sliding_window_none_or_as_wide_as_the_context_loads(arch, setting, tmp_path):
+    path = make_tiny_model(str(tmp_path / "model"), arch, **setting)
     load_model(ModelConfig.from_path(path, dtype="float32", device="cpu"), "cpu")
 
 

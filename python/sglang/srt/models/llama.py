@@ -1,8 +1,9 @@
 """Dense Llama-family decoders: LlamaForCausalLM (Llama 3.x), Qwen2ForCausalLM (qkv bias,
-tied embeddings) and Qwen3ForCausalLM (per-head q/k RMSNorm). q/k/v and gate/up
-projections are fused into one matmul each when the weights are loaded. Under tensor
-parallelism each rank builds its share: its attention heads (and KV heads, or the one its heads
-read when there are fewer than ranks), its intermediate rows and its vocabulary rows."""
+tied embeddings), Qwen3ForCausalLM (per-head q/k RMSNorm) and MistralForCausalLM (Llama's
+layers). q/k/v and gate/up projections are fused into one matmul each when the weights are
+loaded. Under tensor parallelism each rank builds its share: its attention heads (and KV heads,
+or the one its heads read when there are fewer than ranks), its intermediate rows and its
+vocabulary rows."""
 
 from __future__ import annotations
 
@@ -29,13 +30,15 @@ class ArchOptions:
     qkv_bias: bool = False
     o_bias: bool = False
     qk_norm: bool = False
+    # config.sliding_window, when set, applies to every layer (Mistral: no layer_types, no flag).
+    window_on_every_layer: bool = False
 
 
 # transformers' names for the one activation these models compute (SiluAndMul).
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
 
 
-def check_supported(config) -> None:
+def check_supported(config, window_on_every_layer: bool = False) -> None:
     """Refuse at load time what these models would otherwise compute silently wrong: another
     activation than SiluAndMul's, or sliding-window layers (every layer attends to the whole context)."""
     act = getattr(config, "hidden_act", "silu")
@@ -43,14 +46,27 @@ def check_supported(config) -> None:
         raise ValueError(f"hidden_act {act!r} in config.json is not supported (supported: "
                          f"{', '.join(SUPPORTED_ACTIVATIONS)})")
     window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if not layer_types and getattr(config, "use_sliding_window", False):  # configs read by older transformers
-        first = getattr(config, "max_window_layers", 0) or 0
-        layer_types = ["full_attention"] * first + ["sliding_attention"] * (config.num_hidden_layers - first)
-    sliding = [i for i, kind in enumerate(layer_types or []) if kind != "full_attention"]
+    layer_types = layer_attention_types(config, window_on_every_layer)
+    sliding = [i for i, kind in enumerate(layer_types) if kind != "full_attention"]
     if sliding and (window is None or window < config.max_position_embeddings):
-        raise ValueError(f"config.json makes layers {sliding} {layer_types[sliding[0]]} (window "
-                         f"{window}, use_sliding_window); only full attention is supported")
+        raise ValueError(f"config.json makes layers {sliding} {layer_types[sliding[0]]} (sliding_window "
+                         f"{window}, max_position_embeddings {config.max_position_embeddings}); only full "
+                         f"attention is supported")
+
+
+def layer_attention_types(config, window_on_every_layer: bool) -> list[str]:
+    """Each layer's attention as transformers computes it: config.layer_types where it gives them;
+    else, for configs read by older transformers, sliding from max_window_layers on under
+    use_sliding_window; else, where the model applies a window to every layer, sliding throughout."""
+    num_layers = config.num_hidden_layers
+    if getattr(config, "layer_types", None):
+        return list(config.layer_types)
+    if getattr(config, "use_sliding_window", False):
+        first = getattr(config, "max_window_layers", 0) or 0
+        return ["full_attention"] * first + ["sliding_attention"] * (num_layers - first)
+    if window_on_every_layer and getattr(config, "sliding_window", None) is not None:
+        return ["sliding_attention"] * num_layers
+    return ["full_attention"] * num_layers
 
 
 class LlamaMLP(nn.Module):
@@ -166,9 +182,9 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config):
         super().__init__()
         check_shardable(config, tensor_parallel().size)
-        check_supported(config)
         self.config = config
         opts = self._options(config)
+        check_supported(config, opts.window_on_every_layer)
         self.model = LlamaModel(config, opts)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
@@ -208,4 +224,11 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
         return ArchOptions(qkv_bias=bias, o_bias=bias, qk_norm=True)
 
 
-EntryClass = [LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM]
+class MistralForCausalLM(LlamaForCausalLM):
+    # Llama's layers (head_dim may differ from hidden_size / heads, as in Mistral-Nemo). Mistral
+    # applies `sliding_window` to every layer: v0.1's 4096 on a 32k context is refused, v0.3's null served.
+    def _options(self, config) -> ArchOptions:
+        return ArchOptions(window_on_every_layer=True)
+
+
+EntryClass = [LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM]

@@ -7,6 +7,7 @@ import importlib
 _MODELS = {
     "LlamaForCausalLM": "sglang.srt.models.llama",
     "LlamaForCausalLMEagle3": "sglang.srt.models.llama_eagle3",
+    "MistralForCausalLM": "sglang.srt.models.llama",
     "Qwen2ForCausalLM": "sglang.srt.models.llama",
     "Qwen3ForCausalLM": "sglang.srt.models.llama",
 }
