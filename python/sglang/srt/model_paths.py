@@ -1,0 +1,68 @@
+"""Checks that the model, tokenizer and draft paths are local model directories the server can
+load and split, before any process starts: nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import types
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
+
+
+def check_model_paths(server_args: ServerArgs) -> None:
+    """The model and tokenizer must be local directories: nothing is downloaded. Checked before
+    any process starts, so a typo or a Hugging Face id fails in a line, not after a load."""
+    _check_model_dir("--model-path", server_args.model_path, need_config=True)
+    from sglang.srt.models.registry import check_architecture
+
+    check_architecture(getattr(_read_config(server_args.model_path), "architectures", None), False,
+                       f"--model-path {server_args.model_path}")
+    if server_args.speculative_enabled:
+        _check_model_dir("--speculative-draft-model-path", server_args.speculative_draft_model_path, need_config=True)
+        check_architecture(getattr(_read_config(server_args.speculative_draft_model_path), "architectures", None),
+                           True, f"--speculative-draft-model-path {server_args.speculative_draft_model_path}")
+    if server_args.tokenizer_path != server_args.model_path:
+        _check_model_dir("--tokenizer-path", server_args.tokenizer_path, need_config=False)
+    if server_args.tp_size > 1:  # whether --tp-size can split the model(s), before any rank loads them
+        from sglang.srt.distributed.parallel_state import check_shardable
+
+        check_shardable(_read_config(server_args.model_path), server_args.tp_size)
+        if server_args.speculative_enabled:
+            check_shardable(_read_config(server_args.speculative_draft_model_path), server_args.tp_size,
+                            "the EAGLE-3 draft")
+
+
+def _read_config(path: str) -> types.SimpleNamespace:
+    """A model directory's config.json as attributes (no model code needed to read head counts)."""
+    config_path = os.path.join(path, "config.json")
+    try:
+        with open(config_path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{config_path} cannot be read as JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{config_path} must hold a JSON object, not {type(config).__name__}")
+    return types.SimpleNamespace(**config)
+
+
+def _check_model_dir(flag: str, path: str, need_config: bool) -> None:
+    if os.path.isdir(path):
+        if need_config and not os.path.isfile(os.path.join(path, "config.json")):
+            raise ValueError(f"{flag} {path!r} has no config.json: point it at a Hugging Face model directory")
+        return
+    if os.path.exists(path):
+        raise ValueError(f"{flag} {path!r} is a file; it must be a model directory")
+    if _looks_like_hub_id(path):
+        raise ValueError(f"{flag} {path!r} is not a local directory. If it is a Hugging Face model id: weights are "
+                         f"not downloaded here, so download them (e.g. `huggingface-cli download {path} --local-dir "
+                         f"DIR`) and point {flag} at DIR")
+    raise ValueError(f"{flag} {path!r} does not exist")
+
+
+def _looks_like_hub_id(path: str) -> bool:
+    """`org/name` or `name`, as the Hugging Face hub spells model ids."""
+    return re.fullmatch(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?", path) is not None
