@@ -108,6 +108,11 @@ class HFReference:
     def next_token_logits(self, arch: str, input_ids: list[int]) -> torch.Tensor:
         return self.model(arch)(torch.tensor([input_ids])).logits[0, -1].float()
 
+    @torch.no_grad()
+    def prompt_logprobs(self, arch: str, input_ids: list[int]) -> torch.Tensor:
+        """[len, vocab] float64: row i is the log-softmax of the logits after input_ids[: i + 1]."""
+        return torch.log_softmax(self.model(arch)(torch.tensor([input_ids])).logits[0].double(), dim=-1)
+
 
 @pytest.fixture(scope="session")
 def hf_reference(tiny_model_paths):

@@ -86,16 +86,24 @@ def test_uneven_shapes_split_with_replicated_kv_heads_and_a_padded_vocabulary(tm
     # One KV head for two ranks (each holds a copy) and a vocabulary of 387 rows (the second rank's
     # block is padded); three ranks would not divide the 4 heads.
     path = make_tiny_model(str(tmp_path / "uneven"), "llama", num_key_value_heads=1, vocab_size=387)
-    outputs = {}
+    outputs, prompt_logprobs = {}, {}
     for tp_size in (1, 2):
         engine = tp_engine(path, tp_size)
         try:
             outputs[tp_size] = generate_ids(engine, PROMPTS)
+            # Prompt logprobs over the gathered (padded) vocabulary, scored on every rank alike.
+            meta = engine.generate(PROMPTS[1], {"max_new_tokens": 1}, return_logprob=True, logprob_start_len=0,
+                                   top_logprobs_num=2)["meta_info"]
+            prompt_logprobs[tp_size] = meta["input_token_logprobs"], meta["input_top_logprobs"]
         finally:
             engine.shutdown()
         assert len(engine.subprocesses.processes) == 1 + tp_size  # the detokenizer and a process per rank
         assert not any(proc.is_alive() for proc in engine.subprocesses.processes)
     assert outputs[2] == outputs[1]
+    (tokens_2, top_2), (tokens_1, top_1) = prompt_logprobs[2], prompt_logprobs[1]
+    assert [t for _, t, _ in tokens_2] == [t for _, t, _ in tokens_1] and tokens_2[0][0] is None
+    assert [lp for lp, _, _ in tokens_2[1:]] == pytest.approx([lp for lp, _, _ in tokens_1[1:]], abs=1e-4)
+    assert [[t for _, t, _ in top] for top in top_2[1:]] == [[t for _, t, _ in top] for top in top_1[1:]]
 
 
 def test_four_ranks_over_two_kv_heads(tmp_path):

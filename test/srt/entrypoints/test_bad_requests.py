@@ -116,6 +116,10 @@ BAD_REQUESTS = [
     row(GENERATE, {"text": 5}, 400, "text", "string", "native-text-a-number"),
     row(GENERATE, {"text": "Hello", "return_logprob": True, "top_logprobs_num": 21}, 400, "top_logprobs_num", "20",
         "native-top-logprobs-num-21"),
+    row(GENERATE, {"text": "Hello", "return_logprob": True, "logprob_start_len": 50}, 400, "logprob_start_len",
+        "smaller than the prompt", "native-logprob-start-past-the-prompt"),
+    row(GENERATE, {"text": ["Hello", "Hi"], "return_logprob": True, "logprob_start_len": [0, 0, 0]}, 400,
+        "logprob_start_len", "3 entries", "native-logprob-start-per-prompt-mismatch"),
     row(GENERATE, {"text": "Hello", "stream": True, "sampling_params": {"temperature": -1}}, 400, "temperature",
         "[0, 2]", "native-stream-temperature-negative"),
 ]

@@ -70,6 +70,9 @@ def test_temperature_sampling_follows_softmax_of_scaled_logits(engine_pool, hf_r
         ({"prompt": PROMPT, "sampling_params": {"n": 65}}, "'n'"),
         ({"prompt": PROMPT, "sampling_params": {"stop": ["ok", ""]}}, "stop"),
         ({"prompt": PROMPT, "return_logprob": True, "top_logprobs_num": 21}, "top_logprobs_num"),
+        ({"prompt": PROMPT, "return_logprob": True, "logprob_start_len": 9}, "logprob_start_len"),
+        ({"prompt": [PROMPT, "Hello"], "return_logprob": True, "logprob_start_len": [0, 40]}, "logprob_start_len"),
+        ({"prompt": PROMPT, "return_logprob": True, "logprob_start_len": -2}, "logprob_start_len"),
         ({"prompt": PROMPT, "sampling_params": {"stop_token_ids": [10**6]}}, "stop_token_ids"),
         ({"prompt": PROMPT, "sampling_params": {"max_new_tokens": "8"}}, "max_new_tokens"),
         ({"prompt": 123}, "string"),
@@ -194,3 +197,40 @@ def test_logprobs_match_the_model_distribution(engine_pool, hf_reference):
     assert [lp for lp, _, _ in top[0]] == pytest.approx(values.tolist(), abs=1e-4)
     # Greedy picks the most likely token, so its logprob is the top one.
     assert top[0][0][1] == first_token
+    assert "input_token_logprobs" not in out["meta_info"], "logprob_start_len -1: output logprobs only"
+
+
+def test_prompt_logprobs_match_the_model_at_every_prompt_position(engine_pool, hf_reference):
+    engine = engine_pool.get("llama")
+    ids = engine.tokenizer_manager.tokenizer.encode(PROMPT)
+    out = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 2},
+                          return_logprob=True, logprob_start_len=0, top_logprobs_num=3)
+    meta = out["meta_info"]
+    expected = hf_reference.prompt_logprobs("llama", ids)
+    assert [t for _, t, _ in meta["input_token_logprobs"]] == ids
+    assert meta["input_token_logprobs"][0] == (None, ids[0], None) and meta["input_top_logprobs"][0] is None
+    for i in range(1, len(ids)):
+        logprob, token, _ = meta["input_token_logprobs"][i]
+        assert logprob == pytest.approx(expected[i - 1, token].item(), abs=1e-4)
+        values, tokens = expected[i - 1].topk(3)
+        assert [t for _, t, _ in meta["input_top_logprobs"][i]] == tokens.tolist()
+        assert [v for v, _, _ in meta["input_top_logprobs"][i]] == pytest.approx(values.tolist(), abs=1e-4)
+    assert len(meta["output_token_logprobs"]) == 2
+
+
+def test_prompt_logprobs_of_a_batch_with_per_prompt_starts_samples_and_streams(engine_pool):
+    engine = engine_pool.get("llama")
+    params = {"temperature": 0, "max_new_tokens": 3, "n": 2}
+    outs = engine.generate([PROMPT, "Hello there"], params, return_logprob=True, logprob_start_len=[2, -1])
+    prompt_len = outs[0]["meta_info"]["prompt_tokens"]
+    assert len(outs) == 4 and len(outs[0]["meta_info"]["input_token_logprobs"]) == prompt_len - 2
+    assert outs[0]["meta_info"]["input_token_logprobs"] == outs[1]["meta_info"]["input_token_logprobs"]
+    assert all("input_token_logprobs" not in o["meta_info"] for o in outs[2:])
+    whole = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 3}, return_logprob=True,
+                            logprob_start_len=0)["meta_info"]["input_token_logprobs"]
+    assert whole[2:] == outs[0]["meta_info"]["input_token_logprobs"]
+    chunks = list(engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True},
+                                  return_logprob=True, logprob_start_len=0, stream=True))
+    assert all(chunk["meta_info"]["input_token_logprobs"] == whole for chunk in chunks), "from the first chunk on"
+    prompt_only = engine.generate(PROMPT, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0)
+    assert prompt_only["output_ids"] == [] and prompt_only["meta_info"]["input_token_logprobs"] == whole

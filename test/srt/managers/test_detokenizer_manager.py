@@ -131,3 +131,23 @@ def test_steps_merged_while_the_detokenizer_was_busy_give_the_same_stream(tokeni
     assert last.completion_tokens == [9, 6] and last.spec_verify_ct == [8, 7]
     assert merge_token_outputs(steps[1:5]).constants == [None, RequestConstants(prompt_tokens=3)]  # b's first step
     assert merge_token_outputs(steps[:1]) is steps[0]
+
+
+def test_prompt_logprobs_survive_merged_steps_and_reach_the_tokenizer_manager(tokenizer):
+    ids = tokenizer.encode(TEXT)[:3]
+
+    def step(k, with_prompt: bool):  # b's prompt logprobs come with one step only
+        return BatchTokenIDOut(
+            rids=["a", "b"], new_token_ids=[[ids[k]], [ids[k]]], finished_reasons=[None, None],
+            constants=[None, None], completion_tokens=[k + 1] * 2, new_token_logprobs=[None, None],
+            new_top_logprobs=[None, None],
+            input_token_logprobs=[None, [(None, 7), (-0.5, 8)]] if with_prompt else None,
+            input_top_logprobs=[None, [None, [(-0.5, 8)]]] if with_prompt else None)
+
+    merged = merge_token_outputs([step(0, False), step(1, True), step(2, False)])
+    assert merged.input_token_logprobs == [None, [(None, 7), (-0.5, 8)]]
+    assert merged.input_top_logprobs == [None, [None, [(-0.5, 8)]]]
+    assert merge_token_outputs([step(0, False), step(2, False)]).input_token_logprobs is None
+    out = DetokenizerManager(tokenizer).handle(merged)
+    assert (out.input_token_logprobs, out.input_top_logprobs) == (merged.input_token_logprobs,
+                                                                  merged.input_top_logprobs)

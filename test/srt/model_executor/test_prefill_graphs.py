@@ -7,6 +7,7 @@ against an eager launch; that rule is checked with stand-in timings."""
 
 from __future__ import annotations
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -146,6 +147,27 @@ def test_batches_no_graph_fits_run_eagerly(runner):
     near_end = make_batch(model_runner, [(width - 20, 17)], seed=7)
     assert not prefill.can_run(near_end)  # 17 tokens pad to 24, and the row ends 3 tokens later
     assert prefill.can_run(make_batch(model_runner, [(width - 24, 17)], seed=8))
+
+
+def test_a_pass_scoring_prompt_tokens_runs_eagerly_and_scores_every_row(runner):
+    model_runner, prefill = runner
+    batch = make_batch(model_runner, [(0, 6), (3, 5)], seed=9, aux=False)
+    every = model_runner.forward_eager(dataclasses.replace(batch, return_all_logits=True)).next_token_logits
+    batch.input_logprob_rows = torch.tensor([0, 1, 2, 3, 4, 7, 8])
+    batch.input_logprob_targets = batch.input_ids[[1, 2, 3, 4, 5, 8, 9]]
+    batch.input_top_logprobs_num = 2
+    assert prefill.can_run(make_batch(model_runner, [(0, 6), (3, 5)], seed=9, aux=False))
+    assert not prefill.can_run(batch), "a graph keeps no hidden rows but the last ones"
+    model_runner.graph_runners.append(prefill)
+    try:
+        out = model_runner.forward(batch)
+    finally:
+        model_runner.graph_runners.remove(prefill)
+    expected = torch.log_softmax(every[batch.input_logprob_rows], dim=-1)
+    torch.testing.assert_close(out.input_token_logprobs,
+                               expected.gather(1, batch.input_logprob_targets[:, None]).squeeze(1))
+    torch.testing.assert_close(out.input_top_logprobs, expected.topk(2, dim=-1).values)
+    torch.testing.assert_close(out.next_token_logits, every[[5, 10]])
 
 
 def test_graphs_slower_than_an_eager_launch_are_dropped_with_every_larger_one(runner, monkeypatch):

@@ -162,6 +162,24 @@ def test_logprobs_of_speculative_tokens_match_plain(demo_pair):
     assert len(got["meta_info"]["output_top_logprobs"]) == 12
 
 
+def test_prompt_logprobs_come_from_the_target_prefill(tiny_pair, hf_reference):
+    """The target's logits score the prompt (the draft's smaller vocabulary scores nothing), also
+    for a prompt whose prefix the radix cache holds with draft KV."""
+    _, spec, _ = tiny_pair
+    ids = [(37 * j + 11) % 380 + 1 for j in range(24)]  # ids past the draft's 200-token vocabulary
+    expected = hf_reference.prompt_logprobs("llama", ids)
+    spec.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 4})
+    for start in (0, 9):  # recomputed past the cached prefix: from the start, or from position 8
+        meta = spec.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 4},
+                             return_logprob=True, logprob_start_len=start, top_logprobs_num=2)["meta_info"]
+        assert [t for _, t, _ in meta["input_token_logprobs"]] == ids[start:]
+        for position, (logprob, token, _) in enumerate(meta["input_token_logprobs"][1:], start + 1):
+            assert logprob == pytest.approx(expected[position - 1, token].item(), abs=1e-4)
+        assert [[t for _, t, _ in top] for top in meta["input_top_logprobs"][1:]] \
+            == [expected[p - 1].topk(2).indices.tolist() for p in range(start + 1, len(ids))]
+    assert_kv_accounting(spec)
+
+
 def test_abort_during_speculative_decoding_frees_everything(demo_pair):
     _, spec = demo_pair
     stream = spec.generate("def main():", {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True},

@@ -217,8 +217,10 @@ class Engine:
         """One result dict per prompt (`text`, `output_ids`, `meta_info`); a list for a list of
         prompts; an iterator of growing results when `stream=True`. Keywords past `input_ids` are
         upstream's names, keyword-only: upstream's fourth positional parameter is `image_data`.
-        `logprob_start_len` is accepted and changes nothing (no prompt logprobs); the upstream
-        parameters in UPSTREAM_ONLY_PARAMS raise NotImplementedError unless they ask for nothing."""
+        With `return_logprob` and `logprob_start_len` L >= 0, meta_info also has the prompt's
+        logprobs from position L (`input_token_logprobs`, and `input_top_logprobs` with
+        `top_logprobs_num`); the upstream parameters in UPSTREAM_ONLY_PARAMS raise
+        NotImplementedError unless they ask for nothing."""
         obj = self._request_input(prompt, sampling_params, input_ids, stream, rid, return_logprob,
                                   logprob_start_len, top_logprobs_num, upstream_only)
         agen = self.tokenizer_manager.generate_request(obj)

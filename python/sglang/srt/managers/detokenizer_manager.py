@@ -58,7 +58,8 @@ class DetokenizerManager:
             finished_reasons=out.finished_reasons, constants=out.constants,
             completion_tokens=out.completion_tokens,
             new_token_logprobs=out.new_token_logprobs, new_top_logprobs=out.new_top_logprobs,
-            spec_verify_ct=out.spec_verify_ct,
+            spec_verify_ct=out.spec_verify_ct, input_token_logprobs=out.input_token_logprobs,
+            input_top_logprobs=out.input_top_logprobs,
         )
 
     def _decode(self, ids: list[int], skip: bool) -> str:
@@ -120,11 +121,19 @@ def merge_token_outputs(outs: list[BatchTokenIDOut]) -> BatchTokenIDOut:
         return [next((getattr(out, field)[i] for out, i in parts[rid] if getattr(out, field)[i] is not None), None)
                 for rid in rids]
 
+    def first_given_if_any(field: str) -> Optional[list]:  # a field that is None when no request has one
+        if all(getattr(out, field) is None for out in outs):
+            return None
+        return [next((getattr(out, field)[i] for out, i in parts[rid] if getattr(out, field) is not None
+                      and getattr(out, field)[i] is not None), None) for rid in rids]
+
     return BatchTokenIDOut(
         rids=rids, new_token_ids=joined("new_token_ids"), finished_reasons=latest("finished_reasons"),
         constants=first_given("constants"), completion_tokens=latest("completion_tokens"),
         new_token_logprobs=joined("new_token_logprobs"), new_top_logprobs=joined("new_top_logprobs"),
         spec_verify_ct=None if outs[-1].spec_verify_ct is None else latest("spec_verify_ct"),
+        input_token_logprobs=first_given_if_any("input_token_logprobs"),
+        input_top_logprobs=first_given_if_any("input_top_logprobs"),
     )
 
 

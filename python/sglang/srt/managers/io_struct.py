@@ -23,7 +23,8 @@ class GenerateReqInput:
     # Log-probabilities of the output tokens (from the raw logits), and the top N alternatives.
     return_logprob: Union[bool, list[bool]] = False
     top_logprobs_num: Union[int, list[int]] = 0
-    logprob_start_len: Union[int, list[int]] = -1  # accepted for compatibility; prompt logprobs are not returned
+    # With return_logprob, also those of the prompt tokens from this position on (-1: none).
+    logprob_start_len: Union[int, list[int]] = -1
     # The client request this belongs to, when a front end splits one into several (an OpenAI
     # stream runs one per choice): admission shares the server fairly between such groups.
     group: Optional[str] = None
@@ -43,6 +44,7 @@ class TokenizedGenerateReqInput:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     group: str = ""  # the client request it came from (every prompt and sample of it); see GenerateReqInput
+    logprob_start_len: int = -1  # with return_logprob: prompt logprobs from this position (-1: none)
 
 
 @dataclasses.dataclass
@@ -82,6 +84,12 @@ class BatchTokenIDOut:
     new_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
     # With speculative decoding: verify steps each request took so far; None without.
     spec_verify_ct: Optional[list[int]] = None
+    # Prompt logprobs, once per request, in the first message after its prompt was scored: per
+    # prompt position from its logprob_start_len, (logprob, token_id) (logprob None at position
+    # 0), and the top N alternatives (None at position 0; the whole list None without top N).
+    # None per request without them, and the field None when no request of the message has any.
+    input_token_logprobs: Optional[list[Optional[list[tuple[Optional[float], int]]]]] = None
+    input_top_logprobs: Optional[list[Optional[list[Optional[list[tuple[float, int]]]]]]] = None
 
 
 @dataclasses.dataclass
@@ -97,6 +105,8 @@ class BatchStrOut:
     new_token_logprobs: list[Optional[list[tuple[float, int]]]]
     new_top_logprobs: list[Optional[list[list[tuple[float, int]]]]]
     spec_verify_ct: Optional[list[int]] = None
+    input_token_logprobs: Optional[list] = None  # as in BatchTokenIDOut
+    input_top_logprobs: Optional[list] = None
 
 
 @dataclasses.dataclass

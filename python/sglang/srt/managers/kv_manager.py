@@ -143,9 +143,12 @@ class KVManager:
 
 
 def _matchable_ids(req: Req) -> list[int]:
-    # The last token is always computed, so its logits exist: match at most len - 1 tokens.
+    # The last token is always computed, so its logits exist: match at most len - 1 tokens. A
+    # request with prompt positions still to score needs their logits too: it matches only the
+    # positions before them (a cached position's logits are never computed again).
     ids = req.all_ids
-    return ids[: len(ids) - 1]
+    limit = min(len(ids) - 1, req.input_logprob_next) if req.scores_prompt else len(ids) - 1
+    return ids[:limit]
 
 
 def _false_runs(mask: np.ndarray) -> list[tuple[int, int]]:

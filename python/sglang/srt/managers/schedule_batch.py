@@ -10,6 +10,7 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.managers import input_logprobs
 from sglang.srt.managers.io_struct import RequestConstants, finish_length, finish_matched
 from sglang.srt.managers.stop_strings import IncrementalText, StopState
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -20,7 +21,8 @@ from sglang.srt.utils import host_to_device_rows
 class Req:
     def __init__(self, rid: str, input_ids: list[int], sampling_params: SamplingParams, seed: int,
                  stream: bool, eos_token_ids: set[int], context_len: int,
-                 return_logprob: bool = False, top_logprobs_num: int = 0, group: str = ""):
+                 return_logprob: bool = False, top_logprobs_num: int = 0, group: str = "",
+                 logprob_start_len: int = -1):
         self.rid = rid  # set by the tokenizer manager
         self.group = group or rid  # the client request it belongs to (admission is fair between them)
         self.origin_input_ids = list(input_ids)
@@ -41,6 +43,7 @@ class Req:
         self.output_ids: list[int] = []
         self.output_token_logprobs: list[tuple[float, int]] = []  # set by the scheduler, one per output
         self.output_top_logprobs: list[list[tuple[float, int]]] = []
+        self._init_input_logprobs(logprob_start_len if return_logprob else -1)
         self.finished_reason: Optional[dict] = None
         # KV state, all set by the scheduler (host values).
         self.req_pool_idx: Optional[int] = None  # row of ReqToTokenPool while admitted
@@ -73,6 +76,45 @@ class Req:
         # far (set by the scheduler once the grammar is compiled; advanced by append_tokens).
         self.grammar = None
         self.grammar_future = None  # the compile in flight, while the request waits for it
+
+    def _init_input_logprobs(self, start: int) -> None:
+        # Prompt logprobs (managers/input_logprobs.py), with logprob_start_len >= 0: one entry per
+        # prompt position from `start` on, (logprob, token id), None for position 0, filled by the
+        # scheduler as prefill passes score them. Position i is scored by the logits at position
+        # i - 1: `input_logprob_next` is the first position whose logits are still to come (the
+        # prompt's last position once all are scored; a retracted request that resumes then
+        # scores nothing again). Both lists go out once, and are dropped then.
+        self.logprob_start_len = start
+        self.input_logprob_next = len(self.origin_input_ids) - 1
+        self.input_token_logprobs: Optional[list[tuple[Optional[float], int]]] = None
+        self.input_top_logprobs: Optional[list[Optional[list[tuple[float, int]]]]] = None
+        if start < 0:
+            return
+        self.input_logprob_next = max(start, 1) - 1
+        self.input_token_logprobs = [(None, self.origin_input_ids[0])] if start == 0 else []
+        if self.top_logprobs_num:
+            self.input_top_logprobs = [None] if start == 0 else []
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether prompt positions still wait for their logprobs: their logits must be computed,
+        so the radix cache may serve only the positions before them."""
+        return self.input_logprob_next < len(self.origin_input_ids) - 1
+
+    def input_logprob_span(self) -> tuple[int, int]:
+        """[start, end): the positions of this pass's new tokens whose logits score a prompt token
+        still waiting for its logprob (the positions before them are cached or already scored)."""
+        start = self.input_logprob_next
+        return start, max(start, min(len(self.origin_input_ids) - 1, self.kv_len + self.extend_len))
+
+    def take_input_logprobs(self) -> Optional[tuple[list, Optional[list]]]:
+        """(token logprobs, top logprobs) of the prompt once every position is scored, for one
+        output message; None before, afterwards, or without them."""
+        if self.input_token_logprobs is None or self.scores_prompt:
+            return None
+        taken = self.input_token_logprobs, self.input_top_logprobs
+        self.input_token_logprobs = self.input_top_logprobs = None
+        return taken
 
     @property
     def speculates(self) -> bool:
@@ -178,6 +220,9 @@ class ScheduleBatch:
     spec_steps: Optional[int] = None
     # With a draft model, DECODE: which requests the draft followed when the step was scheduled.
     speculating: Optional[list[bool]] = None
+    # Prompt logprobs: each request's Req.input_logprob_span as launched, or None when the pass
+    # scores no prompt token (set by to_forward_batch).
+    input_logprob_spans: Optional[list[tuple[int, int]]] = None
 
     @property
     def batch_size(self) -> int:
@@ -212,10 +257,15 @@ class ScheduleBatch:
         extend = not self.forward_mode.is_decode()
         if extend:  # each request's last new token, where the logits are taken
             rows.append(list(itertools.accumulate(extend_lens, initial=-1))[1:])
+        scoring = input_logprobs.scoring_rows(self.reqs) if extend else None
+        if scoring is not None:  # the tokens whose logits score a prompt token, and those tokens
+            self.input_logprob_spans = scoring.spans
+            rows += [scoring.rows, scoring.targets]
         if input_ids is not None:
             rows.append(input_ids)
         positions_d, pool_rows_d, seq_lens_d, offsets_d, *more = host_to_device_rows(rows, device)
         last_d = more.pop(0) if extend else None
+        scored_d = (more.pop(0), more.pop(0)) if scoring is not None else (None, None)
         fb = ForwardBatch(
             forward_mode=self.forward_mode,
             batch_size=self.batch_size,
@@ -228,6 +278,9 @@ class ScheduleBatch:
             extend_seq_lens_cpu=extend_lens,
             extend_prefix_lens_cpu=prefix_lens,
             last_token_index=last_d,
+            input_logprob_rows=scored_d[0],
+            input_logprob_targets=scored_d[1],
+            input_top_logprobs_num=scoring.top_n if scoring is not None else 0,
         )
         # The host rows, for a graph that stages its inputs from them (None: on the device only).
         fb.input_ids_host, fb.positions_host, fb.req_pool_indices_host = input_ids, positions, rows[1]

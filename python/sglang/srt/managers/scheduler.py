@@ -20,7 +20,7 @@ from sglang.srt.errors import ABORTED_BY_CLIENT
 from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, TokenizedGenerateReqInput, finish_abort
 from sglang.srt.constrained.grammar_backend import make_grammar_backend
-from sglang.srt.managers import spec_scheduling
+from sglang.srt.managers import input_logprobs, spec_scheduling
 from sglang.srt.managers.grammar_queue import GrammarQueue
 from sglang.srt.managers.kv_manager import KVManager
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
@@ -112,7 +112,8 @@ class Scheduler:
         params = recv.sampling_params
         seed = params.sampling_seed if params.sampling_seed is not None else int(self.seed_rng.integers(2**62))
         req = Req(recv.rid, recv.input_ids, params, seed, recv.stream, self.eos_token_ids, self.memory.context_len,
-                  recv.return_logprob, recv.top_logprobs_num, group=recv.group)
+                  recv.return_logprob, recv.top_logprobs_num, group=recv.group,
+                  logprob_start_len=recv.logprob_start_len)
         error = self._validate(req)
         if not error and params.constrained:  # it waits for its grammar beside the queue
             error = self.grammar_queue.add(req)
@@ -145,6 +146,8 @@ class Scheduler:
                     f"the pool holds ({self.memory.max_total_num_tokens}); raise --max-total-tokens")
         if max(req.origin_input_ids) >= self.model_config.vocab_size or min(req.origin_input_ids) < 0:
             return f"input_ids must be in [0, {self.model_config.vocab_size})"
+        if req.logprob_start_len >= prompt_len:
+            return f"logprob_start_len ({req.logprob_start_len}) must be smaller than the prompt ({prompt_len} tokens)"
         return None
 
     def abort_request(self, recv: AbortReq) -> None:
@@ -403,6 +406,8 @@ class Scheduler:
             spec_scheduling.process_spec(self, batch, result)
             return
         host = result.wait_host()
+        if batch.input_logprob_spans is not None:
+            input_logprobs.record(batch.reqs, batch.input_logprob_spans, host)
         next_token_ids = host["next_token_ids"].tolist()
         logprobs = _LogprobRows(host)
         new_tokens = 0
@@ -508,6 +513,10 @@ class Scheduler:
                               for req in reqs],
             spec_verify_ct=[req.spec_verify_ct for req in reqs] if self.spec_k else None,
         )
+        prompt_scores = [req.take_input_logprobs() for req in reqs]
+        if any(prompt_scores):
+            out.input_token_logprobs = [s and s[0] for s in prompt_scores]
+            out.input_top_logprobs = [s and s[1] for s in prompt_scores]
         for req in reqs:
             req.sent_len = len(req.output_ids)
         return out

@@ -109,10 +109,11 @@ class TokenizerManager:
         rids = request_input.broadcast(obj.rid, n, "rid") if obj.rid is not None else [uuid.uuid4().hex for _ in range(n)]
         return_logprobs = request_input.broadcast(obj.return_logprob, n, "return_logprob")
         top_nums = request_input.broadcast(obj.top_logprobs_num, n, "top_logprobs_num")
+        starts = request_input.broadcast(obj.logprob_start_len, n, "logprob_start_len")
         params = [self._sampling_params(raw) for raw in params_list]
         self.limits.check_sequences(n, max(p.n for p in params), sum(p.n for p in params))
         for i in range(n):
-            request_input.check_logprob_args(return_logprobs[i], top_nums[i])
+            request_input.check_logprob_args(return_logprobs[i], top_nums[i], starts[i])
         ids_list = await self._encode_all(prompts) if prompts is not None else ids_list
         group = obj.group or rids[0]
         out = []
@@ -120,8 +121,11 @@ class TokenizerManager:
             if request_input.wants_whole_context(params_list[i]):
                 params[i].max_new_tokens = max(self.context_len - len(ids_list[i]), 0)  # None: up to the context
             self._check_lengths(ids_list[i], params[i])
+            start = starts[i] if return_logprobs[i] else -1
+            request_input.check_logprob_start(start, len(ids_list[i]))
             req = TokenizedGenerateReqInput(rids[i], ids_list[i], params[i], obj.stream,
-                                            bool(return_logprobs[i]), top_nums[i], group=group)
+                                            bool(return_logprobs[i]), top_nums[i], group=group,
+                                            logprob_start_len=start)
             out.extend(request_input.expand_n(req))
         return out
 
@@ -339,6 +343,9 @@ class TokenizerManager:
             if out.new_top_logprobs[i] is not None:
                 state.meta.setdefault("output_top_logprobs", []).extend(
                     [(logprob, token_id, None) for logprob, token_id in top] for top in out.new_top_logprobs[i])
+            if out.input_token_logprobs is not None and out.input_token_logprobs[i] is not None:
+                state.meta.update(request_input.input_logprobs_meta(out.input_token_logprobs[i],
+                                                                    out.input_top_logprobs[i]))
             state.finished = out.finished_reasons[i] is not None
             if state.finished and self.metrics is not None:
                 self._observe(state)

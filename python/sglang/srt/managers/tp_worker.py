@@ -60,8 +60,13 @@ class GenerationBatchResult(HostCopies):
     next_token_logprobs: Optional[torch.Tensor] = None
     top_logprobs: Optional[torch.Tensor] = None
     top_logprob_ids: Optional[torch.Tensor] = None
+    # Prompt logprobs of a prefill pass that scores some (LogitsProcessorOutput's input_* fields).
+    input_token_logprobs: Optional[torch.Tensor] = None
+    input_top_logprobs: Optional[torch.Tensor] = None
+    input_top_logprob_ids: Optional[torch.Tensor] = None
 
-    _HOST_FIELDS = ("next_token_ids", "next_token_logprobs", "top_logprobs", "top_logprob_ids")
+    _HOST_FIELDS = ("next_token_ids", "next_token_logprobs", "top_logprobs", "top_logprob_ids",
+                    "input_token_logprobs", "input_top_logprobs", "input_top_logprob_ids")
 
 
 class TpModelWorker:
@@ -114,7 +119,11 @@ class TpModelWorker:
     @staticmethod
     def _add_logprobs(result: GenerationBatchResult, top_n: int) -> None:
         # From the raw logits (before temperature and filters), as the model scores the tokens.
-        logprobs = torch.log_softmax(result.logits_output.next_token_logits.float(), dim=-1)
+        output = result.logits_output
+        logprobs = torch.log_softmax(output.next_token_logits.float(), dim=-1)
         result.next_token_logprobs = logprobs.gather(1, result.next_token_ids[:, None]).squeeze(1)
         if top_n > 0:
             result.top_logprobs, result.top_logprob_ids = logprobs.topk(top_n, dim=-1)
+        result.input_token_logprobs = output.input_token_logprobs
+        result.input_top_logprobs = output.input_top_logprobs
+        result.input_top_logprob_ids = output.input_top_logprob_ids

@@ -98,7 +98,7 @@ class CudaGraphRunner:
     def can_run(self, fb: ForwardBatch) -> bool:
         hidden = fb.spec_hidden_states
         return fb.forward_mode == self.forward_mode and fb.batch_size <= self.max_bs \
-            and fb.num_tokens == fb.batch_size * self.tokens_per_req \
+            and fb.input_logprob_rows is None and fb.num_tokens == fb.batch_size * self.tokens_per_req \
             and fb.capture_aux_hidden_states == self.capture_aux \
             and (hidden.shape[-1] if hidden is not None else 0) == self.spec_hidden_width
 
@@ -311,8 +311,9 @@ class PrefillGraphRunner:
 
     def can_run(self, fb: ForwardBatch) -> bool:
         hidden = fb.spec_hidden_states
+        # A pass that scores prompt tokens (input_logprob_rows) needs hidden rows a graph does not keep.
         if fb.forward_mode != self.forward_mode or fb.return_all_logits or fb.seq_lens_cpu is None \
-                or fb.capture_aux_hidden_states and not self.capture_aux \
+                or fb.input_logprob_rows is not None or fb.capture_aux_hidden_states and not self.capture_aux \
                 or (hidden.shape[-1] if hidden is not None else 0) != self.spec_hidden_width:
             return False
         key = self._key(fb)

@@ -60,6 +60,13 @@ class ForwardBatch:
     extend_prefix_lens_cpu: Optional[list[int]]  # KV already present per request
     # Logits of every new token (TARGET_VERIFY needs them) instead of the last one per request.
     return_all_logits: bool = False
+    # Prompt logprobs (a prefill pass with requests that asked, managers/input_logprobs.py): the
+    # new tokens whose logits score the prompt token after them, [M] int64 indices into the token
+    # dimension, and those prompt tokens, [M] int64; with the top N alternatives per row. None:
+    # nobody asked (the usual case, which costs nothing; graphs never run such a pass).
+    input_logprob_rows: Optional[torch.Tensor] = None
+    input_logprob_targets: Optional[torch.Tensor] = None
+    input_top_logprobs_num: int = 0
     # Return the hidden states of the layers the model was asked to capture (EAGLE-3 aux).
     capture_aux_hidden_states: bool = False
     # EAGLE-3 draft only: the hidden input of each token, [num_tokens, 3 * target_hidden] (the

@@ -264,9 +264,11 @@ class EAGLEWorkerV2(TpModelWorker):
                 shifted.append(0)  # the sampled token, filled in on the device below
         input_ids = host_to_device(shifted, self.device)
         if len(warm) == batch.batch_size:
+            # The draft scores no prompt tokens: the target's logits give the prompt logprobs.
             draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=input_ids,
                                            input_ids_host=None, capture_aux_hidden_states=False,
-                                           spec_hidden_states=aux)
+                                           spec_hidden_states=aux, input_logprob_rows=None,
+                                           input_logprob_targets=None, input_top_logprobs_num=0)
             warm_ids, warm_offsets = next_ids, offsets
         else:
             lens = fb.extend_seq_lens_cpu
