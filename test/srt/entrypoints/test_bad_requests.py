@@ -54,7 +54,6 @@ BAD_REQUESTS = [
     row(COMPLETIONS, {"prompt": {"text": "Hello"}}, 400, "prompt", "prompt", "completions-prompt-an-object"),
     row(COMPLETIONS, {"prompt": [1, "two"]}, 400, "prompt", "prompt", "completions-prompt-mixed-list"),
     row(COMPLETIONS, {"prompt": [1, 100000]}, 400, "prompt", "[0, 384)", "completions-token-outside-vocab"),
-    row(COMPLETIONS, {"prompt": "Hello", "echo": True}, 400, "echo", "not supported", "completions-echo"),
     # lengths
     row(COMPLETIONS, {"prompt": "Hello", "max_tokens": -1}, 400, "max_tokens", "greater than",
         "completions-max-tokens-negative"),

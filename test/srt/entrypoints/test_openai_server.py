@@ -260,6 +260,45 @@ def test_completion_logprobs_list_two_alternatives_with_offsets_in_the_text(clie
     assert all(offset <= len(choice.text) for offset in offsets), (offsets, choice.text, logprobs.tokens)
 
 
+def test_completion_echo_with_logprobs_scores_the_prompt_then_the_completion(server, client, model, tokenizer):
+    """lm-evaluation-harness's loglikelihood request: echo, logprobs 1, max_tokens 1 or 0."""
+    num_prompt = len(tokenizer.encode(PROMPT))
+    native = httpx.post(f"{server.base_url}/generate", timeout=60, json={
+        "text": PROMPT, "sampling_params": {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True},
+        "return_logprob": True, "logprob_start_len": 0}).json()
+    for max_tokens in (1, 0):
+        choice = greedy(client, model, "completion", max_tokens=max_tokens, echo=True, logprobs=1).choices[0]
+        logprobs = choice.logprobs
+        assert choice.text.startswith(PROMPT) and choice.finish_reason == "length"
+        assert len(choice.text) > len(PROMPT) if max_tokens else choice.text == PROMPT
+        assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) \
+            == len(logprobs.text_offset) == num_prompt + max_tokens
+        assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+        assert logprobs.token_logprobs[1:num_prompt] == pytest.approx(
+            [logprob for logprob, _, _ in native["meta_info"]["input_token_logprobs"][1:]], abs=1e-5)
+        assert logprobs.text_offset[0] == 0 and logprobs.text_offset == sorted(logprobs.text_offset)
+        completion_start = (logprobs.text_offset + [len(choice.text)])[num_prompt]
+        assert logprobs.text_offset[num_prompt - 1] < len(PROMPT) == completion_start
+        assert "".join(logprobs.tokens) == choice.text
+    plain = greedy(client, model, "completion", max_tokens=1, echo=True).choices[0]
+    assert plain.logprobs is None and plain.text == PROMPT + native["text"]
+
+
+def test_streamed_echo_leads_each_choice_with_its_prompt(client, model):
+    chunks = list(greedy(client, model, "completion", prompt=[PROMPT, "Hello"], max_tokens=4, echo=True,
+                         logprobs=0, n=2, stream=True))
+    whole = greedy(client, model, "completion", prompt=[PROMPT, "Hello"], max_tokens=4, echo=True, logprobs=0, n=2)
+    texts, tokens, firsts = {}, {}, {}
+    for chunk in chunks:
+        for choice in chunk.choices:
+            firsts.setdefault(choice.index, choice.text)
+            texts[choice.index] = texts.get(choice.index, "") + choice.text
+            tokens[choice.index] = tokens.get(choice.index, []) + choice.logprobs.tokens
+    assert [firsts[i].startswith(p) for i, p in enumerate([PROMPT, PROMPT, "Hello", "Hello"])] == [True] * 4
+    assert [texts[i] for i in range(4)] == [c.text for c in whole.choices]
+    assert [tokens[i] for i in range(4)] == [c.logprobs.tokens for c in whole.choices]
+
+
 # ---- many clients, disconnects ---------------------------------------------------------------
 
 

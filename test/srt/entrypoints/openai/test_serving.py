@@ -93,6 +93,10 @@ class FakeTokenizerManager:
                 [(-0.25 * (i + 1), t, None), (float("-inf"), (t + 1) % 300, None)][:obj.top_logprobs_num]
                 for i, t in enumerate(ids)
             ]
+            if getattr(obj, "logprob_start_len", -1) == 0:  # the prompt's tokens, scored -0.5 each
+                prompt_ids = prompt if isinstance(prompt, list) else TOKENIZER.encode(prompt)
+                meta["input_token_logprobs"] = [(None if i == 0 else -0.5, t, None) for i, t in enumerate(prompt_ids)]
+                meta["input_top_logprobs"] = [None] + [[(-0.5, t, None)][:obj.top_logprobs_num] for t in prompt_ids[1:]]
         return {"text": TOKENIZER.decode(ids), "output_ids": list(ids), "meta_info": meta}
 
 
@@ -354,6 +358,33 @@ def test_text_offsets_point_into_the_text_when_a_character_spans_tokens(stream):
         assert token.startswith("bytes:") or text[offset:].startswith(token)
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_leads_with_the_prompt_and_its_logprobs(stream):
+    prompt_ids = TOKENIZER.encode("def add(a, b):")
+    tm, _, body = completion(prompt=prompt_ids, echo=True, logprobs=1, max_tokens=8, stream=stream)
+    assert tm.calls[0].logprob_start_len == 0, "the prompt is scored from its first token"
+    chunks = chunks_of(body) if stream else [body]
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    logprobs = {key: [x for c in chunks for x in c["choices"][0]["logprobs"][key]]
+                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    assert chunks[0]["choices"][0]["text"].startswith("def add(a, b):")
+    assert text == "def add(a, b):" + TEXTS[0] == "".join(logprobs["tokens"])
+    num_prompt = len(prompt_ids)
+    assert logprobs["token_logprobs"][:num_prompt] == [None] + [-0.5] * (num_prompt - 1)
+    assert logprobs["token_logprobs"][num_prompt:] == [-0.25 * (i + 1) for i in range(len(TOKENIZER.encode(TEXTS[0])))]
+    assert logprobs["top_logprobs"][0] is None and logprobs["top_logprobs"][1] == {logprobs["tokens"][1]: -0.5}
+    offsets = logprobs["text_offset"]
+    assert offsets == [sum(len(t) for t in logprobs["tokens"][:i]) for i in range(len(offsets))]
+
+
+def test_echo_without_logprobs_asks_for_none_and_n_choices_each_lead_with_their_prompt():
+    tm, _, body = completion(prompt=["Hi", "Yo"], echo=True, n=2, max_tokens=8)
+    assert all(call.logprob_start_len == -1 and not call.return_logprob for call in tm.calls)
+    texts = [choice["text"] for choice in body["choices"]]
+    assert [t[:2] for t in texts] == ["Hi", "Hi", "Yo", "Yo"] and texts[0][2:] == TEXTS[0]
+    assert all(choice["logprobs"] is None for choice in body["choices"])
+
+
 def test_completion_logprobs_zero_still_lists_the_sampled_token():
     tm, _, body = completion(logprobs=0)
     assert tm.calls[0].top_logprobs_num == 0
@@ -482,7 +513,7 @@ def test_engine_failure_before_the_answer_is_a_500_error_body():
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"echo": True}, "echo"), ({"suffix": "x"}, "suffix"), ({"best_of": 3}, "best_of"), ({"prompt": []}, "prompt"),
+    ({"suffix": "x"}, "suffix"), ({"best_of": 3}, "best_of"), ({"prompt": []}, "prompt"),
 ])
 def test_unsupported_completion_options_are_a_400(body, param):
     tm, status, response = completion(**body)

@@ -34,16 +34,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
 
     def build_prompts(self, request: CompletionRequest) -> Prompts:
         _reject_unsupported(request)
-        prompt = request.prompt
-        if isinstance(prompt, str):
-            return Prompts("text", [prompt])
-        if not prompt:
-            raise InvalidRequest("prompt must not be empty", "prompt")
-        if isinstance(prompt[0], str):
-            return Prompts("text", prompt)
-        if isinstance(prompt[0], int):
-            return Prompts("input_ids", [prompt])
-        return Prompts("input_ids", prompt)
+        return _prompts(request.prompt)
 
     def sampling_params(self, request: CompletionRequest) -> dict:
         max_tokens = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
@@ -59,44 +50,71 @@ class OpenAIServingCompletion(OpenAIServingBase):
     def logprob_kwargs(self, request: CompletionRequest) -> dict:
         if request.logprobs is None:
             return {}
-        return {"return_logprob": True, "top_logprobs_num": request.logprobs}
+        # With echo, the prompt's tokens are scored too (from position 0).
+        return {"return_logprob": True, "top_logprobs_num": request.logprobs,
+                **({"logprob_start_len": 0} if request.echo else {})}
 
     # ---- responses ------------------------------------------------------------------------
 
     def full_response(self, ctx: RequestContext, results: list[dict], usage: UsageInfo) -> dict:
         choices = []
         for index, result in enumerate(results):
-            logprobs = self._logprobs(ctx, result, 0, TextOffsets())
-            choices.append(_choice(index, result["text"], result, logprobs))
+            echo = self._echo_text(ctx, index)
+            logprobs = self._logprobs(ctx, result, 0, TextOffsets(), with_prompt=echo is not None)
+            choices.append(_choice(index, (echo or "") + result["text"], result, logprobs))
         return CompletionResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices,
                                   usage=usage).model_dump()
 
     def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict, token_start: int) -> dict:
         progress = ctx.progress[index]
-        if progress.logprob_state is None:
+        echo = None
+        if progress.logprob_state is None:  # the choice's first chunk: with echo, the prompt leads it
             progress.logprob_state = TextOffsets()
-        logprobs = self._logprobs(ctx, result, token_start, progress.logprob_state)
+            echo = self._echo_text(ctx, index)
+        logprobs = self._logprobs(ctx, result, token_start, progress.logprob_state, with_prompt=echo is not None)
         return CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model,
-                                        choices=[_choice(index, delta, result, logprobs)]).model_dump()
+                                        choices=[_choice(index, (echo or "") + delta, result, logprobs)]).model_dump()
 
     def usage_chunk(self, ctx: RequestContext, usage: UsageInfo) -> dict:
         return CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[],
                                         usage=usage).model_dump()
 
-    def _logprobs(self, ctx: RequestContext, result: dict, start: int, offsets: TextOffsets):
-        """Logprobs of the output tokens from `start` on; `offsets` continues across calls."""
+    def _echo_text(self, ctx: RequestContext, index: int):
+        """The prompt of choice `index` as echoed (as given, or the decoded token ids), or None
+        without echo."""
+        if not ctx.request.echo:
+            return None
+        prompts = _prompts(ctx.request.prompt)
+        prompt = prompts.values[index // ctx.n]  # choices are prompt-major
+        return prompt if prompts.field == "text" else self.tokenizer_manager.tokenizer.decode(prompt)
+
+    def _logprobs(self, ctx: RequestContext, result: dict, start: int, offsets: TextOffsets,
+                  with_prompt: bool = False):
+        """Logprobs of the output tokens from `start` on, after the prompt's (echo) if `with_prompt`;
+        `offsets` continues across calls."""
         if ctx.request.logprobs is None:
             return None
         logprobs = CompletionLogprobs()
+        if with_prompt:
+            meta = result["meta_info"]
+            tops = meta.get("input_top_logprobs") or []
+            for position, (logprob, token_id, _) in enumerate(meta.get("input_token_logprobs") or []):
+                self._add_entry(logprobs, offsets, token_id, logprob, tops[position] if position < len(tops) else [])
         tokens, tops = output_logprobs(result)
         for position, (logprob, token_id, _) in enumerate(tokens[start:], start):
-            token, raw = self.token_string(token_id)
-            logprobs.tokens.append(token)
-            logprobs.token_logprobs.append(clamp_logprob(logprob))
-            logprobs.text_offset.append(offsets.next(raw))
-            top = tops[position] if position < len(tops) else []
-            logprobs.top_logprobs.append(self._top_dict(top, token, logprob))
+            self._add_entry(logprobs, offsets, token_id, logprob, tops[position] if position < len(tops) else [])
         return logprobs
+
+    def _add_entry(self, logprobs: CompletionLogprobs, offsets: TextOffsets, token_id: int, logprob, top) -> None:
+        token, raw = self.token_string(token_id)
+        logprobs.tokens.append(token)
+        logprobs.text_offset.append(offsets.next(raw))
+        if logprob is None:  # a prompt's first token: nothing precedes it
+            logprobs.token_logprobs.append(None)
+            logprobs.top_logprobs.append(None)
+            return
+        logprobs.token_logprobs.append(clamp_logprob(logprob))
+        logprobs.top_logprobs.append(self._top_dict(top or [], token, logprob))
 
     def _top_dict(self, top: list, token: str, logprob: float) -> dict[str, float]:
         # OpenAI lists the sampled token among the top ones even when it was not among them.
@@ -106,9 +124,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
 
 
 class TextOffsets:
-    """Where each token starts in the completion text (echo is not supported, so the prompt is
-    not part of it). The tokens' bytes are decoded incrementally, so a character split over
-    several tokens counts once, at the token that starts it."""
+    """Where each token starts in the choice's text (with echo, the prompt's tokens come first).
+    The tokens' bytes are decoded incrementally, so a character split over several tokens counts
+    once, at the token that starts it."""
 
     def __init__(self):
         self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -126,9 +144,19 @@ def _choice(index: int, text: str, result: dict, logprobs) -> CompletionChoice:
                             matched_stop=matched)
 
 
+def _prompts(prompt) -> Prompts:
+    if isinstance(prompt, str):
+        return Prompts("text", [prompt])
+    if not prompt:
+        raise InvalidRequest("prompt must not be empty", "prompt")
+    if isinstance(prompt[0], str):
+        return Prompts("text", prompt)
+    if isinstance(prompt[0], int):
+        return Prompts("input_ids", [prompt])
+    return Prompts("input_ids", prompt)
+
+
 def _reject_unsupported(request: CompletionRequest) -> None:
-    if request.echo:
-        raise InvalidRequest("echo is not supported by this server", "echo")
     if request.suffix:
         raise InvalidRequest("suffix is not supported by this server", "suffix")
     if request.best_of is not None and request.best_of != request.num_choices:
