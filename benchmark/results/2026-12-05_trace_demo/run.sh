@@ -11,8 +11,9 @@
 #       per unit of concurrency, at least 12, at most 512): no draft, always, dynamic and always_b (always's A/A
 #       twin), pinned by role.
 # Usage (GPU machine, repository root): PARTS="t1" bash benchmark/results/2026-12-05_trace_demo/run.sh OUT
-# (ROUNDS=N for t1 / t2: three rounds of t1 take ~12 minutes with the start on a fresh machine; split them over
-# calls and pool the rounds' lines.)
+# (ROUNDS=N for t1 / t2: three rounds of t1 took ~12 minutes with the random 8B pair written and read on a fresh
+# machine; LOAD_FORMAT=dummy draws the weights in each server instead, and SWEEP_TIMEOUT_S caps each server's
+# share of the plays so that the archive is still written inside a 600 s call.)
 set -u -o pipefail
 OUT=${1:?usage: run.sh OUT}
 HERE=$(dirname "$0")
