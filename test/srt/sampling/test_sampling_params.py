@@ -136,7 +136,6 @@ def test_stop_token_ids_unchecked_without_vocab_size():
         ("frequency_penalty", 0.5),
         ("presence_penalty", -0.5),
         ("repetition_penalty", 1.1),
-        ("logit_bias", {"5": 1.0}),
     ],
 )
 def test_verify_rejects_unsupported_penalties(field, value):
@@ -146,6 +145,35 @@ def test_verify_rejects_unsupported_penalties(field, value):
 
 def test_neutral_penalties_and_empty_logit_bias_pass():
     SamplingParams(frequency_penalty=0, repetition_penalty=1, logit_bias={}).verify()
+
+
+def test_logit_bias_takes_string_or_integer_token_ids():
+    params = SamplingParams.from_dict({"logit_bias": {"5": 1, "7": -100, "9": 100.0}})
+    params.verify(vocab_size=10)
+    assert params.token_biases() == {5: 1.0, 7: -100.0, 9: 100.0}
+    assert SamplingParams(logit_bias={5: -2.5}).token_biases() == {5: -2.5}
+    assert SamplingParams().token_biases() == {}
+
+
+@pytest.mark.parametrize(
+    "bias, rule",
+    [
+        ({"a": 1}, "must be token ids (integers)"),
+        ({"1.0": 1}, "must be token ids (integers)"),
+        ({"": 1}, "must be token ids (integers)"),
+        ({"1" * 5000: 1}, "must be token ids (integers)"),
+        ({"5": True}, "must be finite numbers"),
+        ({"5": float("nan")}, "must be finite numbers"),
+        ({"10": 1}, "token ids must be in [0, 10), got 10"),
+        ({"-1": 1}, "token ids must be in [0, 10), got -1"),
+        ({"5": 100.01}, "values must be in [-100, 100]"),
+        ({"5": -101}, "values must be in [-100, 100]"),
+    ],
+)
+def test_bad_logit_bias_is_named(bias, rule):
+    with pytest.raises(ValueError, match="'logit_bias'") as excinfo:
+        SamplingParams.from_dict({"logit_bias": bias}).verify(vocab_size=10)
+    assert rule in str(excinfo.value)
 
 
 @pytest.mark.parametrize(

@@ -83,8 +83,9 @@ class TpModelWorker:
         to the host (`wait_host`)."""
         forward_batch, offsets = batch.to_forward_batch(self.device)
         logits_output = self.model_runner.forward(forward_batch)
-        logits = self.constrain(logits_output.next_token_logits, batch.grammars)
-        next_token_ids = self.model_runner.sample(logits, self.sampling_info(batch.reqs), offsets)
+        info = self.sampling_info(batch.reqs)
+        logits = info.apply_logit_bias(self.constrain(logits_output.next_token_logits, batch.grammars))
+        next_token_ids = self.model_runner.sample(logits, info, offsets)
         result = GenerationBatchResult(logits_output, next_token_ids)
         if any(req.return_logprob for req in batch.reqs):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))

@@ -4,6 +4,7 @@ flags that let the sampler skip work nobody in the batch asked for."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -33,6 +34,12 @@ class SamplingBatchInfo:
     need_top_k_sampling: bool
     need_min_p_sampling: bool
 
+    # logit_bias of the batch's rows as one sparse list (row, token id, bias), on the device; None
+    # when no request has one (the sampler's callers then add nothing, not even a launch).
+    logit_bias_rows: Optional[torch.Tensor] = None  # int64[n]
+    logit_bias_ids: Optional[torch.Tensor] = None  # int64[n]
+    logit_bias_values: Optional[torch.Tensor] = None  # float32[n]
+
     @classmethod
     def from_params(
         cls,
@@ -42,7 +49,8 @@ class SamplingBatchInfo:
         device: torch.device | str,
     ) -> SamplingBatchInfo:
         greedy = [p.is_greedy for p in params]
-        if all(greedy):
+        biased = any(p.logit_bias for p in params)
+        if all(greedy) and not biased:
             # Every row takes the argmax, whatever its seed: one set of neutral tensors per batch
             # size serves every such batch (building them costs ~15 host calls a batch, which a
             # prefill pass of a small model pays on the critical path).
@@ -51,7 +59,31 @@ class SamplingBatchInfo:
             if cached is None:
                 cached = _ALL_GREEDY[key] = cls._build(params, [0] * len(params), vocab_size, device, greedy)
             return cached
-        return cls._build(params, seeds, vocab_size, device, greedy)
+        info = cls._build(params, seeds, vocab_size, device, greedy)
+        if biased:
+            info._add_logit_bias(params, device)
+        return info
+
+    def _add_logit_bias(self, params: list[SamplingParams], device) -> None:
+        rows, ids, values = [], [], []
+        for row, p in enumerate(params):
+            for token_id, bias in p.token_biases().items():
+                rows.append(row)
+                ids.append(token_id)
+                values.append(bias)
+        self.logit_bias_rows, self.logit_bias_ids = host_to_device_rows([rows, ids], device, torch.int64)
+        (self.logit_bias_values,) = host_to_device_rows([values], device, torch.float32)
+
+    def apply_logit_bias(self, logits: torch.Tensor) -> torch.Tensor:
+        """`logits` ([bs, vocab], or [bs, positions, vocab] for a verify) with each row's
+        logit_bias added at every position: a new tensor (the raw logits still give logprobs),
+        or `logits` itself when no row has a bias."""
+        if self.logit_bias_rows is None:
+            return logits
+        biased = logits.clone()
+        values = self.logit_bias_values.view(-1, *[1] * (logits.dim() - 2)).to(logits.dtype)
+        biased[self.logit_bias_rows, ..., self.logit_bias_ids] += values
+        return biased
 
     @classmethod
     def _build(cls, params: list[SamplingParams], seeds: list[int], vocab_size: int, device, greedy: list[bool]):

@@ -37,6 +37,8 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # OpenAI's: token id (an int, or its decimal string as JSON keys are) -> bias in [-100, 100]
+    # added to that token's logit before sampling, at every output position.
     logit_bias: dict | None = None
     # Never speculate for this request, even inside a speculative step of a batch (its drafts
     # are discarded and it takes the target's own next token): ignored without a draft.
@@ -91,6 +93,7 @@ class SamplingParams:
         self._verify_lengths()
         self._verify_sampling()
         self._verify_stop_token_ids(vocab_size)
+        self._verify_logit_bias(vocab_size)
         self._verify_unsupported()
 
     def _verify_lengths(self) -> None:
@@ -123,12 +126,25 @@ class SamplingParams:
                 f"must be in [0, {vocab_size}), got {token_id}",
             )
 
+    def _verify_logit_bias(self, vocab_size: int | None) -> None:
+        for token_id, bias in self.token_biases().items():
+            if vocab_size is not None:
+                _require(0 <= token_id < vocab_size, "logit_bias",
+                         f"token ids must be in [0, {vocab_size}), got {token_id}")
+            _require(-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS, "logit_bias",
+                     f"values must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {bias:g} for token {token_id}")
+
+    def token_biases(self) -> dict[int, float]:
+        """`logit_bias` with integer token ids and float biases (empty when unset); raises
+        InvalidRequest naming logit_bias for a key that is not an integer or a non-number value."""
+        return _parse_logit_bias(self.logit_bias)
+
     def _verify_unsupported(self) -> None:
         for stop in self.stop or ():
             _require(len(stop) > 0, "stop", "must not contain an empty string")
         for name, neutral in _UNSUPPORTED_NEUTRAL.items():
             value = getattr(self, name)
-            if value != neutral and not (name == "logit_bias" and not value):
+            if value != neutral:
                 raise InvalidRequest(
                     f"Sampling parameter '{name}' is not supported yet "
                     f"(only the default {neutral!r} is accepted, got {short_repr(value)}).", name
@@ -152,18 +168,41 @@ MAX_N = 64
 # OpenAI's bound, on every route (beyond it sampling is noise anyway).
 MAX_TEMPERATURE = 2.0
 
-# Penalties and logit bias need per-request token counts, which the engine does not keep yet.
+# OpenAI's bound on a logit bias (-100 bans a token, 100 all but forces it).
+MAX_LOGIT_BIAS = 100
+
+# Penalties need per-request token counts, which the engine does not keep yet.
 _UNSUPPORTED_NEUTRAL = {
     "frequency_penalty": 0.0,
     "presence_penalty": 0.0,
     "repetition_penalty": 1.0,
-    "logit_bias": None,
 }
 
 
 def _require(ok: bool, field: str, rule: str) -> None:
     if not ok:
         raise InvalidRequest(f"Sampling parameter '{field}' {rule}.", field)
+
+
+def _parse_logit_bias(logit_bias: dict | None) -> dict[int, float]:
+    biases = {}
+    for key, value in (logit_bias or {}).items():
+        token_id = key if _is_int(key) else _int_key(key)
+        if token_id is None:
+            raise InvalidRequest(f"Sampling parameter 'logit_bias' keys must be token ids (integers), "
+                                 f"got {short_repr(key)}.", "logit_bias")
+        if not (_is_number(value) and math.isfinite(value)):
+            raise InvalidRequest(f"Sampling parameter 'logit_bias' values must be finite numbers, "
+                                 f"got {short_repr(value)} for token {token_id}.", "logit_bias")
+        biases[token_id] = float(value)
+    return biases
+
+
+def _int_key(key: Any) -> int | None:
+    digits = key.strip().lstrip("+-") if isinstance(key, str) else ""
+    if digits.isascii() and digits.isdigit() and len(digits) <= 20:
+        return int(key)
+    return None
 
 
 def _is_int(v: Any) -> bool:
@@ -204,7 +243,7 @@ _FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, Callable[[Any], Any]]]
     "frequency_penalty": _FLOAT,
     "presence_penalty": _FLOAT,
     "repetition_penalty": _FLOAT,
-    "logit_bias": (lambda v: isinstance(v, dict), "an object mapping token ids to biases", dict),
+    "logit_bias": (lambda v: isinstance(v, dict), "an object mapping token ids to biases", _parse_logit_bias),
     "disable_speculative_decoding": _BOOL,
     "simulated_accept_length": _FLOAT,
     "json_schema": (lambda v: isinstance(v, (str, dict)), "a JSON schema (text or object)",

@@ -222,7 +222,8 @@ class EAGLEWorkerV2(TpModelWorker):
         fb.capture_aux_hidden_states = bool(warm)
         out = self.model_runner.forward(fb)
         info = self.sampling_info(batch.reqs)
-        next_ids = self.model_runner.sample(self.constrain(out.next_token_logits, batch.grammars), info, offsets)
+        logits = info.apply_logit_bias(self.constrain(out.next_token_logits, batch.grammars))
+        next_ids = self.model_runner.sample(logits, info, offsets)
         result = GenerationBatchResult(out, next_ids)
         if any(req.return_logprob for req in batch.reqs):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
@@ -305,7 +306,9 @@ class EAGLEWorkerV2(TpModelWorker):
         row_ids = [req.req_pool_idx for req in batch.reqs]
         rows = self._draft_work(batch, row_ids)
         logprobs = any(req.return_logprob for req in batch.reqs)
+        # The whole-step graphs hold greedy steps without logprobs or logit_bias; others run eagerly.
         greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
+        greedy = greedy and not any(req.sampling_params.logit_bias for req in batch.reqs)
         # Requests the draft does not follow (opted out, or admitted without the draft's pass)
         # take plain decoding's token.
         opted = [not req.speculates for req in batch.reqs]
@@ -394,6 +397,9 @@ class EAGLEWorkerV2(TpModelWorker):
             grammar.next_mask()
             target_logits = target_logits.masked_fill(~grammar.verify_mask(), float("-inf"))
             grammar.rollback()
+        # The requests' logit_bias at every verify position: acceptance then judges the drafts
+        # against the distribution plain decoding samples from.
+        target_logits = info.apply_logit_bias(target_logits)
         if self.simulated_rate is not None and grammar is None:  # a grammar's batch is verified for real
             verdict = simulate_acceptance(target_logits, draft_tokens, starts, self.simulated_rates[rows],
                                           self.simulated_streams[rows])
@@ -446,6 +452,7 @@ class EAGLEWorkerV2(TpModelWorker):
                 req.draft_behind += req.speculates
         logprobs = any(req.return_logprob for req in batch.reqs)
         greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
+        greedy = greedy and not any(req.sampling_params.logit_bias for req in batch.reqs)  # graphs add no bias
         graphs = self.step_graphs.get(0) if follow else self.target_step_graphs
         grammars = batch.grammars
         if graphs is not None and grammars is None and graphs.can_run(batch.batch_size, greedy, logprobs):
@@ -511,7 +518,8 @@ class EAGLEWorkerV2(TpModelWorker):
             req_pool_indices=rows, seq_lens=starts + 1, out_cache_loc=out_cache_loc, seq_lens_cpu=None,
             extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None, capture_aux_hidden_states=draft)
         out = forward_target(fb)
-        next_ids = self.model_runner.sample(self.constrain(out.next_token_logits, grammars), info, offsets)
+        logits = info.apply_logit_bias(self.constrain(out.next_token_logits, grammars))
+        next_ids = self.model_runner.sample(logits, info, offsets)
         if not draft:
             hits = None
         elif self.draft_sync == "catch-up":
