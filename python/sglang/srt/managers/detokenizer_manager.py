@@ -117,11 +117,7 @@ def merge_token_outputs(outs: list[BatchTokenIDOut]) -> BatchTokenIDOut:
     def latest(field: str) -> list:
         return [getattr(out, field)[i] for out, i in last]
 
-    def first_given(field: str) -> list:
-        return [next((getattr(out, field)[i] for out, i in parts[rid] if getattr(out, field)[i] is not None), None)
-                for rid in rids]
-
-    def first_given_if_any(field: str) -> Optional[list]:  # a field that is None when no request has one
+    def first_given(field: str) -> Optional[list]:  # None for a field no message carries
         if all(getattr(out, field) is None for out in outs):
             return None
         return [next((getattr(out, field)[i] for out, i in parts[rid] if getattr(out, field) is not None
@@ -132,8 +128,8 @@ def merge_token_outputs(outs: list[BatchTokenIDOut]) -> BatchTokenIDOut:
         constants=first_given("constants"), completion_tokens=latest("completion_tokens"),
         new_token_logprobs=joined("new_token_logprobs"), new_top_logprobs=joined("new_top_logprobs"),
         spec_verify_ct=None if outs[-1].spec_verify_ct is None else latest("spec_verify_ct"),
-        input_token_logprobs=first_given_if_any("input_token_logprobs"),
-        input_top_logprobs=first_given_if_any("input_top_logprobs"),
+        input_token_logprobs=first_given("input_token_logprobs"),
+        input_top_logprobs=first_given("input_top_logprobs"),
     )
 
 

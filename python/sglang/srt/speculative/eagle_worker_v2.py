@@ -306,9 +306,7 @@ class EAGLEWorkerV2(TpModelWorker):
         row_ids = [req.req_pool_idx for req in batch.reqs]
         rows = self._draft_work(batch, row_ids)
         logprobs = any(req.return_logprob for req in batch.reqs)
-        # The whole-step graphs hold greedy steps without logprobs or logit_bias; others run eagerly.
-        greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
-        greedy = greedy and not any(req.sampling_params.logit_bias for req in batch.reqs)
+        greedy = _graph_sampling(batch.reqs)
         # Requests the draft does not follow (opted out, or admitted without the draft's pass)
         # take plain decoding's token.
         opted = [not req.speculates for req in batch.reqs]
@@ -451,8 +449,7 @@ class EAGLEWorkerV2(TpModelWorker):
             for req in batch.reqs:
                 req.draft_behind += req.speculates
         logprobs = any(req.return_logprob for req in batch.reqs)
-        greedy = all(req.sampling_params.is_greedy for req in batch.reqs)
-        greedy = greedy and not any(req.sampling_params.logit_bias for req in batch.reqs)  # graphs add no bias
+        greedy = _graph_sampling(batch.reqs)
         graphs = self.step_graphs.get(0) if follow else self.target_step_graphs
         grammars = batch.grammars
         if graphs is not None and grammars is None and graphs.can_run(batch.batch_size, greedy, logprobs):
@@ -570,6 +567,12 @@ class EAGLEWorkerV2(TpModelWorker):
         result.token_logprobs = logprobs.gather(2, result.tokens[:, :, None]).squeeze(2)
         if top_n > 0:
             result.top_logprobs, result.top_logprob_ids = logprobs.topk(top_n, dim=-1)
+
+
+def _graph_sampling(reqs) -> bool:
+    """Whether every request samples as the whole-step graphs do: greedy, with no logit_bias (the
+    graphs add none); other batches run eagerly."""
+    return all(req.sampling_params.is_greedy and not req.sampling_params.logit_bias for req in reqs)
 
 
 def _check_pair(target: ModelConfig, draft: ModelConfig) -> None:
