@@ -11,9 +11,10 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.server_args import ServerArgs
 
 
-def make_cpu_runner(path: str, max_total_tokens: int = 1024) -> ModelRunner:
-    args = ServerArgs(model_path=path, dtype="float32", device="cpu", max_total_tokens=max_total_tokens)
-    return ModelRunner(ModelConfig.from_path(path, dtype="float32", device="cpu"), args)
+def make_cpu_runner(path: str, max_total_tokens: int = 1024, context_length: int | None = None) -> ModelRunner:
+    args = ServerArgs(model_path=path, dtype="float32", device="cpu", max_total_tokens=max_total_tokens,
+                      context_length=context_length)
+    return ModelRunner(ModelConfig.from_path(path, dtype="float32", device="cpu", context_length=context_length), args)
 
 
 def prefill(runner: ModelRunner, token_ids: list[int], capture_layers=None) -> LogitsProcessorOutput:

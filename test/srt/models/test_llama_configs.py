@@ -56,6 +56,25 @@ def test_sliding_window_none_or_as_wide_as_the_context_loads(arch, setting, tmp_
     load_model(ModelConfig.from_path(path, dtype="float32", device="cpu"), "cpu")
 
 
+@pytest.mark.parametrize("arch, setting", [
+    ("mistral", {"sliding_window": 32}),  # Mistral-7B-v0.1's window, shrunk
+    ("qwen2", {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 1}),
+])
+def test_a_window_shorter_than_the_model_is_served_with_a_context_that_fits_in_it(arch, setting, tmp_path):
+    """--context-length at most the window: no sequence outgrows the window, so full attention
+    computes what transformers' windowed attention does; one token more is refused, saying so."""
+    path = make_tiny_model(str(tmp_path / "model"), arch, seed=4, **setting)
+    with pytest.raises(ValueError, match=r"served context 33 tokens.*--context-length 32 or less"):
+        load_model(ModelConfig.from_path(path, dtype="float32", device="cpu", context_length=33), "cpu")
+    config = ModelConfig.from_path(path, dtype="float32", device="cpu", context_length=32)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = hf(torch.tensor([PROMPT[:32]])).logits[0]
+    got = prefill(make_cpu_runner(path, context_length=32), PROMPT[:32]).next_token_logits
+    torch.testing.assert_close(got, expected, atol=1e-3, rtol=1e-4)
+    assert config.context_len == 32
+
+
 def test_a_sliding_window_is_refused_also_where_transformers_gives_no_layer_types():
     """Older transformers read a Qwen2 config without making layer_types: the flags alone say
     which layers slide (those from max_window_layers on)."""

@@ -96,7 +96,7 @@ def _build(model_config: ModelConfig, device: str) -> torch.nn.Module:
     torch.set_default_dtype(model_config.dtype)
     try:
         with torch.device(device):
-            return model_class(model_config.hf_config)
+            return model_class(model_config.hf_config, context_len=model_config.context_len)
     finally:
         torch.set_default_dtype(previous_dtype)
 

@@ -38,9 +38,11 @@ class ArchOptions:
 SUPPORTED_ACTIVATIONS = ("silu", "swish")
 
 
-def check_supported(config, window_on_every_layer: bool = False) -> None:
+def check_supported(config, window_on_every_layer: bool = False, context_len: int | None = None) -> None:
     """Refuse at load time what these models would otherwise compute silently wrong: another
-    activation than SiluAndMul's, or sliding-window layers (every layer attends to the whole context)."""
+    activation than SiluAndMul's, or sliding-window layers whose window is shorter than the served
+    context (`context_len`, max_position_embeddings by default): every layer attends to the whole
+    context, which equals the window's attention only while no sequence is longer than the window."""
     act = getattr(config, "hidden_act", "silu")
     if act not in SUPPORTED_ACTIVATIONS:
         raise ValueError(f"hidden_act {act!r} in config.json is not supported (supported: "
@@ -48,10 +50,12 @@ def check_supported(config, window_on_every_layer: bool = False) -> None:
     window = getattr(config, "sliding_window", None)
     layer_types = layer_attention_types(config, window_on_every_layer)
     sliding = [i for i, kind in enumerate(layer_types) if kind != "full_attention"]
-    if sliding and (window is None or window < config.max_position_embeddings):
+    context_len = context_len or config.max_position_embeddings
+    if sliding and (window is None or window < context_len):
+        hint = f"; serve it with --context-length {window} or less" if window else ""
         raise ValueError(f"config.json makes layers {sliding} {layer_types[sliding[0]]} (sliding_window "
-                         f"{window}, max_position_embeddings {config.max_position_embeddings}); only full "
-                         f"attention is supported")
+                         f"{window}, served context {context_len} tokens); only full attention is "
+                         f"supported, which computes the same as the window while sequences fit in it{hint}")
 
 
 def layer_attention_types(config, window_on_every_layer: bool) -> list[str]:
@@ -179,12 +183,14 @@ class LlamaModel(nn.Module):
 class LlamaForCausalLM(nn.Module):
     arch_options = ArchOptions()
 
-    def __init__(self, config):
+    def __init__(self, config, context_len: int | None = None):
+        """`context_len`: the longest sequence the server holds (--context-length), by default the
+        config's max_position_embeddings."""
         super().__init__()
         check_shardable(config, tensor_parallel().size)
         self.config = config
         opts = self._options(config)
-        check_supported(config, opts.window_on_every_layer)
+        check_supported(config, opts.window_on_every_layer, context_len)
         self.model = LlamaModel(config, opts)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
@@ -226,7 +232,8 @@ class Qwen3ForCausalLM(LlamaForCausalLM):
 
 class MistralForCausalLM(LlamaForCausalLM):
     # Llama's layers (head_dim may differ from hidden_size / heads, as in Mistral-Nemo). Mistral
-    # applies `sliding_window` to every layer: v0.1's 4096 on a 32k context is refused, v0.3's null served.
+    # applies `sliding_window` to every layer: v0.1's 4096 is served with --context-length 4096 or
+    # less (refused on its 32k context), v0.3's null served.
     def _options(self, config) -> ArchOptions:
         return ArchOptions(window_on_every_layer=True)
 

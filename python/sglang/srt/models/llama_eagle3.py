@@ -67,7 +67,9 @@ class Eagle3DecoderLayer(nn.Module):
 
 
 class LlamaForCausalLMEagle3(nn.Module):
-    def __init__(self, config):
+    def __init__(self, config, context_len: int | None = None):
+        """`context_len` (the served context) changes nothing: the draft's one layer attends to the
+        whole context, as EAGLE-3 drafts are trained to."""
         super().__init__()
         _check_config(config)
         check_shardable(config, tensor_parallel().size, "the EAGLE-3 draft")
