@@ -203,6 +203,40 @@ def test_requests_without_the_draft_in_whole_step_graphs_match_plain():
     assert state["spec_prompts_without_draft"] == 2
 
 
+def test_logit_bias_through_graphs_matches_plain():
+    """Two of five requests ban (bias -100) a token their unbiased greedy output takes at step 6:
+    their output changes there; the plain server (decode graphs) and an EAGLE-3 server with
+    whole-step graphs and the overlapped schedule (batches with a bias step eagerly, the others
+    replay) give the same tokens, and the unbiased requests keep their unbiased output."""
+    def submit(scheduler, biases):
+        gen = torch.Generator().manual_seed(2)
+        for i in range(5):
+            ids = torch.randint(10, scheduler.model_config.vocab_size, (8 + 3 * i,), generator=gen).tolist()
+            params = SamplingParams(max_new_tokens=40 + 20 * i, temperature=0, ignore_eos=True,
+                                    logit_bias=biases.get(i))
+            scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
+        return outputs(scheduler, 5)
+
+    unbiased = submit(make_scheduler(), {})
+    biases = {i: {str(unbiased[i][6]): -100} for i in (1, 3)}
+    plain = submit(make_scheduler(), biases)
+    scheduler = make_scheduler(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="always",
+                               disable_overlap_schedule=False)
+    graphs = scheduler.tp_worker.step_graphs[3]
+    replay = graphs.replay
+    whole_step = [0]
+    graphs.replay = lambda *a, **k: whole_step.__setitem__(0, whole_step[0] + 1) or replay(*a, **k)
+    speculative = submit(scheduler, biases)
+    assert speculative == plain
+    for i in range(5):
+        if i in biases:
+            assert plain[i][:6] == unbiased[i][:6] and plain[i][6] != unbiased[i][6]
+            assert unbiased[i][6] not in plain[i]
+        else:
+            assert plain[i] == unbiased[i]
+    assert whole_step[0] > 0  # once r1 and r3 are done (r4 runs longest)
+
+
 @pytest.mark.parametrize("sync", ["warm", "catch-up"])
 def test_requests_adopted_by_the_draft_mid_decode_match_plain_through_graphs(sync):
     """threshold 2: r2 and r3 are admitted without the draft (batches of 3 and 4); once r0..r2 are
