@@ -251,3 +251,50 @@ def test_help_describes_the_tool_in_whole_sentences(capsys):
         bench_serving.make_parser().parse_args(["--help"])
     description = capsys.readouterr().out.split("\n\n")[1]
     assert " ".join(description.split()).endswith("achieved concurrency (docs/bench_serving.md).")
+
+
+@pytest.mark.parametrize("backend", ["sglang", "sglang-oai"])
+@pytest.mark.parametrize("ending", ["done", "eof"])
+def test_a_stream_ending_early_fails_saying_how_it_ended(backend, ending):
+    """A stream that stops before its finish reason fails its request, and the error says whether
+    [DONE] came or the connection closed, and whether tokens came first (grouped by kind)."""
+    import asyncio
+
+    import aiohttp
+    from aiohttp import web
+
+    from sglang.benchmark.backends import BackendClient
+    from sglang.benchmark.datasets import BenchRequest
+
+    native = backend == "sglang"
+    chunk = {"text": "ab", "output_ids": [1, 2], "meta_info": {"finish_reason": None}} if native else \
+        {"choices": [{"index": 0, "text": "ab", "finish_reason": None}]}
+
+    async def handler(request):
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+        if ending == "done":
+            await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()  # a clean end of the body, with or without [DONE]
+        return response
+
+    async def main():
+        app = web.Application()
+        app.router.add_post("/generate" if native else "/v1/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        try:
+            async with aiohttp.ClientSession() as session:
+                client = BackendClient(session, f"http://127.0.0.1:{port}", backend, "m")
+                return await client.send(BenchRequest(prompt=[1, 2, 3], prompt_len=3, output_len=4))
+        finally:
+            await runner.cleanup()
+
+    result = asyncio.run(main())
+    assert not result.success
+    expected = "[DONE] came after some tokens" if ending == "done" else "the body ended without [DONE] after some"
+    assert result.error.startswith(f"the stream ended before the request finished: {expected}"), result.error

@@ -120,6 +120,7 @@ class BackendClient:
         result = RequestResult(prompt_len=request.prompt_len, expected_output_len=request.output_len,
                                checks_prompt_len=sent_ids, exact_output_len=self.options.ignore_eos)
         start = result.start = time.perf_counter()
+        stream = StreamState()
         try:
             async with self.session.post(self.url, json=self.payload(request), headers=self.headers) as response:
                 if response.status != 200:
@@ -127,10 +128,15 @@ class BackendClient:
                 if not self.options.stream:
                     _read_whole(self.route, await _json_body(response), result, start)
                 elif self.route == "native":
-                    await self._read_native(sse_events(response), result, start)
+                    await self._read_native(sse_events(response, stream), result, start)
                 else:
-                    await self._read_openai(sse_events(response), result, start)
+                    await self._read_openai(sse_events(response, stream), result, start)
             result.success = True
+        except StreamEnded as e:
+            # Few kinds of message, so that failures group: how the stream ended, and whether tokens came.
+            ending = "[DONE] came" if stream.done else "the body ended without [DONE]"
+            result.error = f"{e}: {ending} after {'some' if _tokens_so_far(result) else 'no'} tokens " \
+                           f"({'one event' if stream.events == 1 else 'no events' if not stream.events else 'events'})"
         except ServerError as e:
             result.error = str(e)
         except (asyncio.TimeoutError, aiohttp.ClientError, ConnectionError) as e:
@@ -151,7 +157,7 @@ class BackendClient:
             result.generated_text = event.get("text", result.generated_text)
             _raise_if_aborted(meta)
         if not meta or not meta.get("finish_reason"):
-            raise ServerError("the stream ended before the request finished")
+            raise StreamEnded("the stream ended before the request finished")
         result.prompt_tokens = meta.get("prompt_tokens", 0)
         result.server_output_tokens = meta.get("completion_tokens", 0)
         result.spec_verify_ct = meta.get("spec_verify_ct")
@@ -167,7 +173,7 @@ class BackendClient:
                     result.generated_text += text
                 finished = finished or choice.get("finish_reason") is not None
         if not finished:
-            raise ServerError("the stream ended before the request finished")
+            raise StreamEnded("the stream ended before the request finished")
         if usage is None:  # a server without stream usage: one token per chunk is all we know
             usage = {"prompt_tokens": 0, "completion_tokens": len(result.chunks)}
         result.prompt_tokens = usage.get("prompt_tokens", 0)
@@ -238,10 +244,26 @@ def _raise_if_aborted(meta: dict | None) -> None:
         raise ServerError(f"aborted by the server: {reason.get('message', 'no reason given')}")
 
 
-async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+@dataclasses.dataclass
+class StreamState:
+    """What a stream delivered, for the error when it ends early."""
+    events: int = 0
+    done: bool = False  # `data: [DONE]` came (else the body just ended)
+
+
+class StreamEnded(ServerError):
+    """A stream ended before its request's finish reason arrived."""
+
+
+def _tokens_so_far(result: RequestResult) -> int:
+    return max(result.output_tokens, len(result.chunks))
+
+
+async def sse_events(response: aiohttp.ClientResponse, state: StreamState | None = None) -> AsyncIterator[dict]:
     """The JSON events of a server-sent event stream, up to `data: [DONE]`; an error event
     raises ServerError. Events are split by hand: a native event holds all output ids so far
-    and can outgrow aiohttp's line limit."""
+    and can outgrow aiohttp's line limit. `state` counts the events and notes the [DONE]."""
+    state = state if state is not None else StreamState()
     buffer = b""
     async for data in response.content.iter_any():
         buffer += data
@@ -252,7 +274,9 @@ async def sse_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict]:
                 continue
             payload = payload[len(b"data:"):].strip()
             if payload == b"[DONE]":
+                state.done = True
                 return
+            state.events += 1
             event = _parse_event(payload)
             if "error" in event:
                 raise ServerError(_error_message(json.dumps(event)))

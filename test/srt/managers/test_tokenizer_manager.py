@@ -65,6 +65,41 @@ def test_a_stream_that_fell_behind_gets_the_missed_steps_in_one_chunk(tiny_model
     assert [c["meta_info"]["finish_reason"] for c in chunks] == [None, None, {"type": "length", "length": 1}]
 
 
+def test_a_finish_that_arrives_while_a_chunk_is_on_its_way_is_still_streamed(tiny_model_paths):
+    """The caller takes a chunk; the request's last step arrives and is handled before the caller
+    asks for the next one (a busy server's HTTP process writing the chunk out): the stream must
+    still send the final chunk, with the finish reason and every token, before it ends."""
+    async def run():
+        port_args = PortArgs.create()
+        args = ServerArgs(model_path=tiny_model_paths["llama"], device="cpu")
+        tm = TokenizerManager(args, port_args, {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8},
+                              lambda: None)
+        ctx = zmq.Context()
+        detok = ctx.socket(zmq.PUSH)
+        detok.connect(port_args.tokenizer_ipc)
+        try:
+            agen = tm.generate_request(GenerateReqInput(input_ids=[1, 2, 3], rid="r", stream=True,
+                                                        sampling_params={"max_new_tokens": 64}))
+            reader = asyncio.ensure_future(agen.__anext__())
+            await asyncio.sleep(0.05)
+            detok.send_pyobj(_step("r", 1))
+            first = await asyncio.wait_for(reader, 5)
+            detok.send_pyobj(_step("r", 2, done=True))
+            await asyncio.sleep(0.1)  # the receiving loop handles the last step meanwhile
+            rest = [chunk async for chunk in agen]
+        finally:
+            detok.close(linger=0)
+            ctx.term()
+            await tm.close()
+            shutil.rmtree(port_args.ipc_dir, ignore_errors=True)
+        return first, rest
+
+    first, rest = asyncio.run(run())
+    assert first["output_ids"] == [1] and first["meta_info"]["finish_reason"] is None
+    assert [c["output_ids"] for c in rest] == [[1, 2]]
+    assert rest[-1]["meta_info"]["finish_reason"] == {"type": "length", "length": 1}
+
+
 def test_the_per_step_diagnosis_sends_one_step_per_chunk(tiny_model_paths, monkeypatch):
     monkeypatch.setenv("SGLANG_STREAM_EVERY_STEP", "1")
     chunks = asyncio.run(_stream_while_steps_arrive_in_bursts(tiny_model_paths["llama"], [1, 5, 3]))

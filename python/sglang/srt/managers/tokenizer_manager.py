@@ -229,8 +229,11 @@ class TokenizerManager:
     async def _stream(self, rid: str, state: ReqState):
         while True:
             await self._wait(state)
+            # Whether this chunk is the last, read with the chunk: the last step may be handled
+            # while the caller writes the chunk out, and it must then get a chunk of its own.
+            finished = state.finished
             yield self._result(rid, state)
-            if state.finished:
+            if finished:
                 self.rid_to_state.pop(rid, None)
                 return
 
