@@ -237,6 +237,36 @@ def test_logit_bias_through_graphs_matches_plain():
     assert whole_step[0] > 0  # once r1 and r3 are done (r4 runs longest)
 
 
+def test_penalties_under_overlap_and_graphs_match_plain():
+    """Two of five requests are penalized (presence + frequency; repetition), greedy, so their
+    output changes: the plain server without and with the overlapped schedule (counts kept on the
+    device, added right after each sampling) and an EAGLE-3 server with whole-step graphs and the
+    overlapped schedule (the penalized requests decode without the draft) give the same tokens;
+    the others keep their unpenalized output, and no penalty row is left once all are done."""
+    penalties = {1: dict(presence_penalty=1.5, frequency_penalty=0.5), 3: dict(repetition_penalty=1.8)}
+
+    def submit(scheduler, penalized):
+        gen = torch.Generator().manual_seed(3)
+        for i in range(5):
+            ids = torch.randint(10, scheduler.model_config.vocab_size, (8 + 3 * i,), generator=gen).tolist()
+            params = SamplingParams(max_new_tokens=40 + 20 * i, temperature=0, ignore_eos=True,
+                                    **(penalties.get(i, {}) if penalized else {}))
+            scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
+        result = outputs(scheduler, 5)
+        assert scheduler.get_internal_state()["penalty_rows"] == 0
+        return result
+
+    unpenalized = submit(make_scheduler(), False)
+    plain = submit(make_scheduler(), True)
+    overlapped = submit(make_scheduler(disable_overlap_schedule=False), True)
+    speculative = submit(make_scheduler(speculative_algorithm="EAGLE3", speculative_num_steps=3,
+                                        speculative_policy="always", disable_overlap_schedule=False), True)
+    assert overlapped == plain
+    assert speculative == plain
+    for i in range(5):
+        assert (plain[i] != unpenalized[i]) == (i in penalties)
+
+
 @pytest.mark.parametrize("sync", ["warm", "catch-up"])
 def test_requests_adopted_by_the_draft_mid_decode_match_plain_through_graphs(sync):
     """threshold 2: r2 and r3 are admitted without the draft (batches of 3 and 4); once r0..r2 are

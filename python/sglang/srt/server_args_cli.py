@@ -122,11 +122,13 @@ def _add_api_args(parser: HelpGroups) -> None:
     """What the API accepts from one request, and what it serves besides generation."""
     parser.add_argument("--sampling-defaults", type=str, default=_DEFAULTS["sampling_defaults"],
                         choices=SAMPLING_DEFAULTS_CHOICES,
-                        help="Where /v1/chat/completions takes the temperature, top_p, top_k and min_p a "
-                             "request leaves unset: model (the model's generation_config.json, where it "
-                             "recommends them; else OpenAI's) or openai (OpenAI's: temperature 1, top_p 1, no "
-                             "top_k or min_p). A request's own values always win; /v1/completions and "
-                             "/generate keep these fixed defaults either way.")
+                        help="Where /v1/chat/completions takes the temperature, top_p, top_k, min_p and "
+                             "repetition_penalty a request leaves unset: model (the model's "
+                             "generation_config.json, where it recommends them, but repetition_penalty only "
+                             "without a draft; else OpenAI's) or openai "
+                             "(OpenAI's: temperature 1, top_p 1, no top_k, min_p or repetition penalty). A "
+                             "request's own values always win; /v1/completions and /generate keep these fixed "
+                             "defaults either way.")
     parser.add_argument("--api-key", type=str, default=None,
                         help="Require 'Authorization: Bearer <key>' on every route but /health* and /metrics. "
                              "Default: no key.")

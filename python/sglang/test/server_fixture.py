@@ -132,3 +132,4 @@ def assert_idle_kv_accounting(state: dict) -> None:
     assert state["num_running_reqs"] == 0 and state["num_queue_reqs"] == 0, state
     assert state["request_slots"] == 0, state
     assert state["free_slots"] + state["cached_slots"] == state["total_slots"], state
+    assert state.get("penalty_rows", 0) == 0, state  # every penalized request gave its counts back

@@ -1,6 +1,7 @@
 """Tensor parallelism on the CPU (gloo, one process per rank): the same greedy tokens as one rank,
-for every architecture, for shapes that split unevenly, and with the EAGLE-3 draft deciding step
-by step; a server with --tp-size 2 over HTTP; no process left behind; clear errors for a bad size."""
+for every architecture, for penalized requests, for shapes that split unevenly, and with the
+EAGLE-3 draft deciding step by step; a server with --tp-size 2 over HTTP; no process left
+behind; clear errors for a bad size."""
 
 from __future__ import annotations
 
@@ -67,14 +68,20 @@ def test_retraction_and_chunked_prefill_over_two_ranks(tiny_model_paths):
                *[f"Hello {i}" for i in range(6)]]
     params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
     seeded = {"temperature": 0.8, "max_new_tokens": 12, "sampling_seed": 5}
+    # Penalties (rank 0 samples, with its counts) on every other request, under the same pressure.
+    penalized = [{**params, "presence_penalty": 1.5, "repetition_penalty": 1.3} if i % 2 == 0 else params
+                 for i in range(len(prompts))]
     settings = dict(chunked_prefill_size=16, max_total_tokens=300, max_running_requests=8)
     reference = one_rank(tiny_model_paths["llama"], **settings)
-    expected = reference.generate(prompts, params), reference.generate(prompts[:2], seeded)
+    expected = (reference.generate(prompts, params), reference.generate(prompts[:2], seeded),
+                reference.generate(prompts, penalized))
+    assert expected[2][0] != expected[0][0], "the penalties matter here"
     assert reference.internal_state()["num_retractions"] > 0
     assert_idle_kv_accounting(reference.internal_state())
     engine = tp_engine(tiny_model_paths["llama"], 2, **settings)
     try:
-        assert (generate_ids(engine, prompts, params), generate_ids(engine, prompts[:2], seeded)) == expected
+        assert (generate_ids(engine, prompts, params), generate_ids(engine, prompts[:2], seeded),
+                generate_ids(engine, prompts, penalized)) == expected
         state = engine.get_server_info()["internal_state"]
         assert state["num_retractions"] > 0
         assert_engine_kv_accounting(engine)

@@ -112,6 +112,13 @@ def test_ints_accepted_for_float_fields():
         ({"sampling_seed": 2**63}, "sampling_seed", "[0, 2**63)"),
         ({"stop_token_ids": [3, 10]}, "stop_token_ids", "[0, 10)"),
         ({"stop_token_ids": [-1]}, "stop_token_ids", "[0, 10)"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty", "[-2, 2]"),
+        ({"frequency_penalty": -2.01}, "frequency_penalty", "[-2, 2]"),
+        ({"presence_penalty": -3}, "presence_penalty", "[-2, 2]"),
+        ({"presence_penalty": float("nan")}, "presence_penalty", "[-2, 2]"),
+        ({"repetition_penalty": 0}, "repetition_penalty", "(0, 2]"),
+        ({"repetition_penalty": -1}, "repetition_penalty", "(0, 2]"),
+        ({"repetition_penalty": 2.5}, "repetition_penalty", "(0, 2]"),
     ],
 )
 def test_verify_rejects_out_of_range(kwargs, field, rule):
@@ -130,21 +137,20 @@ def test_stop_token_ids_unchecked_without_vocab_size():
     SamplingParams(stop_token_ids=[10**9]).verify()
 
 
-@pytest.mark.parametrize(
-    "field, value",
-    [
-        ("frequency_penalty", 0.5),
-        ("presence_penalty", -0.5),
-        ("repetition_penalty", 1.1),
-    ],
-)
-def test_verify_rejects_unsupported_penalties(field, value):
-    with pytest.raises(ValueError, match=f"'{field}' is not supported yet"):
-        SamplingParams(**{field: value}).verify()
-
-
-def test_neutral_penalties_and_empty_logit_bias_pass():
+def test_penalties_within_their_ranges_pass():
+    SamplingParams(frequency_penalty=-2, presence_penalty=2, repetition_penalty=2).verify()
+    SamplingParams(frequency_penalty=0.5, presence_penalty=-0.5, repetition_penalty=1e-3).verify()
     SamplingParams(frequency_penalty=0, repetition_penalty=1, logit_bias={}).verify()
+
+
+def test_a_penalized_request_never_speculates():
+    assert not SamplingParams().penalized and not SamplingParams().never_speculates
+    assert SamplingParams(disable_speculative_decoding=True).never_speculates
+    for penalty in ({"frequency_penalty": 0.1}, {"presence_penalty": -0.1}, {"repetition_penalty": 1.05}):
+        params = SamplingParams(**penalty)
+        assert params.penalized and params.never_speculates
+    assert not SamplingParams.from_dict({"frequency_penalty": 0, "presence_penalty": None,
+                                         "repetition_penalty": 1.0}).never_speculates
 
 
 def test_logit_bias_takes_string_or_integer_token_ids():

@@ -54,6 +54,10 @@ class Req:
         self.extend_len = 0  # tokens this step's forward adds
         self.sent_len = 0  # output tokens already reported to the detokenizer
         self.num_pending = 0  # tokens sampled by launched steps, not yet appended (overlap)
+        # A penalized request's row of the worker's PenaltyCounts (its output's token counts, on
+        # the device): set by the worker from the pass that ends its prompt, None again once it
+        # leaves the running batch (TpModelWorker.release_request).
+        self.penalty_row: Optional[int] = None
         self.admit_time: Optional[float] = None  # wall clock, first admission to a prefill
         self.first_token_time: Optional[float] = None  # wall clock, first output token
         self.to_abort = False
@@ -119,7 +123,7 @@ class Req:
     @property
     def speculates(self) -> bool:
         """Whether the draft proposes tokens for this request (with a draft model loaded)."""
-        return not (self.draft_cold or self.sampling_params.disable_speculative_decoding)
+        return not (self.draft_cold or self.sampling_params.never_speculates)
 
     @property
     def all_ids(self) -> list[int]:

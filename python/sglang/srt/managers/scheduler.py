@@ -378,6 +378,7 @@ class Scheduler:
         """Out of KV: put the newest running request back in the queue. Its KV goes to the
         radix cache, so it resumes cheaply if memory frees up before it is evicted."""
         self.kv_manager.release(req)
+        self.tp_worker.release_request(req)
         self.waiting_queue.appendleft(req)
         self.num_retractions += 1
         logger.warning("KV cache is full: request %s goes back to the queue (%d retractions so far)",
@@ -486,6 +487,7 @@ class Scheduler:
             self.spec_policy.forget(req.rid)
         req.finished_reason = reason
         self.kv_manager.release(req)
+        self.tp_worker.release_request(req)
         self.pending_outputs.append(req)
 
     def _drop_aborted(self) -> None:
@@ -543,6 +545,7 @@ class Scheduler:
             last_step_throughput=self.last_step_throughput,
             **self.admission.summary(),
             **COMPILE_WATCH.summary(),
+            **self.tp_worker.penalty_counts.summary(),
         )
         if self.spec_k:
             state.update(self.tp_worker.stats.summary())

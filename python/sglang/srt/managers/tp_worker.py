@@ -13,6 +13,7 @@ from sglang.srt.constrained.bitmask import apply_token_mask, device_mask
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.sampling.penalties import PenaltyCounts
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils import step_stream
@@ -70,13 +71,15 @@ class GenerationBatchResult(HostCopies):
 
 
 class TpModelWorker:
-    # The last batch's requests and their sampling tensors (see sampling_info).
-    _sampling_cache: tuple[tuple[Req, ...], Optional[SamplingBatchInfo]] = ((), None)
+    # The last batch's requests, their sampling tensors, and whether a penalized one had no
+    # penalty row yet (see sampling_info).
+    _sampling_cache: tuple[tuple[Req, ...], Optional[SamplingBatchInfo], bool] = ((), None, False)
 
     def __init__(self, server_args: ServerArgs, model_config: ModelConfig):
         self.device = server_args.device
         self.model_config = model_config
         self.model_runner = ModelRunner(model_config, server_args)
+        self.penalty_counts = PenaltyCounts(model_config.vocab_size, self.device)
 
     def forward_batch_generation(self, batch: ScheduleBatch) -> GenerationBatchResult:
         """Launch the step and return at once; the tokens are on the device and on their way
@@ -84,8 +87,9 @@ class TpModelWorker:
         forward_batch, offsets = batch.to_forward_batch(self.device)
         logits_output = self.model_runner.forward(forward_batch)
         info = self.sampling_info(batch.reqs)
-        logits = info.apply_logit_bias(self.constrain(logits_output.next_token_logits, batch.grammars))
+        logits = self.adjust_logits(logits_output.next_token_logits, batch.grammars, info)
         next_token_ids = self.model_runner.sample(logits, info, offsets)
+        self.penalty_counts.count(next_token_ids, info.penalties)
         result = GenerationBatchResult(logits_output, next_token_ids)
         if any(req.return_logprob for req in batch.reqs):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
@@ -99,6 +103,21 @@ class TpModelWorker:
             return logits
         return apply_token_mask(logits, device_mask(grammars, self.model_config.vocab_size, logits.device))
 
+    def adjust_logits(self, logits: torch.Tensor, grammars: Optional[list], info: SamplingBatchInfo) -> torch.Tensor:
+        """The logits the sampler draws from (and the greedy argmax takes): the grammar mask, then
+        the penalties, then logit_bias. Each is skipped, launching nothing, for a batch without it;
+        the raw logits stay untouched (logprobs come from them)."""
+        logits = self.penalty_counts.apply(self.constrain(logits, grammars), info.penalties)
+        return info.apply_logit_bias(logits)
+
+    def release_request(self, req: Req) -> None:
+        """The request left the running batch (finished, aborted or retracted): its penalty row,
+        if it has one, is free (a retracted request gets one again, rebuilt, when it resumes)."""
+        if req.penalty_row is not None:
+            self.penalty_counts.give_back(req.penalty_row)
+            req.penalty_row = None
+            self._sampling_cache = ((), None, False)  # it may name the row
+
     def prefill_pass_fits(self, num_reqs: int, num_tokens: int) -> Optional[bool]:
         """Whether a prefill of this many requests and new tokens runs about as cheaply as the
         prefill graphs allow; None without prefill graphs (ModelRunner.prefill_pass_fits)."""
@@ -108,14 +127,33 @@ class TpModelWorker:
         """The requests' sampling parameters and seeds as device tensors, one row each. A decode
         batch keeps its requests for many steps, so the last batch's tensors are reused while
         the same requests come in the same order (held by reference: a new request can never
-        pass for an old one); the tensors are only read."""
-        cached_reqs, cached = self._sampling_cache
-        if len(cached_reqs) == len(reqs) and all(a is b for a, b in zip(cached_reqs, reqs)) and cached is not None:
+        pass for an old one) and none of them has just been given a penalty row (only a batch
+        built while a penalized request was still a prompt chunk can get one); the tensors are
+        only read."""
+        cached_reqs, cached, unassigned = self._sampling_cache
+        same = cached is not None and len(cached_reqs) == len(reqs) and all(a is b for a, b in zip(cached_reqs, reqs))
+        if same and not unassigned:
             return cached
+        assigned, unassigned = self._assign_penalty_rows(reqs)
+        if same and not assigned:
+            return cached
+        rows = [r.penalty_row for r in reqs]
         info = SamplingBatchInfo.from_params([r.sampling_params for r in reqs], [r.seed for r in reqs],
-                                             self.model_config.vocab_size, self.device)
-        self._sampling_cache = (tuple(reqs), info)
+                                             self.model_config.vocab_size, self.device,
+                                             penalty_rows=rows if any(row is not None for row in rows) else None)
+        self._sampling_cache = (tuple(reqs), info, unassigned)
         return info
+
+    def _assign_penalty_rows(self, reqs: list[Req]) -> tuple[bool, bool]:
+        """Penalty rows for the penalized requests without one whose pass samples a token they
+        keep (a prompt chunk's token is dropped, so a chunk is not penalized). Returns whether
+        any was assigned, and whether a penalized request is left without one (a chunk)."""
+        waiting = [req for req in reqs if req.penalty_row is None and req.sampling_params.penalized]
+        new = [req for req in waiting if req.kv_len + req.extend_len >= req.seq_len]
+        if new:
+            for req, row in zip(new, self.penalty_counts.take([req.output_ids for req in new])):
+                req.penalty_row = row
+        return bool(new), len(new) < len(waiting)
 
     @staticmethod
     def _add_logprobs(result: GenerationBatchResult, top_n: int) -> None:

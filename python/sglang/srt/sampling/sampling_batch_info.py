@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.sampling.penalties import PenaltyRows
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.utils import host_to_device_rows
 
@@ -39,6 +40,9 @@ class SamplingBatchInfo:
     logit_bias_rows: Optional[torch.Tensor] = None  # int64[n]
     logit_bias_ids: Optional[torch.Tensor] = None  # int64[n]
     logit_bias_values: Optional[torch.Tensor] = None  # float32[n]
+    # The rows penalized in this pass and their penalties (sampling/penalties.py), on the device;
+    # None when no request is (nothing is built or launched for penalties).
+    penalties: Optional[PenaltyRows] = None
 
     @classmethod
     def from_params(
@@ -47,10 +51,14 @@ class SamplingBatchInfo:
         seeds: list[int],
         vocab_size: int,
         device: torch.device | str,
+        penalty_rows: Optional[list[Optional[int]]] = None,
     ) -> SamplingBatchInfo:
+        """`penalty_rows`: each request's row of the worker's PenaltyCounts, None where it is not
+        penalized in this pass; None when no request is."""
         greedy = [p.is_greedy for p in params]
         biased = any(p.logit_bias for p in params)
-        if all(greedy) and not biased:
+        penalized = penalty_rows is not None and any(row is not None for row in penalty_rows)
+        if all(greedy) and not biased and not penalized:
             # Every row takes the argmax, whatever its seed: one set of neutral tensors per batch
             # size serves every such batch (building them costs ~15 host calls a batch, which a
             # prefill pass of a small model pays on the critical path).
@@ -62,6 +70,8 @@ class SamplingBatchInfo:
         info = cls._build(params, seeds, vocab_size, device, greedy)
         if biased:
             info._add_logit_bias(params, device)
+        if penalized:
+            info.penalties = PenaltyRows.build(params, penalty_rows, device)
         return info
 
     def _add_logit_bias(self, params: list[SamplingParams], device) -> None:

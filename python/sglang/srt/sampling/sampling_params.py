@@ -34,6 +34,9 @@ class SamplingParams:
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     sampling_seed: int | None = None
+    # Penalties over the tokens this request has generated so far (not its prompt, as upstream
+    # SGLang): logit -= frequency_penalty * count + presence_penalty * (count > 0); then, for a
+    # token generated before, logit / repetition_penalty if positive, else logit * it.
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
@@ -41,7 +44,8 @@ class SamplingParams:
     # added to that token's logit before sampling, at every output position.
     logit_bias: dict | None = None
     # Never speculate for this request, even inside a speculative step of a batch (its drafts
-    # are discarded and it takes the target's own next token): ignored without a draft.
+    # are discarded and it takes the target's own next token): ignored without a draft. A
+    # penalized request never speculates either (see never_speculates).
     disable_speculative_decoding: bool = False
     # Benchmarks only, on a server run with SGLANG_SIMULATE_ACC_LEN: this request's simulated
     # accept length (tokens per verify of k_max drafts) instead of the server-wide one.
@@ -80,6 +84,18 @@ class SamplingParams:
     def is_greedy(self) -> bool:
         return self.temperature < _GREEDY_TEMPERATURE or self.top_k == 1
 
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty is set (its logits then depend on its output so far)."""
+        return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
+
+    @property
+    def never_speculates(self) -> bool:
+        """Whether the draft never proposes tokens for this request: it opted out, or it is
+        penalized (the drafts and their verification know nothing of its counts), so it decodes
+        as plain decoding does on a speculative server too."""
+        return self.disable_speculative_decoding or self.penalized
+
     def normalize_stop(self) -> list[str]:
         """Turns `stop` into a list of strings, in place, and returns it."""
         if self.stop is None:
@@ -94,7 +110,8 @@ class SamplingParams:
         self._verify_sampling()
         self._verify_stop_token_ids(vocab_size)
         self._verify_logit_bias(vocab_size)
-        self._verify_unsupported()
+        self._verify_penalties()
+        self._verify_stop()
 
     def _verify_lengths(self) -> None:
         _require(self.max_new_tokens >= 0, "max_new_tokens", "must be >= 0")
@@ -139,16 +156,17 @@ class SamplingParams:
         InvalidRequest naming logit_bias for a key that is not an integer or a non-number value."""
         return _parse_logit_bias(self.logit_bias)
 
-    def _verify_unsupported(self) -> None:
+    def _verify_penalties(self) -> None:
+        # Upstream SGLang's ranges (OpenAI's for frequency and presence).
+        for name in ("frequency_penalty", "presence_penalty"):
+            _require(-MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY, name,
+                     f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {getattr(self, name):g}")
+        _require(0 < self.repetition_penalty <= MAX_REPETITION_PENALTY, "repetition_penalty",
+                 f"must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = no penalty), got {self.repetition_penalty:g}")
+
+    def _verify_stop(self) -> None:
         for stop in self.stop or ():
             _require(len(stop) > 0, "stop", "must not contain an empty string")
-        for name, neutral in _UNSUPPORTED_NEUTRAL.items():
-            value = getattr(self, name)
-            if value != neutral:
-                raise InvalidRequest(
-                    f"Sampling parameter '{name}' is not supported yet "
-                    f"(only the default {neutral!r} is accepted, got {short_repr(value)}).", name
-                )
 
     def verify_simulation(self, speculative: bool) -> None:
         """simulated_accept_length: a benchmark's knob, meaningful on a speculative server run with
@@ -171,12 +189,9 @@ MAX_TEMPERATURE = 2.0
 # OpenAI's bound on a logit bias (-100 bans a token, 100 all but forces it).
 MAX_LOGIT_BIAS = 100
 
-# Penalties need per-request token counts, which the engine does not keep yet.
-_UNSUPPORTED_NEUTRAL = {
-    "frequency_penalty": 0.0,
-    "presence_penalty": 0.0,
-    "repetition_penalty": 1.0,
-}
+# Bounds of frequency_penalty and presence_penalty (OpenAI's), and of repetition_penalty (upstream's).
+MAX_PENALTY = 2.0
+MAX_REPETITION_PENALTY = 2.0
 
 
 def _require(ok: bool, field: str, rule: str) -> None:

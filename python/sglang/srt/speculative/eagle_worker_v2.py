@@ -42,6 +42,7 @@ from sglang.srt.model_loader.loader import weight_bytes
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes, maybe_prefill_graph_runner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.sampling.penalties import PenaltyCounts
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
 from sglang.srt.speculative.spec_sampling import (SIMULATE_ACC_LEN_ENV, ChainVerdict, draw_draft, filtered_probs,
@@ -106,6 +107,9 @@ class EAGLEWorkerV2(TpModelWorker):
         hidden = draft_config.hidden_size
         self.vocab_size = model_config.vocab_size
         self.draft_vocab_size = self.draft_model.draft_vocab_size
+        # Penalized requests never speculate: they are penalized in the prefill, the plain step and
+        # as opted-out rows of a speculative step, never in the drafts or the verification.
+        self.penalty_counts = PenaltyCounts(self.vocab_size, self.device)
         zeros = dict(device=self.device)
         self.next_draft = torch.zeros(rows, dtype=torch.int64, **zeros)  # d_1, target ids
         self.next_draft_probs = torch.zeros(rows, self.draft_vocab_size, dtype=torch.float32, **zeros)
@@ -222,8 +226,9 @@ class EAGLEWorkerV2(TpModelWorker):
         fb.capture_aux_hidden_states = bool(warm)
         out = self.model_runner.forward(fb)
         info = self.sampling_info(batch.reqs)
-        logits = info.apply_logit_bias(self.constrain(out.next_token_logits, batch.grammars))
-        next_ids = self.model_runner.sample(logits, info, offsets)
+        next_ids = self.model_runner.sample(self.adjust_logits(out.next_token_logits, batch.grammars, info), info,
+                                            offsets)
+        self.penalty_counts.count(next_ids, info.penalties)
         result = GenerationBatchResult(out, next_ids)
         if any(req.return_logprob for req in batch.reqs):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
@@ -395,6 +400,11 @@ class EAGLEWorkerV2(TpModelWorker):
             grammar.next_mask()
             target_logits = target_logits.masked_fill(~grammar.verify_mask(), float("-inf"))
             grammar.rollback()
+        if info.penalties is not None:
+            # Penalized requests never speculate (they are among the opted-out rows, which take
+            # position 0's token): their penalties at position 0, before logit_bias as in a plain step.
+            first = self.penalty_counts.apply(target_logits[:, 0], info.penalties)
+            target_logits = torch.cat([first[:, None], target_logits[:, 1:]], dim=1)
         # The requests' logit_bias at every verify position: acceptance then judges the drafts
         # against the distribution plain decoding samples from.
         target_logits = info.apply_logit_bias(target_logits)
@@ -410,6 +420,7 @@ class EAGLEWorkerV2(TpModelWorker):
             verdict = verify_sampled(target_logits, draft_tokens, q_full, info, offsets)
         if opted_out is not None:
             plain = self.model_runner.sample(target_logits[:, 0], info, offsets)
+            self.penalty_counts.count(plain, info.penalties)
             tokens = verdict.tokens.clone()
             tokens[:, 0] = torch.where(opted_out, plain, tokens[:, 0])
             verdict = ChainVerdict(tokens=tokens, num_out=torch.where(opted_out, 1, verdict.num_out))
@@ -515,8 +526,8 @@ class EAGLEWorkerV2(TpModelWorker):
             req_pool_indices=rows, seq_lens=starts + 1, out_cache_loc=out_cache_loc, seq_lens_cpu=None,
             extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None, capture_aux_hidden_states=draft)
         out = forward_target(fb)
-        logits = info.apply_logit_bias(self.constrain(out.next_token_logits, grammars))
-        next_ids = self.model_runner.sample(logits, info, offsets)
+        next_ids = self.model_runner.sample(self.adjust_logits(out.next_token_logits, grammars, info), info, offsets)
+        self.penalty_counts.count(next_ids, info.penalties)
         if not draft:
             hits = None
         elif self.draft_sync == "catch-up":
@@ -570,9 +581,10 @@ class EAGLEWorkerV2(TpModelWorker):
 
 
 def _graph_sampling(reqs) -> bool:
-    """Whether every request samples as the whole-step graphs do: greedy, with no logit_bias (the
-    graphs add none); other batches run eagerly."""
-    return all(req.sampling_params.is_greedy and not req.sampling_params.logit_bias for req in reqs)
+    """Whether every request samples as the whole-step graphs do: greedy, with no logit_bias and
+    no penalty (the graphs apply neither); other batches run eagerly."""
+    return all(req.sampling_params.is_greedy and not req.sampling_params.logit_bias
+               and not req.sampling_params.penalized for req in reqs)
 
 
 def _check_pair(target: ModelConfig, draft: ModelConfig) -> None:

@@ -26,7 +26,8 @@ def error_field(model, **body) -> str:
 @pytest.mark.parametrize("field, value", [
     ("temperature", -0.1), ("temperature", 2.5), ("top_p", 0), ("top_p", 1.5), ("n", 0), ("n", 65),
     ("max_tokens", -1), ("logprobs", 21), ("logprobs", -1), ("seed", -1), ("presence_penalty", 3),
-    ("frequency_penalty", -3), ("min_p", 2), ("min_tokens", -1), ("best_of", 0),
+    ("frequency_penalty", -3), ("min_p", 2), ("min_tokens", -1), ("best_of", 0), ("repetition_penalty", 0),
+    ("repetition_penalty", 2.5),
 ])
 def test_completion_range_errors_name_the_field(field, value):
     assert error_field(CompletionRequest, prompt="x", **{field: value}) == field

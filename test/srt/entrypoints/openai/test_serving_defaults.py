@@ -16,7 +16,8 @@ from sglang.test.tiny_models import make_tiny_model
 SEEDS = (1, 2, 3, 4)
 PROMPT = "The quick brown fox"
 MAX_TOKENS = 12
-# Greedy by default, and a penalty the engine cannot apply yet (it must not refuse chats for it).
+# Greedy by default, with a repetition penalty (Qwen2.5 recommends one) that changes this prompt's
+# greedy chat output within MAX_TOKENS.
 RECOMMENDED = {"temperature": 0.0, "top_p": 0.9, "repetition_penalty": 1.1}
 
 
@@ -57,15 +58,15 @@ def generate_texts(server) -> list[str]:
 def test_the_models_defaults_fill_what_a_chat_request_leaves_unset_and_nothing_else(model_dir):
     server, client = start(model_dir)
     try:
-        assert "does not support yet" in server.output(), "read and logged at start-up, before any chat request"
         greedy = chat_texts(client, temperature=0)
         assert len(set(greedy)) == 1
         assert chat_texts(client) == greedy, "no temperature: the model's 0.0, so every seed gives the greedy text"
+        assert chat_texts(client, extra_body={"repetition_penalty": 1.1}) == greedy, "the model's repetition_penalty"
+        unpenalized = chat_texts(client, temperature=0, extra_body={"repetition_penalty": 1.0})
+        assert unpenalized != greedy, "a request's own repetition_penalty wins"
         assert len(set(chat_texts(client, temperature=1.0))) > 1, "a request's own temperature wins"
         assert len(set(completion_texts(client))) > 1, "/v1/completions keeps OpenAI's temperature 1"
         assert len(set(generate_texts(server))) > 1, "/generate keeps its temperature 1"
-        log = server.output()
-        assert "repetition_penalty=1.1" in log and "does not support yet" in log, log
     finally:
         server.stop()
 
@@ -77,3 +78,15 @@ def test_sampling_defaults_openai_keeps_openais_defaults_for_chat(model_dir):
         assert "repetition_penalty" not in server.output()
     finally:
         server.stop()
+
+
+def test_a_speculative_server_leaves_the_models_repetition_penalty_to_the_requests(model_dir, caplog):
+    """A penalized request decodes without the draft: a speculative server takes the model's
+    temperature and top_p but not its penalty (saying so once), so unset chats still speculate."""
+    from sglang.srt.entrypoints.openai.serving_defaults import model_sampling_defaults
+
+    assert dict(model_sampling_defaults(model_dir, "model")) == RECOMMENDED
+    with caplog.at_level("WARNING"):
+        speculative = dict(model_sampling_defaults(model_dir, "model", speculative=True))
+    assert speculative == {"temperature": 0.0, "top_p": 0.9}
+    assert "repetition_penalty=1.1" in caplog.text and "decodes without the draft" in caplog.text

@@ -9,7 +9,7 @@ from typing import Any, Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_serializer, model_validator
 
 from sglang.srt.errors import short_repr
-from sglang.srt.sampling.sampling_params import MAX_TEMPERATURE
+from sglang.srt.sampling.sampling_params import MAX_PENALTY, MAX_REPETITION_PENALTY, MAX_TEMPERATURE
 
 MAX_N = 64  # the engine's limit on samples per request
 MAX_TOP_LOGPROBS = 20
@@ -86,14 +86,14 @@ class _SamplingRequest(_Lenient):
     stream_options: Optional[StreamOptions] = None
     stop: Optional[Union[str, list[str]]] = None
     seed: Optional[int] = Field(None, ge=0, lt=MAX_SEED)
-    presence_penalty: Optional[float] = Field(None, ge=-2, le=2)
-    frequency_penalty: Optional[float] = Field(None, ge=-2, le=2)
+    presence_penalty: Optional[float] = Field(None, ge=-MAX_PENALTY, le=MAX_PENALTY)
+    frequency_penalty: Optional[float] = Field(None, ge=-MAX_PENALTY, le=MAX_PENALTY)
     logit_bias: Optional[dict[str, float]] = None
     user: Optional[str] = None
     # SGLang extensions, with the native sampling parameters' names
     top_k: Optional[int] = None
     min_p: Optional[float] = Field(None, ge=0, le=1)
-    repetition_penalty: Optional[float] = Field(None, gt=0)
+    repetition_penalty: Optional[float] = Field(None, gt=0, le=MAX_REPETITION_PENALTY)
     ignore_eos: Optional[bool] = None
     stop_token_ids: Optional[list[int]] = None
     skip_special_tokens: Optional[bool] = None

@@ -13,7 +13,7 @@ import types
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from sglang.srt.sampling.sampling_params import MAX_TEMPERATURE
+from sglang.srt.sampling.sampling_params import MAX_REPETITION_PENALTY, MAX_TEMPERATURE
 
 logger = logging.getLogger(__name__)
 
@@ -41,32 +41,42 @@ def _is_number(value: Any) -> bool:
 
 
 # generation_config.json field -> its check: the value the engine takes, or None when out of range.
+# Upstream's five (repetition_penalty is recommended by some models, Qwen2.5's 1.05).
 _FIELDS: dict[str, Callable[[Any], Any]] = {
     "temperature": _number_in(0.0, MAX_TEMPERATURE),
     "top_p": _number_in(0.0, 1.0, low_open=True),
     "top_k": _top_k,
     "min_p": _number_in(0.0, 1.0),
+    "repetition_penalty": _number_in(0.0, MAX_REPETITION_PENALTY, low_open=True),
 }
-# Recommended by some models (Qwen2.5: 1.05), applied upstream, but the engine has no penalties
-# yet: applying it would refuse every chat request that leaves it out.
-_UNSUPPORTED = ("repetition_penalty",)
-_NEUTRAL = {"repetition_penalty": 1.0}
 
 
-def model_sampling_defaults(model_path: str, mode: str) -> Mapping[str, Any]:
+# Defaults a speculative server does not take from the model: a penalized request never
+# speculates, so taking the model's penalty would turn speculation off for every chat request
+# that leaves it unset. A request that sets it is penalized (and decodes without the draft).
+_NOT_ON_SPECULATIVE_SERVERS = ("repetition_penalty",)
+
+
+def model_sampling_defaults(model_path: str, mode: str, speculative: bool = False) -> Mapping[str, Any]:
     """The defaults a chat request takes for the fields it leaves unset: empty with
-    `--sampling-defaults openai`, or where the model recommends none."""
+    `--sampling-defaults openai`, or where the model recommends none; on a speculative server
+    without the model's penalties."""
     if mode != "model":
         return types.MappingProxyType({})
-    return _read_once(os.path.abspath(model_path))
+    return _read_once(os.path.abspath(model_path), speculative)
 
 
 @functools.lru_cache(maxsize=None)
-def _read_once(model_path: str) -> Mapping[str, Any]:
+def _read_once(model_path: str, speculative: bool) -> Mapping[str, Any]:
     recommended = _read_generation_config(model_path)
     defaults = {}
     for name, check in _FIELDS.items():
         if recommended.get(name) is None:
+            continue
+        if speculative and name in _NOT_ON_SPECULATIVE_SERVERS and recommended[name] != 1:
+            logger.warning("%s recommends %s=%r; a speculative server does not apply it to requests that "
+                           "leave it unset, since a penalized request decodes without the draft (a request "
+                           "that sets it gets it)", GENERATION_CONFIG, name, recommended[name])
             continue
         value = check(recommended[name])
         if value is None:
@@ -74,10 +84,6 @@ def _read_once(model_path: str) -> Mapping[str, Any]:
                            "value instead", GENERATION_CONFIG, name, recommended[name])
         else:
             defaults[name] = value
-    for name in _UNSUPPORTED:
-        if recommended.get(name) not in (None, _NEUTRAL[name]):
-            logger.warning("%s recommends %s=%r, which this engine does not support yet; chat requests are "
-                           "served without it", GENERATION_CONFIG, name, recommended[name])
     if defaults:
         shown = ", ".join(f"{name}={value}" for name, value in defaults.items())
         logger.info("chat requests that leave them unset sample with the model's %s defaults: %s "

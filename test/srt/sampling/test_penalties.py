@@ -1,0 +1,98 @@
+"""sampling/penalties.py: PenaltyRows built only for a batch with a penalized row; penalize
+against a straightforward per-token reference (OpenAI's frequency / presence, CTRL's repetition
+over tokens generated before); the pool of count rows: taken, rebuilt from an output, counted
+into, grown, and dropped once the last row is given back."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sglang.srt.sampling.penalties import MIN_ROWS, PenaltyCounts, PenaltyRows
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+VOCAB = 8
+
+
+def reference(logits: list[float], output: list[int], params: SamplingParams) -> list[float]:
+    out = []
+    for token, logit in enumerate(logits):
+        count = output.count(token)
+        logit -= params.frequency_penalty * count + params.presence_penalty * (count > 0)
+        if count:
+            logit = logit / params.repetition_penalty if logit > 0 else logit * params.repetition_penalty
+        out.append(logit)
+    return out
+
+
+def test_batch_without_penalties_builds_and_launches_nothing():
+    info = SamplingBatchInfo.from_params([SamplingParams(temperature=0), SamplingParams(repetition_penalty=1.0)],
+                                         [0, 0], VOCAB, "cpu", penalty_rows=None)
+    assert info.penalties is None
+    pool = PenaltyCounts(VOCAB, "cpu")
+    logits = torch.randn(2, VOCAB)
+    assert pool.apply(logits, None) is logits
+    pool.count(torch.tensor([1, 2]), None)
+    assert pool.counts is None and pool.summary() == {"penalty_rows": 0, "penalty_rows_capacity": 0}
+    # A penalized request in a pass that does not penalize it (a prompt chunk) adds nothing either.
+    assert PenaltyRows.build([SamplingParams(presence_penalty=1)], [None], "cpu") is None
+
+
+def test_penalized_all_greedy_batch_does_not_take_the_shared_neutral_tensors():
+    plain = SamplingBatchInfo.from_params([SamplingParams(temperature=0)], [0], VOCAB, "cpu")
+    penalized = SamplingBatchInfo.from_params([SamplingParams(temperature=0, presence_penalty=1)], [0], VOCAB, "cpu",
+                                              penalty_rows=[0])
+    assert penalized is not plain and penalized.penalties is not None and plain.penalties is None
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(frequency_penalty=0.7), SamplingParams(presence_penalty=-1.5),
+    SamplingParams(repetition_penalty=1.8), SamplingParams(repetition_penalty=0.4),
+    SamplingParams(frequency_penalty=-2, presence_penalty=2, repetition_penalty=1.3),
+])
+def test_penalties_match_the_per_token_reference(params):
+    outputs = [[3, 3, 5, 0], [], [7, 1, 3]]  # rows 0 and 2 penalized, row 1 not
+    pool = PenaltyCounts(VOCAB, "cpu")
+    rows = pool.take([outputs[0], outputs[2]])
+    batch = [params, SamplingParams(), params]
+    info = SamplingBatchInfo.from_params(batch, [0, 0, 0], VOCAB, "cpu", penalty_rows=[rows[0], None, rows[1]])
+    logits = torch.randn(3, VOCAB) * 3
+    raw = logits.clone()
+    penalized = pool.apply(logits, info.penalties)
+    assert torch.equal(logits, raw), "the raw logits still give logprobs"
+    assert torch.equal(penalized[1], raw[1]), "an unpenalized row is untouched"
+    for i in (0, 2):
+        assert penalized[i].tolist() == pytest.approx(reference(raw[i].tolist(), outputs[i], params), abs=1e-6)
+
+
+def test_counting_after_sampling_penalizes_the_next_step():
+    params = SamplingParams(presence_penalty=1.0)
+    pool = PenaltyCounts(VOCAB, "cpu")
+    rows = pool.take([[], []])
+    info = SamplingBatchInfo.from_params([params, params], [0, 0], VOCAB, "cpu", penalty_rows=rows)
+    assert info.penalties.batch_rows is None  # every row penalized: no index
+    for tokens in ([2, 4], [2, 6], [5, 6]):
+        pool.count(torch.tensor(tokens), info.penalties)
+    assert pool.counts[rows[0]].tolist() == [0, 0, 2, 0, 0, 1, 0, 0]
+    assert pool.counts[rows[1]].tolist() == [0, 0, 0, 0, 1, 0, 2, 0]
+    zeros = torch.zeros(2, VOCAB)
+    assert pool.apply(zeros, info.penalties)[0].tolist() == [0, 0, -1, 0, 0, -1, 0, 0]
+
+
+def test_rows_are_rebuilt_reset_grown_and_dropped():
+    pool = PenaltyCounts(VOCAB, "cpu")
+    first = pool.take([[1, 1, 4]])  # a retracted request resuming: its output so far
+    assert pool.counts[first[0]].tolist() == [0, 2, 0, 0, 1, 0, 0, 0]
+    more = pool.take([[]] * MIN_ROWS)  # past the first pool: it doubles, keeping the rows in use
+    assert pool.summary() == {"penalty_rows": MIN_ROWS + 1, "penalty_rows_capacity": 2 * MIN_ROWS}
+    assert pool.counts[first[0]].tolist() == [0, 2, 0, 0, 1, 0, 0, 0]
+    assert len(set(first + more)) == MIN_ROWS + 1
+    pool.count(torch.tensor([3]), SamplingBatchInfo.from_params(
+        [SamplingParams(presence_penalty=1)], [0], VOCAB, "cpu", penalty_rows=[more[0]]).penalties)
+    pool.give_back(more[0])
+    again = pool.take([[]])  # a reused row starts from zero
+    assert again == [more[0]] and pool.counts[again[0]].sum() == 0
+    for row in first + more[1:] + again:
+        pool.give_back(row)
+    assert pool.counts is None and pool.summary() == {"penalty_rows": 0, "penalty_rows_capacity": 0}
