@@ -133,3 +133,23 @@ def assert_idle_kv_accounting(state: dict) -> None:
     assert state["request_slots"] == 0, state
     assert state["free_slots"] + state["cached_slots"] == state["total_slots"], state
     assert state.get("penalty_rows", 0) == 0, state  # every penalized request gave its counts back
+
+
+def generate(server: ServerProcess, input_ids: list[int], params: dict) -> httpx.Response:
+    """POST /generate of one request's token ids with these sampling parameters."""
+    return httpx.post(server.base_url + "/generate", json={"input_ids": input_ids, "sampling_params": params},
+                      timeout=60)
+
+
+def generated_ids(server: ServerProcess, input_ids: list[int], params: dict) -> list[int]:
+    """The output token ids of a /generate request that must succeed."""
+    response = generate(server, input_ids, params)
+    assert response.status_code == 200, response.text
+    return response.json()["output_ids"]
+
+
+def openai_client(server: ServerProcess, timeout: float = 60):
+    """An OpenAI client of the server's /v1 routes (no retries: a failure shows at once)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=timeout)

@@ -13,24 +13,14 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from sglang.test.server_fixture import generate, generated_ids, openai_client
+
 PROMPT_IDS = [37, 120, 5, 88, 201]
 GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 FORCED = 150  # a token of the tiny tokenizer the model does not pick by itself
 
 
-def generate(server, input_ids, params: dict) -> httpx.Response:
-    return httpx.post(server.base_url + "/generate", json={"input_ids": input_ids, "sampling_params": params},
-                      timeout=60)
 
-
-def output_ids(server, input_ids, params: dict) -> list[int]:
-    response = generate(server, input_ids, params)
-    assert response.status_code == 200, response.text
-    return response.json()["output_ids"]
-
-
-def client_of(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=60)
 
 
 @pytest.fixture
@@ -39,30 +29,30 @@ def model(tiny_model_paths) -> str:
 
 
 def test_large_positive_bias_makes_the_token_the_output(server):
-    assert FORCED not in output_ids(server, PROMPT_IDS, GREEDY)
-    assert output_ids(server, PROMPT_IDS, {**GREEDY, "logit_bias": {str(FORCED): 100}}) == [FORCED] * 6
+    assert FORCED not in generated_ids(server, PROMPT_IDS, GREEDY)
+    assert generated_ids(server, PROMPT_IDS, {**GREEDY, "logit_bias": {str(FORCED): 100}}) == [FORCED] * 6
     # Sampling too: +100 leaves every other token a probability of about e^-100.
     sampled = {**GREEDY, "temperature": 1.0, "sampling_seed": 7, "logit_bias": {str(FORCED): 100}}
-    assert output_ids(server, PROMPT_IDS, sampled) == [FORCED] * 6
+    assert generated_ids(server, PROMPT_IDS, sampled) == [FORCED] * 6
 
 
 def test_banning_the_greedy_token_changes_the_output(server):
-    plain = output_ids(server, PROMPT_IDS, GREEDY)
-    banned = output_ids(server, PROMPT_IDS, {**GREEDY, "logit_bias": {str(plain[0]): -100}})
+    plain = generated_ids(server, PROMPT_IDS, GREEDY)
+    banned = generated_ids(server, PROMPT_IDS, {**GREEDY, "logit_bias": {str(plain[0]): -100}})
     assert banned[0] != plain[0] and plain[0] not in banned
     # An empty map and null are neutral.
-    assert output_ids(server, PROMPT_IDS, {**GREEDY, "logit_bias": {}}) == plain
-    assert output_ids(server, PROMPT_IDS, {**GREEDY, "logit_bias": None}) == plain
+    assert generated_ids(server, PROMPT_IDS, {**GREEDY, "logit_bias": {}}) == plain
+    assert generated_ids(server, PROMPT_IDS, {**GREEDY, "logit_bias": None}) == plain
 
 
 def test_engine_completions_and_chat_give_the_biased_tokens(server, engine_pool, tiny_model_paths, model):
     bias = {str(FORCED): 100}
-    expected = output_ids(server, PROMPT_IDS, {**GREEDY, "logit_bias": bias})
+    expected = generated_ids(server, PROMPT_IDS, {**GREEDY, "logit_bias": bias})
     engine = engine_pool.get("llama")
     assert engine.generate(input_ids=PROMPT_IDS, sampling_params={**GREEDY, "logit_bias": {FORCED: 100}})[
         "output_ids"] == expected
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_paths["llama"])
-    client = client_of(server)
+    client = openai_client(server)
     completion = client.completions.create(model=model, prompt=PROMPT_IDS, max_tokens=6, temperature=0,
                                            logit_bias=bias, extra_body={"ignore_eos": True})
     assert completion.choices[0].text == tokenizer.decode(expected)
@@ -82,9 +72,9 @@ def test_bad_logit_bias_is_a_400_naming_it(server, model, bias, rule):
     if bias == {"5": "x"} or bias == {"5": None}:
         return  # the OpenAI models type the values as numbers: their own 400 names the field
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
-        client_of(server).completions.create(model=model, prompt=PROMPT_IDS, max_tokens=2, logit_bias=bias)
+        openai_client(server).completions.create(model=model, prompt=PROMPT_IDS, max_tokens=2, logit_bias=bias)
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
-        client_of(server).chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+        openai_client(server).chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
                                                   max_tokens=2, logit_bias=bias)
 
 

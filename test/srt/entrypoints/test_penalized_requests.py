@@ -10,32 +10,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-import httpx
 import openai
 import pytest
 import torch
 from transformers import AutoTokenizer
 
 from sglang.srt.layers.sampler import gumbel_noise
-from sglang.test.server_fixture import server_state
+from sglang.test.server_fixture import generate, generated_ids, openai_client, server_state
 
 PROMPT_IDS = [37, 120, 5, 88, 201]
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 
 
-def generate(server, input_ids, params: dict) -> httpx.Response:
-    return httpx.post(server.base_url + "/generate", json={"input_ids": input_ids, "sampling_params": params},
-                      timeout=60)
 
-
-def output_ids(server, input_ids, params: dict) -> list[int]:
-    response = generate(server, input_ids, params)
-    assert response.status_code == 200, response.text
-    return response.json()["output_ids"]
-
-
-def client_of(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=60)
 
 
 def reference(hf_reference, prompt: list[int], params: dict) -> list[int]:
@@ -66,24 +53,24 @@ def model(tiny_model_paths) -> str:
 
 
 def test_penalties_change_greedy_repetition_as_predicted(server):
-    plain = output_ids(server, PROMPT_IDS, GREEDY)
+    plain = generated_ids(server, PROMPT_IDS, GREEDY)
     assert len(set(plain)) < len(plain), "the tiny model repeats tokens under greedy decoding"
     assert plain[3] == plain[0]
     # A presence or frequency penalty of 2 outweighs the model's margins here: no token comes twice.
     for penalty in ({"presence_penalty": 2.0}, {"frequency_penalty": 2.0}):
-        penalized = output_ids(server, PROMPT_IDS, {**GREEDY, **penalty})
+        penalized = generated_ids(server, PROMPT_IDS, {**GREEDY, **penalty})
         assert penalized[:3] == plain[:3], "nothing is penalized before a token repeats"
         assert len(set(penalized)) == len(penalized), penalty
     # repetition_penalty 2 halves the first token's positive logit once it was generated; 0.5 doubles
     # it, and the output keeps coming back to it. The prompt's tokens are not penalized.
-    halved = output_ids(server, PROMPT_IDS, {**GREEDY, "repetition_penalty": 2.0})
+    halved = generated_ids(server, PROMPT_IDS, {**GREEDY, "repetition_penalty": 2.0})
     assert halved[:3] == plain[:3] and halved[3] != plain[0]
-    doubled = output_ids(server, PROMPT_IDS, {**GREEDY, "repetition_penalty": 0.5})
+    doubled = generated_ids(server, PROMPT_IDS, {**GREEDY, "repetition_penalty": 0.5})
     assert doubled.count(plain[0]) > len(doubled) // 2
     # Neutral values and nulls change nothing.
     neutral = {"frequency_penalty": 0, "presence_penalty": 0.0, "repetition_penalty": 1}
-    assert output_ids(server, PROMPT_IDS, {**GREEDY, **neutral}) == plain
-    assert output_ids(server, PROMPT_IDS, {**GREEDY, **{name: None for name in neutral}}) == plain
+    assert generated_ids(server, PROMPT_IDS, {**GREEDY, **neutral}) == plain
+    assert generated_ids(server, PROMPT_IDS, {**GREEDY, **{name: None for name in neutral}}) == plain
 
 
 @pytest.mark.parametrize("params", [
@@ -141,16 +128,16 @@ def test_stop_tokens_and_min_new_tokens_cut_the_same_penalized_output(engine_poo
 def test_openai_routes_pass_the_penalties_through(server, tiny_model_paths, model):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_paths["llama"])
     penalties = {"frequency_penalty": 0.6, "presence_penalty": 0.9}
-    client = client_of(server)
-    expected = output_ids(server, PROMPT_IDS, {**GREEDY, **penalties, "repetition_penalty": 1.5})
-    assert expected != output_ids(server, PROMPT_IDS, GREEDY)
+    client = openai_client(server)
+    expected = generated_ids(server, PROMPT_IDS, {**GREEDY, **penalties, "repetition_penalty": 1.5})
+    assert expected != generated_ids(server, PROMPT_IDS, GREEDY)
     completion = client.completions.create(model=model, prompt=PROMPT_IDS, max_tokens=24, temperature=0, **penalties,
                                            extra_body={"ignore_eos": True, "repetition_penalty": 1.5})
     assert completion.choices[0].text == tokenizer.decode(expected)
     messages = [{"role": "user", "content": "hi"}]
     chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     chat_ids = list(chat_ids["input_ids"] if isinstance(chat_ids, Mapping) else chat_ids)  # transformers 5
-    expected_chat = output_ids(server, chat_ids, {**GREEDY, "max_new_tokens": 12, **penalties})
+    expected_chat = generated_ids(server, chat_ids, {**GREEDY, "max_new_tokens": 12, **penalties})
     chat = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0, **penalties,
                                           extra_body={"ignore_eos": True})
     assert chat.choices[0].message.content == tokenizer.decode(expected_chat, skip_special_tokens=True)
@@ -165,15 +152,15 @@ def test_out_of_range_penalty_is_refused_naming_it(server, engine_pool, model, f
     assert response.status_code == 400 and field in response.text and rule in response.text, response.text
     completion_args = {field: value} if field != "repetition_penalty" else {"extra_body": {field: value}}
     with pytest.raises(openai.BadRequestError, match=field):
-        client_of(server).completions.create(model=model, prompt=PROMPT_IDS, max_tokens=2, **completion_args)
+        openai_client(server).completions.create(model=model, prompt=PROMPT_IDS, max_tokens=2, **completion_args)
     with pytest.raises(openai.BadRequestError, match=field):
-        client_of(server).chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+        openai_client(server).chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
                                                   max_tokens=2, **completion_args)
     with pytest.raises(ValueError, match=field):
         engine_pool.get("llama").generate(input_ids=PROMPT_IDS, sampling_params={**GREEDY, field: value})
 
 
 def test_no_rows_are_held_once_requests_finish(server):
-    output_ids(server, PROMPT_IDS, {**GREEDY, "presence_penalty": 1.0})
+    generated_ids(server, PROMPT_IDS, {**GREEDY, "presence_penalty": 1.0})
     state = server_state(server)
     assert state["penalty_rows"] == 0 and state["penalty_rows_capacity"] == 0

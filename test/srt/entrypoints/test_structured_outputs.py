@@ -18,7 +18,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from sglang import demo
-from sglang.test.server_fixture import ServerProcess, assert_server_kv_accounting, server_state
+from sglang.test.server_fixture import ServerProcess, assert_server_kv_accounting, openai_client, server_state
 
 TEMPLATE = """{%- if tools %}<|system|>
 You may call: {% for tool in tools %}{{ tool.function.name }}{{ tool.function.parameters | tojson }} {% endfor %}
@@ -71,14 +71,11 @@ def servers(tiny_model_paths, template_path):
             server.stop()
 
 
-def client_of(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=120)
-
 
 def chat(server, **kwargs):
     kwargs = {"model": "m", "messages": MESSAGES, "temperature": 0, "max_tokens": 96, **kwargs}
     kwargs.pop("model")
-    client = client_of(server)
+    client = openai_client(server, timeout=120)
     return client.chat.completions.create(model=client.models.list().data[0].id, **kwargs)
 
 
@@ -91,7 +88,7 @@ def test_json_schema_response_validates(servers, kind):
     answer = chat(servers[kind], response_format=schema_format(PERSON)).choices[0]
     jsonschema.validate(json.loads(answer.message.content), PERSON)
     assert answer.finish_reason == "stop"
-    client = client_of(servers[kind])  # text completions take it too (an extra body field there)
+    client = openai_client(servers[kind], timeout=120)  # text completions take it too (an extra body field there)
     completion = client.completions.create(model=client.models.list().data[0].id, prompt="user = ", max_tokens=96,
                                            temperature=0, extra_body={"response_format": schema_format(PERSON)})
     jsonschema.validate(json.loads(completion.choices[0].text), PERSON)
