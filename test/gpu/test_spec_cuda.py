@@ -241,7 +241,7 @@ def test_penalties_under_overlap_and_graphs_match_plain():
     """Two of five requests are penalized (presence + frequency; repetition), greedy, so their
     output changes: the plain server without and with the overlapped schedule (counts kept on the
     device, added right after each sampling) and an EAGLE-3 server with whole-step graphs and the
-    overlapped schedule (the penalized requests decode without the draft) give the same tokens;
+    overlapped schedule (penalized verify positions, batches with them step eagerly) give the same tokens;
     the others keep their unpenalized output, and no penalty row is left once all are done."""
     penalties = {1: dict(presence_penalty=1.5, frequency_penalty=0.5), 3: dict(repetition_penalty=1.8)}
 

@@ -124,8 +124,7 @@ def _add_api_args(parser: HelpGroups) -> None:
                         choices=SAMPLING_DEFAULTS_CHOICES,
                         help="Where /v1/chat/completions takes the temperature, top_p, top_k, min_p and "
                              "repetition_penalty a request leaves unset: model (the model's "
-                             "generation_config.json, where it recommends them, but repetition_penalty only "
-                             "without a draft; else OpenAI's) or openai "
+                             "generation_config.json, where it recommends them; else OpenAI's) or openai "
                              "(OpenAI's: temperature 1, top_p 1, no top_k, min_p or repetition penalty). A "
                              "request's own values always win; /v1/completions and /generate keep these fixed "
                              "defaults either way.")

@@ -96,3 +96,39 @@ def test_rows_are_rebuilt_reset_grown_and_dropped():
     for row in first + more[1:] + again:
         pool.give_back(row)
     assert pool.counts is None and pool.summary() == {"penalty_rows": 0, "penalty_rows_capacity": 0}
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(frequency_penalty=0.7, presence_penalty=0.3), SamplingParams(repetition_penalty=1.8),
+    SamplingParams(frequency_penalty=-2, presence_penalty=2, repetition_penalty=0.6),
+])
+def test_verify_positions_are_penalized_as_plain_decoding_after_the_drafts_before_them(params):
+    """Position j of a verify scores the token after drafts d_1 .. d_j: its penalties count them
+    as generated (a draft repeated counts twice), so acceptance judges each draft by the
+    distribution plain decoding would sample from there; unpenalized rows are untouched."""
+    outputs = [[3, 3, 5], [], [7, 1]]  # rows 0 and 2 penalized
+    drafts = torch.tensor([[5, 2, 5], [1, 1, 1], [1, 1, 6]])  # k = 3, target ids
+    pool = PenaltyCounts(VOCAB, "cpu")
+    rows = pool.take([outputs[0], outputs[2]])
+    info = SamplingBatchInfo.from_params([params, SamplingParams(), params], [0] * 3, VOCAB, "cpu",
+                                         penalty_rows=[rows[0], None, rows[1]])
+    logits = torch.randn(3, 4, VOCAB) * 3
+    raw = logits.clone()
+    penalized = pool.apply_verify(logits, drafts, info.penalties)
+    assert torch.equal(logits, raw) and torch.equal(penalized[1], raw[1])
+    for i in (0, 2):
+        for j in range(4):
+            expected = reference(raw[i, j].tolist(), outputs[i] + drafts[i, :j].tolist(), params)
+            assert penalized[i, j].tolist() == pytest.approx(expected, abs=1e-5), (i, j)
+
+
+def test_a_speculative_steps_kept_tokens_are_counted():
+    params = SamplingParams(presence_penalty=1.0)
+    pool = PenaltyCounts(VOCAB, "cpu")
+    rows = pool.take([[0], []])
+    info = SamplingBatchInfo.from_params([SamplingParams(), params, params], [0] * 3, VOCAB, "cpu",
+                                         penalty_rows=[None, *rows])
+    tokens = torch.tensor([[7, 7, 7, 7], [2, 2, 4, 6], [3, 5, 5, 1]])
+    pool.count_accepted(tokens, torch.tensor([4, 3, 1]), info.penalties)  # row 1 keeps 3, row 2 keeps 1
+    assert pool.counts[rows[0]].tolist() == [1, 0, 2, 0, 1, 0, 0, 0]
+    assert pool.counts[rows[1]].tolist() == [0, 0, 0, 1, 0, 0, 0, 0]

@@ -143,14 +143,12 @@ def test_penalties_within_their_ranges_pass():
     SamplingParams(frequency_penalty=0, repetition_penalty=1, logit_bias={}).verify()
 
 
-def test_a_penalized_request_never_speculates():
-    assert not SamplingParams().penalized and not SamplingParams().never_speculates
-    assert SamplingParams(disable_speculative_decoding=True).never_speculates
+def test_a_request_is_penalized_only_by_a_non_neutral_penalty():
+    assert not SamplingParams().penalized
     for penalty in ({"frequency_penalty": 0.1}, {"presence_penalty": -0.1}, {"repetition_penalty": 1.05}):
-        params = SamplingParams(**penalty)
-        assert params.penalized and params.never_speculates
+        assert SamplingParams(**penalty).penalized
     assert not SamplingParams.from_dict({"frequency_penalty": 0, "presence_penalty": None,
-                                         "repetition_penalty": 1.0}).never_speculates
+                                         "repetition_penalty": 1.0}).penalized
 
 
 def test_logit_bias_takes_string_or_integer_token_ids():

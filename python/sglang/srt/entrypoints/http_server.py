@@ -294,8 +294,7 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
 
     add_model_routes(app, state.server_args, state.subprocesses.model_info["context_len"])
     # Read (and logged) at start-up, not at the first chat request.
-    model_sampling_defaults(state.server_args.model_path, state.server_args.sampling_defaults,
-                            state.server_args.speculative_enabled)
+    model_sampling_defaults(state.server_args.model_path, state.server_args.sampling_defaults)
     serving = {}  # built on first use: the tokenizer manager exists only once the app runs
 
     def handler(cls):

@@ -123,7 +123,7 @@ class Req:
     @property
     def speculates(self) -> bool:
         """Whether the draft proposes tokens for this request (with a draft model loaded)."""
-        return not (self.draft_cold or self.sampling_params.never_speculates)
+        return not (self.draft_cold or self.sampling_params.disable_speculative_decoding)
 
     @property
     def all_ids(self) -> list[int]:

@@ -70,11 +70,11 @@ def observe_decode_launch(scheduler, start: float, batch: Optional[ScheduleBatch
 
 def draft_reads_prompt(scheduler, req: Req, joining: list[Req]) -> bool:
     """Whether the draft runs over this request's prompt as it is admitted, so that it can
-    speculate: unless it never speculates (opted out, or penalized), if the policy would
-    speculate for the decode batch it joins (the running requests, those admitted with it,
-    itself; each counted as if it could speculate, so that requests admitted while plain
-    decoding paid do not keep it plain). A request without it decodes plainly to its end, and
-    a busy server never pays the draft's pass over prompts.
+    speculate: unless it opted out, if the policy would speculate for the decode batch it joins
+    (the running requests, those admitted with it, itself; each counted as if it could
+    speculate, so that requests admitted while plain decoding paid do not keep it plain). A
+    request without it decodes plainly to its end, and a busy server never pays the draft's
+    pass over prompts.
 
     Only requests the draft follows tell the policy about acceptance (verifies, or the warm
     plain step's free probe). So that an estimate gone low does not keep every request away
@@ -83,13 +83,13 @@ def draft_reads_prompt(scheduler, req: Req, joining: list[Req]) -> bool:
     the prior acceptance): a busy server, where it could not, still never runs the draft.
     Deciding changes nothing; `_note_admission` counts once the request is in."""
     scheduler._explorer = None
-    if req.sampling_params.never_speculates:
+    if req.sampling_params.disable_speculative_decoding:
         return False
     if DRAFT_FOLLOWS_ALL:
         return True
     running_rids, running_context = scheduler._admission_view or running_view(scheduler)
     joining = joining + [req]
-    rids = running_rids + [r.rid for r in joining if not r.sampling_params.never_speculates]
+    rids = running_rids + [r.rid for r in joining if not r.sampling_params.disable_speculative_decoding]
     context = running_context + sum(r.seq_len for r in joining)
     batch_size = len(scheduler.running_reqs) + len(joining)
     if scheduler.spec_policy.would_speculate(rids, context, batch_size - len(rids)):
@@ -105,7 +105,7 @@ def draft_reads_prompt(scheduler, req: Req, joining: list[Req]) -> bool:
 def running_view(scheduler) -> tuple[list[str], int]:
     """The running requests as draft_reads_prompt counts them: the rids of those that may
     speculate, and their tokens of context."""
-    rids = [r.rid for r in scheduler.running_reqs if not r.sampling_params.never_speculates]
+    rids = [r.rid for r in scheduler.running_reqs if not r.sampling_params.disable_speculative_decoding]
     return rids, sum(r.seq_len for r in scheduler.running_reqs)
 
 
@@ -149,7 +149,7 @@ def adopt_cold_requests(scheduler) -> None:
     candidates, least_left = [], None
     for req in scheduler.running_reqs:
         left = req.sampling_params.max_new_tokens - len(req.output_ids) - req.num_pending
-        if req.draft_cold and not req.sampling_params.never_speculates and left >= ADOPT_MIN_REMAINING:
+        if req.draft_cold and not req.sampling_params.disable_speculative_decoding and left >= ADOPT_MIN_REMAINING:
             candidates.append(req)
             least_left = left if least_left is None else min(least_left, left)
     # A draining batch of many long contexts would pay more for the passes than it saves.

@@ -64,6 +64,12 @@ def penalize(logits: torch.Tensor, counts: torch.Tensor, rows: PenaltyRows) -> t
     return torch.where(seen, scaled, logits)
 
 
+def _per_position(rows: PenaltyRows) -> PenaltyRows:
+    """The rows' penalties shaped to broadcast over [p, positions, vocab]."""
+    return dataclasses.replace(rows, frequency=rows.frequency[:, :, None], presence=rows.presence[:, :, None],
+                               repetition=rows.repetition[:, :, None])
+
+
 class PenaltyCounts:
     """Per request, float32 counts of each token it has generated, on the device; rows only for
     penalized requests. Owned by the model worker (only the rank that samples has one), which
@@ -111,6 +117,39 @@ class PenaltyCounts:
         penalized = logits.clone()
         penalized[rows.batch_rows] = penalize(logits[rows.batch_rows], counts, rows).to(logits.dtype)
         return penalized
+
+    def apply_verify(self, logits: torch.Tensor, drafts: torch.Tensor, rows: Optional[PenaltyRows]) -> torch.Tensor:
+        """A speculative verify's logits ([bs, k + 1, vocab]; position j scores the token after
+        the drafts d_1 .. d_j, `drafts` [bs, k] target ids) with each penalized row's penalties at
+        every position, counting the drafts before it as generated: what plain decoding would
+        penalize had it produced them. A new tensor, or `logits` itself when no row is penalized."""
+        if rows is None:
+            return logits
+        chosen = logits if rows.batch_rows is None else logits[rows.batch_rows]
+        chosen_drafts = drafts if rows.batch_rows is None else drafts[rows.batch_rows]
+        num_rows, width = chosen.shape[:2]
+        counts = self.counts[rows.count_rows][:, None, :].repeat(1, width, 1)  # [p, k + 1, vocab]
+        row_ids = torch.arange(num_rows, device=logits.device)[:, None]
+        for i in range(chosen_drafts.shape[1]):  # d_{i+1} precedes positions i + 1 .. k
+            positions = torch.arange(i + 1, width, device=logits.device)[None, :]
+            counts[row_ids, positions, chosen_drafts[:, i : i + 1]] += 1  # one index per (row, position)
+        penalized = penalize(chosen, counts, _per_position(rows)).to(logits.dtype)
+        if rows.batch_rows is None:
+            return penalized
+        result = logits.clone()
+        result[rows.batch_rows] = penalized
+        return result
+
+    def count_accepted(self, tokens: torch.Tensor, num_out: torch.Tensor, rows: Optional[PenaltyRows]) -> None:
+        """Adds each penalized row's output of a speculative step (`tokens` [bs, k + 1], the first
+        `num_out` [bs] of each row kept) to its counts, on the device, in stream order."""
+        if rows is None:
+            return
+        if rows.batch_rows is not None:
+            tokens, num_out = tokens[rows.batch_rows], num_out[rows.batch_rows]
+        width = tokens.shape[1]
+        kept = (torch.arange(width, device=tokens.device)[None, :] < num_out[:, None]).to(torch.float32)
+        self.counts.index_put_((rows.count_rows[:, None].expand(-1, width), tokens), kept, accumulate=True)
 
     def count(self, token_ids: torch.Tensor, rows: Optional[PenaltyRows]) -> None:
         """Adds each penalized row's sampled token (`token_ids`: int64[bs], on the device) to its

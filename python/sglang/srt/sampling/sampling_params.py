@@ -44,8 +44,7 @@ class SamplingParams:
     # added to that token's logit before sampling, at every output position.
     logit_bias: dict | None = None
     # Never speculate for this request, even inside a speculative step of a batch (its drafts
-    # are discarded and it takes the target's own next token): ignored without a draft. A
-    # penalized request never speculates either (see never_speculates).
+    # are discarded and it takes the target's own next token): ignored without a draft.
     disable_speculative_decoding: bool = False
     # Benchmarks only, on a server run with SGLANG_SIMULATE_ACC_LEN: this request's simulated
     # accept length (tokens per verify of k_max drafts) instead of the server-wide one.
@@ -89,12 +88,6 @@ class SamplingParams:
         """Whether any penalty is set (its logits then depend on its output so far)."""
         return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
 
-    @property
-    def never_speculates(self) -> bool:
-        """Whether the draft never proposes tokens for this request: it opted out, or it is
-        penalized (the drafts and their verification know nothing of its counts), so it decodes
-        as plain decoding does on a speculative server too."""
-        return self.disable_speculative_decoding or self.penalized
 
     def normalize_stop(self) -> list[str]:
         """Turns `stop` into a list of strings, in place, and returns it."""

@@ -107,8 +107,8 @@ class EAGLEWorkerV2(TpModelWorker):
         hidden = draft_config.hidden_size
         self.vocab_size = model_config.vocab_size
         self.draft_vocab_size = self.draft_model.draft_vocab_size
-        # Penalized requests never speculate: they are penalized in the prefill, the plain step and
-        # as opted-out rows of a speculative step, never in the drafts or the verification.
+        # Penalized requests: penalized in the prefill, the plain step and at every verify position
+        # (the drafts before it counted); the drafts themselves are not penalized.
         self.penalty_counts = PenaltyCounts(self.vocab_size, self.device)
         zeros = dict(device=self.device)
         self.next_draft = torch.zeros(rows, dtype=torch.int64, **zeros)  # d_1, target ids
@@ -400,11 +400,10 @@ class EAGLEWorkerV2(TpModelWorker):
             grammar.next_mask()
             target_logits = target_logits.masked_fill(~grammar.verify_mask(), float("-inf"))
             grammar.rollback()
-        if info.penalties is not None:
-            # Penalized requests never speculate (they are among the opted-out rows, which take
-            # position 0's token): their penalties at position 0, before logit_bias as in a plain step.
-            first = self.penalty_counts.apply(target_logits[:, 0], info.penalties)
-            target_logits = torch.cat([first[:, None], target_logits[:, 1:]], dim=1)
+        # Penalized rows' penalties at every position, the drafts before it counted as generated
+        # (after the grammar's mask, before logit_bias, as in a plain step): acceptance then judges
+        # the drafts against the distribution plain decoding samples from.
+        target_logits = self.penalty_counts.apply_verify(target_logits, draft_tokens, info.penalties)
         # The requests' logit_bias at every verify position: acceptance then judges the drafts
         # against the distribution plain decoding samples from.
         target_logits = info.apply_logit_bias(target_logits)
@@ -420,10 +419,10 @@ class EAGLEWorkerV2(TpModelWorker):
             verdict = verify_sampled(target_logits, draft_tokens, q_full, info, offsets)
         if opted_out is not None:
             plain = self.model_runner.sample(target_logits[:, 0], info, offsets)
-            self.penalty_counts.count(plain, info.penalties)
             tokens = verdict.tokens.clone()
             tokens[:, 0] = torch.where(opted_out, plain, tokens[:, 0])
             verdict = ChainVerdict(tokens=tokens, num_out=torch.where(opted_out, 1, verdict.num_out))
+        self.penalty_counts.count_accepted(verdict.tokens, verdict.num_out, info.penalties)
         if timer is not None:
             timer.mark("verify")
 

@@ -37,7 +37,7 @@ class FakeTokenizerManager:
         self.texts = texts
         self.context_len = 1024
         self.server_args = SimpleNamespace(served_model_name=MODEL, model_path=MODEL_PATH, tool_call_parser=None,
-                                           sampling_defaults="model", speculative_enabled=False)
+                                           sampling_defaults="model")
         self.limits = RequestLimits(ServerArgs(device="cpu"), self.context_len, max_running_requests=64,
                                     token_chars=16)
         self.finish, self.fail, self.fail_after, self.hang_after = finish, fail, fail_after, hang_after

@@ -79,14 +79,3 @@ def test_sampling_defaults_openai_keeps_openais_defaults_for_chat(model_dir):
     finally:
         server.stop()
 
-
-def test_a_speculative_server_leaves_the_models_repetition_penalty_to_the_requests(model_dir, caplog):
-    """A penalized request decodes without the draft: a speculative server takes the model's
-    temperature and top_p but not its penalty (saying so once), so unset chats still speculate."""
-    from sglang.srt.entrypoints.openai.serving_defaults import model_sampling_defaults
-
-    assert dict(model_sampling_defaults(model_dir, "model")) == RECOMMENDED
-    with caplog.at_level("WARNING"):
-        speculative = dict(model_sampling_defaults(model_dir, "model", speculative=True))
-    assert speculative == {"temperature": 0.0, "top_p": 0.9}
-    assert "repetition_penalty=1.1" in caplog.text and "decodes without the draft" in caplog.text

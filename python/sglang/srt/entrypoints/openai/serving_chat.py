@@ -42,8 +42,7 @@ class OpenAIServingChat(OpenAIServingBase):
         super().__init__(tokenizer_manager)
         args = tokenizer_manager.server_args
         # What a request leaves unset and the model's generation_config.json recommends (--sampling-defaults).
-        self.model_defaults = model_sampling_defaults(args.model_path, args.sampling_defaults,
-                                                      args.speculative_enabled)
+        self.model_defaults = model_sampling_defaults(args.model_path, args.sampling_defaults)
 
     def build_prompts(self, request: ChatCompletionRequest) -> Prompts:
         return Prompts("input_ids", [self._render(request)])

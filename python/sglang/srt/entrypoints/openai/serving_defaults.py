@@ -51,32 +51,20 @@ _FIELDS: dict[str, Callable[[Any], Any]] = {
 }
 
 
-# Defaults a speculative server does not take from the model: a penalized request never
-# speculates, so taking the model's penalty would turn speculation off for every chat request
-# that leaves it unset. A request that sets it is penalized (and decodes without the draft).
-_NOT_ON_SPECULATIVE_SERVERS = ("repetition_penalty",)
-
-
-def model_sampling_defaults(model_path: str, mode: str, speculative: bool = False) -> Mapping[str, Any]:
+def model_sampling_defaults(model_path: str, mode: str) -> Mapping[str, Any]:
     """The defaults a chat request takes for the fields it leaves unset: empty with
-    `--sampling-defaults openai`, or where the model recommends none; on a speculative server
-    without the model's penalties."""
+    `--sampling-defaults openai`, or where the model recommends none."""
     if mode != "model":
         return types.MappingProxyType({})
-    return _read_once(os.path.abspath(model_path), speculative)
+    return _read_once(os.path.abspath(model_path))
 
 
 @functools.lru_cache(maxsize=None)
-def _read_once(model_path: str, speculative: bool) -> Mapping[str, Any]:
+def _read_once(model_path: str) -> Mapping[str, Any]:
     recommended = _read_generation_config(model_path)
     defaults = {}
     for name, check in _FIELDS.items():
         if recommended.get(name) is None:
-            continue
-        if speculative and name in _NOT_ON_SPECULATIVE_SERVERS and recommended[name] != 1:
-            logger.warning("%s recommends %s=%r; a speculative server does not apply it to requests that "
-                           "leave it unset, since a penalized request decodes without the draft (a request "
-                           "that sets it gets it)", GENERATION_CONFIG, name, recommended[name])
             continue
         value = check(recommended[name])
         if value is None:
