@@ -40,6 +40,19 @@ def prefill(runner: ModelRunner, token_ids: list[int], capture_layers=None) -> L
         runner.token_to_kv_pool_allocator.free(slots)
 
 
+def run_counting_verifies(scheduler) -> tuple[dict[str, list[int]], dict[str, int]]:
+    """Steps an in-process Scheduler until it has no work; returns each request's output token
+    ids and, on a speculative server, how many verifies it took part in ({rid: ids}, {rid: n})."""
+    tokens, verifies = {}, {}
+    while scheduler.has_work():
+        out = scheduler.step()
+        for j, rid in enumerate(out.rids if out else ()):
+            tokens.setdefault(rid, []).extend(out.new_token_ids[j])
+            if out.spec_verify_ct is not None:
+                verifies[rid] = out.spec_verify_ct[j]
+    return tokens, verifies
+
+
 def run_to_completion(scheduler, on_step=None) -> dict[str, dict]:
     """Steps an in-process Scheduler until it has no work; returns each request's output token
     ids and finish reason, {rid: {"ids": [...], "reason": ...}}. `on_step(i)` runs before step i."""

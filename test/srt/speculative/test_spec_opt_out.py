@@ -17,6 +17,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.acceptance import AcceptanceEstimator
 from sglang.srt.speculative.cost_model import CostTable
 from sglang.srt.speculative.spec_policy import CostPolicy, make_policy
+from sglang.test.runner_utils import run_counting_verifies
 from sglang.test.server_fixture import ServerProcess, assert_idle_kv_accounting
 
 PROMPTS = [[205, 300, 1100, 52, 9], [17, 905, 33], [640, 12, 12, 77, 1500, 8], [99, 100]]
@@ -34,13 +35,7 @@ def run(spec: dict | None, opted: set[int], temperature: float = 0.0, policy: st
         params = SamplingParams(max_new_tokens=40, temperature=temperature, top_k=8, ignore_eos=True,
                                 sampling_seed=100 + i, disable_speculative_decoding=i in opted)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
-    tokens, verifies = {}, {}
-    while scheduler.has_work():
-        out = scheduler.step()
-        for j, rid in enumerate(out.rids if out else ()):
-            tokens.setdefault(rid, []).extend(out.new_token_ids[j])
-            if out.spec_verify_ct is not None:
-                verifies[rid] = out.spec_verify_ct[j]
+    tokens, verifies = run_counting_verifies(scheduler)
     state = scheduler.get_internal_state()
     assert_idle_kv_accounting(state)
     return tokens, verifies, state

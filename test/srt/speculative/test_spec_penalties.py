@@ -13,6 +13,7 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.eagle_worker_v2 import _graph_sampling
+from sglang.test.runner_utils import run_counting_verifies
 from sglang.test.server_fixture import assert_idle_kv_accounting
 
 PROMPTS = [[205, 300, 1100, 52, 9], [17, 905, 33], [640, 12, 12, 77, 1500, 8]]
@@ -32,13 +33,7 @@ def run(spec: dict | None, penalties: dict[int, dict], temperature: float = 0.0)
                                 sampling_seed=100 + i, **penalties.get(i, {}))
         params.verify(scheduler.model_config.vocab_size)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
-    tokens, verifies = {}, {}
-    while scheduler.has_work():
-        out = scheduler.step()
-        for j, rid in enumerate(out.rids if out else ()):
-            tokens.setdefault(rid, []).extend(out.new_token_ids[j])
-            if out.spec_verify_ct is not None:
-                verifies[rid] = out.spec_verify_ct[j]
+    tokens, verifies = run_counting_verifies(scheduler)
     state = scheduler.get_internal_state()
     assert_idle_kv_accounting(state)
     return tokens, verifies, state
