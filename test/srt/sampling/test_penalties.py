@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from sglang.srt.sampling import penalties
 from sglang.srt.sampling.penalties import MIN_ROWS, PenaltyCounts, PenaltyRows
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -102,10 +103,13 @@ def test_rows_are_rebuilt_reset_grown_and_dropped():
     SamplingParams(frequency_penalty=0.7, presence_penalty=0.3), SamplingParams(repetition_penalty=1.8),
     SamplingParams(frequency_penalty=-2, presence_penalty=2, repetition_penalty=0.6),
 ])
-def test_verify_positions_are_penalized_as_plain_decoding_after_the_drafts_before_them(params):
+@pytest.mark.parametrize("chunk", [None, 4 * VOCAB], ids=["one-piece", "row-by-row"])
+def test_verify_positions_are_penalized_as_plain_decoding_after_the_drafts_before_them(params, chunk, monkeypatch):
     """Position j of a verify scores the token after drafts d_1 .. d_j: its penalties count them
     as generated (a draft repeated counts twice), so acceptance judges each draft by the
     distribution plain decoding would sample from there; unpenalized rows are untouched."""
+    if chunk is not None:
+        monkeypatch.setattr(penalties, "VERIFY_CHUNK_ELEMENTS", chunk)
     outputs = [[3, 3, 5], [], [7, 1]]  # rows 0 and 2 penalized
     drafts = torch.tensor([[5, 2, 5], [1, 1, 1], [1, 1, 6]])  # k = 3, target ids
     pool = PenaltyCounts(VOCAB, "cpu")
@@ -132,3 +136,14 @@ def test_a_speculative_steps_kept_tokens_are_counted():
     pool.count_accepted(tokens, torch.tensor([4, 3, 1]), info.penalties)  # row 1 keeps 3, row 2 keeps 1
     assert pool.counts[rows[0]].tolist() == [1, 0, 2, 0, 1, 0, 0, 0]
     assert pool.counts[rows[1]].tolist() == [0, 0, 0, 1, 0, 0, 0, 0]
+
+
+def test_a_verify_where_every_row_is_penalized():
+    params = SamplingParams(presence_penalty=1.0)
+    pool = PenaltyCounts(VOCAB, "cpu")
+    rows = pool.take([[4], []])
+    info = SamplingBatchInfo.from_params([params, params], [0, 0], VOCAB, "cpu", penalty_rows=rows)
+    assert info.penalties.batch_rows is None
+    penalized = pool.apply_verify(torch.zeros(2, 3, VOCAB), torch.tensor([[2, 2], [6, 1]]), info.penalties)
+    assert penalized[0].tolist() == [[0, 0, 0, 0, -1, 0, 0, 0], [0, 0, -1, 0, -1, 0, 0, 0], [0, 0, -1, 0, -1, 0, 0, 0]]
+    assert penalized[1].tolist() == [[0] * 8, [0, 0, 0, 0, 0, 0, -1, 0], [0, -1, 0, 0, 0, 0, -1, 0]]

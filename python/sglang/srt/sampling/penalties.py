@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 
 # Rows of the first pool (it doubles from there).
 MIN_ROWS = 4
+# A verify penalizes at most this many (row, position, token) elements at once: its per-position
+# copies of the counts and their temporaries stay near 128 MB each in float32, whatever the batch.
+VERIFY_CHUNK_ELEMENTS = 1 << 25
 
 
 @dataclasses.dataclass
@@ -125,19 +128,25 @@ class PenaltyCounts:
         penalize had it produced them. A new tensor, or `logits` itself when no row is penalized."""
         if rows is None:
             return logits
-        chosen = logits if rows.batch_rows is None else logits[rows.batch_rows]
-        chosen_drafts = drafts if rows.batch_rows is None else drafts[rows.batch_rows]
-        num_rows, width = chosen.shape[:2]
-        counts = self.counts[rows.count_rows][:, None, :].repeat(1, width, 1)  # [p, k + 1, vocab]
-        row_ids = torch.arange(num_rows, device=logits.device)[:, None]
-        for i in range(chosen_drafts.shape[1]):  # d_{i+1} precedes positions i + 1 .. k
-            positions = torch.arange(i + 1, width, device=logits.device)[None, :]
-            counts[row_ids, positions, chosen_drafts[:, i : i + 1]] += 1  # one index per (row, position)
-        penalized = penalize(chosen, counts, _per_position(rows)).to(logits.dtype)
-        if rows.batch_rows is None:
-            return penalized
+        batch_rows = rows.batch_rows if rows.batch_rows is not None else \
+            torch.arange(logits.shape[0], device=logits.device)
+        width = logits.shape[1]
         result = logits.clone()
-        result[rows.batch_rows] = penalized
+        per_position = _per_position(rows)
+        # A few rows at a time: each row's counts are copied per position ([rows, k + 1, vocab]).
+        step = max(1, VERIFY_CHUNK_ELEMENTS // (width * logits.shape[2]))
+        for start in range(0, batch_rows.shape[0], step):
+            part = slice(start, start + step)
+            chosen, chosen_drafts = logits[batch_rows[part]], drafts[batch_rows[part]]
+            counts = self.counts[rows.count_rows[part]][:, None, :].repeat(1, width, 1)
+            row_ids = torch.arange(chosen.shape[0], device=logits.device)[:, None]
+            for i in range(chosen_drafts.shape[1]):  # d_{i+1} precedes positions i + 1 .. k
+                positions = torch.arange(i + 1, width, device=logits.device)[None, :]
+                counts[row_ids, positions, chosen_drafts[:, i : i + 1]] += 1  # one index per (row, position)
+            params = dataclasses.replace(per_position, frequency=per_position.frequency[part],
+                                         presence=per_position.presence[part],
+                                         repetition=per_position.repetition[part])
+            result[batch_rows[part]] = penalize(chosen, counts, params).to(logits.dtype)
         return result
 
     def count_accepted(self, tokens: torch.Tensor, num_out: torch.Tensor, rows: Optional[PenaltyRows]) -> None:
