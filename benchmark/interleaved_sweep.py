@@ -14,7 +14,8 @@ alike). Writes OUT/NAME.rounds.jsonl (every round's bench_serving line, with "ro
 "position" and its wall-clock span "started_unix" / "ended_unix", for monitor_report.py) and
 OUT/NAME.jsonl (one line per level, the rounds pooled: throughputs are total tokens over total
 measured time, counts and steps per k are summed, latency statistics are the rounds' means),
-the layout spec_envelope_report.py reads."""
+the layout spec_envelope_report.py reads. --warmup-rounds N plays N rounds first at each level,
+written to OUT/NAME.warmup.jsonl and left out of the pooled line."""
 
 from __future__ import annotations
 
@@ -56,6 +57,11 @@ def make_sweep_parser() -> argparse.ArgumentParser:
     parser.add_argument("--server", type=parse_server, action="append", required=True,
                         help="NAME=URL of one running server (give two or more)")
     parser.add_argument("--rounds", type=int, default=2, help="measurements per server and level (default 2)")
+    parser.add_argument("--warmup-rounds", type=int, default=0,
+                        help="rounds played before the measured ones at every level (or trace), in the same "
+                             "rotating order, written to OUT/NAME.warmup.jsonl and left out of the pooled line: "
+                             "a server that adapts to its load (dynamic speculation learning its costs at a new "
+                             "batch size) is then measured once it has met the level (default 0)")
     parser.add_argument("--out-dir", required=True)
     return parser
 
@@ -152,13 +158,18 @@ async def run_rounds(args: argparse.Namespace, names: list[str], benches: dict, 
     its round, position and wall-clock span, goes to OUT/NAME.rounds.jsonl, and a line with
     failures checks that its server is still up. Returns {name: [line per round]}."""
     rounds: dict[str, list[dict]] = {name: [] for name in names}
-    for round_index in range(args.rounds):
-        for position, name in enumerate(round_order(names, round_index)):
+    warmups = getattr(args, "warmup_rounds", 0)
+    for index in range(warmups + args.rounds):
+        warmup = index < warmups
+        round_index = index if warmup else index - warmups
+        for position, name in enumerate(round_order(names, index)):
             started = time.time()
             line = await measure(name, round_index)
             line.update(round=round_index, position=position, started_unix=started, ended_unix=time.time())
-            runner.append_line(os.path.join(args.out_dir, f"{name}.rounds.jsonl"), line)
-            rounds[name].append(line)
+            kind = "warmup" if warmup else "rounds"
+            runner.append_line(os.path.join(args.out_dir, f"{name}.{kind}.jsonl"), line)
+            if not warmup:
+                rounds[name].append(line)
             if line["failed"]:
                 await runner.check_alive(session, benches[name].base_url, line)
     return rounds
@@ -187,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--server needs two or more servers with distinct names, got {names}")
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
+    if args.warmup_rounds < 0:
+        parser.error(f"--warmup-rounds must be at least 0, got {args.warmup_rounds}")
     os.makedirs(args.out_dir, exist_ok=True)
     try:
         return asyncio.run(sweep(args))

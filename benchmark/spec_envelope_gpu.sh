@@ -22,7 +22,8 @@
 # Env: LEVELS, INPUT_LEN, OUTPUT_LEN, NUM_PROMPTS, PER_CONC, MAX_PROMPTS, SWEEP_TIMEOUT_S (as
 # serving_sweep_gpu.sh; defaults here: input 1024, output 128, 32 prompts or 3 per unit of
 # concurrency; for the demo see below), ROUNDS (> 0: all servers up at once, each level measured
-# ROUNDS times per server in turn by interleaved_sweep.py; the demo's default is 2, the 8B
+# ROUNDS times per server in turn by interleaved_sweep.py, after WARMUP_ROUNDS unpooled ones
+# (default 0; interleaved_sweep.py --warmup-rounds); the demo's default is 2, the 8B
 # configs' 0, one sweep per server: three 8B servers do not fit one GPU's memory with KV for
 # concurrency 256), DATASET (demo: code or random), EXTRA_SERVER_ARGS (added to every server,
 # e.g. `--device cpu` for a dry run), MODEL / DRAFT (override the config's pair, e.g. tiny models
@@ -172,6 +173,7 @@ if (( ${ROUNDS:-0} > 0 )); then
     bench_args
     [ -n "${TRACE:-}" ] && BENCH_ARGS+=(--trace "$TRACE")
     "${CLIENT[@]}" timeout $(( SWEEP_TIMEOUT_S * $# )) python benchmark/interleaved_sweep.py "${URLS[@]/#/--server=}" --rounds "$ROUNDS" \
+      --warmup-rounds "${WARMUP_ROUNDS:-0}" \
       --out-dir "$OUT" "${BENCH_ARGS[@]}" | grep -E "^(concurrency|trace)" || FAILED="$FAILED interleaved sweep"
     stop_monitor
     python benchmark/monitor_report.py --monitor "$OUT/${CONFIG}_monitor" "$OUT"/*.rounds.jsonl \
@@ -208,8 +210,8 @@ fi
 # loose; the single-sweep plots go; the server logs, /get_server_info snapshots and the rounds' lines of an
 # interleaved run go into one archive.
 find "$OUT" -maxdepth 1 -name '*.png' ! -name '*_envelope.png' -delete
-(cd "$OUT" && tar czf "${CONFIG}_servers.tgz" *.server.log *.server_info.json $(ls *.rounds.jsonl *_monitor.* *.steps.* *.procstat 2>/dev/null) \
-  && rm -f *.server.log *.server_info.json *.rounds.jsonl *_monitor.* *.steps.* *.procstat)
+(cd "$OUT" && tar czf "${CONFIG}_servers.tgz" *.server.log *.server_info.json $(ls *.rounds.jsonl *.warmup.jsonl *_monitor.* *.steps.* *.procstat 2>/dev/null) \
+  && rm -f *.server.log *.server_info.json *.rounds.jsonl *.warmup.jsonl *_monitor.* *.steps.* *.procstat)
 if [ -n "$FAILED" ]; then
   echo "sweeps that failed:$FAILED (their server logs are in ${CONFIG}_servers.tgz)"; exit 1
 fi

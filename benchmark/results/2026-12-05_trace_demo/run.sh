@@ -13,7 +13,8 @@
 # Usage (GPU machine, repository root): PARTS="t1" bash benchmark/results/2026-12-05_trace_demo/run.sh OUT
 # (ROUNDS=N for t1 / t2: three rounds of t1 took ~12 minutes with the random 8B pair written and read on a fresh
 # machine; LOAD_FORMAT=dummy draws the weights in each server instead, and SWEEP_TIMEOUT_S caps each server's
-# share of the plays so that the archive is still written inside a 600 s call.)
+# share of the plays so that the archive is still written inside a 600 s call. WARMUP_ROUNDS=N plays N
+# unpooled rounds first at every level, spec_envelope_gpu.sh's.)
 set -u -o pipefail
 OUT=${1:?usage: run.sh OUT}
 HERE=$(dirname "$0")
