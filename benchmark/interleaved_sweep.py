@@ -158,7 +158,7 @@ async def run_rounds(args: argparse.Namespace, names: list[str], benches: dict, 
     its round, position and wall-clock span, goes to OUT/NAME.rounds.jsonl, and a line with
     failures checks that its server is still up. Returns {name: [line per round]}."""
     rounds: dict[str, list[dict]] = {name: [] for name in names}
-    warmups = getattr(args, "warmup_rounds", 0)
+    warmups = args.warmup_rounds
     for index in range(warmups + args.rounds):
         warmup = index < warmups
         round_index = index if warmup else index - warmups

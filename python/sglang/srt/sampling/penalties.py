@@ -36,9 +36,9 @@ class PenaltyRows:
 
     batch_rows: Optional[torch.Tensor]  # int64[p] rows of the batch; None when every row is penalized
     count_rows: torch.Tensor  # int64[p] their rows of PenaltyCounts.counts
-    frequency: torch.Tensor  # float32[p, 1]
-    presence: torch.Tensor  # float32[p, 1]
-    repetition: torch.Tensor  # float32[p, 1]
+    frequency: torch.Tensor  # float32[p, 1, 1] (broadcast over positions and the vocabulary)
+    presence: torch.Tensor  # float32[p, 1, 1]
+    repetition: torch.Tensor  # float32[p, 1, 1]
     ones: torch.Tensor  # float32[p], what a step adds to each row's count of its token
 
     @classmethod
@@ -54,23 +54,18 @@ class PenaltyRows:
             [[p.frequency_penalty for p in chosen], [p.presence_penalty for p in chosen],
              [p.repetition_penalty for p in chosen], [1.0] * len(rows)], device, torch.float32)
         every_row = len(rows) == len(params)
-        return cls(batch_rows=None if every_row else batch_rows, count_rows=counts, frequency=frequency[:, None],
-                   presence=presence[:, None], repetition=repetition[:, None], ones=ones)
+        return cls(batch_rows=None if every_row else batch_rows, count_rows=counts, frequency=frequency[:, None, None],
+                   presence=presence[:, None, None], repetition=repetition[:, None, None], ones=ones)
 
 
-def penalize(logits: torch.Tensor, counts: torch.Tensor, rows: PenaltyRows) -> torch.Tensor:
-    """float[p, vocab] logits of the penalized rows with their penalties: frequency and presence
-    subtracted, then repetition's scaling of every token generated before (as upstream SGLang)."""
+def penalize(logits: torch.Tensor, counts: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
+             repetition: torch.Tensor) -> torch.Tensor:
+    """float logits [p, positions, vocab] with their penalties: frequency and presence subtracted,
+    then repetition's scaling of every token generated before (as upstream SGLang)."""
     seen = counts > 0
-    logits = logits - rows.frequency * counts - rows.presence * seen
-    scaled = torch.where(logits > 0, logits / rows.repetition, logits * rows.repetition)
+    logits = logits - frequency * counts - presence * seen
+    scaled = torch.where(logits > 0, logits / repetition, logits * repetition)
     return torch.where(seen, scaled, logits)
-
-
-def _per_position(rows: PenaltyRows) -> PenaltyRows:
-    """The rows' penalties shaped to broadcast over [p, positions, vocab]."""
-    return dataclasses.replace(rows, frequency=rows.frequency[:, :, None], presence=rows.presence[:, :, None],
-                               repetition=rows.repetition[:, :, None])
 
 
 class PenaltyCounts:
@@ -114,12 +109,8 @@ class PenaltyCounts:
         or `logits` itself when no row is penalized (nothing launched)."""
         if rows is None:
             return logits
-        counts = self.counts[rows.count_rows]
-        if rows.batch_rows is None:
-            return penalize(logits, counts, rows).to(logits.dtype)
-        penalized = logits.clone()
-        penalized[rows.batch_rows] = penalize(logits[rows.batch_rows], counts, rows).to(logits.dtype)
-        return penalized
+        no_drafts = torch.empty(logits.shape[0], 0, dtype=torch.int64, device=logits.device)
+        return self.apply_verify(logits[:, None, :], no_drafts, rows)[:, 0]
 
     def apply_verify(self, logits: torch.Tensor, drafts: torch.Tensor, rows: Optional[PenaltyRows]) -> torch.Tensor:
         """A speculative verify's logits ([bs, k + 1, vocab]; position j scores the token after
@@ -132,7 +123,6 @@ class PenaltyCounts:
             torch.arange(logits.shape[0], device=logits.device)
         width = logits.shape[1]
         result = logits.clone()
-        per_position = _per_position(rows)
         # A few rows at a time: each row's counts are copied per position ([rows, k + 1, vocab]).
         step = max(1, VERIFY_CHUNK_ELEMENTS // (width * logits.shape[2]))
         for start in range(0, batch_rows.shape[0], step):
@@ -143,10 +133,8 @@ class PenaltyCounts:
             for i in range(chosen_drafts.shape[1]):  # d_{i+1} precedes positions i + 1 .. k
                 positions = torch.arange(i + 1, width, device=logits.device)[None, :]
                 counts[row_ids, positions, chosen_drafts[:, i : i + 1]] += 1  # one index per (row, position)
-            params = dataclasses.replace(per_position, frequency=per_position.frequency[part],
-                                         presence=per_position.presence[part],
-                                         repetition=per_position.repetition[part])
-            result[batch_rows[part]] = penalize(chosen, counts, params).to(logits.dtype)
+            result[batch_rows[part]] = penalize(chosen, counts, rows.frequency[part], rows.presence[part],
+                                                rows.repetition[part]).to(logits.dtype)
         return result
 
     def count_accepted(self, tokens: torch.Tensor, num_out: torch.Tensor, rows: Optional[PenaltyRows]) -> None:
