@@ -15,13 +15,20 @@ alike). Writes OUT/NAME.rounds.jsonl (every round's bench_serving line, with "ro
 OUT/NAME.jsonl (one line per level, the rounds pooled: throughputs are total tokens over total
 measured time, counts and steps per k are summed, latency statistics are the rounds' means),
 the layout spec_envelope_report.py reads. --warmup-rounds N plays N rounds first at each level,
-written to OUT/NAME.warmup.jsonl and left out of the pooled line."""
+written to OUT/NAME.warmup.jsonl and left out of the pooled line.
+
+    python benchmark/interleaved_sweep.py repool OUT NAME NAME ...
+
+pools again from OUT/NAME.rounds.jsonl alone, rewriting OUT/NAME.jsonl: for a sweep cut short (a time
+limit, a server lost), so that the rounds every named server finished at a level or trace are still
+reported, the same rounds for each server; a round some server lacks is left out of every pool."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import copy
+import json
 import os
 import statistics
 import sys
@@ -100,6 +107,15 @@ def pool(lines: list[dict]) -> dict:
     return pooled
 
 
+def pooled_line(lines: list[dict]) -> dict:
+    """One server's rounds at one level, or of one trace, as the pooled line."""
+    if not lines[0].get("phases"):
+        return pool(lines)
+    pooled = pool([dict(line, phases=None) for line in lines])
+    pooled["phases"] = pool_phases([line["phases"] for line in lines])
+    return pooled
+
+
 def pool_phases(rounds: list[list[dict]]) -> list[dict]:
     """One trace's phases over its rounds: the tokens delivered during each phase over its seconds
     (summed over the rounds), each round's rate, the requests started in it and their mean TPOT."""
@@ -140,7 +156,7 @@ async def sweep(args: argparse.Namespace) -> int:
 
             rounds = await run_rounds(args, names, benches, session, measure)
             for name in names:
-                pooled = pool(rounds[name])
+                pooled = pooled_line(rounds[name])
                 runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pooled)
                 if not pooled["completed"]:
                     empty.append(f"{name} at concurrency {level}")
@@ -180,17 +196,58 @@ async def sweep_trace(args: argparse.Namespace, names: list[str], benches: dict,
     other round); OUT/NAME.trace.jsonl gets each round's line, OUT/NAME.jsonl the rounds pooled."""
     rounds = await run_rounds(args, names, benches, session, lambda name, _: runner.measure_trace(benches[name]))
     for name in names:
-        lines = rounds[name]
-        pooled = pool([dict(line, phases=None) for line in lines])
-        pooled["phases"] = pool_phases([line["phases"] for line in lines])
-        runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pooled)
+        runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pooled_line(rounds[name]))
     for name in names:
         print(f"trace: {name} " + " / ".join(f"{line['output_throughput']:.0f}" for line in rounds[name]) + " tok/s",
               flush=True)
     return 0 if all(line["completed"] for lines in rounds.values() for line in lines) else 1
 
 
+def repool(out_dir: str, names: list[str]) -> list[str]:
+    """OUT/NAME.jsonl for every name, again, from OUT/NAME.rounds.jsonl: at each level (or the trace), in
+    the order first played, the rounds that every server finished. Returns a line per level saying
+    which rounds were pooled and which were left out."""
+    played: dict[str, dict] = {}  # name -> {level: {round: line}}
+    for name in names:
+        path = os.path.join(out_dir, f"{name}.rounds.jsonl")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no rounds of {name} to pool (names: {', '.join(names)})")
+        levels = played[name] = {}
+        with open(path) as f:
+            for line in map(json.loads, filter(str.strip, f)):
+                level = "trace" if line.get("phases") else line.get("max_concurrency")
+                levels.setdefault(level, {})[line["round"]] = line
+    order = list(dict.fromkeys(level for name in names for level in played[name]))
+    pooled = {name: [] for name in names}
+    report = []
+    for level in order:
+        finished = [set(played[name].get(level, {})) for name in names]
+        common, every = sorted(set.intersection(*finished)), sorted(set.union(*finished))
+        label = "trace" if level == "trace" else f"concurrency {level}"
+        left_out = f", left out {[r for r in every if r not in common]}" if common != every else ""
+        report.append(f"{label}: pooled rounds {common}{left_out}")
+        if common:
+            for name in names:
+                pooled[name].append(pooled_line([played[name][level][r] for r in common]))
+    for name in names:
+        with open(os.path.join(out_dir, f"{name}.jsonl"), "w") as f:
+            f.writelines(json.dumps(line) + "\n" for line in pooled[name])
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["repool"]:
+        if len(argv) < 4:
+            print("usage: interleaved_sweep.py repool OUT NAME NAME ... (two or more servers)", file=sys.stderr)
+            return 2
+        try:
+            report = repool(argv[1], argv[2:])
+        except (OSError, ValueError, KeyError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        print("\n".join(report))
+        return 0
     parser = make_sweep_parser()
     args = parser.parse_args(argv)
     names = [name for name, _ in args.server]

@@ -174,7 +174,10 @@ if (( ${ROUNDS:-0} > 0 )); then
     [ -n "${TRACE:-}" ] && BENCH_ARGS+=(--trace "$TRACE")
     "${CLIENT[@]}" timeout $(( SWEEP_TIMEOUT_S * $# )) python benchmark/interleaved_sweep.py "${URLS[@]/#/--server=}" --rounds "$ROUNDS" \
       --warmup-rounds "${WARMUP_ROUNDS:-0}" \
-      --out-dir "$OUT" "${BENCH_ARGS[@]}" | grep -E "^(concurrency|trace)" || FAILED="$FAILED interleaved sweep"
+      --out-dir "$OUT" "${BENCH_ARGS[@]}" | grep -E "^(concurrency|trace)" || {
+      FAILED="$FAILED interleaved sweep"
+      # Cut short (SWEEP_TIMEOUT_S, a server lost): pool the rounds every server finished, so they are reported.
+      python benchmark/interleaved_sweep.py repool "$OUT" "${NAMES[@]}" | sed 's/^/== repooled after the failed sweep: /'; }
     stop_monitor
     python benchmark/monitor_report.py --monitor "$OUT/${CONFIG}_monitor" "$OUT"/*.rounds.jsonl \
       > "$OUT/${CONFIG}_monitor.txt" 2>&1
