@@ -32,9 +32,11 @@ class FakeTokenizerManager:
     writes TEXTS[k % len(TEXTS)]; streaming yields the result after every token."""
 
     def __init__(self, finish: Optional[dict] = None, fail: Optional[Exception] = None,
-                 fail_after: Optional[int] = None, hang_after: Optional[int] = None, texts=TEXTS):
+                 fail_after: Optional[int] = None, hang_after: Optional[int] = None, texts=TEXTS,
+                 bos: Optional[int] = None):
         self.tokenizer = TOKENIZER
         self.texts = texts
+        self.bos = bos  # a special token id the tokenizer puts before every text prompt, as Llama's adds BOS
         self.context_len = 1024
         self.server_args = SimpleNamespace(served_model_name=MODEL, model_path=MODEL_PATH, tool_call_parser=None,
                                            sampling_defaults="model")
@@ -83,7 +85,8 @@ class FakeTokenizerManager:
         await asyncio.sleep(0)  # let other streams interleave
 
     def _result(self, obj, prompt, ids: list[int], finished: bool) -> dict:
-        prompt_tokens = len(prompt) if isinstance(prompt, list) else len(TOKENIZER.encode(prompt))
+        prompt_ids = prompt if isinstance(prompt, list) else [self.bos] * (self.bos is not None) + TOKENIZER.encode(prompt)
+        prompt_tokens = len(prompt_ids)
         finish = (self.finish or {"type": "length", "length": len(ids)}) if finished else None
         meta = {"id": "rid", "finish_reason": finish, "prompt_tokens": prompt_tokens,
                 "completion_tokens": len(ids), "cached_tokens": 2, "e2e_latency": 0.1}
@@ -94,7 +97,6 @@ class FakeTokenizerManager:
                 for i, t in enumerate(ids)
             ]
             if getattr(obj, "logprob_start_len", -1) == 0:  # the prompt's tokens, scored -0.5 each
-                prompt_ids = prompt if isinstance(prompt, list) else TOKENIZER.encode(prompt)
                 meta["input_token_logprobs"] = [(None if i == 0 else -0.5, t, None) for i, t in enumerate(prompt_ids)]
                 meta["input_top_logprobs"] = [None] + [[(-0.5, t, None)][:obj.top_logprobs_num] for t in prompt_ids[1:]]
         return {"text": TOKENIZER.decode(ids), "output_ids": list(ids), "meta_info": meta}
@@ -375,6 +377,32 @@ def test_echo_leads_with_the_prompt_and_its_logprobs(stream):
     assert logprobs["top_logprobs"][0] is None and logprobs["top_logprobs"][1] == {logprobs["tokens"][1]: -0.5}
     offsets = logprobs["text_offset"]
     assert offsets == [sum(len(t) for t in logprobs["tokens"][:i]) for i in range(len(offsets))]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_echo_offsets_index_the_text_when_the_tokenizer_adds_a_bos(stream):
+    """A text prompt echoed as given: the BOS the tokenizer put before it is listed with the prompt's
+    tokens but is not in the text, so it takes no characters and every later offset still points
+    at its token in the text."""
+    bos = TOKENIZER.convert_tokens_to_ids("<|endoftext|>")
+    prompt = "def add(a, b):"
+    _, _, body = completion(tm=FakeTokenizerManager(bos=bos), prompt=prompt, echo=True, logprobs=0, max_tokens=8,
+                            stream=stream)
+    chunks = chunks_of(body) if stream else [body]
+    text = "".join(c["choices"][0]["text"] for c in chunks)
+    tokens = [t for c in chunks for t in c["choices"][0]["logprobs"]["tokens"]]
+    offsets = [o for c in chunks for o in c["choices"][0]["logprobs"]["text_offset"]]
+    assert text == prompt + TEXTS[0] and tokens[0] == "<|endoftext|>" and offsets[:2] == [0, 0]
+    num_prompt = 1 + len(TOKENIZER.encode(prompt))
+    assert offsets[num_prompt] == len(prompt), "the completion starts right after the echoed prompt"
+    for token, offset in zip(tokens[1:], offsets[1:]):
+        assert text[offset:].startswith(token), (token, offset)
+    # Given as token ids, the prompt is echoed decoded, BOS text included, and the BOS takes its characters.
+    ids = [bos] + TOKENIZER.encode(prompt)
+    _, _, body = completion(tm=FakeTokenizerManager(bos=bos), prompt=ids, echo=True, logprobs=0, max_tokens=8)
+    logprobs = body["choices"][0]["logprobs"]
+    assert body["choices"][0]["text"].startswith("<|endoftext|>" + prompt)
+    assert logprobs["text_offset"][1] == len("<|endoftext|>")
 
 
 def test_echo_without_logprobs_asks_for_none_and_n_choices_each_lead_with_their_prompt():

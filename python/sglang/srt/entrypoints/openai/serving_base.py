@@ -88,6 +88,7 @@ class OpenAIServingBase:
     def __init__(self, tokenizer_manager):
         self.tokenizer_manager = tokenizer_manager
         self._token_strings: dict[int, tuple[str, list[int]]] = {}
+        self._special_ids: Optional[frozenset] = None
 
     # ---- to be provided by the endpoint --------------------------------------------------
 
@@ -250,6 +251,12 @@ class OpenAIServingBase:
         return json.loads(response.body)
 
     # ---- token strings --------------------------------------------------------------------
+
+    def special_token_ids(self) -> frozenset:
+        """The tokenizer's special token ids (BOS, EOS, ...), read once."""
+        if self._special_ids is None:
+            self._special_ids = frozenset(getattr(self.tokenizer_manager.tokenizer, "all_special_ids", None) or ())
+        return self._special_ids
 
     def token_string(self, token_id: int) -> tuple[str, list[int]]:
         """The token's text as OpenAI shows it, and its UTF-8 bytes. A token that is only part

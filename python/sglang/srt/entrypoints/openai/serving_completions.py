@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import codecs
+from typing import Optional
 
 from sglang.srt.entrypoints.openai.protocol import (
     CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, CompletionStreamResponse,
@@ -60,7 +61,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         choices = []
         for index, result in enumerate(results):
             echo = self._echo_text(ctx, index)
-            logprobs = self._logprobs(ctx, result, 0, TextOffsets(), with_prompt=echo is not None)
+            logprobs = self._logprobs(ctx, result, 0, TextOffsets(), echo)
             choices.append(_choice(index, (echo or "") + result["text"], result, logprobs))
         return CompletionResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices,
                                   usage=usage).model_dump()
@@ -71,7 +72,7 @@ class OpenAIServingCompletion(OpenAIServingBase):
         if progress.logprob_state is None:  # the choice's first chunk: with echo, the prompt leads it
             progress.logprob_state = TextOffsets()
             echo = self._echo_text(ctx, index)
-        logprobs = self._logprobs(ctx, result, token_start, progress.logprob_state, with_prompt=echo is not None)
+        logprobs = self._logprobs(ctx, result, token_start, progress.logprob_state, echo)
         return CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model,
                                         choices=[_choice(index, (echo or "") + delta, result, logprobs)]).model_dump()
 
@@ -89,26 +90,32 @@ class OpenAIServingCompletion(OpenAIServingBase):
         return prompt if prompts.field == "text" else self.tokenizer_manager.tokenizer.decode(prompt)
 
     def _logprobs(self, ctx: RequestContext, result: dict, start: int, offsets: TextOffsets,
-                  with_prompt: bool = False):
-        """Logprobs of the output tokens from `start` on, after the prompt's (echo) if `with_prompt`;
-        `offsets` continues across calls."""
+                  echo: Optional[str] = None):
+        """Logprobs of the output tokens from `start` on, after the prompt's when `echo` (the
+        echoed prompt text) is given; `offsets` continues across calls."""
         if ctx.request.logprobs is None:
             return None
         logprobs = CompletionLogprobs()
-        if with_prompt:
+        if echo is not None:
             meta = result["meta_info"]
             tops = meta.get("input_top_logprobs") or []
+            special = self.special_token_ids()
             for position, (logprob, token_id, _) in enumerate(meta.get("input_token_logprobs") or []):
-                self._add_entry(logprobs, offsets, token_id, logprob, tops[position] if position < len(tops) else [])
+                # A special token the tokenizer added (a BOS) is not in the echoed text: it takes no
+                # characters there, so the offsets after it still index the text.
+                added = token_id in special and not echo.startswith(self.token_string(token_id)[0], offsets.num_chars)
+                self._add_entry(logprobs, offsets, token_id, logprob, tops[position] if position < len(tops) else [],
+                                width=not added)
         tokens, tops = output_logprobs(result)
         for position, (logprob, token_id, _) in enumerate(tokens[start:], start):
             self._add_entry(logprobs, offsets, token_id, logprob, tops[position] if position < len(tops) else [])
         return logprobs
 
-    def _add_entry(self, logprobs: CompletionLogprobs, offsets: TextOffsets, token_id: int, logprob, top) -> None:
+    def _add_entry(self, logprobs: CompletionLogprobs, offsets: TextOffsets, token_id: int, logprob, top,
+                   width: bool = True) -> None:
         token, raw = self.token_string(token_id)
         logprobs.tokens.append(token)
-        logprobs.text_offset.append(offsets.next(raw))
+        logprobs.text_offset.append(offsets.next(raw if width else []))
         if logprob is None:  # a prompt's first token: nothing precedes it
             logprobs.token_logprobs.append(None)
             logprobs.top_logprobs.append(None)
@@ -133,6 +140,7 @@ class TextOffsets:
         self.num_chars = 0
 
     def next(self, token_bytes: list[int]) -> int:
+        """The offset of a token of these bytes (none: a token not in the text), and moves past it."""
         offset = self.num_chars
         self.num_chars += len(self.decoder.decode(bytes(token_bytes)))
         return offset
