@@ -156,6 +156,7 @@ def test_logit_bias_takes_string_or_integer_token_ids():
     params.verify(vocab_size=10)
     assert params.token_biases() == {5: 1.0, 7: -100.0, 9: 100.0}
     assert SamplingParams(logit_bias={5: -2.5}).token_biases() == {5: -2.5}
+    assert SamplingParams.from_dict({"logit_bias": {" 3 ": 1, "+4": 2}}).token_biases() == {3: 1.0, 4: 2.0}
     assert SamplingParams().token_biases() == {}
 
 
@@ -166,6 +167,10 @@ def test_logit_bias_takes_string_or_integer_token_ids():
         ({"1.0": 1}, "must be token ids (integers)"),
         ({"": 1}, "must be token ids (integers)"),
         ({"1" * 5000: 1}, "must be token ids (integers)"),
+        ({"+-5": 1}, "must be token ids (integers)"),
+        ({"--1": 1}, "must be token ids (integers)"),
+        ({"+ 5": 1}, "must be token ids (integers)"),
+        ({"٥": 1}, "must be token ids (integers)"),  # a digit, but not an ASCII one
         ({"5": True}, "must be finite numbers"),
         ({"5": float("nan")}, "must be finite numbers"),
         ({"10": 1}, "token ids must be in [0, 10), got 10"),

@@ -207,9 +207,11 @@ def _parse_logit_bias(logit_bias: dict | None) -> dict[int, float]:
 
 
 def _int_key(key: Any) -> int | None:
-    digits = key.strip().lstrip("+-") if isinstance(key, str) else ""
+    """A string key holding one integer ("42", " 7", "-1"), else None ("+-5", "1e3", "4.0")."""
+    text = key.strip() if isinstance(key, str) else ""
+    digits = text[1:] if text[:1] in ("+", "-") else text
     if digits.isascii() and digits.isdigit() and len(digits) <= 20:
-        return int(key)
+        return int(text)
     return None
 
 
