@@ -138,3 +138,49 @@ def test_a_chat_template_file_serves_chat_for_a_tokenizer_without_one(tiny_model
     finally:
         asyncio.run(tm.close())
         shutil.rmtree(port_args.ipc_dir, ignore_errors=True)
+
+
+def test_a_grammar_slow_to_parse_is_refused_by_name_while_the_event_loop_keeps_running(tiny_model_paths, monkeypatch):
+    """A json_schema whose pattern takes seconds to expand is parsed on the grammar-check threads:
+    the event loop keeps ticking meanwhile, and past the time limit the request is refused naming
+    json_schema. A grammar that parses quickly is checked the same way and goes through."""
+    import pytest
+
+    from sglang.srt.errors import InvalidRequest
+    from sglang.srt.managers import tokenizer_manager
+
+    monkeypatch.setattr(tokenizer_manager, "CONSTRAINT_CHECK_TIMEOUT_S", 0.3)
+    slow = '{"type": "string", "pattern": "(ab|cd){1,4000}"}'  # about 2-3 s to parse on one core
+
+    async def run():
+        port_args = PortArgs.create()
+        tm = TokenizerManager(ServerArgs(model_path=tiny_model_paths["llama"], device="cpu"), port_args,
+                              {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8}, lambda: None)
+        ticks = []
+
+        async def ticker():
+            while True:
+                ticks.append(time.perf_counter())
+                await asyncio.sleep(0.01)
+
+        task = asyncio.ensure_future(ticker())
+        try:
+            started = time.perf_counter()
+            with pytest.raises(InvalidRequest) as excinfo:
+                await tm.tokenize_request(GenerateReqInput(input_ids=[[1, 2], [3, 4]], sampling_params=[
+                    {"json_schema": slow}, {"json_schema": slow}]))  # one check for the two
+            took = time.perf_counter() - started
+            quick = await tm.tokenize_request(GenerateReqInput(input_ids=[1, 2], sampling_params={
+                "regex": "[a-z]+", "max_new_tokens": 4}))
+        finally:
+            task.cancel()
+            await tm.close()
+            shutil.rmtree(port_args.ipc_dir, ignore_errors=True)
+        return excinfo.value, took, ticks, quick
+
+    error, took, ticks, quick = asyncio.run(run())
+    assert error.param == "json_schema" and "not parsed within" in str(error)
+    assert took < 1.5, took
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert max(gaps) < 0.2, max(gaps)
+    assert len(quick) == 1 and quick[0].sampling_params.regex == "[a-z]+"

@@ -19,7 +19,7 @@ from typing import AsyncIterator, Callable, Optional
 import zmq
 import zmq.asyncio
 
-from sglang.srt.constrained.grammar import check_constraint, constraint_key
+from sglang.srt.constrained.grammar import CONSTRAINT_FIELDS, check_constraint, constraint_key
 from sglang.srt.errors import InvalidRequest, short_repr
 from sglang.srt.hf_transformers_utils import get_tokenizer, load_chat_template
 from sglang.srt.managers import request_input
@@ -42,6 +42,12 @@ STREAM_EVERY_STEP_ENV = "SGLANG_STREAM_EVERY_STEP"
 # the others' tokenization.
 INLINE_TOKENIZE_CHARS = 2048
 TOKENIZE_THREADS = 2
+# A request's grammar (json_schema, regex, ebnf) is parsed before it is queued, to refuse a bad
+# one by name. Parsing can take minutes (a pattern "[a-z]{1,30000}" expands to thousands of rules),
+# so it runs on its own worker threads (xgrammar releases the GIL), never on the event loop, and a
+# grammar not parsed within the time below is refused.
+CONSTRAINT_CHECK_THREADS = 2
+CONSTRAINT_CHECK_TIMEOUT_S = 10.0
 
 
 @dataclasses.dataclass
@@ -86,6 +92,7 @@ class TokenizerManager:
         self.limits = RequestLimits(server_args, self.context_len, model_info["max_running_requests"],
                                     longest_token_chars(self.tokenizer))
         self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="sglang-tokenize")
+        self.constraint_pool = ThreadPoolExecutor(CONSTRAINT_CHECK_THREADS, thread_name_prefix="sglang-grammar-check")
         self.metrics = None
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import MetricsCollector  # only with --enable-metrics
@@ -114,6 +121,7 @@ class TokenizerManager:
         self.limits.check_sequences(n, max(p.n for p in params), sum(p.n for p in params))
         for i in range(n):
             request_input.check_logprob_args(return_logprobs[i], top_nums[i], starts[i])
+        await self._check_constraints(params)
         ids_list = await self._encode_all(prompts) if prompts is not None else ids_list
         group = obj.group or rids[0]
         out = []
@@ -141,8 +149,25 @@ class TokenizerManager:
                 field = constraint_key(params)[0]
                 raise InvalidRequest(f"{field} needs a grammar backend; this server runs with --grammar-backend none",
                                      field)
-            check_constraint(params)
         return params
+
+    async def _check_constraints(self, params: list[SamplingParams]) -> None:
+        """Each distinct grammar of the request parses (check_constraint), on the grammar-check
+        threads, within CONSTRAINT_CHECK_TIMEOUT_S; else InvalidRequest naming its field."""
+        loop = asyncio.get_running_loop()
+        distinct = {tuple(getattr(p, field) for field in CONSTRAINT_FIELDS): p for p in params if p.constrained}
+        for p in distinct.values():
+            field = constraint_key(p)[0]
+            started = time.perf_counter()
+            check = loop.run_in_executor(self.constraint_pool, check_constraint, p)
+            try:
+                await asyncio.wait_for(check, CONSTRAINT_CHECK_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                logger.warning("refused a %s not parsed within %.0f s", field, time.perf_counter() - started)
+                raise InvalidRequest(f"{field} was not parsed within {CONSTRAINT_CHECK_TIMEOUT_S:.0f} s: simplify it "
+                                     f"(large repetition counts such as {{1,10000}} and deep nesting expand into "
+                                     f"many grammar rules), or retry if the server is parsing other large grammars",
+                                     field) from None
 
     async def _encode_all(self, prompts: list) -> list[list[int]]:
         num_chars = 0
@@ -387,3 +412,4 @@ class TokenizerManager:
                 pass
         self.ctx.destroy(linger=0)
         self.tokenize_pool.shutdown(wait=False, cancel_futures=True)
+        self.constraint_pool.shutdown(wait=False, cancel_futures=True)
