@@ -187,8 +187,10 @@ class ChatMessage(_Lenient):
             return arguments
         try:
             value = json.loads(arguments)
-        except (json.JSONDecodeError, RecursionError):
+        except json.JSONDecodeError:
             value = None
+        except RecursionError:
+            raise ValueError(f"tool_calls[{index}].function.arguments nests too deeply") from None
         if not isinstance(value, dict):
             raise ValueError(f"tool_calls[{index}].function.arguments must be the JSON text of an object, "
                              f"got {short_repr(arguments)}")

@@ -66,6 +66,9 @@ class OpenAIServingChat(OpenAIServingBase):
             ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
         except (TemplateError, ValueError, TypeError) as err:
             raise InvalidRequest(f"the chat template rejected these messages: {err}", "messages") from None
+        except RecursionError:  # the template walks tool-call arguments nested a few hundred deep
+            raise InvalidRequest("the messages nest too deeply for the chat template (tool-call arguments "
+                                 "hundreds of levels deep)", "messages") from None
         if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
