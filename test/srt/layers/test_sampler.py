@@ -117,9 +117,12 @@ def test_top_p_stays_in_nucleus_and_renormalizes():
     assert_follows(tokens, nucleus)
 
 
-def test_tiny_top_p_keeps_the_top_token():
-    tokens = draw_many(SamplingParams(temperature=3.0, top_p=1e-6), num_draws=300)
-    assert (tokens == LOGITS.argmax()).all()
+@pytest.mark.parametrize("top_p", [1e-6, 1e-46, 5e-324], ids=["tiny", "below_float32", "smallest_double"])
+def test_tiny_top_p_keeps_the_top_token(top_p):
+    # The top token is not token 0: a row with every token filtered out would also pick token 0.
+    logits = LOGITS.roll(3)
+    tokens = draw_many(SamplingParams(temperature=3.0, top_p=top_p), logits=logits, num_draws=300)
+    assert (tokens == logits.argmax()).all()
 
 
 def test_min_p_masks_tokens_below_fraction_of_top():

@@ -91,7 +91,10 @@ def _outside_nucleus(sorted_logits: torch.Tensor, top_ps: torch.Tensor) -> torch
     probs = torch.softmax(sorted_logits, dim=-1)
     mass_before = torch.cumsum(probs, dim=-1) - probs
     # Rounding can push the running sum to 1 before the tail; top_p=1 must keep everything.
-    return (mass_before >= top_ps[:, None]) & (top_ps[:, None] < 1.0)
+    outside = (mass_before >= top_ps[:, None]) & (top_ps[:, None] < 1.0)
+    # A top_p below float32's range (1e-46) is stored as 0, where nothing precedes the first token either.
+    outside[:, 0] = False
+    return outside
 
 
 def _apply_min_p(logits: torch.Tensor, min_ps: torch.Tensor) -> torch.Tensor:
