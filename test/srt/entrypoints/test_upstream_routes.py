@@ -165,6 +165,17 @@ def test_abort_request_of_an_unknown_rid_changes_nothing(keyed_server, pool):
     assert response.json()["meta_info"]["finish_reason"]["type"] == "length"
 
 
+def test_abort_request_leaves_another_clients_request_whose_rid_looks_like_a_sample(keyed_server, pool):
+    """"job-1" sent by a client with n = 1 is not a sample of "job": aborting "job" leaves it running."""
+    waiter = pool.submit(generate, keyed_server, {"text": "Hello", "rid": "job-1", "sampling_params":
+                                                  {"max_new_tokens": 40, "ignore_eos": True}})
+    wait_for(keyed_server, running=1)
+    answer = abort(keyed_server, {"rid": "job"})
+    assert answer.status_code == 200 and answer.content == b"", answer.text
+    response = waiter.result(timeout=30)
+    assert response.json()["meta_info"]["finish_reason"]["type"] == "length"
+
+
 def test_abort_request_refuses_a_malformed_body_and_a_missing_key(keyed_server):
     for body, param in (({"rid": 5}, "rid"), ({"abort_all": "yes"}, "abort_all")):
         refused = abort(keyed_server, body)

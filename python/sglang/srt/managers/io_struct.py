@@ -45,6 +45,7 @@ class TokenizedGenerateReqInput:
     top_logprobs_num: int = 0
     group: str = ""  # the client request it came from (every prompt and sample of it); see GenerateReqInput
     logprob_start_len: int = -1  # with return_logprob: prompt logprobs from this position (-1: none)
+    sample_of: str = ""  # one of the n > 1 samples (rid-0, rid-1, ...) of the request the client named rid
 
 
 @dataclasses.dataclass

@@ -19,7 +19,7 @@ def expand_n(req: TokenizedGenerateReqInput) -> list[TokenizedGenerateReqInput]:
     for j in range(params.n):
         seed = None if params.sampling_seed is None else (params.sampling_seed + j) % 2**63
         copy = dataclasses.replace(params, n=1, sampling_seed=seed)
-        copies.append(dataclasses.replace(req, rid=f"{req.rid}-{j}", sampling_params=copy))
+        copies.append(dataclasses.replace(req, rid=f"{req.rid}-{j}", sampling_params=copy, sample_of=req.rid))
     return copies
 
 

@@ -10,7 +10,6 @@ import itertools
 import logging
 import os
 import pickle
-import re
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -60,6 +59,7 @@ class ReqState:
     finished: bool = False
     event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     constants: RequestConstants = dataclasses.field(default_factory=RequestConstants)
+    sample_of: str = ""  # TokenizedGenerateReqInput.sample_of
 
 
 class TokenizerManager:
@@ -244,7 +244,7 @@ class TokenizerManager:
             seen.add(req.rid)
 
     def _send(self, req: TokenizedGenerateReqInput) -> ReqState:
-        state = ReqState(created=time.perf_counter())
+        state = ReqState(created=time.perf_counter(), sample_of=req.sample_of)
         self.send_to_scheduler.send_pyobj(req)
         # Registered once sent (no reply can be handled in between: both run on this loop), so a
         # send that fails leaves no rid behind.
@@ -289,9 +289,9 @@ class TokenizerManager:
         are ignored. Returns the rids aborted."""
         if abort_all:
             rids = list(self.rid_to_state)
-        else:
-            samples = re.compile(re.escape(rid) + r"-\d+")
-            rids = [known for known in self.rid_to_state if rid and (known == rid or samples.fullmatch(known))]
+        else:  # the samples of an n > 1 request by what they are, not by name: "job-1" may be another's
+            rids = [known for known, state in self.rid_to_state.items()
+                    if rid and (known == rid or state.sample_of == rid)]
         if not self.dead_reason:
             for known in rids:
                 self.send_to_scheduler.send_pyobj(AbortReq(known))
