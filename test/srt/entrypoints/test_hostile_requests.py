@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 
@@ -283,6 +284,47 @@ def test_a_body_over_the_payload_limit_is_a_413(client):
     assert response.status_code == 413
     error = assert_error_shape(response)
     assert error["param"] == "body" and "--max-payload-size" in error["message"]
+
+
+def _raw_exchange(server: ServerProcess, head: bytes, body: bytes = b"", close_after_send: bool = False) -> bytes:
+    """Sends `head` (request line and headers) and `body` on a plain socket; returns what the
+    server answered within a few seconds (nothing when `close_after_send`)."""
+    host, port = server.base_url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(head + body)
+        if close_after_send:
+            return b""
+        answer = b""
+        try:
+            while b"\r\n\r\n" not in answer:
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                answer += chunk
+        except socket.timeout:
+            pass
+        return answer
+
+
+def test_a_body_declared_too_large_with_expect_100_continue_is_refused_before_it_is_sent(keyed_server):
+    head = (f"POST {GENERATE} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {MAX_PAYLOAD * 1000}\r\n"
+            f"Expect: 100-continue\r\n\r\n").encode()
+    answer = _raw_exchange(keyed_server, head)
+    assert answer.startswith(b"HTTP/1.1 413"), answer[:200]  # not "100 Continue", then a body sent for nothing
+
+
+def test_a_client_that_goes_away_while_sending_its_body_leaves_no_traceback(keyed_server, client):
+    before = keyed_server.output().count("Traceback")
+    head = (f"POST {GENERATE} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {API_KEY}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n").encode()
+    _raw_exchange(keyed_server, head, b'{"text": "def f', close_after_send=True)
+    deadline = time.monotonic() + 5
+    while "went away while sending its body" not in keyed_server.output() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "went away while sending its body" in keyed_server.output()
+    assert keyed_server.output().count("Traceback") == before
+    assert client.post(GENERATE, json=GREEDY).status_code == 200
 
 
 @pytest.mark.parametrize("route, body, param", [

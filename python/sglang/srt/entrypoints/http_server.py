@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 import sglang
 from sglang.srt.entrypoints.engine import Subprocesses, model_info
@@ -162,6 +163,11 @@ def _add_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):  # 404, 405, ...
         return error_response(str(exc.detail), exc.status_code)
+
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, exc: ClientDisconnect):  # nothing was queued: no traceback
+        logger.info("%s %s: the client went away while sending its body", request.method, request.url.path)
+        return error_response("the client disconnected while sending the request body", 499)
 
     @app.exception_handler(Exception)
     async def internal_error(request: Request, exc: Exception):  # uvicorn logs the traceback

@@ -79,6 +79,10 @@ async def read_body(raw_request: Request, max_bytes: int) -> bytes:
     to its end (and dropped), so that the client gets the 413 instead of a broken connection."""
     declared = raw_request.headers.get("content-length", "")
     too_large = declared.isdigit() and int(declared) > max_bytes
+    error = InvalidRequest(f"the request body is larger than the server takes ({max_bytes} bytes, "
+                           f"--max-payload-size)", "body", status_code=413)
+    if too_large and raw_request.headers.get("expect", "").lower() == "100-continue":
+        raise error  # the client waits for "100 Continue" before it sends the body: refused unsent
     chunks, size = [], 0
     async for chunk in raw_request.stream():
         size += len(chunk)
@@ -86,8 +90,7 @@ async def read_body(raw_request: Request, max_bytes: int) -> bytes:
         if not too_large:
             chunks.append(chunk)
     if too_large:
-        raise InvalidRequest(f"the request body is larger than the server takes ({max_bytes} bytes, "
-                             f"--max-payload-size)", "body", status_code=413)
+        raise error
     return b"".join(chunks)
 
 
