@@ -185,7 +185,10 @@ def test_bad_constraints_are_400s_naming_the_field(servers):
              ({"extra_body": {"regex": "a", "ebnf": 'root ::= "a"'}}, "ebnf"),
              ({"response_format": {"type": "json_schema"}}, "response_format"),
              ({"response_format": {"type": "json_object"}, "extra_body": {"regex": "a"}}, "regex"),
-             ({"tool_choice": "required"}, "tool_choice")]
+             ({"tool_choice": "required"}, "tool_choice"),
+             # Grammars that parse but that nothing matches: an empty answer would look finished.
+             ({"extra_body": {"regex": "[^\\s\\S]"}}, "regex"),
+             ({"response_format": schema_format({"anyOf": []})}, "response_format")]
     for kwargs, field in cases:
         with pytest.raises(openai.BadRequestError) as err:
             chat(server, **kwargs)
@@ -193,6 +196,10 @@ def test_bad_constraints_are_400s_naming_the_field(servers):
     body = {"text": "x", "sampling_params": {"json_schema": '{"type": "nope"}'}}
     response = httpx.post(server.base_url + "/generate", json=body, timeout=30)
     assert response.status_code == 400 and "json_schema" in response.text
+    body = {"text": "x", "sampling_params": {"ebnf": 'root ::= [^\\x00-\\U0010FFFF]'}}  # no character at all
+    response = httpx.post(server.base_url + "/generate", json=body, timeout=30)
+    assert response.status_code == 400 and response.json()["error"]["param"] == "ebnf", response.text
+    assert "nothing matches it" in response.json()["error"]["message"]
     assert_server_kv_accounting(server)
 
 

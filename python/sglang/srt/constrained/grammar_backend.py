@@ -30,6 +30,7 @@ class GrammarBackend:
         info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
                                                        stop_token_ids=sorted(stop_token_ids) or None)
         self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(stop_token_ids)
         self.json_text_mask = _json_text_mask(info, vocab_size)
         self.compiler = xgrammar.GrammarCompiler(info, max_threads=threads)
         self.threads = threads
@@ -63,8 +64,24 @@ class GrammarBackend:
             raise
         except Exception as err:
             raise GrammarError(f"invalid {field}: {readable_error(err)}") from None
+        if not self._first_tokens_exist(compiled, field):
+            raise GrammarError(f"invalid {field}: nothing matches it, so no answer could satisfy it")
         self.num_compiled += 1
         return compiled
+
+    def _first_tokens_exist(self, compiled, field: str) -> bool:
+        r"""Whether a request under this grammar could write anything at all: an empty language
+        (the regex [^\s\S], the EBNF root ::= root) would otherwise give an empty answer that
+        looks finished. For a JSON schema, ending at once is no answer either: JSON text is never
+        empty (xgrammar reads {"anyOf": []} as the empty string)."""
+        import torch
+
+        bitmask = self._xgrammar.allocate_token_bitmask(1, self.vocab_size)
+        self.matcher(compiled, field).fill_next_token_bitmask(bitmask, 0)
+        allowed = (bitmask[0].long().unsqueeze(-1) >> torch.arange(32)).bitwise_and(1).flatten()[:self.vocab_size]
+        if field == "json_schema":
+            allowed[[t for t in self.stop_token_ids if t < self.vocab_size]] = 0
+        return bool(allowed.any())
 
     def matcher(self, compiled, field: str):
         matcher = self._xgrammar.GrammarMatcher(compiled)  # rolls back any number of tokens

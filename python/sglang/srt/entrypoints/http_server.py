@@ -261,7 +261,7 @@ def _native_response(result: Union[dict, list[dict]]) -> Response:
     for r in results:
         reason = r["meta_info"].get("finish_reason") or {}
         if reason.get("type") == "abort" and reason.get("status_code") != ABORTED_BY_CLIENT:
-            return error_response(reason.get("message", "aborted"), reason.get("status_code", 500))
+            return error_response(reason.get("message", "aborted"), reason.get("status_code", 500), reason.get("param"))
     return JSONResponse(result)
 
 

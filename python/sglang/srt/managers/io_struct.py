@@ -133,5 +133,7 @@ def finish_matched(matched: Union[int, str]) -> dict:
     return {"type": "stop", "matched": matched}
 
 
-def finish_abort(message: str, status_code: int = 400) -> dict:
-    return {"type": "abort", "message": message, "status_code": status_code}
+def finish_abort(message: str, status_code: int = 400, param: Optional[str] = None) -> dict:
+    """An abort the engine decided; `param`: the request field at fault, named in the error."""
+    reason = {"type": "abort", "message": message, "status_code": status_code}
+    return reason if param is None else {**reason, "param": param}

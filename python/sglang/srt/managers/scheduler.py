@@ -19,6 +19,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.errors import ABORTED_BY_CLIENT
 from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, TokenizedGenerateReqInput, finish_abort
+from sglang.srt.constrained.grammar import constraint_key
 from sglang.srt.constrained.grammar_backend import make_grammar_backend
 from sglang.srt.managers import input_logprobs, spec_scheduling
 from sglang.srt.managers.grammar_queue import GrammarQueue
@@ -114,13 +115,13 @@ class Scheduler:
         req = Req(recv.rid, recv.input_ids, params, seed, recv.stream, self.eos_token_ids, self.memory.context_len,
                   recv.return_logprob, recv.top_logprobs_num, group=recv.group,
                   logprob_start_len=recv.logprob_start_len)
-        error = self._validate(req)
+        error, field = self._validate(req), None
         if not error and params.constrained:  # it waits for its grammar beside the queue
-            error = self.grammar_queue.add(req)
+            error, field = self.grammar_queue.add(req), constraint_key(params)[0]
             if not error:
                 return
         if error:
-            req.finished_reason = finish_abort(error)
+            req.finished_reason = finish_abort(error, param=field)
             self.pending_outputs.append(req)
             return
         self.waiting_queue.append(req)
@@ -128,7 +129,7 @@ class Scheduler:
     def _take_compiled_grammars(self) -> None:
         for req, error in self.grammar_queue.pop_ready(self._is_idle()):
             if error:
-                req.finished_reason = finish_abort(error)
+                req.finished_reason = finish_abort(error, param=constraint_key(req.sampling_params)[0])
                 self.pending_outputs.append(req)
             else:
                 self.waiting_queue.append(req)

@@ -331,6 +331,9 @@ def raise_if_aborted(result: dict) -> None:
     (POST /abort_request) is a finish, `finish_reason: "abort"`, as upstream."""
     reason = result["meta_info"].get("finish_reason")
     if reason is not None and reason.get("type") == "abort" and reason.get("status_code") != ABORTED_BY_CLIENT:
+        if reason.get("param"):  # a field at fault (a grammar that does not compile): named in OpenAI's terms
+            raise InvalidRequest(reason.get("message", "the request was aborted"), reason["param"],
+                                 reason.get("status_code", 400))
         raise RequestAborted(reason.get("message", "the request was aborted"), reason.get("status_code", 500))
 
 
