@@ -69,6 +69,11 @@ def make_sweep_parser() -> argparse.ArgumentParser:
                              "rotating order, written to OUT/NAME.warmup.jsonl and left out of the pooled line: "
                              "a server that adapts to its load (dynamic speculation learning its costs at a new "
                              "batch size) is then measured once it has met the level (default 0)")
+    parser.add_argument("--time-budget-s", type=float, default=None,
+                        help="seconds the whole sweep may take: a round is started only while the time left "
+                             "holds one more like the longest so far at that level (the first measured round of a "
+                             "level always runs), so a sweep under an outer time limit ends with complete rounds "
+                             "instead of being cut off in one (default: no budget)")
     parser.add_argument("--out-dir", required=True)
     return parser
 
@@ -175,9 +180,14 @@ async def run_rounds(args: argparse.Namespace, names: list[str], benches: dict, 
     failures checks that its server is still up. Returns {name: [line per round]}."""
     rounds: dict[str, list[dict]] = {name: [] for name in names}
     warmups = args.warmup_rounds
+    longest = 0.0  # seconds of the longest round so far at this level
     for index in range(warmups + args.rounds):
         warmup = index < warmups
         round_index = index if warmup else index - warmups
+        if index > warmups and not _time_for_a_round(args, longest):  # the first measured round always runs
+            print(f"time budget: {round_index} of {args.rounds} rounds measured", file=sys.stderr, flush=True)
+            break
+        round_started = _now()
         for position, name in enumerate(round_order(names, index)):
             started = time.time()
             line = await measure(name, round_index)
@@ -188,7 +198,18 @@ async def run_rounds(args: argparse.Namespace, names: list[str], benches: dict, 
                 rounds[name].append(line)
             if line["failed"]:
                 await runner.check_alive(session, benches[name].base_url, line)
+        longest = max(longest, _now() - round_started)
     return rounds
+
+
+def _time_for_a_round(args: argparse.Namespace, longest: float) -> bool:
+    """Whether --time-budget-s leaves time for one more round of `longest` seconds."""
+    budget = getattr(args, "time_budget_s", None)
+    return budget is None or _now() - args.started + longest <= budget
+
+
+def _now() -> float:
+    return time.monotonic()
 
 
 async def sweep_trace(args: argparse.Namespace, names: list[str], benches: dict, session) -> int:
@@ -257,6 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
     if args.warmup_rounds < 0:
         parser.error(f"--warmup-rounds must be at least 0, got {args.warmup_rounds}")
+    if args.time_budget_s is not None and not args.time_budget_s > 0:
+        parser.error(f"--time-budget-s must be positive, got {args.time_budget_s}")
+    args.started = _now()
     os.makedirs(args.out_dir, exist_ok=True)
     try:
         return asyncio.run(sweep(args))

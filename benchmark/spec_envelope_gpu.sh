@@ -23,7 +23,8 @@
 # serving_sweep_gpu.sh; defaults here: input 1024, output 128, 32 prompts or 3 per unit of
 # concurrency; for the demo see below), ROUNDS (> 0: all servers up at once, each level measured
 # ROUNDS times per server in turn by interleaved_sweep.py, after WARMUP_ROUNDS unpooled ones
-# (default 0; interleaved_sweep.py --warmup-rounds); the demo's default is 2, the 8B
+# (default 0; interleaved_sweep.py --warmup-rounds), within 95% of SWEEP_TIMEOUT_S per server (a round
+# that would not fit is not started; --time-budget-s); the demo's default is 2, the 8B
 # configs' 0, one sweep per server: three 8B servers do not fit one GPU's memory with KV for
 # concurrency 256), DATASET (demo: code or random), EXTRA_SERVER_ARGS (added to every server,
 # e.g. `--device cpu` for a dry run), MODEL / DRAFT (override the config's pair, e.g. tiny models
@@ -173,7 +174,7 @@ if (( ${ROUNDS:-0} > 0 )); then
     bench_args
     [ -n "${TRACE:-}" ] && BENCH_ARGS+=(--trace "$TRACE")
     "${CLIENT[@]}" timeout $(( SWEEP_TIMEOUT_S * $# )) python benchmark/interleaved_sweep.py "${URLS[@]/#/--server=}" --rounds "$ROUNDS" \
-      --warmup-rounds "${WARMUP_ROUNDS:-0}" \
+      --warmup-rounds "${WARMUP_ROUNDS:-0}" --time-budget-s $(( SWEEP_TIMEOUT_S * $# * 95 / 100 )) \
       --out-dir "$OUT" "${BENCH_ARGS[@]}" | grep -E "^(concurrency|trace)" || {
       FAILED="$FAILED interleaved sweep"
       # Cut short (SWEEP_TIMEOUT_S, a server lost): pool the rounds every server finished, so they are reported.

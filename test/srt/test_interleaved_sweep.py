@@ -112,3 +112,34 @@ def test_repool_names_a_server_without_rounds(tmp_path, capsys):
     assert "no rounds of typo" in capsys.readouterr().err
     assert sweep.main(["repool", str(tmp_path), "a"]) == 2
     assert "two or more servers" in capsys.readouterr().err
+
+
+def test_a_time_budget_stops_before_a_round_that_would_not_fit(tmp_path, capsys, monkeypatch):
+    """Plays of 0.1 s (two servers: rounds of 0.2 s) under a 0.5 s budget: two complete rounds, no
+    third started (a round in progress is never cut off); every server has the same rounds."""
+    sweep = load_sweep()
+    clock = [100.0]
+    monkeypatch.setattr(sweep, "_now", lambda: clock[0])
+
+    async def measure(name, round_index):
+        clock[0] += 0.1
+        return {"failed": 0, "output_throughput": 1.0}
+
+    args = argparse.Namespace(rounds=5, warmup_rounds=0, out_dir=str(tmp_path), time_budget_s=0.5, started=100.0)
+    rounds = asyncio.run(sweep.run_rounds(args, ["a", "b"], {}, None, measure))
+    assert {name: [line["round"] for line in lines] for name, lines in rounds.items()} == {"a": [0, 1], "b": [0, 1]}
+    assert "time budget: 2 of 5 rounds measured" in capsys.readouterr().err
+    # Past its budget already, a level still gets its first measured round (after the warm-up one).
+    args = argparse.Namespace(rounds=3, warmup_rounds=1, out_dir=str(tmp_path / "late"), time_budget_s=0.5,
+                              started=clock[0] - 60)
+    os.makedirs(args.out_dir)
+    rounds = asyncio.run(sweep.run_rounds(args, ["a", "b"], {}, None, measure))
+    assert [line["round"] for line in rounds["a"]] == [0]
+
+
+def test_a_time_budget_must_be_positive(capsys):
+    sweep = load_sweep()
+    with pytest.raises(SystemExit):
+        sweep.main(["--server", "a=http://127.0.0.1:1", "--server", "b=http://127.0.0.1:2", "--out-dir", "x",
+                    "--time-budget-s", "0"])
+    assert "--time-budget-s must be positive" in capsys.readouterr().err
