@@ -46,12 +46,14 @@ def test_warmup_rounds_are_played_first_and_left_out_of_the_pool(tmp_path, warmu
         assert (len(warm.read_text().splitlines()) if warm.exists() else 0) == warmups
 
 
-def test_negative_warmup_rounds_are_refused(capsys):
+@pytest.mark.parametrize("flag, value, message", [("--warmup-rounds", "-1", "--warmup-rounds must be at least 0"),
+                                                   ("--time-budget-s", "0", "--time-budget-s must be positive")])
+def test_bad_round_options_are_refused(capsys, flag, value, message):
     sweep = load_sweep()
     with pytest.raises(SystemExit):
         sweep.main(["--server", "a=http://127.0.0.1:1", "--server", "b=http://127.0.0.1:2", "--out-dir", "x",
-                    "--warmup-rounds", "-1"])
-    assert "--warmup-rounds must be at least 0" in capsys.readouterr().err
+                    flag, value])
+    assert message in capsys.readouterr().err
 
 
 def write_rounds(path, lines):
@@ -135,11 +137,3 @@ def test_a_time_budget_stops_before_a_round_that_would_not_fit(tmp_path, capsys,
     os.makedirs(args.out_dir)
     rounds = asyncio.run(sweep.run_rounds(args, ["a", "b"], {}, None, measure))
     assert [line["round"] for line in rounds["a"]] == [0]
-
-
-def test_a_time_budget_must_be_positive(capsys):
-    sweep = load_sweep()
-    with pytest.raises(SystemExit):
-        sweep.main(["--server", "a=http://127.0.0.1:1", "--server", "b=http://127.0.0.1:2", "--out-dir", "x",
-                    "--time-budget-s", "0"])
-    assert "--time-budget-s must be positive" in capsys.readouterr().err
