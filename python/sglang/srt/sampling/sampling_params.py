@@ -88,7 +88,6 @@ class SamplingParams:
         """Whether any penalty is set (its logits then depend on its output so far)."""
         return self.frequency_penalty != 0 or self.presence_penalty != 0 or self.repetition_penalty != 1
 
-
     def normalize_stop(self) -> list[str]:
         """Turns `stop` into a list of strings, in place, and returns it."""
         if self.stop is None:
