@@ -41,7 +41,11 @@
 # identical servers, which the report prints beside the envelope. With dynamic_b (a second
 # dynamic server) as well, always_b and dynamic_b are second instances instead: the report judges
 # each kind by its two instances pooled, which averages out an offset one server process keeps
-# through the run, and prints the spread between instances. no_draft_unbatched / always_unbatched:
+# through the run, and prints the spread between instances. dynamic_x: dynamic with every other
+# candidate run for a burst EXPLORE_EVERY (default 24) steps after it last ran at a bucket
+# (SGLANG_SPEC_EXPLORE_EVERY, benchmark-only: each k's cost beside the others' all the time). COST_LOG=1:
+# every speculative server writes its cost log (SGLANG_SPEC_COST_LOG); the logs and what
+# cost_log_report.py reads from them (cost_report.txt / .json) go into CONFIG_cost_logs.tgz. no_draft_unbatched / always_unbatched:
 # no draft / always with --admission-batch-steps 0 (every arrival admitted at once, passes not kept
 # within a prefill graph: the behaviour before), the same-run
 # reference for admission batching (not part of the envelope report).
@@ -116,6 +120,8 @@ server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), 
     no_draft_b) NAME=${PAIR}_no_draft_b LABEL="no draft (A/A)" ENV="" ARGS="" ;;
     always_b|always_c) NAME=${CONFIG}_$1 LABEL="always (control ${1#always_})" ENV=$SIM ARGS=$SPEC ;;
     dynamic_b) NAME=${CONFIG}_$1 LABEL="dynamic (instance b)" ENV=$SIM ARGS="$SPEC --speculative-adaptive" ;;
+    dynamic_x) NAME=${CONFIG}_$1 LABEL="dynamic, dense exploration" ENV="$SIM SGLANG_SPEC_EXPLORE_EVERY=${EXPLORE_EVERY:-24}"
+      ARGS="$SPEC --speculative-adaptive" ;;
     no_draft_unbatched) NAME=${PAIR}_no_draft_unbatched LABEL="no draft, admissions not batched" ENV=""
       ARGS="--admission-batch-steps 0" ;;
     always_unbatched|always_unbatched_b) NAME=${CONFIG}_$1 LABEL="always, admissions not batched" ENV=$SIM
@@ -123,6 +129,7 @@ server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), 
     *) echo "unknown server $1"; exit 2 ;;
   esac
   [ "${STEP_TIMES:-0}" = 1 ] && ENV="$ENV SGLANG_STEP_TIMES=$OUT/$NAME.steps"
+  [ "${COST_LOG:-0}" = 1 ] && ENV="$ENV SGLANG_SPEC_COST_LOG=$OUT/$NAME.costlog"
 }
 FAILED=""
 if (( ${ROUNDS:-0} > 0 )); then
@@ -185,6 +192,11 @@ if (( ${ROUNDS:-0} > 0 )); then
     for i in "${!PIDS[@]}"; do
       save_server_info $(( ${PORT:-30000} + i )) "$OUT/${NAMES[$i]}.server_info.json"
     done
+    if compgen -G "$OUT/*.costlog.*.txt" > /dev/null; then
+      (cd "$OUT" && python "$OLDPWD/benchmark/cost_log_report.py" *.costlog.*.txt --json cost_report.json \
+        > cost_report.txt 2>&1; tar czf "${CONFIG}_cost_logs.tgz" *.costlog.*.txt cost_report.*; \
+        rm -f *.costlog.*.txt cost_report.*)
+    fi
   fi
 else
   for s in $SERVERS; do

@@ -92,3 +92,27 @@ def test_envelope_script_plays_a_trace_against_each_server_in_turn(tmp_path):
                              "--static", f"no_draft={out / 'demo_no_draft.jsonl'}", "--out", str(tmp_path / "r.json")],
                             capture_output=True, text=True, timeout=60)
     assert report.returncode in (0, 1) and "trace: dynamic" in report.stdout, report.stdout + report.stderr
+
+
+def test_cost_logs_of_every_speculative_server_come_back_with_their_report(tmp_path):
+    """COST_LOG=1: each speculative server (here always and dynamic with dense exploration) writes its
+    cost log; the logs and cost_log_report.py's reading of them come back in one archive."""
+    out = tmp_path / "out"
+    env = dict(os.environ, LEVELS="2", NUM_PROMPTS="4", PER_CONC="2", INPUT_LEN="16", OUTPUT_LEN="24",
+               EXTRA_SERVER_ARGS="--device cpu", PORT="30891", SWEEP_TIMEOUT_S="200", ROUNDS="1", KV_TOKENS="4096",
+               COST_LOG="1", EXPLORE_EVERY="2")
+    proc = subprocess.run(["bash", "benchmark/spec_envelope_gpu.sh", str(out), "demo", "always", "dynamic_x"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    with tarfile.open(out / "demo_cost_logs.tgz") as archive:
+        names = archive.getnames()
+        report = json.loads(archive.extractfile("cost_report.json").read())
+    logs = sorted(name for name in names if ".costlog." in name)
+    assert [name.split(".costlog.")[0] for name in logs] == ["demo_always", "demo_dynamic_x"], names
+    by_server = {path.split(".costlog.")[0]: rep for path, rep in report.items()}
+    assert set(by_server["demo_always"]["steps_per_k"]) == {"3"}
+    assert len(by_server["demo_dynamic_x"]["steps_per_k"]) >= 2, "dense exploration ran other k's"
+    assert not list(out.glob("*.costlog.*")), "the logs themselves are only in the archive"
+    with tarfile.open(out / "demo_servers.tgz") as archive:
+        log = archive.extractfile("demo_dynamic_x.server.log").read().decode()
+    assert "SGLANG_SPEC_EXPLORE_EVERY=2" in log and "SGLANG_SPEC_COST_LOG" in log, "both logged loudly"

@@ -55,6 +55,7 @@ class Scheduler:
             self.tp_worker = EAGLEWorkerV2(server_args, self.model_config)
         else:
             self.tp_worker = TpModelWorker(server_args, self.model_config)
+        self.spec_cost_log = None  # benchmark-only (spec_scheduling.COST_LOG_ENV); make_spec_policy opens it
         self.spec_policy = spec_scheduling.make_spec_policy(self, server_args) if self.spec_k else None
         runner = self.tp_worker.model_runner
         self.memory = runner.memory

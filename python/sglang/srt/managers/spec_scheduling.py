@@ -6,6 +6,7 @@ Functions of the Scheduler whose state they read and update."""
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Optional
 
@@ -44,6 +45,17 @@ EXPLORE_MIN_DECODE_STEPS = 256
 # the aux states kept), which is what the cost policy's k = 0 costs a server that speculates at times.
 DRAFT_FOLLOWS_ALL_ENV = "SGLANG_DRAFT_FOLLOWS_ALL"
 DRAFT_FOLLOWS_ALL = os.environ.get(DRAFT_FOLLOWS_ALL_ENV) == "1"
+# Benchmark-only: with SGLANG_SPEC_COST_LOG=PREFIX each scheduler writes PREFIX.<pid>.txt, one line
+# per decode launch ("L time batch_size k context exploration_steps"), other launch ("P time"),
+# cost sample fed to the policy ("S batch_size k context seconds") and processed decode step ("V k
+# requests tokens"): what the policy saw and chose, for replaying policies offline
+# (benchmark/cost_log_report.py). About a microsecond of host time per line.
+COST_LOG_ENV = "SGLANG_SPEC_COST_LOG"
+# Benchmark-only: with SGLANG_SPEC_EXPLORE_EVERY=N the cost policy runs every other candidate for a
+# burst once N decode steps have passed since it last ran at the batch's bucket, up to half of the
+# steps: every k's cost measured beside the others' all the time, for the cost log. It costs what the
+# candidates are worse by, on a third or more of the steps.
+EXPLORE_EVERY_ENV = "SGLANG_SPEC_EXPLORE_EVERY"
 
 
 def observe_decode_launch(scheduler, start: float, batch: Optional[ScheduleBatch]) -> None:
@@ -57,13 +69,22 @@ def observe_decode_launch(scheduler, start: float, batch: Optional[ScheduleBatch
         return
     if batch is None or not batch.forward_mode.is_decode():
         scheduler._decode_launch = None
+        if scheduler.spec_cost_log is not None and batch is not None:
+            scheduler.spec_cost_log.write(f"P {start:.6f}\n")
         return
     previous, k = scheduler._decode_launch, batch.spec_steps
     scheduler._plain_streak = scheduler._plain_streak + 1 if k == 0 else 0
     scheduler._decode_steps_since_explorer += 1
+    log = scheduler.spec_cost_log
+    if log is not None:
+        exploration = getattr(scheduler.spec_policy, "exploration", None)
+        log.write(f"L {start:.6f} {batch.batch_size} {k} {scheduler._decode_context} "
+                        f"{exploration.steps if exploration is not None else 0}\n")
     if previous is not None and previous[4]:
         _, batch_size, previous_k, context, _ = previous
         scheduler.spec_policy.observe_step_seconds(batch_size, previous_k, context, start - previous[0])
+        if log is not None:
+            log.write(f"S {batch_size} {previous_k} {context} {start - previous[0]:.6f}\n")
     steady = previous is not None and previous[2] == k
     scheduler._decode_launch = (start, batch.batch_size, k, scheduler._decode_context, steady)
 
@@ -218,6 +239,8 @@ def make_spec_policy(scheduler, args: ServerArgs):
     if DRAFT_FOLLOWS_ALL:
         logger.warning("%s=1: the draft reads every prompt whatever the policy says (for benchmarks only: "
                        "a plain-deciding server pays for a draft it does not use)", DRAFT_FOLLOWS_ALL_ENV)
+    scheduler.spec_cost_log = open_cost_log(os.environ.get(COST_LOG_ENV))
+    exploration = dense_exploration(os.environ.get(EXPLORE_EVERY_ENV))
     cost = None
     if args.speculative_policy == "cost":
         measured = scheduler.tp_worker.measure_step_costs()
@@ -227,7 +250,35 @@ def make_spec_policy(scheduler, args: ServerArgs):
                        candidates=args.speculative_candidate_steps,
                        candidates_by_bs=config.get("candidates_by_bs"),
                        hysteresis_by_bs=config.get("hysteresis_by_bs"), cost=cost,
-                       ema_alpha=config.get("ema_alpha"))
+                       ema_alpha=config.get("ema_alpha"), exploration=exploration)
+
+
+def dense_exploration(every: Optional[str]):
+    """The benchmark-only exploration of EXPLORE_EVERY_ENV (None where it is not set)."""
+    from sglang.srt.speculative.exploration import Exploration
+
+    if not every:
+        return None
+    if not every.isdigit() or int(every) < 1:
+        raise ValueError(f"{EXPLORE_EVERY_ENV}={every!r}: need a whole number of decode steps >= 1")
+    logger.warning("%s=%s: every candidate k runs %s decode steps after it last ran at a bucket, up to half of all "
+                   "steps (for benchmarks only: the server runs worse k's on purpose)", EXPLORE_EVERY_ENV, every, every)
+    return Exploration(max_share=0.5, intervals=((math.inf, int(every)),))
+
+
+def open_cost_log(prefix: Optional[str]):
+    """The benchmark-only cost log (COST_LOG_ENV) at PREFIX.<pid>.txt, or None where it is not
+    asked for; an unwritable path fails the start-up with the reason."""
+    if not prefix:
+        return None
+    path = f"{prefix}.{os.getpid()}.txt"
+    try:
+        log = open(path, "w", buffering=1)  # line-buffered: a killed server loses nothing
+    except OSError as e:
+        raise ValueError(f"{COST_LOG_ENV}={prefix}: cannot write {path}: {e}") from e
+    logger.warning("%s: every decode launch and cost sample is written to %s (for benchmarks only: about a "
+                   "microsecond of host time per step)", COST_LOG_ENV, path)
+    return log
 
 
 def process_spec(scheduler, batch: ScheduleBatch, result) -> None:
@@ -259,6 +310,8 @@ def process_spec(scheduler, batch: ScheduleBatch, result) -> None:
         scheduler.tp_worker.stats.record_step([num_out[i] for i in verified], phases, width - 1)
         scheduler.spec_policy.observe_verify([batch.reqs[i].rid for i in verified], [num_out[i] for i in verified],
                                         width - 1)
+        if scheduler.spec_cost_log is not None:
+            scheduler.spec_cost_log.write(f"V {width - 1} {len(verified)} {sum(num_out[i] for i in verified)}\n")
     else:
         scheduler.tp_worker.stats.record_plain_step()
         if "probe_hits" in host:  # a warm draft's free probe (catch-up plain steps have none)

@@ -81,11 +81,14 @@ class Exploration:
                 continue
             shortfall = max(0.0, 1.0 - value / objective[chosen])
             last = self._last_run.get((bucket, k))
-            if last is None or self.decode_steps - last >= _interval(self.intervals, shortfall):
-                due.append((shortfall, k))
+            overdue = math.inf if last is None else (self.decode_steps - last) / _interval(self.intervals, shortfall)
+            if overdue >= 1:
+                due.append((-overdue, shortfall, k))
         if not due:
             return None
-        shortfall, k = min(due)  # the nearest candidate first: its cost decides the most
+        # The most overdue first (one never run here before all), so that none waits on another
+        # that is due as often as it runs; between equals, the nearest: its cost decides the most.
+        _, shortfall, k = min(due)
         self._credit -= self.burst_steps
         self.bursts += 1
         self._burst = (k, self.burst_steps - 1, chosen, shortfall)

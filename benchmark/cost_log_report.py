@@ -1,0 +1,167 @@
+"""What a speculative server's decode steps cost, read from its cost log (SGLANG_SPEC_COST_LOG=PREFIX
+on the server; spec_envelope_gpu.sh sets it with COST_LOG=1).
+
+    python benchmark/cost_log_report.py LOG [LOG...] [--json OUT]
+
+For each log: the cost samples per batch-size octave (1, 2-3, 4-7, ...) and k (median, mean and
+10th / 90th percentiles in ms), the tokens a verify of each k gave per request, and the paired
+cost of each k against the k that ran around it: for every run of samples of one k at an octave,
+the ratio of its median to the median of the samples of the other k just before and after it at
+the same octave (up to PAIR_NEIGHBOURS each side, within PAIR_MAX_GAP samples). A paired ratio
+compares two k's at one moment, so a slowdown common to every k (requests retiring, a busy host)
+cancels out of it; the per-octave medians mix moments. From the paired ratios and the tokens per
+verify: the value of each k (tokens per request per second) relative to the k it was paired with.
+Finally the decode steps per k and the switches (a decode launch whose k differs from the one
+before it), exploration's steps apart."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+PAIR_NEIGHBOURS = 8  # samples of the surrounding k taken on each side of a run
+PAIR_MAX_GAP = 64  # a neighbour further than this many samples (at any octave) is too old to pair
+
+
+def octave(batch_size: int) -> int:
+    """The batch-size octave's lower bound: 1, 2, 4, 8, ..."""
+    return 1 << (max(batch_size, 1).bit_length() - 1)
+
+
+def octave_label(low: int) -> str:
+    return str(low) if low == 1 else f"{low}-{2 * low - 1}"
+
+
+def parse(lines) -> dict:
+    """{"samples": [(octave, k, seconds)], "launches": [(k, exploration steps)], "verifies": {k: [requests,
+    tokens]}}. Malformed lines raise ValueError naming the line."""
+    samples, launches, verifies = [], [], defaultdict(lambda: [0, 0])
+    for number, line in enumerate(lines, 1):
+        fields = line.split()
+        if not fields:
+            continue
+        try:
+            kind = fields[0]
+            if kind == "S":
+                samples.append((octave(int(fields[1])), int(fields[2]), float(fields[4])))
+            elif kind == "L":
+                launches.append((int(fields[3]), int(fields[5])))
+            elif kind == "V":
+                verifies[int(fields[1])][0] += int(fields[2])
+                verifies[int(fields[1])][1] += int(fields[3])
+            elif kind != "P":
+                raise ValueError(f"unknown record {kind!r}")
+        except (IndexError, ValueError) as e:
+            raise ValueError(f"line {number}: {line.strip()!r}: {e}") from None
+    return {"samples": samples, "launches": launches, "verifies": dict(verifies)}
+
+
+def _quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def cost_table(samples) -> dict:
+    """{(octave, k): {"n", "median_ms", "mean_ms", "p10_ms", "p90_ms"}}."""
+    by_key = defaultdict(list)
+    for low, k, seconds in samples:
+        by_key[(low, k)].append(1e3 * seconds)
+    return {key: {"n": len(ms), "median_ms": statistics.median(ms), "mean_ms": statistics.fmean(ms),
+                  "p10_ms": _quantile(ms, 0.1), "p90_ms": _quantile(ms, 0.9)}
+            for key, ms in sorted(by_key.items())}
+
+
+def paired_ratios(samples) -> dict:
+    """{(octave, k, reference k): [ratio, ...]}: each run of k's samples at an octave against the
+    samples of the other k around it there (see the module's docstring)."""
+    by_octave = defaultdict(list)  # octave -> [(index in the whole log, k, seconds)]
+    for index, (low, k, seconds) in enumerate(samples):
+        by_octave[low].append((index, k, seconds))
+    out = defaultdict(list)
+    for low, seq in by_octave.items():
+        start = 0
+        while start < len(seq):
+            end = start
+            while end < len(seq) and seq[end][1] == seq[start][1]:
+                end += 1
+            k, run = seq[start][1], [s for _, _, s in seq[start:end]]
+            # The neighbours: the run before and the run after, if of one other k and recent.
+            for reference in {seq[start - 1][1] if start else None, seq[end][1] if end < len(seq) else None} - {None}:
+                near = [s for i, kk, s in reversed(seq[max(0, start - PAIR_NEIGHBOURS):start])
+                        if kk == reference and seq[start][0] - i <= PAIR_MAX_GAP]
+                near += [s for i, kk, s in seq[end:end + PAIR_NEIGHBOURS]
+                         if kk == reference and i - seq[end - 1][0] <= PAIR_MAX_GAP]
+                if near:
+                    out[(low, k, reference)].append(statistics.median(run) / statistics.median(near))
+            start = end
+    return dict(out)
+
+
+def switches(launches) -> dict:
+    """{"steps_per_k", "switches", "exploration_steps"}: switches counts decode launches whose k
+    differs from the launch before it, exploration_steps the launches exploration chose."""
+    steps, count, explored, previous = defaultdict(int), 0, 0, None
+    for k, exploration_steps in launches:
+        steps[k] += 1
+        if previous is not None:
+            count += k != previous[0]
+            explored += exploration_steps > previous[1]
+        previous = (k, exploration_steps)
+    return {"steps_per_k": dict(sorted(steps.items())), "switches": count, "exploration_steps": explored}
+
+
+def report(log: dict) -> dict:
+    tokens = {k: tokens / requests for k, (requests, tokens) in sorted(log["verifies"].items()) if requests}
+    tokens.setdefault(0, 1.0)
+    pairs = paired_ratios(log["samples"])
+    paired = {}
+    for (low, k, reference), ratios in sorted(pairs.items()):
+        cost = statistics.median(ratios)
+        entry = {"runs": len(ratios), "cost_ratio": cost}
+        if k in tokens and reference in tokens:
+            entry["value_ratio"] = tokens[k] / tokens[reference] / cost
+        paired[f"{octave_label(low)} k{k}/k{reference}"] = entry
+    costs = {f"{octave_label(low)} k{k}": row for (low, k), row in cost_table(log["samples"]).items()}
+    return {"costs": costs, "tokens_per_verify": tokens, "paired": paired, **switches(log["launches"])}
+
+
+def render(name: str, rep: dict) -> str:
+    lines = [f"== {name}: decode steps per k {rep['steps_per_k']}, {rep['switches']} switches "
+             f"({rep['exploration_steps']} exploration steps); tokens per request per verify: "
+             + ", ".join(f"k{k} {t:.2f}" for k, t in rep["tokens_per_verify"].items()),
+             f"{'octave k':<14}{'n':>7}{'median ms':>11}{'mean ms':>9}{'p10':>8}{'p90':>8}"]
+    for key, row in rep["costs"].items():
+        lines.append(f"{key:<14}{row['n']:>7}{row['median_ms']:>11.3f}{row['mean_ms']:>9.3f}"
+                     f"{row['p10_ms']:>8.3f}{row['p90_ms']:>8.3f}")
+    lines.append(f"{'paired':<22}{'runs':>6}{'cost ratio':>12}{'value ratio':>13}")
+    for key, row in rep["paired"].items():
+        value = f"{row['value_ratio']:>13.3f}" if "value_ratio" in row else f"{'':>13}"
+        lines.append(f"{key:<22}{row['runs']:>6}{row['cost_ratio']:>12.3f}{value}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("logs", nargs="+", help="cost logs (PREFIX.<pid>.txt)")
+    parser.add_argument("--json", help="write every log's report here")
+    args = parser.parse_args(argv)
+    reports = {}
+    for path in args.logs:
+        try:
+            with open(path) as f:
+                reports[path] = report(parse(f))
+        except (OSError, ValueError) as e:
+            print(f"{path}: {e}", file=sys.stderr)
+            return 1
+        print(render(path, reports[path]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(reports, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
