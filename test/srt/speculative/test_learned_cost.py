@@ -13,7 +13,7 @@ import random
 import pytest
 
 from sglang.srt.speculative.acceptance import AcceptanceEstimator
-from sglang.srt.speculative.cost_model import LEARN_FIRST_SAMPLES, LEARN_WINDOW, CostTable, LearnedCost
+from sglang.srt.speculative.cost_model import LEARN_FIRST_SAMPLES, LEARN_WINDOW, LEVEL_WINDOW, CostTable, LearnedCost
 from sglang.srt.speculative.exploration import EXPLORE_CREDIT_START, EXPLORE_MAX_SHARE, EXPLORE_STEPS, Exploration
 from sglang.srt.speculative.spec_policy import CostPolicy, make_policy
 
@@ -134,7 +134,39 @@ def test_learned_cost_keeps_the_priors_context_dependence_and_borrows_between_bu
         "an unmeasured bucket borrows the nearest measured one's ratio"
     assert learned.seconds(256, 0, 400_000) == prior.seconds(256, 0, 400_000), \
         "two classes away (mean 1,562 tokens) the ratio is not trusted: the prior"
-    assert learned.seconds(256, 1) == prior.seconds(256, 1), "no k = 1 sample anywhere: the prior"
+    assert learned.seconds(256, 1) == pytest.approx(1.5 * prior.seconds(256, 1)), \
+        "no k = 1 sample anywhere: the prior's cost relative to plain, at what steps cost here now"
+
+
+def test_a_k_measured_beside_the_chosen_one_keeps_its_price_relative_to_it():
+    """k = 3 is chosen at batch 16; k = 1 is explored in a burst beside it (its steps cost 0.8 of
+    k = 3's then). When every step gets twice as slow, k = 1's price doubles with k = 3's, without a
+    k = 1 step; when k = 1 is chosen later, its steps set the level from its learned offset."""
+    sizes = {1: 1.0, 16: 1.0, 24: 1.0, 32: 1.0}
+    prior = table(sizes, {k: sizes for k in (1, K_MAX)})
+    learned = LearnedCost(prior)
+    assert learned.source(16, K_MAX) == "table"
+    for _ in range(LEARN_FIRST_SAMPLES):
+        learned.observe(16, K_MAX, 0, 1e-3)
+    for _ in range(LEARN_FIRST_SAMPLES):  # a burst
+        learned.observe(16, 1, 0, 0.8e-3, chosen=False)
+    assert learned.seconds(16, 1) == pytest.approx(0.8e-3) and learned.seconds(16, K_MAX) == pytest.approx(1e-3)
+    assert learned.source(16, 1) == learned.source(16, K_MAX) == "learned" and learned.known(16, 1)
+    assert learned.source(16, 0) == "borrowed", "plain steps: the level here, the prior's relative cost"
+    assert learned.seconds(16, 0) == pytest.approx(1e-3)
+    for _ in range(LEVEL_WINDOW):  # a slow stretch while k = 3 runs
+        learned.observe(16, K_MAX, 0, 2e-3)
+    assert learned.seconds(16, K_MAX) == pytest.approx(2e-3)
+    assert learned.seconds(16, 1) == pytest.approx(1.6e-3), "k = 1 costs 0.8 of k = 3 now too"
+    learned.observe(16, K_MAX, 0, 50e-3)  # one slow step moves nothing
+    assert learned.seconds(16, 1) == pytest.approx(1.6e-3)
+    for _ in range(LEVEL_WINDOW):  # k = 1 chosen: it sets the level now
+        learned.observe(16, 1, 0, 0.4e-3)
+    assert learned.seconds(16, 1) == pytest.approx(0.4e-3)
+    assert learned.seconds(16, K_MAX) == pytest.approx(0.5e-3), "k = 3 keeps its offset to k = 1"
+    assert learned.bucket(9) == learned.bucket(20) == 16 and learned.bucket(25) == 32, "octaves of graph buckets"
+    assert learned.seconds(20, 1) == pytest.approx(0.4e-3), "graph buckets 16 and 24 share what was learned"
+    assert learned.seconds(32, 1) == pytest.approx(0.4e-3) and learned.source(32, 1) == "borrowed"
 
 
 def test_costs_learned_at_long_contexts_do_not_price_short_ones():
@@ -151,9 +183,9 @@ def test_costs_learned_at_long_contexts_do_not_price_short_ones():
     short_ms = {0: 4.0, 1: 4.6, K_MAX: 5.4}  # the same at 300 tokens each: speculation pays
     policy = CostPolicy([0, 1, K_MAX], prior, AcceptanceEstimator(K_MAX, prior=rate_for(1.5)))
     long_context, short_context = 4 * 2200, 4 * 300
-    for k, ms in long_ms.items():
+    for k, ms in long_ms.items():  # plain steps chosen, the others explored beside them
         for _ in range(LEARN_FIRST_SAMPLES):
-            policy.observe_step_seconds(4, k, long_context, ms / 1e3)
+            policy.cost.observe(4, k, long_context, ms / 1e3, chosen=k == 0)
     rids = [f"r{i}" for i in range(4)]
     assert not policy.would_speculate(rids, long_context)
     assert policy.would_speculate(rids, short_context)
@@ -161,7 +193,7 @@ def test_costs_learned_at_long_contexts_do_not_price_short_ones():
         k: prior.seconds(4, k, short_context) for k in short_ms}, "the prior until short contexts have samples"
     for k, ms in short_ms.items():
         for _ in range(LEARN_FIRST_SAMPLES):
-            policy.observe_step_seconds(4, k, short_context, ms / 1e3)
+            policy.cost.observe(4, k, short_context, ms / 1e3, chosen=k == 0)
     assert policy.seconds(4, 0, short_context) == pytest.approx(short_ms[0] / 1e3)
     assert policy.would_speculate(rids, short_context)
     assert policy.seconds(4, 0, long_context) == pytest.approx(long_ms[0] / 1e3), "the long class kept its own"
@@ -301,3 +333,34 @@ def test_summary_shows_prior_learned_and_exploration():
     assert set(cost["samples"]) == {0, 1, K_MAX}, "every candidate was measured at this bucket"
     assert set(summary["exploration"]) == {"steps", "bursts", "share", "cost_share"}
     assert math.isfinite(summary["exploration"]["cost_share"])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_a_slow_stretch_common_to_every_k_does_not_lock_the_choice_on_a_worse_k(seed):
+    """Measured on the demo pair (H100, concurrency 16): now and then the host is busy for a few
+    steps (arrivals, retiring requests, streams to send), and every step is ~3.5x slower whatever
+    k runs. Priced by its own last samples, k = 3 came out of such a stretch at 3.5x its typical
+    cost; plain decoding, cheaper per step but half as fast in tokens, won against that price, and
+    k = 3 was not measured again for 1,536 steps (it looked far worse). With each k priced as an
+    offset to what the running k costs now, the stretch raises every price alike: the choice stays
+    k = 3, without a switch."""
+    served_ms = {0: 0.32, 1: 0.50, K_MAX: 0.62}  # per step at batch 16, typical (the cost log's medians)
+    rng = random.Random(seed)
+    stretch = {"left": 0, "next": rng.randint(150, 300)}
+
+    def true_ms(b, k):
+        if stretch["left"]:
+            stretch["left"] -= 1
+            return served_ms[k] * 3.5
+        stretch["next"] -= 1
+        if not stretch["next"]:
+            stretch["left"], stretch["next"] = 10, rng.randint(150, 450)
+        return served_ms[k]
+
+    rate = rate_for(3.0)
+    best_k, _ = best_static(lambda b, k: served_ms[k], 16, rate)
+    server = Server(make_policy("cost", K_MAX, cost=issue_prior()), true_ms, seed=seed, noise=0.05)
+    ks = server.run(6000, 16, rate)
+    assert best_k == K_MAX
+    assert ks.count(K_MAX) / len(ks) > 0.97, server.policy.summary()
+    assert server.policy.num_decisions <= 2, server.policy.summary()

@@ -446,7 +446,8 @@ def test_an_unchanged_bucket_is_re_evaluated_every_few_steps_and_a_new_one_at_on
 def test_a_switch_is_logged_with_every_candidate_priced_as_the_policy_priced_it(caplog):
     """The switch line gives each candidate's expected tok/s, its price per step with the batch's
     context read included (what the decision used, not the table's empty-row time) and whether
-    that price was learned here, borrowed from a nearby bucket or the table's."""
+    that price was learned here, borrowed (from a nearby bucket, or this one's level with the
+    table's relative cost) or the table's."""
     cost = CostTable({1: 1.0e-3, 64: 2.0e-3}, {(1, 1): 1.26e-3, (64, 1): 3.0e-3, (1, K_MAX): 1.8e-3,
                                                (64, K_MAX): 5.0e-3}, context_seconds={0: 1e-8, 1: 1e-8, K_MAX: 1e-8})
     policy = CostPolicy([0, 1, K_MAX], cost, AcceptanceEstimator(K_MAX, prior=0.5))
@@ -462,16 +463,18 @@ def test_a_switch_is_logged_with_every_candidate_priced_as_the_policy_priced_it(
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speculation: k 3 ->")]
     assert f"at batch 40 ({context} context tokens)" in line
     plain_ms = 1e3 * policy.seconds(40, 0, context)
-    assert plain_ms == pytest.approx(2.0 + 0.12)  # the context read is in the price
-    assert f"0: {policy.last_objective[0]:.0f} tok/s, {plain_ms:.3f} ms, table" in line, line
+    assert plain_ms == pytest.approx(4 * (2.0 + 0.12))  # the context read is in the price, at this bucket's level
+    assert f"0: {policy.last_objective[0]:.0f} tok/s, {plain_ms:.3f} ms, borrowed" in line, line
+    assert policy.cost.source(40, 0, 40 * 5000) == "table", "nothing learned within a context class of it"
     assert f"1: {policy.last_objective[1]:.0f} tok/s, {1e3 * policy.seconds(40, 1, context):.3f} ms, borrowed" in line
     assert f"3: {policy.last_objective[3]:.0f} tok/s, {1e3 * policy.seconds(40, K_MAX, context):.3f} ms, learned" in line
 
 
 def test_the_choice_follows_the_learned_cost_not_the_table(caplog):
-    """The table says k = 1 wins at batch 1 by 14%; the server's own steady steps say k = 1 costs
-    three times the table's k_max step. Once those samples are in, the policy prices k = 1 by them
-    and moves away from it; the table stays beside the learned costs in the summary."""
+    """The table says k = 1 wins at batch 1 by 14%; the server's own steps say k = 1 costs three
+    times the table's k_max step, and k_max (explored beside it) what the table says. Once those
+    samples are in, the policy prices k = 1 by them and moves away from it; the table stays beside
+    the learned costs in the summary."""
     cost = CostTable({1: 1.0e-3}, {(1, 1): 1.26e-3, (1, K_MAX): 1.8e-3})
     rids = ["r"]
     # a = 0.5: k = 1 yields 1.5 tokens a step, k_max 1.875, at 1.26 and 1.8 ms: k = 1 wins by 14%.
@@ -481,7 +484,11 @@ def test_the_choice_follows_the_learned_cost_not_the_table(caplog):
     for _ in range(LEARN_FIRST_SAMPLES):
         policy.observe_step_seconds(1, 1, 0, slow)
     assert policy.seconds(1, 1) == pytest.approx(slow)
-    assert policy.seconds(1, 0) == cost.seconds(1, 0), "a k without samples keeps the prior"
+    assert policy.choose(rids) == 1, "the chosen k's steps alone move every price alike"
+    assert policy.seconds(1, 0) == pytest.approx(cost.seconds(1, 0) * slow / cost.seconds(1, 1))
+    for _ in range(LEARN_FIRST_SAMPLES):  # explored beside k = 1
+        policy.observe_step_seconds(1, K_MAX, 0, cost.seconds(1, K_MAX))
+    assert policy.seconds(1, K_MAX) == pytest.approx(cost.seconds(1, K_MAX))
     with caplog.at_level(logging.INFO, logger="sglang.srt.speculative.spec_policy"):
         for _ in range(policy.min_dwell + REEVALUATE_EVERY):
             k = policy.choose(rids)
@@ -491,11 +498,11 @@ def test_the_choice_follows_the_learned_cost_not_the_table(caplog):
     assert policy.summary()["last_switch"] in switch[0] and policy.num_decisions == 1
     summary = policy.summary()["cost"]
     assert summary["prior"] == cost.summary()
-    assert summary["learned_ms"] == {1: {1: pytest.approx(1e3 * slow, rel=1e-3)}}
-    assert summary["samples"] == {1: {1: LEARN_FIRST_SAMPLES}}
+    assert summary["learned_ms"][1] == {1: pytest.approx(1e3 * slow, rel=1e-3)}
+    assert summary["samples"] == {1: {1: LEARN_FIRST_SAMPLES}, K_MAX: {1: LEARN_FIRST_SAMPLES}}
     for nonsense in [(1, 7, 0, 1.0), (0, 1, 0, 1.0), (1, 1, 0, float("nan")), (1, 1, 0, float("inf")), (1, 1, 0, -1.0)]:
         policy.observe_step_seconds(*nonsense)  # a k the table lacks, no batch, not a time: ignored
-    assert policy.summary()["cost"]["samples"] == {1: {1: LEARN_FIRST_SAMPLES}}
+    assert policy.summary()["cost"]["samples"] == {1: {1: LEARN_FIRST_SAMPLES}, K_MAX: {1: LEARN_FIRST_SAMPLES}}
 
 
 def alternating_cost() -> CostTable:

@@ -89,7 +89,8 @@ class CostTable:
 
 
 LEARN_FIRST_SAMPLES = 3  # a key has its own learned cost from this many samples on
-LEARN_WINDOW = 9  # the learned cost is the median of a key's last this many samples
+LEARN_WINDOW = 9  # a k's offset is the median of its last this many paired samples at a key
+LEVEL_WINDOW = 5  # a key's level is the median of its last this many residuals
 CONTEXT_CLASS_TOKENS = 512  # mean context per request below this is context class 0; each class above doubles it
 
 
@@ -107,6 +108,26 @@ def context_class_label(cls: int) -> str:
     return f"{low}-{2 * low - 1}"
 
 
+class _Level:
+    """What steps cost at one key right now, against the prior (log): the median of the last
+    LEVEL_WINDOW residuals of the chosen k's samples there (the k of the last one is the anchor),
+    set from LEARN_FIRST_SAMPLES of them on."""
+
+    def __init__(self):
+        self.window: deque[float] = deque(maxlen=LEVEL_WINDOW)
+        self.value = 0.0
+        self.anchor: Optional[int] = None
+
+    @property
+    def set(self) -> bool:
+        return len(self.window) >= LEARN_FIRST_SAMPLES
+
+    def update(self, k: int, residual: float) -> None:
+        self.window.append(residual)
+        self.value = statistics.median_low(self.window)  # of an even count, the lower: one slow step moves nothing
+        self.anchor = k
+
+
 class LearnedCost:
     """Seconds per decode step as the running server pays them, learned online over the start-up
     table (the prior).
@@ -118,23 +139,36 @@ class LearnedCost:
     real batch's contexts; on 8B shapes at batch 256 they priced k = 1 a few percent better than
     plain decoding where serving it was 8% worse.
 
-    The cost is learned per (batch-size bucket, context class, k) as a ratio to the prior, the
-    context class being the batch's mean context per request in doublings (context_class). The
-    prior's context term (seconds per token of context, per k) scales a ratio within its class;
-    across classes it is not trusted: measured beside other servers starting up, it read 10x too
-    high, and a ratio learned at 2K-token contexts then priced plain steps at 300 tokens 40% too
-    cheap against speculative ones. A key's ratio is the median of its last LEARN_WINDOW samples,
-    from LEARN_FIRST_SAMPLES on: one slow sample (a collection, a page fault) moves it not at all,
-    a lasting change within a few samples. Exploration brings a few samples at a time, so the
-    window of a k that runs rarely spans its last few bursts. Until a key has its own estimate it
-    borrows the ratio of the nearest key at the same k, within one context class of its own
-    (distance: doublings of batch size plus classes), else takes the prior as it is."""
+    The cost is learned per key, (batch-size octave, context class), as a log ratio to the prior:
+    the octave (1, 2-3, 4-7, ...) of the graph bucket a step replays, the context class the batch's
+    mean context per request in doublings (context_class). The prior's context term (seconds per
+    token of context, per k) scales a ratio within its class; across classes it is not trusted:
+    measured beside other servers starting up, it read 10x too high, and a ratio learned at
+    2K-token contexts then priced plain steps at 300 tokens 40% too cheap against speculative ones.
+
+    At a key, the log ratio of k is the key's level plus k's offset. The level is what steps cost
+    there now: each sample of the k the policy chose (not exploring) moves it (the median of the
+    last LEVEL_WINDOW residuals, a sample less its k's offset). An offset is what k costs beside
+    the chosen k: the median of k's last LEARN_WINDOW samples taken while another k was chosen
+    (an exploration burst), each less the level then, pooled with those of the octaves on either
+    side (an octave sees few, and the choice would flip on their noise as a batch crosses from one
+    octave to the next). So a slowdown common to every k (a host busy with arrivals, retiring
+    requests, streams to send) moves every price at once, and does not make a k measured before it
+    look cheaper than the one that runs: on the demo pair, pricing each k by its own recent samples
+    left k = 3 priced at 3x its typical step at batch 16 after one slow stretch, and the server
+    decoded plainly there for seconds, at half the speed.
+
+    A k without an offset of its own at a key takes the nearest key's (distance: doublings of batch
+    size plus classes, within one class), else none (the prior's relative cost); a key without a
+    level takes the nearest key's level within one class, else the prior as it is."""
 
     def __init__(self, prior: CostTable):
         self.prior = prior
         self._grouping_k = prior.measured_steps[-1]  # one grouping of batch sizes for every k
-        self._window: dict[tuple[int, int, int], deque[float]] = {}
-        self._log_ratio: dict[tuple[int, int, int], float] = {}  # (bucket, context class, k) -> log ratio
+        self._levels: dict[tuple[int, int], _Level] = {}  # (octave, context class) -> its level
+        self._pairs: dict[tuple[int, int, int], deque[float]] = {}  # (octave, context class, k) -> offsets
+        self._offset: dict[tuple[int, int, int], float] = {}
+        self._recent: dict[tuple[int, int, int], deque[float]] = {}  # the last log ratios, for the summary
         self.samples: dict[tuple[int, int, int], int] = {}
 
     @property
@@ -142,49 +176,97 @@ class LearnedCost:
         return self.prior.measured_steps
 
     def bucket(self, batch_size: int) -> int:
-        return self.prior.bucket(batch_size, self._grouping_k)
+        """The learned costs' batch-size group: the octave (1, 2-3, 4-7, ...) of the graph bucket
+        that a step of this batch replays, named by its lower bound."""
+        return 1 << (self.prior.bucket(batch_size, self._grouping_k).bit_length() - 1)
 
     def key(self, batch_size: int, context_tokens: int = 0) -> tuple[int, int]:
-        """(batch-size bucket, context class): steps alike in cost, for the policy's exploration."""
+        """(batch-size octave, context class): steps alike in cost, for the policy's exploration."""
         return self.bucket(batch_size), context_class(batch_size, context_tokens)
 
-    def observe(self, batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
-        """One steady step of k drafts at this batch size and summed context took `seconds`."""
+    def observe(self, batch_size: int, k: int, context_tokens: int, seconds: float, chosen: bool = True) -> None:
+        """One steady step of k drafts at this batch size and summed context took `seconds`;
+        `chosen`: k was the policy's choice (False: another k was, and this step explored k)."""
         if k not in self.prior.measured_steps or batch_size < 1 or not 0 < seconds < math.inf:
             return
-        key = (*self.key(batch_size, context_tokens), k)
-        window = self._window.get(key)
-        if window is None:
-            window = self._window[key] = deque(maxlen=LEARN_WINDOW)
-        window.append(math.log(seconds / self.prior.seconds(batch_size, k, context_tokens)))
+        where = self.key(batch_size, context_tokens)
+        key = (*where, k)
+        x = math.log(seconds / self.prior.seconds(batch_size, k, context_tokens))
         self.samples[key] = self.samples.get(key, 0) + 1
-        if len(window) >= LEARN_FIRST_SAMPLES:
-            self._log_ratio[key] = statistics.median(window)
+        self._recent.setdefault(key, deque(maxlen=LEARN_WINDOW)).append(x)
+        if chosen:
+            level = self._levels.get(where)
+            if level is None:
+                level = self._levels[where] = _Level()
+            level.update(k, x - self._offset_of(key)[0])
+        else:
+            self._pairs.setdefault(key, deque(maxlen=LEARN_WINDOW)).append(x - self._level_of(where)[0])
+            self._pool_offsets(key)
+
+    def _pool_offsets(self, key: tuple[int, int, int]) -> None:
+        """Recomputes the offsets that pool this key's window: its own and its neighbours'."""
+        bucket, cls, k = key
+        for near in (bucket // 2, bucket, 2 * bucket):
+            if len(self._pairs.get((near, cls, k), ())) >= LEARN_FIRST_SAMPLES:
+                self._offset[(near, cls, k)] = statistics.median(
+                    [v for b in (near // 2, near, 2 * near) for v in self._pairs.get((b, cls, k), ())])
+
+    def _nearest(self, keys, bucket: int, cls: int):
+        """The key among `keys` ((bucket, class, ...)) nearest to (bucket, cls) within one class."""
+        near = [(abs(math.log2(key[0] / bucket)) + abs(key[1] - cls), abs(key[1] - cls), key)
+                for key in keys if abs(key[1] - cls) <= 1]
+        return min(near)[2] if near else None
+
+    def _offset_of(self, key: tuple[int, int, int]) -> tuple[float, bool]:
+        """(k's offset at the key, whether it is the key's own): borrowed from the nearest key with
+        one for k, else 0."""
+        if key in self._offset:
+            return self._offset[key], True
+        bucket, cls, k = key
+        near = self._nearest([other for other in self._offset if other[2] == k], bucket, cls)
+        return (self._offset[near], False) if near is not None else (0.0, False)
+
+    def _level_of(self, where: tuple[int, int]) -> tuple[float, bool, bool]:
+        """(the key's level, whether it is its own, whether any level was found)."""
+        level = self._levels.get(where)
+        if level is not None and level.set:
+            return level.value, True, True
+        near = self._nearest([other for other, lv in self._levels.items() if lv.set], *where)
+        return (self._levels[near].value, False, True) if near is not None else (0.0, False, False)
 
     def known(self, batch_size: int, k: int, context_tokens: int = 0) -> bool:
-        """Whether this bucket and context class have their own learned cost for k."""
-        return (*self.key(batch_size, context_tokens), k) in self._log_ratio
+        """Whether this key prices k from its own samples: its level is set, and k has run there
+        (chosen, as the last to set the level, or explored beside the chosen k)."""
+        where = self.key(batch_size, context_tokens)
+        level = self._levels.get(where)
+        return (level is not None and level.set
+                and ((*where, k) in self._offset or any(v == k for v in self._anchors(where))))
+
+    def _anchors(self, where: tuple[int, int]):
+        level = self._levels.get(where)
+        return () if level is None or level.anchor is None else (level.anchor,)
 
     def source(self, batch_size: int, k: int, context_tokens: int = 0) -> str:
-        """Where the cost of k here comes from: "learned" (this bucket and context class have
-        their own samples), "borrowed" (a nearby key's ratio) or "table" (the prior as it is)."""
+        """Where the cost of k here comes from: "learned" (this key's samples), "borrowed" (its
+        level or k's offset from a nearby key) or "table" (the prior as it is)."""
         return self._lookup(batch_size, k, context_tokens)[1]
 
     def ratio(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
-        """learned / prior for a step of k at this batch size and summed context (borrowed from the
-        nearest learned key at the same k within one context class while this one has none; 1
-        when there is none)."""
+        """learned / prior for a step of k at this batch size and summed context."""
         return math.exp(self._lookup(batch_size, k, context_tokens)[0])
 
     def _lookup(self, batch_size: int, k: int, context_tokens: int) -> tuple[float, str]:
         """(log ratio, source) of k at this batch size and summed context."""
-        bucket, cls = self.key(batch_size, context_tokens)
-        value = self._log_ratio.get((bucket, cls, k))
-        if value is not None:
-            return value, "learned"
-        near = [(abs(math.log2(b / bucket)) + abs(c - cls), abs(c - cls), b, r)
-                for (b, c, kk), r in self._log_ratio.items() if kk == k and abs(c - cls) <= 1]
-        return (min(near)[3], "borrowed") if near else (0.0, "table")
+        return self._at(self.key(batch_size, context_tokens), k)
+
+    def _at(self, where: tuple[int, int], k: int) -> tuple[float, str]:
+        """(log ratio, source) of k at a key."""
+        level, own_level, any_level = self._level_of(where)
+        offset, own_offset = self._offset_of((*where, k))
+        if not any_level and not own_offset and offset == 0.0:
+            return 0.0, "table"
+        learned = own_level and (own_offset or k in self._anchors(where))
+        return level + offset, "learned" if learned else "borrowed"
 
     def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
         return self.prior.seconds(batch_size, k, context_tokens) * self.ratio(batch_size, k, context_tokens)
@@ -200,15 +282,17 @@ class LearnedCost:
         samples: dict[int, dict[int, int]] = {}
         by_context: dict[str, dict[int, dict[int, float]]] = {}
         shown: dict[tuple[int, int], int] = {}  # (k, bucket) -> samples of the class shown
-        for (bucket, cls, k), value in sorted(self._log_ratio.items()):
+        priced = set(self._offset) | {(*where, level.anchor) for where, level in self._levels.items()
+                                      if level.set and level.anchor is not None}
+        for bucket, cls, k in sorted(priced):
             prior_ms = 1e3 * self.prior.seconds(bucket, k)
-            ms = round(prior_ms * math.exp(value), 4)
+            ms = round(prior_ms * math.exp(self._at((bucket, cls), k)[0]), 4)
             by_context.setdefault(context_class_label(cls), {}).setdefault(k, {})[bucket] = ms
             n = self.samples[(bucket, cls, k)]
             if n > shown.get((k, bucket), 0):
                 shown[(k, bucket)] = n
                 learned.setdefault(k, {})[bucket] = ms
-                window = self._window[(bucket, cls, k)]
+                window = self._recent[(bucket, cls, k)]
                 means.setdefault(k, {})[bucket] = round(prior_ms * sum(map(math.exp, window)) / len(window), 4)
         for (bucket, _, k), n in sorted(self.samples.items()):
             samples.setdefault(k, {})[bucket] = samples.get(k, {}).get(bucket, 0) + n

@@ -59,6 +59,11 @@ class Exploration:
     def active(self) -> bool:
         return self._burst is not None
 
+    @property
+    def returns_to(self) -> Optional[int]:
+        """The k the running burst returns to (None when none runs)."""
+        return self._burst[2] if self._burst is not None else None
+
     def continue_burst(self, candidates: list[int]) -> tuple[Optional[int], Optional[int]]:
         """(k, None) while a burst goes on; (None, k it left) once it is over (or its k is no
         longer a candidate at this batch size)."""

@@ -232,6 +232,8 @@ class CostPolicy(SpecPolicy):
             raise ValueError(f"CostPolicy: the cost table has no step time for k in {missing} "
                              f"(measured k: {list(cost.measured_steps)})")
         self._evaluated_key: Optional[tuple] = None  # (graph bucket, candidate set) of the last evaluation
+        self._decided_k: Optional[int] = None  # what the last _choose returned
+        self._chosen_k: Optional[int] = None  # the k chosen at the last step, exploration aside (observe_step_seconds)
         self.num_decisions = 0  # switches the objective made (exploration's own moves not counted)
         self.last_switch: Optional[str] = None  # why the last decided switch was made
 
@@ -253,10 +255,17 @@ class CostPolicy(SpecPolicy):
         return self.cost.seconds(batch_size, k, context_tokens)
 
     def observe_step_seconds(self, batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
-        self.cost.observe(batch_size, k, context_tokens, seconds)
+        # A step's sample comes at the next launch, after its choice: a k other than the one chosen
+        # then (the k a burst returns to, where one runs) was explored.
+        self.cost.observe(batch_size, k, context_tokens, seconds, chosen=self._chosen_k in (None, k))
 
     def choose(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0, explore: bool = False) -> int:
+        self._decided_k = None
         k = super().choose(rids, context_tokens, num_plain_only, explore)
+        # The chosen k: what a burst returns to, else what _choose decided (before the scheduler's
+        # acceptance probe, if it asked for one), else (a batch that decodes plainly) k.
+        self._chosen_k = (self.exploration.returns_to if self.exploration.active
+                          else self._decided_k if self._decided_k is not None else k)
         bs = max(len(rids) + num_plain_only, 1)
         self.exploration.note_step(self.cost.key(bs, context_tokens), k, self.cost.seconds(bs, k, context_tokens))
         return k
@@ -266,6 +275,10 @@ class CostPolicy(SpecPolicy):
         return margins.get("up" if best > current else "down", self.hysteresis)
 
     def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
+        self._decided_k = self._decide(rids, context_tokens, num_plain_only)
+        return self._decided_k
+
+    def _decide(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
         cur = self.current_k
         if not rids:  # nothing to decode: no evidence either way
             return cur if cur is not None else self.candidates[0]

@@ -1,0 +1,194 @@
+"""Replay the speculation policy of this checkout against a server's recorded decode costs.
+
+    python benchmark/cost_log_replay.py LOG --server-info INFO.json [--seeds N]
+
+LOG is a cost log (SGLANG_SPEC_COST_LOG) of a server that measured every k often, best one with
+dense exploration (SGLANG_SPEC_EXPLORE_EVERY; spec_envelope_gpu.sh's dynamic_x); INFO.json its
+/get_server_info snapshot, whose cost table (the start-up prior) the replayed policy starts from.
+The replay walks the log's decode launches in order (their batch sizes and contexts; a prefill
+between two launches breaks the cost-sample chain, as on the server). At each launch the policy
+(or a fixed k) picks k; the step costs what the log's cost sample of that k nearest in time at
+the same batch-size octave cost (the next octave down where it has none), and gives each request
+1 + accepted drafts at the per-position acceptance rate that the log's verifies imply. Costs that
+the log recorded at one moment are thus charged to whichever k runs then, slow stretches
+included, and what the policy learns from them is what it would have learned there.
+
+Prints tokens per second of decode time for each fixed k and for the policy (per seed), the
+policy's decided switches, steps per k and exploration share, and the policy against the best
+fixed k. Prefills, admissions and the draft's catch-up are not replayed: this compares choices of
+k, not servers."""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import json
+import os
+import random
+import sys
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from cost_log_report import octave  # noqa: E402
+
+from sglang.srt.speculative.cost_model import CostTable  # noqa: E402
+from sglang.srt.speculative.spec_policy import make_policy  # noqa: E402
+
+
+def load_log(lines) -> dict:
+    """{"launches": [(batch size, context) or None for a prefill], "costs": {(octave, k): [(launch
+    index, seconds)]}, "tokens": {k: tokens per request per verify}}."""
+    launches, costs, verifies = [], defaultdict(list), defaultdict(lambda: [0, 0])
+    for number, line in enumerate(lines, 1):
+        fields = line.split()
+        try:
+            if not fields:
+                continue
+            if fields[0] == "L":
+                launches.append((int(fields[2]), int(fields[4])))
+            elif fields[0] == "P":
+                launches.append(None)
+            elif fields[0] == "S":
+                costs[(octave(int(fields[1])), int(fields[2]))].append((len(launches), float(fields[4])))
+            elif fields[0] == "V":
+                verifies[int(fields[1])][0] += int(fields[2])
+                verifies[int(fields[1])][1] += int(fields[3])
+            else:
+                raise ValueError(f"unknown record {fields[0]!r}")
+        except (IndexError, ValueError) as e:
+            raise ValueError(f"line {number}: {line.strip()!r}: {e}") from None
+    if not any(launches):
+        raise ValueError("no decode launches (L lines) in the log")
+    tokens = {k: t / n for k, (n, t) in verifies.items() if n}
+    return {"launches": launches, "costs": dict(costs), "tokens": tokens}
+
+
+def prior_from_server_info(info: dict) -> CostTable:
+    """The cost table in a /get_server_info snapshot (its speculation policy's cost prior)."""
+    def find(node):
+        if isinstance(node, dict):
+            if isinstance(node.get("prior"), dict) and "plain_ms" in node["prior"]:
+                return node["prior"]
+            nodes = node.values()
+        elif isinstance(node, list):
+            nodes = node
+        else:
+            return None
+        for child in nodes:
+            found = find(child)
+            if found is not None:
+                return found
+        return None
+
+    prior = find(info)
+    if prior is None:
+        raise ValueError("the server info has no cost table (was the server started with --speculative-adaptive?)")
+    plain = {int(bs): ms / 1e3 for bs, ms in prior["plain_ms"].items()}
+    spec = {(int(bs), int(k)): ms / 1e3 for k, by_bs in prior["spec_ms"].items() for bs, ms in by_bs.items()}
+    context = {int(k): ns / 1e9 for k, ns in prior.get("context_ns_per_token", {}).items()}
+    return CostTable(plain, spec, context)
+
+
+def acceptance_rate(tokens: dict) -> float:
+    """The per-position rate p whose chain of the deepest verified k gives its tokens per verify
+    (1 + p + ... + p^k); 0.5 where the log has no verify."""
+    if not tokens:
+        return 0.5
+    k = max(tokens)
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        mid = (low + high) / 2
+        low, high = (mid, high) if sum(mid ** i for i in range(k + 1)) < tokens[k] else (low, mid)
+    return low
+
+
+def step_cost(costs: dict, batch_size: int, k: int, index: int) -> float:
+    low = octave(batch_size)
+    while low >= 1:
+        seq = costs.get((low, k))
+        if seq:
+            i = bisect.bisect_left(seq, (index, 0.0))
+            return min(seq[max(0, i - 1):i + 1], key=lambda s: abs(s[0] - index))[1]
+        low //= 2
+    for (_, kk), seq in sorted(costs.items(), key=lambda item: -item[0][0]):  # above the batch's octave
+        if kk == k:
+            return seq[0][1]
+    raise ValueError(f"the log has no cost sample of k = {k}")
+
+
+def replay(log: dict, prior: CostTable, k_max: int, fixed: int | None = None, seed: int = 0) -> dict:
+    rng = random.Random(seed)
+    rate = acceptance_rate(log["tokens"])
+    policy = make_policy("cost", k_max, cost=prior)
+    tokens = seconds = 0.0
+    previous, index = None, 0
+    for launch in log["launches"]:
+        if launch is None:
+            previous = None
+            continue
+        index += 1
+        batch_size, context = launch
+        rids = [f"r{i}" for i in range(batch_size)]
+        k = fixed if fixed is not None else policy.choose(rids, context)
+        cost = step_cost(log["costs"], batch_size, k, index)
+        seconds += cost
+        out = []
+        for _ in rids:
+            n = 1
+            while n <= k and rng.random() < rate:
+                n += 1
+            out.append(n)
+        tokens += sum(out)
+        if fixed is None:
+            if previous == k:
+                policy.observe_step_seconds(batch_size, k, context, cost)
+            if k:
+                policy.observe_verify(rids, out, k)
+            else:
+                policy.observe_probe(rids, [rng.random() < rate for _ in rids])
+        previous = k
+    result = {"tok_s": tokens / seconds}
+    if fixed is None:
+        summary = policy.summary()
+        result.update(decisions=summary["decisions"], steps_per_k=summary["steps_per_k"],
+                      exploration_share=summary["exploration"]["share"])
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("log", help="a cost log (PREFIX.<pid>.txt)")
+    parser.add_argument("--server-info", required=True, help="the server's /get_server_info snapshot (JSON)")
+    parser.add_argument("--seeds", type=int, default=3, help="replays of the policy, each with its own acceptance draws")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args(argv)
+    if args.seeds < 1:
+        parser.error("--seeds must be >= 1")
+    try:
+        with open(args.log) as f:
+            log = load_log(f)
+        with open(args.server_info) as f:
+            prior = prior_from_server_info(json.load(f))
+    except (OSError, ValueError) as e:
+        print(f"cost_log_replay: {e}", file=sys.stderr)
+        return 1
+    k_max = max(prior.measured_steps)
+    fixed = {k: replay(log, prior, k_max, fixed=k) for k in prior.measured_steps
+             if any(kk == k for _, kk in log["costs"])}
+    best = max(fixed, key=lambda k: fixed[k]["tok_s"])
+    for k, result in fixed.items():
+        print(f"k = {k} on every step: {result['tok_s']:.0f} tok/s")
+    policies = [replay(log, prior, k_max, seed=seed) for seed in range(args.seeds)]
+    for seed, result in enumerate(policies):
+        print(f"policy (seed {seed}): {result['tok_s']:.0f} tok/s, {result['tok_s'] / fixed[best]['tok_s']:.3f} x k = "
+              f"{best}; {result['decisions']} decided switches, steps per k {result['steps_per_k']}, exploration "
+              f"{result['exploration_share']:.2%} of steps")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"fixed": fixed, "best_fixed": best, "policy": policies,
+                       "acceptance_rate": acceptance_rate(log["tokens"])}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
