@@ -7,11 +7,13 @@ dense exploration (SGLANG_SPEC_EXPLORE_EVERY; spec_envelope_gpu.sh's dynamic_x);
 /get_server_info snapshot, whose cost table (the start-up prior) the replayed policy starts from.
 The replay walks the log's decode launches in order (their batch sizes and contexts; a prefill
 between two launches breaks the cost-sample chain, as on the server). At each launch the policy
-(or a fixed k) picks k; the step costs what the log's cost sample of that k nearest in time at
-the same batch-size octave cost (the next octave down where it has none), and gives each request
-1 + accepted drafts at the per-position acceptance rate that the log's verifies imply. Costs that
-the log recorded at one moment are thus charged to whichever k runs then, slow stretches
-included, and what the policy learns from them is what it would have learned there.
+(or a fixed k) picks k; the step costs what the log's cost sample nearest in time at the same
+batch-size octave cost (the next octave down where it has none), whatever k it was of, scaled by
+the two k's relative cost there (from the log's runs of one k paired with another around them),
+and gives each request 1 + accepted drafts at the per-position acceptance rate that the log's
+verifies imply. What steps cost at each moment, slow stretches included, is thus charged to
+whichever k runs then, each k at its cost relative to the others; what is lost is only how that
+relation itself varies from step to step.
 
 Prints tokens per second of decode time for each fixed k and for the policy (per seed), the
 policy's decided switches, steps per k and exploration share, and the policy against the best
@@ -25,20 +27,23 @@ import bisect
 import json
 import os
 import random
+import statistics
 import sys
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cost_log_report import octave  # noqa: E402
+from cost_log_report import octave, paired_ratios  # noqa: E402
 
 from sglang.srt.speculative.cost_model import CostTable  # noqa: E402
 from sglang.srt.speculative.spec_policy import make_policy  # noqa: E402
 
 
 def load_log(lines) -> dict:
-    """{"launches": [(batch size, context) or None for a prefill], "costs": {(octave, k): [(launch
-    index, seconds)]}, "tokens": {k: tokens per request per verify}}."""
-    launches, costs, verifies = [], defaultdict(list), defaultdict(lambda: [0, 0])
+    """{"launches": [(batch size, context) or None for a prefill], "sequence": [(octave, k, seconds)]
+    (the cost samples in order), "by_octave": {octave: [(launch index, k, seconds)]}, "tokens": {k:
+    tokens per request per verify}}."""
+    launches, verifies = [], defaultdict(lambda: [0, 0])
+    sequence, by_octave = [], defaultdict(list)
     for number, line in enumerate(lines, 1):
         fields = line.split()
         try:
@@ -49,7 +54,9 @@ def load_log(lines) -> dict:
             elif fields[0] == "P":
                 launches.append(None)
             elif fields[0] == "S":
-                costs[(octave(int(fields[1])), int(fields[2]))].append((len(launches), float(fields[4])))
+                sample = (octave(int(fields[1])), int(fields[2]), float(fields[4]))
+                sequence.append(sample)
+                by_octave[sample[0]].append((len(launches), sample[1], sample[2]))
             elif fields[0] == "V":
                 verifies[int(fields[1])][0] += int(fields[2])
                 verifies[int(fields[1])][1] += int(fields[3])
@@ -60,7 +67,7 @@ def load_log(lines) -> dict:
     if not any(launches):
         raise ValueError("no decode launches (L lines) in the log")
     tokens = {k: t / n for k, (n, t) in verifies.items() if n}
-    return {"launches": launches, "costs": dict(costs), "tokens": tokens}
+    return {"launches": launches, "sequence": sequence, "by_octave": dict(by_octave), "tokens": tokens}
 
 
 def prior_from_server_info(info: dict) -> CostTable:
@@ -102,22 +109,52 @@ def acceptance_rate(tokens: dict) -> float:
     return low
 
 
-def step_cost(costs: dict, batch_size: int, k: int, index: int) -> float:
+def relative_costs(log: dict) -> dict:
+    """{(octave, k): what a step of k costs relative to one of the deepest k at that octave}: the
+    median over the log's runs of one paired with the other around it (cost_log_report's
+    paired_ratios), else the ratio of their medians at the octave."""
+    pairs = paired_ratios(log["sequence"])
+    by_key = defaultdict(list)
+    for low, k, seconds in log["sequence"]:
+        by_key[(low, k)].append(seconds)
+    out = {}
+    for low in {low for low, _ in by_key}:
+        ks = sorted(k for lo, k in by_key if lo == low)
+        deep = ks[-1]
+        for k in ks:
+            if k == deep:
+                out[(low, k)] = 1.0
+            elif (low, k, deep) in pairs:
+                out[(low, k)] = statistics.median(pairs[(low, k, deep)])
+            elif (low, deep, k) in pairs:
+                out[(low, k)] = 1.0 / statistics.median(pairs[(low, deep, k)])
+            else:
+                out[(low, k)] = statistics.median(by_key[(low, k)]) / statistics.median(by_key[(low, deep)])
+    return out
+
+
+def step_cost(log: dict, relative: dict, batch_size: int, k: int, index: int) -> float:
+    """What a step of k at this batch size costs at launch `index`: the log's cost sample nearest
+    in time at the batch's octave (the next octave down where it has none), whatever k it was of,
+    scaled by the two k's relative cost there. A slow stretch in the log is thus charged to
+    whatever k the replay runs then, and k's cost beside the others is the log's paired one."""
     low = octave(batch_size)
     while low >= 1:
-        seq = costs.get((low, k))
-        if seq:
-            i = bisect.bisect_left(seq, (index, 0.0))
-            return min(seq[max(0, i - 1):i + 1], key=lambda s: abs(s[0] - index))[1]
+        seq = log["by_octave"].get(low)
+        if seq and (low, k) in relative:
+            i = bisect.bisect_left(seq, (index,))
+            _, k_sampled, seconds = min(seq[max(0, i - 1):i + 1], key=lambda s: abs(s[0] - index))
+            return seconds * relative[(low, k)] / relative[(low, k_sampled)]
         low //= 2
-    for (_, kk), seq in sorted(costs.items(), key=lambda item: -item[0][0]):  # above the batch's octave
+    for (lo, kk), _ in sorted(relative.items(), key=lambda item: -item[0][0]):  # above the batch's octave
         if kk == k:
-            return seq[0][1]
+            return step_cost(log, relative, lo, k, index)
     raise ValueError(f"the log has no cost sample of k = {k}")
 
 
 def replay(log: dict, prior: CostTable, k_max: int, fixed: int | None = None, seed: int = 0) -> dict:
     rng = random.Random(seed)
+    relative = relative_costs(log)
     rate = acceptance_rate(log["tokens"])
     policy = make_policy("cost", k_max, cost=prior)
     tokens = seconds = 0.0
@@ -130,7 +167,7 @@ def replay(log: dict, prior: CostTable, k_max: int, fixed: int | None = None, se
         batch_size, context = launch
         rids = [f"r{i}" for i in range(batch_size)]
         k = fixed if fixed is not None else policy.choose(rids, context)
-        cost = step_cost(log["costs"], batch_size, k, index)
+        cost = step_cost(log, relative, batch_size, k, index)
         seconds += cost
         out = []
         for _ in rids:
@@ -173,8 +210,8 @@ def main(argv=None) -> int:
         print(f"cost_log_replay: {e}", file=sys.stderr)
         return 1
     k_max = max(prior.measured_steps)
-    fixed = {k: replay(log, prior, k_max, fixed=k) for k in prior.measured_steps
-             if any(kk == k for _, kk in log["costs"])}
+    logged = {k for _, k, _ in log["sequence"]}
+    fixed = {k: replay(log, prior, k_max, fixed=k) for k in prior.measured_steps if k in logged}
     best = max(fixed, key=lambda k: fixed[k]["tok_s"])
     for k, result in fixed.items():
         print(f"k = {k} on every step: {result['tok_s']:.0f} tok/s")

@@ -165,6 +165,7 @@ class LearnedCost:
     def __init__(self, prior: CostTable):
         self.prior = prior
         self._grouping_k = prior.measured_steps[-1]  # one grouping of batch sizes for every k
+        self._octaves: dict[int, int] = {}  # batch size -> bucket()
         self._levels: dict[tuple[int, int], _Level] = {}  # (octave, context class) -> its level
         self._pairs: dict[tuple[int, int, int], deque[float]] = {}  # (octave, context class, k) -> offsets
         self._offset: dict[tuple[int, int, int], float] = {}
@@ -178,11 +179,15 @@ class LearnedCost:
     def bucket(self, batch_size: int) -> int:
         """The learned costs' batch-size group: the octave (1, 2-3, 4-7, ...) of the graph bucket
         that a step of this batch replays, named by its lower bound."""
-        return 1 << (self.prior.bucket(batch_size, self._grouping_k).bit_length() - 1)
+        octave = self._octaves.get(batch_size)
+        if octave is None:  # a few per step on the host's hot path: each batch size is looked up once
+            octave = self._octaves[batch_size] = 1 << (self.prior.bucket(batch_size, self._grouping_k).bit_length() - 1)
+        return octave
 
     def key(self, batch_size: int, context_tokens: int = 0) -> tuple[int, int]:
         """(batch-size octave, context class): steps alike in cost, for the policy's exploration."""
-        return self.bucket(batch_size), context_class(batch_size, context_tokens)
+        short = context_tokens < CONTEXT_CLASS_TOKENS * batch_size
+        return self.bucket(batch_size), 0 if short else context_class(batch_size, context_tokens)
 
     def observe(self, batch_size: int, k: int, context_tokens: int, seconds: float, chosen: bool = True) -> None:
         """One steady step of k drafts at this batch size and summed context took `seconds`;
@@ -233,6 +238,11 @@ class LearnedCost:
             return level.value, True, True
         near = self._nearest([other for other, lv in self._levels.items() if lv.set], *where)
         return (self._levels[near].value, False, True) if near is not None else (0.0, False, False)
+
+    def paired_samples(self, batch_size: int, k: int, context_tokens: int = 0) -> int:
+        """How many samples k's offset at this key rests on (its own window and its neighbours')."""
+        bucket, cls = self.key(batch_size, context_tokens)
+        return sum(len(self._pairs.get((b, cls, k), ())) for b in (bucket // 2, bucket, 2 * bucket))
 
     def known(self, batch_size: int, k: int, context_tokens: int = 0) -> bool:
         """Whether this key prices k from its own samples: its level is set, and k has run there

@@ -76,8 +76,11 @@ class Exploration:
         self._burst = None
         return None, back
 
-    def start_if_due(self, bucket: Hashable, chosen: int, objective: dict[int, float]) -> Optional[int]:
-        """A candidate to run now instead of `chosen`, or None. The first step of the burst counts."""
+    def start_if_due(self, bucket: Hashable, chosen: int, objective: dict[int, float],
+                     unsure: frozenset = frozenset()) -> Optional[int]:
+        """A candidate to run now instead of `chosen`, or None. The first step of the burst counts.
+        Candidates in `unsure` (whose cost here rests on few samples) are due at the shortest
+        interval, however far behind they look: one unlucky burst must not keep a k away for long."""
         if self._credit < self.burst_steps or not objective.get(chosen):
             return None
         due = []
@@ -86,7 +89,8 @@ class Exploration:
                 continue
             shortfall = max(0.0, 1.0 - value / objective[chosen])
             last = self._last_run.get((bucket, k))
-            overdue = math.inf if last is None else (self.decode_steps - last) / _interval(self.intervals, shortfall)
+            interval = self.intervals[0][1] if k in unsure else _interval(self.intervals, shortfall)
+            overdue = math.inf if last is None else (self.decode_steps - last) / interval
             if overdue >= 1:
                 due.append((-overdue, shortfall, k))
         if not due:

@@ -21,7 +21,7 @@ from typing import Optional
 
 from sglang.srt.speculative.acceptance import AcceptanceEstimator
 from sglang.srt.configs.speculative_adaptive import _is_int
-from sglang.srt.speculative.cost_model import CostTable, LearnedCost
+from sglang.srt.speculative.cost_model import LEARN_WINDOW, CostTable, LearnedCost
 from sglang.srt.speculative.exploration import Exploration
 
 logger = logging.getLogger(__name__)
@@ -313,7 +313,12 @@ class CostPolicy(SpecPolicy):
             self._note_decision(bs, cur, best, obj, after_burst, context_tokens)
             return best
         if not after_burst:
-            explored = self.exploration.start_if_due(key[0], cur, obj)
+            # A candidate whose offset to the chosen k rests on fewer than a window of samples is
+            # measured again soon, whatever it looks: a burst that straddled the end of a slow
+            # stretch can price it far off, and a k that was chosen until now has none.
+            unsure = frozenset(k for k in candidates if k != cur
+                               and self.cost.paired_samples(bs, k, context_tokens) < LEARN_WINDOW)
+            explored = self.exploration.start_if_due(key[0], cur, obj, unsure)
             if explored is not None:
                 return explored
         return cur
