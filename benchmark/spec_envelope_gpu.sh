@@ -45,7 +45,7 @@
 # candidate run for a burst EXPLORE_EVERY (default 24) steps after it last ran at a bucket
 # (SGLANG_SPEC_EXPLORE_EVERY, benchmark-only: each k's cost beside the others' all the time). COST_LOG=1:
 # every speculative server writes its cost log (SGLANG_SPEC_COST_LOG); the logs and what
-# cost_log_report.py reads from them (cost_report.txt / .json) go into CONFIG_cost_logs.tgz. no_draft_unbatched / always_unbatched:
+# python -m sglang.benchmark.cost_log_report reads from them (cost_report.txt / .json) go into CONFIG_cost_logs.tgz. no_draft_unbatched / always_unbatched:
 # no draft / always with --admission-batch-steps 0 (every arrival admitted at once, passes not kept
 # within a prefill graph: the behaviour before), the same-run
 # reference for admission batching (not part of the envelope report).
@@ -193,7 +193,7 @@ if (( ${ROUNDS:-0} > 0 )); then
       save_server_info $(( ${PORT:-30000} + i )) "$OUT/${NAMES[$i]}.server_info.json"
     done
     if compgen -G "$OUT/*.costlog.*.txt" > /dev/null; then
-      (cd "$OUT" && python "$OLDPWD/benchmark/cost_log_report.py" *.costlog.*.txt --json cost_report.json \
+      (cd "$OUT" && python -m sglang.benchmark.cost_log_report *.costlog.*.txt --json cost_report.json \
         > cost_report.txt 2>&1; tar czf "${CONFIG}_cost_logs.tgz" *.costlog.*.txt cost_report.*; \
         rm -f *.costlog.*.txt cost_report.*)
     fi

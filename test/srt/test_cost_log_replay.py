@@ -1,18 +1,13 @@
-"""benchmark/cost_log_replay.py: the speculation policy replayed against a recorded cost log, each
+"""python -m sglang.benchmark.cost_log_replay: the speculation policy replayed against a recorded cost log, each
 k charged what the log's samples of it cost at that moment."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
 import pytest
 
-PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "cost_log_replay.py")
-spec = importlib.util.spec_from_file_location("cost_log_replay", PATH)
-cost_log_replay = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cost_log_replay)
+from sglang.benchmark import cost_log_replay
 
 SERVED_MS = {0: 0.32, 1: 0.50, 3: 0.62}  # at batch 16, typical (the demo pair on an H100)
 

@@ -1,27 +1,22 @@
 """The benchmark-only cost log (SGLANG_SPEC_COST_LOG) and dense exploration (SGLANG_SPEC_EXPLORE_EVERY)
-of a speculative server, and benchmark/cost_log_report.py, which reads the log: what each k's
+of a speculative server, and python -m sglang.benchmark.cost_log_report, which reads the log: what each k's
 steps cost, paired with the k that ran around them."""
 
 from __future__ import annotations
 
 import glob
-import importlib.util
 import os
 
 import pytest
 
 from sglang import demo
+from sglang.benchmark import cost_log_report
 from sglang.srt.managers import spec_scheduling
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.test.runner_utils import run_to_completion
-
-PATH = os.path.join(os.path.dirname(__file__), "..", "..", "..", "benchmark", "cost_log_report.py")
-spec = importlib.util.spec_from_file_location("cost_log_report", PATH)
-cost_log_report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(cost_log_report)
 
 
 def serve(tmp_path, monkeypatch, explore_every: str | None) -> tuple[dict, str]:

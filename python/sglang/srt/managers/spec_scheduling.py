@@ -49,7 +49,7 @@ DRAFT_FOLLOWS_ALL = os.environ.get(DRAFT_FOLLOWS_ALL_ENV) == "1"
 # per decode launch ("L time batch_size k context exploration_steps"), other launch ("P time"),
 # cost sample fed to the policy ("S batch_size k context seconds") and processed decode step ("V k
 # requests tokens"): what the policy saw and chose, for replaying policies offline
-# (benchmark/cost_log_report.py). About a microsecond of host time per line.
+# (sglang.benchmark.cost_log_report). About a microsecond of host time per line.
 COST_LOG_ENV = "SGLANG_SPEC_COST_LOG"
 # Benchmark-only: with SGLANG_SPEC_EXPLORE_EVERY=N the cost policy runs every other candidate for a
 # burst once N decode steps have passed since it last ran at the batch's bucket, up to half of the

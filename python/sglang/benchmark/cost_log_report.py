@@ -1,7 +1,7 @@
 """What a speculative server's decode steps cost, read from its cost log (SGLANG_SPEC_COST_LOG=PREFIX
 on the server; spec_envelope_gpu.sh sets it with COST_LOG=1).
 
-    python benchmark/cost_log_report.py LOG [LOG...] [--json OUT]
+    python -m sglang.benchmark.cost_log_report LOG [LOG...] [--json OUT]
 
 For each log: the cost samples per batch-size octave (1, 2-3, 4-7, ...) and k (median, mean and
 10th / 90th percentiles in ms), the tokens a verify of each k gave per request, and the paired

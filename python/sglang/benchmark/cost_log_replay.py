@@ -1,6 +1,6 @@
 """Replay the speculation policy of this checkout against a server's recorded decode costs.
 
-    python benchmark/cost_log_replay.py LOG --server-info INFO.json [--seeds N]
+    python -m sglang.benchmark.cost_log_replay LOG --server-info INFO.json [--seeds N]
 
 LOG is a cost log (SGLANG_SPEC_COST_LOG) of a server that measured every k often, best one with
 dense exploration (SGLANG_SPEC_EXPLORE_EVERY; spec_envelope_gpu.sh's dynamic_x); INFO.json its
@@ -25,17 +25,14 @@ from __future__ import annotations
 import argparse
 import bisect
 import json
-import os
 import random
 import statistics
 import sys
 from collections import defaultdict
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from cost_log_report import octave, paired_ratios  # noqa: E402
-
-from sglang.srt.speculative.cost_model import CostTable  # noqa: E402
-from sglang.srt.speculative.spec_policy import make_policy  # noqa: E402
+from sglang.benchmark.cost_log_report import octave, paired_ratios
+from sglang.srt.speculative.cost_model import CostTable
+from sglang.srt.speculative.spec_policy import make_policy
 
 
 def load_log(lines) -> dict:
@@ -111,8 +108,7 @@ def acceptance_rate(tokens: dict) -> float:
 
 def relative_costs(log: dict) -> dict:
     """{(octave, k): what a step of k costs relative to one of the deepest k at that octave}: the
-    median over the log's runs of one paired with the other around it (cost_log_report's
-    paired_ratios), else the ratio of their medians at the octave."""
+    median over the log's runs of one paired with the other around it (cost_log_report.paired_ratios), else the ratio of their medians at the octave."""
     pairs = paired_ratios(log["sequence"])
     by_key = defaultdict(list)
     for low, k, seconds in log["sequence"]:
