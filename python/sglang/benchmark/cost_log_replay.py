@@ -33,6 +33,7 @@ from collections import defaultdict
 from sglang.benchmark.cost_log_report import octave, paired_ratios
 from sglang.srt.speculative.cost_model import CostTable
 from sglang.srt.speculative.spec_policy import make_policy
+from sglang.srt.speculative.spec_sampling import simulated_accept_rate
 
 
 def load_log(lines) -> dict:
@@ -99,11 +100,7 @@ def acceptance_rate(tokens: dict) -> float:
     if not tokens:
         return 0.5
     k = max(tokens)
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        mid = (low + high) / 2
-        low, high = (mid, high) if sum(mid ** i for i in range(k + 1)) < tokens[k] else (low, mid)
-    return low
+    return simulated_accept_rate(tokens[k], k)
 
 
 def relative_costs(log: dict) -> dict:

@@ -169,6 +169,7 @@ class LearnedCost:
         self._levels: dict[tuple[int, int], _Level] = {}  # (octave, context class) -> its level
         self._pairs: dict[tuple[int, int, int], deque[float]] = {}  # (octave, context class, k) -> offsets
         self._offset: dict[tuple[int, int, int], float] = {}
+        self._borrowed: dict[tuple[int, int, int], tuple[float, Optional[str]]] = {}  # _offset_of, kept
         self._recent: dict[tuple[int, int, int], deque[float]] = {}  # the last log ratios, for the summary
         self.samples: dict[tuple[int, int, int], int] = {}
 
@@ -210,6 +211,7 @@ class LearnedCost:
 
     def _pool_offsets(self, key: tuple[int, int, int]) -> None:
         """Recomputes the offsets that pool this key's window: its own and its neighbours'."""
+        self._borrowed.clear()
         bucket, cls, k = key
         for near in (bucket // 2, bucket, 2 * bucket):
             if len(self._pairs.get((near, cls, k), ())) >= LEARN_FIRST_SAMPLES:
@@ -222,22 +224,26 @@ class LearnedCost:
                 for key in keys if abs(key[1] - cls) <= 1]
         return min(near)[2] if near else None
 
-    def _offset_of(self, key: tuple[int, int, int]) -> tuple[float, bool]:
-        """(k's offset at the key, whether it is the key's own): borrowed from the nearest key with
-        one for k, else 0."""
+    def _offset_of(self, key: tuple[int, int, int]) -> tuple[float, Optional[str]]:
+        """(k's offset at the key, "own" / "near" / None): borrowed from the nearest key with one for
+        k, else 0. Offsets change only with exploration's samples, so what a key borrows is kept
+        until then: the chosen k's every sample asks for its offset."""
         if key in self._offset:
-            return self._offset[key], True
-        bucket, cls, k = key
-        near = self._nearest([other for other in self._offset if other[2] == k], bucket, cls)
-        return (self._offset[near], False) if near is not None else (0.0, False)
+            return self._offset[key], "own"
+        found = self._borrowed.get(key)
+        if found is None:
+            bucket, cls, k = key
+            near = self._nearest([other for other in self._offset if other[2] == k], bucket, cls)
+            found = self._borrowed[key] = (self._offset[near], "near") if near is not None else (0.0, None)
+        return found
 
-    def _level_of(self, where: tuple[int, int]) -> tuple[float, bool, bool]:
-        """(the key's level, whether it is its own, whether any level was found)."""
+    def _level_of(self, where: tuple[int, int]) -> tuple[float, Optional[str]]:
+        """(the key's level, "own" / "near" / None): the nearest key's while its own is not set, else 0."""
         level = self._levels.get(where)
         if level is not None and level.set:
-            return level.value, True, True
+            return level.value, "own"
         near = self._nearest([other for other, lv in self._levels.items() if lv.set], *where)
-        return (self._levels[near].value, False, True) if near is not None else (0.0, False, False)
+        return (self._levels[near].value, "near") if near is not None else (0.0, None)
 
     def paired_samples(self, batch_size: int, k: int, context_tokens: int = 0) -> int:
         """How many samples k's offset at this key rests on (its own window and its neighbours')."""
@@ -247,14 +253,7 @@ class LearnedCost:
     def known(self, batch_size: int, k: int, context_tokens: int = 0) -> bool:
         """Whether this key prices k from its own samples: its level is set, and k has run there
         (chosen, as the last to set the level, or explored beside the chosen k)."""
-        where = self.key(batch_size, context_tokens)
-        level = self._levels.get(where)
-        return (level is not None and level.set
-                and ((*where, k) in self._offset or any(v == k for v in self._anchors(where))))
-
-    def _anchors(self, where: tuple[int, int]):
-        level = self._levels.get(where)
-        return () if level is None or level.anchor is None else (level.anchor,)
+        return self._lookup(batch_size, k, context_tokens)[1] == "learned"
 
     def source(self, batch_size: int, k: int, context_tokens: int = 0) -> str:
         """Where the cost of k here comes from: "learned" (this key's samples), "borrowed" (its
@@ -271,11 +270,11 @@ class LearnedCost:
 
     def _at(self, where: tuple[int, int], k: int) -> tuple[float, str]:
         """(log ratio, source) of k at a key."""
-        level, own_level, any_level = self._level_of(where)
-        offset, own_offset = self._offset_of((*where, k))
-        if not any_level and not own_offset and offset == 0.0:
+        level, level_from = self._level_of(where)
+        offset, offset_from = self._offset_of((*where, k))
+        if level_from is None and offset_from is None:
             return 0.0, "table"
-        learned = own_level and (own_offset or k in self._anchors(where))
+        learned = level_from == "own" and (offset_from == "own" or self._levels[where].anchor == k)
         return level + offset, "learned" if learned else "borrowed"
 
     def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
