@@ -5,7 +5,9 @@
 # request asks for its load's accept length (--accept-length-mix ACC:1; the speculative servers run with
 # SGLANG_SIMULATE_ACC_LEN), so one set of servers serves every load. Four 8B servers fit one H200 with
 # KV for about 45K tokens each, so each load's levels stop where concurrency x (input + output) fits.
-# LOADS: "NAME:INPUT:OUTPUT:ACCEPT:LEVELS ..." (default the three loads below). Everything lands in
+# LOADS: "NAME:INPUT:OUTPUT:ACCEPT:LEVELS ..." (default the three loads below). NAMES: the servers (default
+# "no_draft always k1 dynamic"; a name ending in _b is its kind's A/A twin, dynamic_x dynamic with dense
+# exploration). COST_LOG=1: each speculative server writes its cost log (SGLANG_SPEC_COST_LOG). Everything lands in
 # OUT/matrix.tgz; OUT/summary.txt has every level's pooled tok/s, each server's spread between rounds
 # and the envelope report's verdicts.
 # Usage (GPU machine, repository root): bash benchmark/results/2026-12-04_matrix/run.sh OUT
@@ -21,14 +23,19 @@ if [ -z "${MODEL:-}" ]; then  # MODEL / DRAFT / EXTRA_SERVER_ARGS: overrides for
 fi
 [ -n "${MODEL:-}" ] && [ -n "${DRAFT:-}" ] || { echo "no model pair"; exit 1; }
 SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
-NAMES=(no_draft always k1 dynamic)
+read -r -a NAMES <<< "${NAMES:-no_draft always k1 dynamic}"
 declare -A ARGS=([no_draft]="" [always]="$SPEC" [k1]="$SPEC --speculative-adaptive --speculative-candidate-steps 1"
-                 [dynamic]="$SPEC --speculative-adaptive")
+                 [dynamic]="$SPEC --speculative-adaptive" [dynamic_x]="$SPEC --speculative-adaptive")
+for name in "${!ARGS[@]}"; do ARGS[${name}_b]=${ARGS[$name]}; done
 PIDS=()
 trap 'kill ${PIDS[@]} 2>/dev/null; wait 2>/dev/null' EXIT
 for i in "${!NAMES[@]}"; do
   name=${NAMES[$i]}
-  env SGLANG_SIMULATE_ACC_LEN=2.0 python -m sglang.launch_server --model-path "$MODEL" --port $((BASE + i)) \
+  [ -n "${ARGS[$name]+set}" ] || { echo "unknown server $name"; exit 1; }
+  ENV=(SGLANG_SIMULATE_ACC_LEN=2.0)
+  [ "$name" = dynamic_x ] && ENV+=(SGLANG_SPEC_EXPLORE_EVERY=${EXPLORE_EVERY:-24})
+  [ "${COST_LOG:-0}" = 1 ] && [ -n "${ARGS[$name]}" ] && ENV+=(SGLANG_SPEC_COST_LOG=$RAW/$name.costlog)
+  env "${ENV[@]}" python -m sglang.launch_server --model-path "$MODEL" --port $((BASE + i)) \
     --max-running-requests 256 --max-total-tokens "$KV" ${ARGS[$name]} ${EXTRA_SERVER_ARGS:-} > "$RAW/$name.server.log" 2>&1 &
   PIDS+=($!)
 done
@@ -49,12 +56,23 @@ for load in $LOADS; do
     --out-dir "$RAW/$lname" --dataset-name random --random-input-len "$input" --random-output-len "$output" \
     --random-range-ratio 1 --num-prompts 2 --prompts-per-concurrency 1 --max-concurrency "$levels" \
     --accept-length-mix "$acc:1" --warmup-requests 8 --flush-cache --disable-tqdm | grep -E "^concurrency"
-  python -m sglang.benchmark.envelope --dynamic "$RAW/$lname/dynamic.jsonl" --static no_draft="$RAW/$lname/no_draft.jsonl" \
-    --static always="$RAW/$lname/always.jsonl" --static k1="$RAW/$lname/k1.jsonl" --out "$RAW/$lname/report.json" \
+  STATICS=()
+  for name in "${NAMES[@]}"; do
+    case $name in
+      dynamic*) ;;
+      *_b) STATICS+=(--aa "${name%_b}=$RAW/$lname/$name.jsonl") ;;
+      *) STATICS+=(--static "$name=$RAW/$lname/$name.jsonl") ;;
+    esac
+  done
+  python -m sglang.benchmark.envelope --dynamic "$RAW/$lname/dynamic.jsonl" "${STATICS[@]}" --out "$RAW/$lname/report.json" \
     > "$RAW/$lname/report.txt" 2>&1
   for i in "${!NAMES[@]}"; do save_server_info $((BASE + i)) "$RAW/$lname/${NAMES[$i]}.server_info.json"; done
 done
 stop_monitor
 python benchmark/results/2026-12-04_matrix/summarize.py "$RAW" > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
+if compgen -G "$RAW/*.costlog.*.txt" > /dev/null; then
+  python -m sglang.benchmark.cost_log_report "$RAW"/*.costlog.*.txt > "$OUT/cost_report.txt" 2>&1
+  tail -40 "$OUT/cost_report.txt"
+fi
 (cd "$OUT" && tar czf matrix.tgz raw && rm -rf raw)

@@ -11,7 +11,12 @@ import os
 import sys
 from collections import defaultdict
 
-NAMES = ("no_draft", "always", "k1", "dynamic")
+
+def server_names(folder: str) -> list[str]:
+    """The servers with a pooled result file in a load's folder, in a fixed order."""
+    order = ("no_draft", "always", "k1", "dynamic")
+    names = [f[: -len(".jsonl")] for f in os.listdir(folder) if f.endswith(".jsonl") and not f.endswith(".rounds.jsonl")]
+    return sorted(names, key=lambda n: (order.index(n.removesuffix("_b")) if n.removesuffix("_b") in order else len(order), n))
 
 
 def rows(path: str) -> list[dict]:
@@ -26,7 +31,7 @@ def main(raw: str) -> None:
             continue
         print(f"== {load}")
         pooled = {name: {r["max_concurrency"]: r for r in rows(os.path.join(folder, f"{name}.jsonl"))}
-                  for name in NAMES if os.path.exists(os.path.join(folder, f"{name}.jsonl"))}
+                  for name in server_names(folder)}
         rounds = defaultdict(list)
         for name in pooled:
             for r in rows(os.path.join(folder, f"{name}.rounds.jsonl")):
@@ -43,7 +48,7 @@ def main(raw: str) -> None:
                 per = rounds[(name, level)]
                 spread = max(per) / min(per) - 1 if per and min(per) > 0 else float("nan")
                 cells.append(f"{tok[name]:>9.0f} ±{100 * spread:4.1f}%")
-            statics = {n: v for n, v in tok.items() if n != "dynamic"}
+            statics = {n: v for n, v in tok.items() if not n.startswith("dynamic") and not n.endswith("_b")}
             best = max(statics, key=statics.get)
             share = pooled["dynamic"][level].get("spec_step_share_by_k") or {}
             share_text = " ".join(f"k{k}:{v:.2f}" for k, v in sorted(share.items()))
