@@ -7,7 +7,7 @@
 # KV for about 45K tokens each, so each load's levels stop where concurrency x (input + output) fits.
 # LOADS: "NAME:INPUT:OUTPUT:ACCEPT:LEVELS ..." (default the three loads below). NAMES: the servers (default
 # "no_draft always k1 dynamic"; a name ending in _b is its kind's A/A twin, dynamic_x dynamic with dense
-# exploration). COST_LOG=1: each speculative server writes its cost log (SGLANG_SPEC_COST_LOG). Everything lands in
+# exploration). LOAD_FORMAT=dummy: random weights drawn by each server, nothing written. COST_LOG=1: each speculative server writes its cost log (SGLANG_SPEC_COST_LOG). Everything lands in
 # OUT/matrix.tgz; OUT/summary.txt has every level's pooled tok/s, each server's spread between rounds
 # and the envelope report's verdicts.
 # Usage (GPU machine, repository root): bash benchmark/results/2026-12-04_matrix/run.sh OUT
@@ -19,7 +19,8 @@ RAW=$OUT/raw
 mkdir -p "$RAW"
 source benchmark/serve_lib.sh
 if [ -z "${MODEL:-}" ]; then  # MODEL / DRAFT / EXTRA_SERVER_ARGS: overrides for a dry run
-  read -r MODEL DRAFT < <(python -c "from sglang.benchmark.speculative_levels import make_pair; print(*make_pair('8b', '/tmp/spec_envelope'))" | tail -1)
+  WEIGHTS=True; [ "${LOAD_FORMAT:-}" = dummy ] && WEIGHTS=False  # dummy: no 16 GB of random weights written
+  read -r MODEL DRAFT < <(python -c "from sglang.benchmark.speculative_levels import make_pair; print(*make_pair('8b', '/tmp/spec_envelope', weights=$WEIGHTS))" | tail -1)
 fi
 [ -n "${MODEL:-}" ] && [ -n "${DRAFT:-}" ] || { echo "no model pair"; exit 1; }
 SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
@@ -36,7 +37,7 @@ for i in "${!NAMES[@]}"; do
   [ "$name" = dynamic_x ] && ENV+=(SGLANG_SPEC_EXPLORE_EVERY=${EXPLORE_EVERY:-24})
   [ "${COST_LOG:-0}" = 1 ] && [ -n "${ARGS[$name]}" ] && ENV+=(SGLANG_SPEC_COST_LOG=$RAW/$name.costlog)
   env "${ENV[@]}" python -m sglang.launch_server --model-path "$MODEL" --port $((BASE + i)) \
-    --max-running-requests 256 --max-total-tokens "$KV" ${ARGS[$name]} ${EXTRA_SERVER_ARGS:-} > "$RAW/$name.server.log" 2>&1 &
+    --max-running-requests 256 --max-total-tokens "$KV" ${ARGS[$name]} ${LOAD_FORMAT:+--load-format $LOAD_FORMAT} ${EXTRA_SERVER_ARGS:-} > "$RAW/$name.server.log" 2>&1 &
   PIDS+=($!)
 done
 echo "== $(date +%T) starting ${NAMES[*]}"
