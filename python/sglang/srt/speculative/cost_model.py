@@ -9,6 +9,7 @@ from bisect import bisect_left
 from collections import deque
 from typing import Optional
 
+
 class CostTable:
     """Measured seconds per decode step: plain[bs] for a PLAIN step and spec[(bs, k)] for a
     speculative step of k drafts (draft + verify + draft extend), at the captured batch-size
