@@ -428,8 +428,9 @@ def test_an_unchanged_bucket_is_re_evaluated_every_few_steps_and_a_new_one_at_on
 
     policy = make_policy("cost", K_MAX, cost=make_cost(), exploration=no_exploration())
     evaluated = []
-    real = policy.objective
-    monkeypatch.setattr(policy, "objective", lambda rids, *a, **kw: evaluated.append(len(rids)) or real(rids, *a, **kw))
+    real = policy._priced_objective
+    monkeypatch.setattr(policy, "_priced_objective",
+                        lambda rids, *a, **kw: evaluated.append(len(rids)) or real(rids, *a, **kw))
     rids = ["r"]
     for _ in range(policy.min_dwell + 4 * spec_policy.REEVALUATE_EVERY):
         policy.choose(rids)

@@ -234,6 +234,8 @@ class CostPolicy(SpecPolicy):
         self._evaluated_key: Optional[tuple] = None  # (graph bucket, candidate set) of the last evaluation
         self._decided_k: Optional[int] = None  # what the last _choose returned
         self._chosen_k: Optional[int] = None  # the k chosen at the last step, exploration aside (observe_step_seconds)
+        self._where: Optional[tuple[int, int]] = None  # the learned costs' key of the batch being chosen for
+        self._prices: tuple[Optional[tuple[int, int]], dict[int, float]] = (None, {})  # (key, seconds per k), last evaluation
         self.num_decisions = 0  # switches the objective made (exploration's own moves not counted)
         self.last_switch: Optional[str] = None  # why the last decided switch was made
 
@@ -244,9 +246,14 @@ class CostPolicy(SpecPolicy):
                   num_plain_only: int = 0) -> dict[int, float]:
         """Expected tokens per second of each candidate for this batch (requests that opted out
         of speculation add one token and their share of the step's cost)."""
-        bs = len(rids) + num_plain_only
+        return self._priced_objective(rids, candidates, context_tokens, num_plain_only)[0]
+
+    def _priced_objective(self, rids: list[str], candidates: list[int], context_tokens: int,
+                          num_plain_only: int) -> tuple[dict[int, float], dict[int, float]]:
+        """(objective, seconds per step of each candidate)."""
         totals = self.estimator.batch_expected_tokens(rids, max(candidates))
-        return {k: (totals[k] + num_plain_only) / self.seconds(bs, k, context_tokens) for k in candidates}
+        prices = self.cost.seconds_each(len(rids) + num_plain_only, candidates, context_tokens)
+        return {k: (totals[k] + num_plain_only) / prices[k] for k in candidates}, prices
 
     def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
         """What a step of k drafts costs the server at this batch size and summed context: the
@@ -261,13 +268,18 @@ class CostPolicy(SpecPolicy):
 
     def choose(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0, explore: bool = False) -> int:
         self._decided_k = None
+        bs = max(len(rids) + num_plain_only, 1)
+        where = self._where = self.cost.key(bs, context_tokens)
         k = super().choose(rids, context_tokens, num_plain_only, explore)
         # The chosen k: what a burst returns to, else what _choose decided (before the scheduler's
         # acceptance probe, if it asked for one), else (a batch that decodes plainly) k.
         self._chosen_k = (self.exploration.returns_to if self.exploration.active
                           else self._decided_k if self._decided_k is not None else k)
-        bs = max(len(rids) + num_plain_only, 1)
-        self.exploration.note_step(self.cost.key(bs, context_tokens), k, self.cost.seconds(bs, k, context_tokens))
+        # Exploration's accounting prices the step as the last evaluation at this key did (at most
+        # REEVALUATE_EVERY steps before): pricing every step afresh cost the host a few us a step.
+        priced_at, prices = self._prices
+        seconds = prices.get(k) if priced_at == where else None
+        self.exploration.note_step(where, k, seconds if seconds is not None else self.cost.seconds(bs, k, context_tokens))
         return k
 
     def _margin(self, batch_size: int, current: int, best: int) -> float:
@@ -293,7 +305,7 @@ class CostPolicy(SpecPolicy):
         # Batch sizes that replay the same graphs cost the same per step, so within a bucket (and
         # context class and candidate set) only the requests' estimates and the learned costs move
         # the choice.
-        key = (self.cost.key(bs, context_tokens), id(candidates))
+        key = (self._where, id(candidates))
         if cur is not None and cur in candidates and not after_burst:
             if self.steps_in_current < self.min_dwell:
                 return cur
@@ -304,7 +316,8 @@ class CostPolicy(SpecPolicy):
             if key == self._evaluated_key and self.steps_in_current % REEVALUATE_EVERY:
                 return cur
         self._evaluated_key = key
-        obj = self.objective(rids, candidates, context_tokens, num_plain_only)
+        obj, prices = self._priced_objective(rids, candidates, context_tokens, num_plain_only)
+        self._prices = (self._where, prices)
         self.last_objective = obj
         best = _best(obj)
         if cur is None or cur not in candidates:
