@@ -19,7 +19,7 @@ HELP_GROUPS = {
                                 "--cuda-graph-max-bs", "--cuda-graph-bs", "--prefill-cuda-graph-max-tokens"),
     "parallelism": ("--tp-size", "--dp-size", "--base-gpu-id"),
     "speculative decoding": ("--speculative-*", "--disable-speculative-step-graph"),
-    "logging": ("--log-level",),
+    "logging": ("--log-level", "--gc-warning-threshold-secs"),
     "metrics": ("--enable-metrics",),
 }
 

@@ -65,6 +65,7 @@ class ServerArgs:
     random_seed: int = 42
     attention_backend: Optional[str] = None
     log_level: str = "info"
+    gc_warning_threshold_secs: float = 0.0  # log a garbage-collector pause this long or longer (0: none)
     served_model_name: Optional[str] = None
     host: str = "127.0.0.1"
     port: int = 30000
@@ -178,6 +179,9 @@ class ServerArgs:
         _check_choice("--schedule-policy", self.schedule_policy, SCHEDULE_POLICY_CHOICES)
         _check_choice("--attention-backend", self.attention_backend, ATTENTION_BACKEND_CHOICES)
         _check_choice("--log-level", self.log_level, LOG_LEVEL_CHOICES)
+        if not self.gc_warning_threshold_secs >= 0:
+            raise ValueError(f"--gc-warning-threshold-secs must be >= 0 (0 logs no pause), got "
+                             f"{self.gc_warning_threshold_secs}")
         _check_choice("--sampling-defaults", self.sampling_defaults, SAMPLING_DEFAULTS_CHOICES)
         if not 0.0 < self.mem_fraction_static < 1.0:
             raise ValueError(

@@ -91,6 +91,10 @@ def _add_runtime_args(parser: HelpGroups) -> None:
                              "default on CPU).")
     parser.add_argument("--log-level", type=str, default=_DEFAULTS["log_level"], choices=LOG_LEVEL_CHOICES,
                         help="Logging level of every server process.")
+    parser.add_argument("--gc-warning-threshold-secs", type=float, default=_DEFAULTS["gc_warning_threshold_secs"],
+                        help="Log a warning when Python's garbage collector pauses a server process this many "
+                             "seconds or longer (default 0: no warning). Objects made at start-up are frozen out "
+                             "of its passes either way.")
 
 
 def _add_http_server_args(parser: HelpGroups) -> None:

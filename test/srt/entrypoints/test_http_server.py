@@ -24,6 +24,11 @@ def test_health_routes_and_model_info(server):
     for key in ("num_running_reqs", "num_queue_reqs", "token_usage", "last_step_throughput",
                 "free_slots", "cached_slots", "total_slots"):
         assert key in state
+    # The scheduler and HTTP processes froze their start-up objects out of the garbage
+    # collector's passes (a full pass over them paused a process for ~100-200 ms) and time its passes.
+    for gc_state in (state["gc"], server_info["http_gc"]):
+        assert gc_state["frozen_objects"] > 10_000, gc_state
+        assert len(gc_state["passes"]) == 3 and gc_state["longest_s"] >= 0
 
 
 def test_metrics_count_requests_and_tokens(server):

@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 import sglang
+from sglang.srt.gc_pauses import GcWatch, settle_after_startup
 from sglang.srt.entrypoints.engine import Subprocesses, model_info
 from sglang.srt.entrypoints.http_middleware import add_auth, add_cors
 from sglang.srt.entrypoints.http_utils import (
@@ -79,6 +80,7 @@ class ServerState:
     ready: bool = False
     exit_code: int = 0
     uvicorn_server: Optional[uvicorn.Server] = None
+    gc_watch: Optional[GcWatch] = None  # this process's garbage-collector passes, once ready
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -103,6 +105,8 @@ def _lifespan(state: ServerState):
         yield
         for task in tasks:
             task.cancel()
+        if state.gc_watch is not None:
+            state.gc_watch.stop()
         await state.tokenizer_manager.close()
 
     return lifespan
@@ -116,6 +120,7 @@ async def _warm_up_then_ready(state: ServerState) -> None:
             logger.error("warm-up generation failed: %s", e)
             _exit(state, 1)
             return
+    state.gc_watch = settle_after_startup("HTTP server", state.server_args.gc_warning_threshold_secs)
     state.ready = True
     print(READY_MESSAGE, flush=True)  # printed whatever the log level: scripts wait for it
 
@@ -204,7 +209,8 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
         args["api_key"] = None if args["api_key"] is None else "<redacted>"
         return {**args, **state.subprocesses.model_info, "internal_states": [internal],
                 "scheduler_pid": state.subprocesses.scheduler.pid,
-                "detokenizer_pid": state.subprocesses.detokenizer.pid, "version": sglang.__version__}
+                "detokenizer_pid": state.subprocesses.detokenizer.pid, "version": sglang.__version__,
+                "http_gc": state.gc_watch.summary() if state.gc_watch is not None else None}
 
     @app.get("/get_load")
     async def get_load():

@@ -10,6 +10,7 @@ from typing import Optional
 
 import zmq
 
+from sglang.srt.gc_pauses import settle_after_startup
 from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut, RequestConstants
 from sglang.srt.managers.stop_strings import IncrementalText, StopState
@@ -151,6 +152,7 @@ def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> Non
     recv.bind(port_args.detokenizer_ipc)
     send = ctx.socket(zmq.PUSH)
     send.connect(port_args.tokenizer_ipc)
+    settle_after_startup("detokenizer", server_args.gc_warning_threshold_secs)
     while True:
         if not recv.poll(1000):
             if os.getppid() != parent_pid:

@@ -55,6 +55,7 @@ class Scheduler:
             self.tp_worker = EAGLEWorkerV2(server_args, self.model_config)
         else:
             self.tp_worker = TpModelWorker(server_args, self.model_config)
+        self.gc_watch = None  # the garbage collector's passes, timed once the process is ready (gc_pauses)
         self.spec_cost_log = None  # benchmark-only (spec_scheduling.COST_LOG_ENV); make_spec_policy opens it
         self.spec_policy = spec_scheduling.make_spec_policy(self, server_args) if self.spec_k else None
         runner = self.tp_worker.model_runner
@@ -549,6 +550,8 @@ class Scheduler:
             **COMPILE_WATCH.summary(),
             **self.tp_worker.penalty_counts.summary(),
         )
+        if self.gc_watch is not None:
+            state["gc"] = self.gc_watch.summary()
         if self.spec_k:
             state.update(self.tp_worker.stats.summary())
             state["spec_policy"] = self.spec_policy.summary()

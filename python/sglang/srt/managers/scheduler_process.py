@@ -15,6 +15,7 @@ import traceback
 import torch
 import zmq
 
+from sglang.srt.gc_pauses import settle_after_startup
 from sglang.srt.distributed.parallel_state import init_tensor_parallel
 from sglang.srt.managers.io_struct import AbortReq, ControlReply, ControlReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
@@ -89,6 +90,7 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pi
         ready_pipe.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
         raise SystemExit(1)
     loop = SchedulerLoop(scheduler, port_args, parent_pid)
+    scheduler.gc_watch = settle_after_startup("scheduler", server_args.gc_warning_threshold_secs)
     ready_pipe.send({"status": "ready", **scheduler.model_info()})
     try:
         loop.run()

@@ -14,6 +14,7 @@ import traceback
 
 import torch
 
+from sglang.srt.gc_pauses import settle_after_startup
 from sglang.srt.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
 from sglang.srt.managers.scheduler_process import PARENT_CHECK_S, cpu_intra_op_threads, select_gpu
 from sglang.srt.model_executor import tp_mirror
@@ -38,7 +39,9 @@ def run_tp_follower_process(server_args: ServerArgs, tp_rank: int, init_address:
         logger.error("tensor-parallel rank %d failed to start:\n%s", tp_rank, traceback.format_exc())
         raise SystemExit(1)
     try:
-        tp_mirror.follow(server_args, _make_runner)
+        tp_mirror.follow(server_args, _make_runner,
+                         ready=lambda: settle_after_startup(f"tensor-parallel rank {tp_rank}",
+                                                            server_args.gc_warning_threshold_secs))
     except tp_mirror.LeaderGone as e:
         logger.info("tensor-parallel rank %d stops: rank 0 is gone (%s)", tp_rank, e)
         os._exit(0)

@@ -84,9 +84,10 @@ def stop() -> None:
         broadcast_command(("stop",))
 
 
-def follow(server_args, make_runner) -> None:
+def follow(server_args, make_runner, ready=None) -> None:
     """A rank other than 0: mirror rank 0's runners and forwards until rank 0 says stop.
-    make_runner(model_config, server_args, target, **kwargs) builds a ModelRunner."""
+    make_runner(model_config, server_args, target, **kwargs) builds a ModelRunner; `ready()` is
+    called once, at the first forward (the runners are built by then)."""
     runners: list["ModelRunner"] = []
     device = server_args.device
     while True:
@@ -102,6 +103,9 @@ def follow(server_args, make_runner) -> None:
             target = runners[target_id] if target_id is not None else None
             runners.append(make_runner(model_config, server_args, target, **kwargs))
         elif kind == "forward":
+            if ready is not None:
+                ready, call = None, ready
+                call()
             _, runner_id, host, specs, (rows_shape, rows_dtype) = command
             runner = runners[runner_id]
             tensors = {name: broadcast_tensor(torch.empty(shape, dtype=dtype, device=device))
