@@ -24,7 +24,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 import sglang
-from sglang.srt.gc_pauses import GcWatch, settle_after_startup
 from sglang.srt.entrypoints.engine import Subprocesses, model_info
 from sglang.srt.entrypoints.http_middleware import add_auth, add_cors
 from sglang.srt.entrypoints.http_utils import (
@@ -33,6 +32,7 @@ from sglang.srt.entrypoints.http_utils import (
 from sglang.srt.entrypoints.not_implemented import reject_native_sampling_fields, reject_openai_fields
 from sglang.srt.entrypoints.request_body import parse_json_body
 from sglang.srt.errors import ABORTED_BY_CLIENT, InvalidRequest
+from sglang.srt.gc_pauses import GcWatch, settle_after_startup
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs

@@ -15,8 +15,8 @@ import traceback
 import torch
 import zmq
 
-from sglang.srt.gc_pauses import settle_after_startup
 from sglang.srt.distributed.parallel_state import init_tensor_parallel
+from sglang.srt.gc_pauses import settle_after_startup
 from sglang.srt.managers.io_struct import AbortReq, ControlReply, ControlReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.managers.step_times import ENV as STEP_TIMES_ENV, make_step_clock, write_period_files, write_text

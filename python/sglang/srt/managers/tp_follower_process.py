@@ -14,8 +14,8 @@ import traceback
 
 import torch
 
-from sglang.srt.gc_pauses import settle_after_startup
 from sglang.srt.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from sglang.srt.gc_pauses import settle_after_startup
 from sglang.srt.managers.scheduler_process import PARENT_CHECK_S, cpu_intra_op_threads, select_gpu
 from sglang.srt.model_executor import tp_mirror
 from sglang.srt.model_executor.model_runner import ModelRunner
