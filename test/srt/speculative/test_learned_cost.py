@@ -167,6 +167,10 @@ def test_a_k_measured_beside_the_chosen_one_keeps_its_price_relative_to_it():
     assert learned.bucket(9) == learned.bucket(20) == 16 and learned.bucket(25) == 32, "octaves of graph buckets"
     assert learned.seconds(20, 1) == pytest.approx(0.4e-3), "graph buckets 16 and 24 share what was learned"
     assert learned.seconds(32, 1) == pytest.approx(0.4e-3) and learned.source(32, 1) == "borrowed"
+    # What the policy prices its candidates with in one call is what it would price each with.
+    for bs, context in ((16, 0), (32, 0), (1, 0), (16, 16 * 3000)):
+        each = learned.seconds_each(bs, (0, 1, K_MAX), context)
+        assert each == {k: pytest.approx(learned.seconds(bs, k, context)) for k in (0, 1, K_MAX)}
 
 
 def test_costs_learned_at_long_contexts_do_not_price_short_ones():

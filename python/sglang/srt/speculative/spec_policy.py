@@ -275,8 +275,8 @@ class CostPolicy(SpecPolicy):
         # acceptance probe, if it asked for one), else (a batch that decodes plainly) k.
         self._chosen_k = (self.exploration.returns_to if self.exploration.active
                           else self._decided_k if self._decided_k is not None else k)
-        # Exploration's accounting prices the step as the last evaluation at this key did (at most
-        # REEVALUATE_EVERY steps before): pricing every step afresh cost the host a few us a step.
+        # Exploration's accounting prices the step as the last evaluation at this key priced it (every
+        # candidate was): pricing every step afresh cost the host a few us a step.
         priced_at, prices = self._prices
         seconds = prices.get(k) if priced_at == where else None
         self.exploration.note_step(where, k, seconds if seconds is not None else self.cost.seconds(bs, k, context_tokens))
