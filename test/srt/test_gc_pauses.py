@@ -57,3 +57,12 @@ def test_a_negative_threshold_is_refused_naming_the_flag():
         ServerArgs(model_path="unused", gc_warning_threshold_secs=-1)
     with pytest.raises(ValueError, match="--gc-warning-threshold-secs"):
         GcWatch(-0.5)
+
+
+def test_the_diagnosis_switch_leaves_start_up_objects_in_the_passes(unfrozen, monkeypatch, caplog):
+    monkeypatch.setenv("SGLANG_GC_NO_FREEZE", "1")
+    with caplog.at_level(logging.WARNING, logger="sglang.srt.gc_pauses"):
+        watch = settle_after_startup("test process")
+    assert gc.get_freeze_count() == 0 and "SGLANG_GC_NO_FREEZE=1" in caplog.text
+    gc.collect(0)
+    assert watch.passes[0] >= 1, "passes are timed all the same"

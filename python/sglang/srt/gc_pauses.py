@@ -14,10 +14,13 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
 from typing import Optional
 
 logger = logging.getLogger(__name__)
+
+NO_FREEZE_ENV = "SGLANG_GC_NO_FREEZE"  # diagnosis: =1 leaves start-up objects in the passes (for A/B runs)
 
 
 class GcWatch:
@@ -68,8 +71,12 @@ class GcWatch:
 def settle_after_startup(process: str, warn_after_s: float = 0.0) -> GcWatch:
     """Collects what start-up left behind, freezes the rest (every later collection skips it) and
     starts timing the collector's passes. Called by each server process once it is ready."""
-    gc.collect()
-    gc.freeze()
-    logger.info("%s: %d objects from start-up frozen out of the garbage collector's passes", process,
-                gc.get_freeze_count())
+    if os.environ.get(NO_FREEZE_ENV) == "1":
+        logger.warning("%s: %s=1, start-up objects stay in the garbage collector's passes (for comparisons "
+                       "only: a full pass walks them all)", process, NO_FREEZE_ENV)
+    else:
+        gc.collect()
+        gc.freeze()
+        logger.info("%s: %d objects from start-up frozen out of the garbage collector's passes", process,
+                    gc.get_freeze_count())
     return GcWatch(warn_after_s).start()
