@@ -16,7 +16,8 @@
 # against no_draft / always), k1 (k = 1 on every step: the cost policy with one candidate, so the
 # same simulated rate per position as the k = 3 servers), k3 (k = 3 on every step through the cost
 # policy with one candidate: what always does, with the adaptive server's host work and none of its
-# exploration or switches), no_draft_b (a second no-draft server: the
+# exploration or switches), always_nofreeze (always with SGLANG_GC_NO_FREEZE=1: start-up objects left in
+# the garbage collector's passes, for an A/B of the freeze), no_draft_b (a second no-draft server: the
 # A/A control for python -m sglang.benchmark.envelope). TRACE=FILE (with ROUNDS > 0): every server
 # plays that bench_serving --trace in turn, ROUNDS times, instead of the levels. The no-draft sweep does not
 # depend on the accept length: it is named after the model (8b_no_draft, demo_no_draft), so one
@@ -120,6 +121,8 @@ server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), 
       ENV="$SIM SGLANG_STREAM_EVERY_STEP=1" ARGS=$SPEC ;;
     k1) NAME=${CONFIG}_k1 LABEL="k = 1" ENV=$SIM ARGS="$SPEC --speculative-adaptive --speculative-candidate-steps 1" ;;
     k3) NAME=${CONFIG}_k3 LABEL="k = 3, adaptive" ENV=$SIM ARGS="$SPEC --speculative-adaptive --speculative-candidate-steps 3" ;;
+    always_nofreeze) NAME=${CONFIG}_$1 LABEL="always, start-up objects not frozen" ENV="$SIM SGLANG_GC_NO_FREEZE=1"
+      ARGS=$SPEC ;;
     no_draft_b) NAME=${PAIR}_no_draft_b LABEL="no draft (A/A)" ENV="" ARGS="" ;;
     always_b|always_c) NAME=${CONFIG}_$1 LABEL="always (control ${1#always_})" ENV=$SIM ARGS=$SPEC ;;
     dynamic_b) NAME=${CONFIG}_$1 LABEL="dynamic (instance b)" ENV=$SIM ARGS="$SPEC --speculative-adaptive" ;;
