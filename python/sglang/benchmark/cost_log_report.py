@@ -12,7 +12,10 @@ compares two k's at one moment, so a slowdown common to every k (requests retiri
 cancels out of it; the per-octave medians mix moments. From the paired ratios and the tokens per
 verify: the value of each k (tokens per request per second) relative to the k it was paired with.
 Finally the decode steps per k and the switches (a decode launch whose k differs from the one
-before it), exploration's steps apart."""
+before it), exploration's steps apart, and the pauses: launch-to-launch gaps of PAUSE_MIN_S to
+PAUSE_MAX_S (longer ones are the server idling between plays), counted by whether requests were
+still running (the scheduler stood still) or the batch had drained to one (no new requests came:
+the front end, or the client, stood still)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,8 @@ from collections import defaultdict
 
 PAIR_NEIGHBOURS = 8  # samples of the surrounding k taken on each side of a run
 PAIR_MAX_GAP = 64  # a neighbour further than this many samples (at any octave) is too old to pair
+PAUSE_MIN_S = 0.1  # a launch-to-launch gap this long is a pause (steps of the models served take ms)
+PAUSE_MAX_S = 1.0  # longer: the server idle between plays
 
 
 def octave(batch_size: int) -> int:
@@ -37,8 +42,9 @@ def octave_label(low: int) -> str:
 
 def parse(lines) -> dict:
     """{"samples": [(octave, k, seconds)], "launches": [(k, exploration steps)], "verifies": {k: [requests,
-    tokens]}}. Malformed lines raise ValueError naming the line."""
-    samples, launches, verifies = [], [], defaultdict(lambda: [0, 0])
+    tokens]}, "timeline": [(time, batch size; 0 for a prefill launch)]}. Malformed lines raise ValueError
+    naming the line."""
+    samples, launches, verifies, timeline = [], [], defaultdict(lambda: [0, 0]), []
     for number, line in enumerate(lines, 1):
         fields = line.split()
         if not fields:
@@ -49,14 +55,35 @@ def parse(lines) -> dict:
                 samples.append((octave(int(fields[1])), int(fields[2]), float(fields[4])))
             elif kind == "L":
                 launches.append((int(fields[3]), int(fields[5])))
+                timeline.append((float(fields[1]), int(fields[2])))
             elif kind == "V":
                 verifies[int(fields[1])][0] += int(fields[2])
                 verifies[int(fields[1])][1] += int(fields[3])
-            elif kind != "P":
+            elif kind == "P":
+                timeline.append((float(fields[1]), 0))
+            else:
                 raise ValueError(f"unknown record {kind!r}")
         except (IndexError, ValueError) as e:
             raise ValueError(f"line {number}: {line.strip()!r}: {e}") from None
-    return {"samples": samples, "launches": launches, "verifies": dict(verifies)}
+    return {"samples": samples, "launches": launches, "verifies": dict(verifies), "timeline": timeline}
+
+
+def pauses(timeline) -> dict:
+    """{"pauses", "pause_s", "busy_s", "with_running", "drained", "after_prefill"}: gaps between launches
+    of PAUSE_MIN_S to PAUSE_MAX_S, their seconds, the seconds of every gap under PAUSE_MAX_S, and how many
+    began after a decode launch of more than one request (the scheduler stood still with work), of one
+    (drained) or after a prefill launch."""
+    out = {"pauses": 0, "pause_s": 0.0, "busy_s": 0.0, "with_running": 0, "drained": 0, "after_prefill": 0}
+    for (t, batch), (next_t, _) in zip(timeline, timeline[1:]):
+        gap = next_t - t
+        if gap >= PAUSE_MAX_S:
+            continue
+        out["busy_s"] += gap
+        if gap >= PAUSE_MIN_S:
+            out["pauses"] += 1
+            out["pause_s"] += gap
+            out["with_running" if batch > 1 else "drained" if batch == 1 else "after_prefill"] += 1
+    return out
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -125,13 +152,17 @@ def report(log: dict) -> dict:
             entry["value_ratio"] = tokens[k] / tokens[reference] / cost
         paired[f"{octave_label(low)} k{k}/k{reference}"] = entry
     costs = {f"{octave_label(low)} k{k}": row for (low, k), row in cost_table(log["samples"]).items()}
-    return {"costs": costs, "tokens_per_verify": tokens, "paired": paired, **switches(log["launches"])}
+    return {"costs": costs, "tokens_per_verify": tokens, "paired": paired, **switches(log["launches"]),
+            **pauses(log.get("timeline", []))}
 
 
 def render(name: str, rep: dict) -> str:
     lines = [f"== {name}: decode steps per k {rep['steps_per_k']}, {rep['switches']} switches "
              f"({rep['exploration_steps']} exploration steps); tokens per request per verify: "
              + ", ".join(f"k{k} {t:.2f}" for k, t in rep["tokens_per_verify"].items()),
+             f"pauses of {1e3 * PAUSE_MIN_S:.0f}-{1e3 * PAUSE_MAX_S:.0f} ms between launches: {rep['pauses']} "
+             f"({rep['pause_s']:.2f} s of {rep['busy_s']:.1f} s busy; {rep['with_running']} with requests running, "
+             f"{rep['drained']} with the batch drained to one, {rep['after_prefill']} after a prefill)",
              f"{'octave k':<14}{'n':>7}{'median ms':>11}{'mean ms':>9}{'p10':>8}{'p90':>8}"]
     for key, row in rep["costs"].items():
         lines.append(f"{key:<14}{row['n']:>7}{row['median_ms']:>11.3f}{row['mean_ms']:>9.3f}"

@@ -102,3 +102,20 @@ def test_the_report_names_a_malformed_line(tmp_path, capsys):
     out = tmp_path / "report.json"
     assert cost_log_report.main([str(good), "--json", str(out)]) == 0
     assert "paired" in out.read_text()
+
+
+def test_pauses_between_launches_are_counted_by_what_stood_still():
+    """A gap of 0.1-1 s between launches inside a play is a pause: with requests running (the
+    scheduler stood still), after the batch drained to one (no new request came) or after a
+    prefill; longer gaps are the server idle between plays."""
+    lines = ["L 0.000 20 3 4000 0", "L 0.001 20 3 4000 0",
+             "L 0.301 20 3 4000 0",  # 300 ms with 20 requests running
+             "L 0.302 1 3 300 0",
+             "P 0.502",  # 200 ms after the batch drained to one
+             "L 0.503 2 3 600 0", "P 0.504",
+             "L 0.654 2 3 600 0",  # 150 ms after a prefill
+             "L 3.000 16 3 4000 0"]  # the next play, 2.3 s later: not a pause
+    rep = cost_log_report.report(cost_log_report.parse(lines))
+    assert (rep["pauses"], rep["with_running"], rep["drained"], rep["after_prefill"]) == (3, 1, 1, 1)
+    assert rep["pause_s"] == pytest.approx(0.65) and rep["busy_s"] == pytest.approx(0.654)
+    assert "pauses of 100-1000 ms between launches: 3" in cost_log_report.render("log", rep)
