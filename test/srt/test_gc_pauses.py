@@ -31,7 +31,8 @@ def test_settling_freezes_what_start_up_made_so_a_full_pass_walks_only_newer_obj
     started = time.perf_counter()
     gc.collect()
     assert time.perf_counter() - started < 0.05  # the frozen objects are not walked
-    assert watch.summary()["frozen_objects"] == gc.get_freeze_count() and watch.passes[2] == 1
+    # Counted once at start-up (counting walks them all); frozen objects that die leave the count.
+    assert watch.summary()["frozen_objects"] >= gc.get_freeze_count() >= tracked - 1_000 and watch.passes[2] == 1
     assert startup[-1]["state"] == [49_999]
 
 
