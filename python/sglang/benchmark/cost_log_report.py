@@ -153,7 +153,7 @@ def report(log: dict) -> dict:
         paired[f"{octave_label(low)} k{k}/k{reference}"] = entry
     costs = {f"{octave_label(low)} k{k}": row for (low, k), row in cost_table(log["samples"]).items()}
     return {"costs": costs, "tokens_per_verify": tokens, "paired": paired, **switches(log["launches"]),
-            **pauses(log.get("timeline", []))}
+            **pauses(log["timeline"])}
 
 
 def render(name: str, rep: dict) -> str:

@@ -45,7 +45,7 @@ class GcWatch:
         if self._started is None:
             return
         took, self._started = time.perf_counter() - self._started, None
-        generation = min(int(info.get("generation", 2)), 2)
+        generation = info["generation"]
         self.passes[generation] += 1
         self.seconds[generation] += took
         self.longest_s = max(self.longest_s, took)

@@ -282,12 +282,11 @@ class LearnedCost:
         return self.prior.seconds(batch_size, k, context_tokens) * self.ratio(batch_size, k, context_tokens)
 
     def seconds_each(self, batch_size: int, ks, context_tokens: int = 0) -> dict[int, float]:
-        """{k: seconds(batch_size, k, context_tokens)} for several k at once: the key and its level
-        are looked up once (the policy prices every candidate each time it evaluates)."""
+        """{k: seconds(batch_size, k, context_tokens)} for several k at once: the key is looked up once
+        (the policy prices every candidate each time it evaluates)."""
         where = self.key(batch_size, context_tokens)
-        level = self._level_of(where)[0]
         prior = self.prior.seconds
-        return {k: prior(batch_size, k, context_tokens) * math.exp(level + self._offset_of((*where, k))[0]) for k in ks}
+        return {k: prior(batch_size, k, context_tokens) * math.exp(self._at(where, k)[0]) for k in ks}
 
     def summary(self) -> dict:
         """{"learned_ms": {k: {bucket: ms at no context}} (per bucket, the context class with the
