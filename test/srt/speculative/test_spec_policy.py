@@ -444,6 +444,80 @@ def test_an_unchanged_bucket_is_re_evaluated_every_few_steps_and_a_new_one_at_on
     assert len(evaluated) - count <= 2 + 1, evaluated[count:]
 
 
+def count_evaluations(policy, monkeypatch) -> list[int]:
+    """The batch sizes the policy evaluated its objective for, in order."""
+    evaluated = []
+    real = policy._priced_objective
+    monkeypatch.setattr(policy, "_priced_objective",
+                        lambda rids, *a, **kw: evaluated.append(len(rids)) or real(rids, *a, **kw))
+    return evaluated
+
+
+def settled_policy(rate: float, bs: int = 8) -> tuple[CostPolicy, list[str]]:
+    """A cost policy past its dwell at batch `bs`, every request at acceptance `rate`."""
+    policy = make_policy("cost", K_MAX, cost=make_cost(), exploration=no_exploration())
+    rids, rng = [f"r{i}" for i in range(bs)], random.Random(3)
+    for _ in range(policy.min_dwell + 2 * spec_policy.REEVALUATE_FAR_EVERY):
+        feed(policy, rids, policy.choose(rids), rate, rng)
+    return policy, rids
+
+
+def test_a_clear_choice_is_re_evaluated_less_often_and_a_close_one_on_the_usual_rhythm(monkeypatch):
+    """Where the best candidate leads every other by FAR_APART or more, the bucket is re-evaluated
+    every REEVALUATE_FAR_EVERY steps (each evaluation costs the host 10-30 us); where two are close,
+    every REEVALUATE_EVERY. Either way a change of acceptance is followed within the longer rhythm."""
+    clear, rids = settled_policy(0.95)
+    assert clear.current_k == K_MAX and clear._verdict[2] >= spec_policy.FAR_APART, clear.last_objective
+    evaluated = count_evaluations(clear, monkeypatch)
+    for _ in range(4 * spec_policy.REEVALUATE_FAR_EVERY):
+        clear.choose(rids)
+    assert len(evaluated) == 4, evaluated
+    # The draft turns useless: plain decoding wins, and the policy gets there within a long rhythm
+    # of the estimates crossing over (each request's estimate moves 5% of the way a verify).
+    rng, ks = random.Random(4), []
+    for _ in range(400):
+        ks.append(clear.choose(rids))
+        feed(clear, rids, ks[-1], 0.0, rng)
+    assert ks[-100:] == [0] * 100, ks
+
+    # At batch 16 an acceptance of 0.85 makes k_max and plain decoding worth about the same.
+    close, rids = settled_policy(0.85, bs=16)
+    evaluated = count_evaluations(close, monkeypatch)
+    close._evaluated_key = None
+    close.choose(rids)
+    assert close._verdict[2] < spec_policy.FAR_APART, close.last_objective
+    for _ in range(4 * REEVALUATE_EVERY - 1):
+        close.choose(rids)
+    assert len(evaluated) == 4, evaluated
+
+
+def test_an_admission_into_a_clearly_speculating_batch_takes_the_last_verdict(monkeypatch):
+    """A request joining a batch of SETTLED_BATCH or more in the bucket the policy evaluated lately,
+    where speculating won by FAR_APART, speculates without a fresh evaluation; a small batch, another
+    bucket, a verdict for plain decoding, or one older than REEVALUATE_FAR_EVERY decode steps is
+    evaluated afresh."""
+    policy, rids = settled_policy(0.95)
+    policy.choose(rids)  # whatever the rhythm: the last verdict is at most a step old below
+    evaluated = count_evaluations(policy, monkeypatch)
+    policy._evaluated_key = None
+    policy.choose(rids)
+    assert evaluated == [8] and policy._verdict[1] == K_MAX
+    assert policy.would_speculate(rids[1:] + ["new"])
+    assert evaluated == [8], "the verdict of this bucket answers"
+    assert policy.would_speculate(rids[:4] + ["new"]) and evaluated[-1] == 5, "a small batch is evaluated"
+    policy.would_speculate([f"b{i}" for i in range(256)])
+    assert evaluated[-1] == 256, "another bucket is evaluated"
+    for _ in range(spec_policy.REEVALUATE_FAR_EVERY):
+        policy.exploration.note_step(None, K_MAX, 0.01)
+    count = len(evaluated)
+    assert policy.would_speculate(rids[1:] + ["new"]) and len(evaluated) == count + 1, "an old verdict"
+
+    plain, rids = settled_policy(0.0)
+    assert plain.current_k == 0
+    evaluated = count_evaluations(plain, monkeypatch)
+    assert not plain.would_speculate(rids[1:] + ["new"]) and evaluated == [8], "only speculating is taken on trust"
+
+
 def test_a_switch_is_logged_with_every_candidate_priced_as_the_policy_priced_it(caplog):
     """The switch line gives each candidate's expected tok/s, its price per step with the batch's
     context read included (what the decision used, not the table's empty-row time) and whether

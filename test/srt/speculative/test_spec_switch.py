@@ -20,6 +20,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 from sglang.srt.speculative.cost_model import CostTable, LearnedCost
 from sglang.srt.speculative.exploration import Exploration
+from sglang.srt.speculative.spec_policy import REEVALUATE_EVERY
 from sglang.srt.speculative.spec_sampling import simulated_accept_rate
 from sglang.test.runner_utils import run_to_completion
 from sglang.test.sampling_checks import chi_square_pvalue, exact_token_distributions
@@ -64,6 +65,7 @@ def explore_often(scheduler) -> None:
     learned costs and the bursts switch k every few steps, the same steps on every run."""
     policy = scheduler.spec_policy
     policy.min_dwell = 1
+    policy.far_reevaluate_every = REEVALUATE_EVERY  # however clear a choice looks, re-evaluated every few steps
     policy.exploration = Exploration(steps=2, max_share=1.0, intervals=((math.inf, 3),))
     policy.cost = LearnedCost(FIXED_PRIOR)
 

@@ -15,6 +15,7 @@ not touch the device or sync with it."""
 from __future__ import annotations
 
 import logging
+import math
 from abc import ABC, abstractmethod
 from bisect import bisect_right
 from typing import Optional
@@ -173,6 +174,14 @@ class ThresholdPolicy(SpecPolicy):
 
 
 REEVALUATE_EVERY = 4  # steps between the cost policy's evaluations of an unchanged batch size
+# ... and where its last evaluation there found the best candidate ahead of every other by at least
+# FAR_APART (relative): a choice that clear is not undone by a few steps of drifting estimates.
+REEVALUATE_FAR_EVERY = 16
+FAR_APART = 0.15
+# An admission into a batch of at least this many requests, in the bucket the policy last evaluated
+# (within REEVALUATE_FAR_EVERY decode steps) where speculating won by FAR_APART, takes that verdict
+# instead of evaluating afresh: one request among this many moves the objective by less than that.
+SETTLED_BATCH = 8
 
 
 def _bucket_lookup(keys: list[int], table: dict, batch_size: int, default):
@@ -236,6 +245,9 @@ class CostPolicy(SpecPolicy):
         self._chosen_k: Optional[int] = None  # the k chosen at the last step, exploration aside (observe_step_seconds)
         self._where: Optional[tuple[int, int]] = None  # the learned costs' key of the batch being chosen for
         self._prices: tuple[Optional[tuple[int, int]], dict[int, float]] = (None, {})  # (key, seconds per k), last evaluation
+        # The last evaluation: (its key, the best candidate, how far ahead of the next it was, the decode step).
+        self._verdict: tuple[Optional[tuple], int, float, int] = (None, 0, 0.0, 0)
+        self.far_reevaluate_every = REEVALUATE_FAR_EVERY
         self.num_decisions = 0  # switches the objective made (exploration's own moves not counted)
         self.last_switch: Optional[str] = None  # why the last decided switch was made
 
@@ -309,17 +321,20 @@ class CostPolicy(SpecPolicy):
         if cur is not None and cur in candidates and not after_burst:
             if self.steps_in_current < self.min_dwell:
                 return cur
-            # Past the dwell, an unchanged bucket is re-evaluated every REEVALUATE_EVERY steps: the
+            # Past the dwell, an unchanged bucket is re-evaluated every REEVALUATE_EVERY steps
+            # (REEVALUATE_FAR_EVERY where the last evaluation found the candidates far apart): the
             # objective costs the host ~10-30 us, a few percent of a small model's step. A batch
             # that grows or shrinks by a request within its bucket (at concurrency 4, every few
             # steps) is no reason to evaluate afresh.
-            if key == self._evaluated_key and self.steps_in_current % REEVALUATE_EVERY:
+            every = self.far_reevaluate_every if self._verdict[2] >= FAR_APART else REEVALUATE_EVERY
+            if key == self._evaluated_key and self.steps_in_current % every:
                 return cur
         self._evaluated_key = key
         obj, prices = self._priced_objective(rids, candidates, context_tokens, num_plain_only)
         self._prices = (self._where, prices)
         self.last_objective = obj
         best = _best(obj)
+        self._verdict = (key, best, _lead(obj, best), self.exploration.decode_steps)
         if cur is None or cur not in candidates:
             return best
         if best != cur and obj[best] > obj[cur] * (1.0 + self._margin(bs, cur, best)):
@@ -351,7 +366,16 @@ class CostPolicy(SpecPolicy):
         logger.info("speculation: %s", self.last_switch)
 
     def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
-        candidates = self.candidates_for(len(rids) + num_plain_only)
+        bs = len(rids) + num_plain_only
+        candidates = self.candidates_for(bs)
+        # A request joining a large batch whose bucket speculates by a clear margin, as evaluated
+        # lately, speculates too (SETTLED_BATCH): admissions come every few steps at a busy level,
+        # and each fresh evaluation costs the host ~15 us at batch 16.
+        key, best, lead, step = self._verdict
+        if (best > 0 and lead >= FAR_APART and bs >= SETTLED_BATCH
+                and self.exploration.decode_steps - step < self.far_reevaluate_every
+                and key == (self.cost.key(bs, context_tokens), id(candidates))):
+            return True
         return _best(self.objective(rids, candidates, context_tokens, num_plain_only)) > 0
 
     def _explore_k(self, batch_size: int) -> int:
@@ -369,6 +393,12 @@ class CostPolicy(SpecPolicy):
                 "min_dwell": self.min_dwell, "cost": self.cost.summary(),
                 "decisions": self.num_decisions, "last_switch": self.last_switch,
                 "exploration": self.exploration.summary()}
+
+
+def _lead(objective: dict[int, float], best: int) -> float:
+    """How far (relative) the best candidate is ahead of the next one (inf where it is the only one)."""
+    runner_up = max((value for k, value in objective.items() if k != best), default=0.0)
+    return objective[best] / runner_up - 1.0 if runner_up > 0 else math.inf
 
 
 def _best(objective: dict[int, float]) -> int:
