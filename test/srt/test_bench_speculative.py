@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from sglang.benchmark import admission_report, step_times_report
 from sglang.benchmark.speculative_levels import closed_loop_level
 
@@ -43,6 +45,32 @@ def test_step_times_report_pairs_each_level_of_the_two_trees(tmp_path, capsys, m
     after = next(line for line in lines if line.startswith("after  k3"))
     assert after.split()[-1] == f"{1100 / 900:.3f}"  # mean current / mean baseline
     assert any(line.startswith("after  dynamic") for line in lines)  # no baseline run: no ratio
+
+
+def test_step_times_report_merges_each_servers_busy_periods_weighted_by_steps(tmp_path, capsys, monkeypatch):
+    """--servers reads what a server wrote under SGLANG_STEP_TIMES (one file per busy period, beside
+    other files of that name) and gives each group's phases over all periods, weighted by steps."""
+    from sglang.srt.managers.step_times import PHASES, StepClock
+
+    prefix = str(tmp_path / "server.steps")
+    for period, (steps, schedule) in enumerate([(30, 10.0), (10, 50.0)]):
+        clock = StepClock(prefix)
+        clock.periods = period
+        clock.groups[("spec_k3", 16)] = {"steps": steps, "requests": 15 * steps, "totals": [1e-4] * steps,
+                                         **{p: (schedule if p == "schedule" else 1.0) * 1e-6 * steps for p in PHASES}}
+        clock.on_idle()
+    (tmp_path / "server.steps.server_info.json").write_text("{}")  # not a period: skipped
+    merged = step_times_report.merge_periods(prefix)
+    assert merged["spec_k3/bs16"]["steps"] == 40
+    assert abs(merged["spec_k3/bs16"]["schedule_us"] - (30 * 10 + 10 * 50) / 40) < 1e-9
+    assert abs(merged["spec_k3/bs16"]["mean_batch"] - 15) < 1e-9
+    monkeypatch.setattr(sys, "argv", ["step_times_report", "--servers", prefix])
+    step_times_report.main()
+    line = [row for row in capsys.readouterr().out.splitlines() if "spec_k3/bs16" in row][0]
+    assert line.split()[:4] == ["server.steps", "spec_k3/bs16", "40", "15.0"] and "20.0" in line.split()
+    monkeypatch.setattr(sys, "argv", ["step_times_report", "--servers", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit, match="SGLANG_STEP_TIMES"):
+        step_times_report.main()
 
 
 def test_closed_loop_keeps_the_concurrency_full_and_counts_every_reported_token(tiny_model_paths):

@@ -11,11 +11,19 @@ that moment. It reads host-bound levels (the demo pair from ~32 requests up), wh
 CPU at half speed serves half as fast; a device-bound level does not scale with the CPU.
 
     python -m sglang.benchmark.step_times_report RESULT.json [AFTER.json]
+
+With --servers, it reads what servers wrote under SGLANG_STEP_TIMES=PREFIX instead (PREFIX.N.json,
+one file per busy period) and prints, per server and group (`spec_k3/bs16`: what the pass launched,
+the batch's size bucket), the steps and mean microseconds per phase over all its periods, weighted
+by steps: two servers configured alike but for one thing, compared phase by phase.
+
+    python -m sglang.benchmark.step_times_report --servers PREFIX_A PREFIX_B ...
 """
 
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import statistics
 from collections import defaultdict
@@ -64,10 +72,53 @@ def probe_scaled(row: dict) -> float | None:
     return statistics.mean(t * p for t, p in zip(row["runs"], row["probes"]))
 
 
+SERVER_PHASES = ("receive", "schedule", "launch", "process", "wait", "collect", "send")
+
+
+def merge_periods(prefix: str) -> dict:
+    """{group: {"steps", "mean_batch", PHASE_us..., "pass_us"}} over every PREFIX.N.json, weighted by steps."""
+    paths = [path for path in glob.glob(f"{glob.escape(prefix)}.*.json")
+             if path[len(prefix) + 1:-len(".json")].isdigit()]
+    if not paths:
+        raise SystemExit(f"step_times_report: no {prefix}.N.json files (written by a server under SGLANG_STEP_TIMES)")
+    sums: dict = defaultdict(lambda: defaultdict(float))
+    for path in paths:
+        with open(path) as f:
+            for group, row in json.load(f).items():
+                acc, steps = sums[group], row["steps"]
+                acc["steps"] += steps
+                acc["mean_batch"] += row["mean_batch"] * steps
+                for key in [f"{p}_us" for p in SERVER_PHASES] + ["pass_us"]:
+                    acc[key] += row[key] * steps
+    return {group: {key: (value if key == "steps" else value / acc["steps"]) for key, value in acc.items()}
+            for group, acc in sums.items()}
+
+
+def group_order(group: str) -> tuple:
+    kind, _, bucket = group.partition("/bs")
+    return kind, int(bucket) if bucket.isdigit() else 0
+
+
+def print_servers(prefixes: list[str]) -> None:
+    print(f"{'server':24} {'group':16} {'steps':>7} {'bs':>6} " + " ".join(f"{p:>8}" for p in SERVER_PHASES)
+          + f" {'pass':>8}   (mean us per step)")
+    for prefix in prefixes:
+        merged = merge_periods(prefix)
+        for group in sorted(merged, key=group_order):
+            row = merged[group]
+            print(f"{prefix.rsplit('/', 1)[-1]:24} {group:16} {int(row['steps']):>7} {row['mean_batch']:>6.1f} "
+                  + " ".join(f"{row[p + '_us']:>8.1f}" for p in SERVER_PHASES) + f" {row['pass_us']:>8.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("files", nargs="+")
+    parser.add_argument("files", nargs="+", help="bench_speculative results; with --servers, SGLANG_STEP_TIMES prefixes")
+    parser.add_argument("--servers", action="store_true",
+                        help="the files are servers' SGLANG_STEP_TIMES prefixes: merge each one's busy periods")
     args = parser.parse_args()
+    if args.servers:
+        print_servers(args.files)
+        return
     tables = [summarize(path) for path in args.files[:2]]
     if len(tables) == 1 and any(name.endswith("@baseline") for name, _ in tables[0]):
         # One file with both trees: the baseline's levels as "before", the current code's as "after".
