@@ -92,6 +92,7 @@ class CostTable:
 LEARN_FIRST_SAMPLES = 3  # a key has its own learned cost from this many samples on
 LEARN_WINDOW = 9  # a k's offset is the median of its last this many paired samples at a key
 LEVEL_WINDOW = 5  # a key's level is the median of its last this many residuals
+MAX_PENDING = 64  # samples given to LearnedCost.observe_later are folded in by this many at the latest
 CONTEXT_CLASS_TOKENS = 512  # mean context per request below this is context class 0; each class above doubles it
 
 
@@ -173,6 +174,8 @@ class LearnedCost:
         self._borrowed: dict[tuple[int, int, int], tuple[float, Optional[str]]] = {}  # _offset_of, kept
         self._recent: dict[tuple[int, int, int], deque[float]] = {}  # the last log ratios, for the summary
         self.samples: dict[tuple[int, int, int], int] = {}
+        # Samples given to `observe_later`, folded in (in order) before anything reads a cost.
+        self._pending: list[tuple[int, int, int, float, bool]] = []
 
     @property
     def measured_steps(self) -> tuple[int, ...]:
@@ -191,9 +194,25 @@ class LearnedCost:
         short = context_tokens < CONTEXT_CLASS_TOKENS * batch_size
         return self.bucket(batch_size), 0 if short else context_class(batch_size, context_tokens)
 
+    def observe_later(self, batch_size: int, k: int, context_tokens: int, seconds: float, chosen: bool = True) -> None:
+        """`observe`, folded in when a cost is next read: the sample arrives every decode step, and
+        within a serving loop, whose other work leaves this code and its tables cold, folding it at
+        once cost the host 10-20 us a step on the demo pair; a few samples folded together, the
+        policy's next evaluation being what reads them, cost a few microseconds each."""
+        self._pending.append((batch_size, k, context_tokens, seconds, chosen))
+        if len(self._pending) >= MAX_PENDING:
+            self._fold()
+
+    def _fold(self) -> None:
+        pending, self._pending = self._pending, []
+        for sample in pending:
+            self.observe(*sample)
+
     def observe(self, batch_size: int, k: int, context_tokens: int, seconds: float, chosen: bool = True) -> None:
         """One steady step of k drafts at this batch size and summed context took `seconds`;
         `chosen`: k was the policy's choice (False: another k was, and this step explored k)."""
+        if self._pending:  # an earlier sample first
+            self._fold()
         if k not in self.prior.measured_steps or batch_size < 1 or not 0 < seconds < math.inf:
             return
         where = self.key(batch_size, context_tokens)
@@ -248,6 +267,8 @@ class LearnedCost:
 
     def paired_samples(self, batch_size: int, k: int, context_tokens: int = 0) -> int:
         """How many samples k's offset at this key rests on (its own window and its neighbours')."""
+        if self._pending:
+            self._fold()
         bucket, cls = self.key(batch_size, context_tokens)
         return sum(len(self._pairs.get((b, cls, k), ())) for b in (bucket // 2, bucket, 2 * bucket))
 
@@ -271,6 +292,8 @@ class LearnedCost:
 
     def _at(self, where: tuple[int, int], k: int) -> tuple[float, str]:
         """(log ratio, source) of k at a key."""
+        if self._pending:
+            self._fold()
         level, level_from = self._level_of(where)
         offset, offset_from = self._offset_of((*where, k))
         if level_from is None and offset_from is None:
@@ -294,6 +317,8 @@ class LearnedCost:
         its median: where the two differ, steps of that kind vary, e.g. a costly step every few),
         "samples": {k: {bucket: n}} (all classes), "learned_ms_by_context": {class label: {k:
         {bucket: ms}}}} beside the prior's table, for logs, /get_server_info and /metrics."""
+        if self._pending:
+            self._fold()
         learned: dict[int, dict[int, float]] = {}
         means: dict[int, dict[int, float]] = {}
         samples: dict[int, dict[int, int]] = {}

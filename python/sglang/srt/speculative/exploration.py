@@ -35,6 +35,7 @@ class Exploration:
         self.max_share = max_share
         self.intervals = intervals
         self._credit = float(EXPLORE_CREDIT_START) if max_share else 0.0
+        self._credit_cap = float(max(EXPLORE_CREDIT_START, 2 * steps))
         self._last_run: dict[tuple[Hashable, int], int] = {}
         self.decode_steps = 0
         self.steps = 0  # exploration steps run
@@ -52,7 +53,8 @@ class Exploration:
         if self._step_explores:
             self.lost_seconds += seconds * self._burst_shortfall
             self._step_explores = False
-        self._credit = min(self._credit + self.max_share, float(max(EXPLORE_CREDIT_START, 2 * self.burst_steps)))
+        credit = self._credit + self.max_share
+        self._credit = credit if credit < self._credit_cap else self._credit_cap
         self._last_run[(bucket, k)] = self.decode_steps
 
     @property

@@ -276,23 +276,50 @@ class CostPolicy(SpecPolicy):
     def observe_step_seconds(self, batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
         # A step's sample comes at the next launch, after its choice: a k other than the one chosen
         # then (the k a burst returns to, where one runs) was explored.
-        self.cost.observe(batch_size, k, context_tokens, seconds, chosen=self._chosen_k in (None, k))
+        self.cost.observe_later(batch_size, k, context_tokens, seconds, chosen=self._chosen_k in (None, k))
 
     def choose(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0, explore: bool = False) -> int:
-        self._decided_k = None
         bs = max(len(rids) + num_plain_only, 1)
         where = self._where = self.cost.key(bs, context_tokens)
+        cur = self.current_k
+        if rids and cur is not None and not explore and not self.exploration.active:
+            candidates = self.candidates_for(bs)
+            if cur in candidates and self._holds((where, id(candidates))):
+                # Most steps: the held k stands and no evaluation is due. The base's bookkeeping is
+                # done here, inline: within a serving loop each call on this path costs the host
+                # microseconds (its code is cold), and this runs before every decode launch.
+                self.steps_in_current += 1
+                self.steps_per_k[cur] = self.steps_per_k.get(cur, 0) + 1
+                self._decided_k = self._chosen_k = cur
+                self.exploration.note_step(where, cur, self._step_price(where, cur, bs, context_tokens))
+                return cur
+        self._decided_k = None
         k = super().choose(rids, context_tokens, num_plain_only, explore)
         # The chosen k: what a burst returns to, else what _choose decided (before the scheduler's
         # acceptance probe, if it asked for one), else (a batch that decodes plainly) k.
         self._chosen_k = (self.exploration.returns_to if self.exploration.active
                           else self._decided_k if self._decided_k is not None else k)
-        # Exploration's accounting prices the step as the last evaluation at this key priced it (every
-        # candidate was): pricing every step afresh cost the host a few us a step.
+        self.exploration.note_step(where, k, self._step_price(where, k, bs, context_tokens))
+        return k
+
+    def _step_price(self, where: tuple[int, int], k: int, bs: int, context_tokens: int) -> float:
+        """A step's seconds for exploration's accounting: as the last evaluation at this key priced
+        it (every candidate was), else afresh (pricing every step afresh cost the host a few us)."""
         priced_at, prices = self._prices
         seconds = prices.get(k) if priced_at == where else None
-        self.exploration.note_step(where, k, seconds if seconds is not None else self.cost.seconds(bs, k, context_tokens))
-        return k
+        return seconds if seconds is not None else self.cost.seconds(bs, k, context_tokens)
+
+    def _holds(self, key: tuple) -> bool:
+        """Whether the held k stands at this step without an evaluation: within its dwell, or past it
+        in the bucket (and candidate set) of the last evaluation, between evaluations. Past the
+        dwell an unchanged bucket is re-evaluated every REEVALUATE_EVERY steps (far_reevaluate_every
+        where the last evaluation found the candidates far apart): the objective costs the host
+        ~10-30 us, a few percent of a small model's step. A batch that grows or shrinks by a
+        request within its bucket (at concurrency 4, every few steps) is no reason to evaluate afresh."""
+        if self.steps_in_current < self.min_dwell:
+            return True
+        every = self.far_reevaluate_every if self._verdict[2] >= FAR_APART else REEVALUATE_EVERY
+        return key == self._evaluated_key and self.steps_in_current % every != 0
 
     def _margin(self, batch_size: int, current: int, best: int) -> float:
         margins = _bucket_lookup(self._hyst_keys, self.hysteresis_by_bs, batch_size, {})
@@ -318,17 +345,8 @@ class CostPolicy(SpecPolicy):
         # context class and candidate set) only the requests' estimates and the learned costs move
         # the choice.
         key = (self._where, id(candidates))
-        if cur is not None and cur in candidates and not after_burst:
-            if self.steps_in_current < self.min_dwell:
-                return cur
-            # Past the dwell, an unchanged bucket is re-evaluated every REEVALUATE_EVERY steps
-            # (REEVALUATE_FAR_EVERY where the last evaluation found the candidates far apart): the
-            # objective costs the host ~10-30 us, a few percent of a small model's step. A batch
-            # that grows or shrinks by a request within its bucket (at concurrency 4, every few
-            # steps) is no reason to evaluate afresh.
-            every = self.far_reevaluate_every if self._verdict[2] >= FAR_APART else REEVALUATE_EVERY
-            if key == self._evaluated_key and self.steps_in_current % every:
-                return cur
+        if cur is not None and cur in candidates and not after_burst and self._holds(key):
+            return cur
         self._evaluated_key = key
         obj, prices = self._priced_objective(rids, candidates, context_tokens, num_plain_only)
         self._prices = (self._where, prices)
