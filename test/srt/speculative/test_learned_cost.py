@@ -368,3 +368,26 @@ def test_a_slow_stretch_common_to_every_k_does_not_lock_the_choice_on_a_worse_k(
     assert best_k == K_MAX
     assert ks.count(K_MAX) / len(ks) > 0.97, server.policy.summary()
     assert server.policy.num_decisions <= 2, server.policy.summary()
+
+
+def test_queued_samples_price_exactly_as_samples_folded_at_once():
+    """observe_later (what the policy uses every step) queues a sample; whatever reads a cost next
+    (a price, paired_samples, the summary) sees every queued sample folded in order, the same as
+    observe would have left it, and the queue never grows past MAX_PENDING."""
+    from sglang.srt.speculative.cost_model import MAX_PENDING
+
+    prior, rng = issue_prior(), random.Random(7)
+    now, later = LearnedCost(prior), LearnedCost(prior)
+    for step in range(300):
+        bs, k = rng.choice((1, 16, 64, 256)), rng.choice((0, 1, 3))
+        sample = (bs, k, bs * rng.choice((100, 1500)), prior.seconds(bs, k) * rng.uniform(0.8, 1.6), rng.random() < 0.8)
+        now.observe(*sample)
+        later.observe_later(*sample)
+        assert len(later._pending) < MAX_PENDING
+        if step % 37 == 0:
+            assert later.seconds(bs, 3, 1000) == now.seconds(bs, 3, 1000)
+    assert later._pending, "samples since the last read are still queued"
+    assert later.paired_samples(16, 1, 1600) == now.paired_samples(16, 1, 1600)
+    assert later.summary() == now.summary()
+    for bs in (1, 16, 64, 256):
+        assert later.seconds_each(bs, (0, 1, 3), bs * 300) == now.seconds_each(bs, (0, 1, 3), bs * 300)
