@@ -232,6 +232,9 @@ fi
 # loose; the single-sweep plots go; the server logs, /get_server_info snapshots and the rounds' lines of an
 # interleaved run go into one archive.
 find "$OUT" -maxdepth 1 -name '*.png' ! -name '*_envelope.png' -delete
+# Servers stop before the archive is made: one that idles after its last play writes a step-times file
+# then, which would land beside the archive and push the call past its file limit.
+if [ -n "${PIDS+set}" ] && [ "${#PIDS[@]}" -gt 0 ]; then kill "${PIDS[@]}" 2>/dev/null; wait "${PIDS[@]}" 2>/dev/null; fi
 (cd "$OUT" && tar czf "${CONFIG}_servers.tgz" *.server.log *.server_info.json $(ls *.rounds.jsonl *.warmup.jsonl *_monitor.* *.steps.* *.procstat 2>/dev/null) \
   && rm -f *.server.log *.server_info.json *.rounds.jsonl *.warmup.jsonl *_monitor.* *.steps.* *.procstat)
 if [ -n "$FAILED" ]; then

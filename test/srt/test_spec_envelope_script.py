@@ -96,11 +96,13 @@ def test_envelope_script_plays_a_trace_against_each_server_in_turn(tmp_path):
 
 def test_cost_logs_of_every_speculative_server_come_back_with_their_report(tmp_path):
     """COST_LOG=1: each speculative server (here always and dynamic with dense exploration) writes its
-    cost log; the logs and cost_log_report.py's reading of them come back in one archive."""
+    cost log; the logs and cost_log_report.py's reading of them come back in one archive. STEP_TIMES=1:
+    every server's step tables are in the servers' archive, none left beside it (the servers are
+    stopped first, so a table written as one idles after its last play cannot land outside)."""
     out = tmp_path / "out"
     env = dict(os.environ, LEVELS="2", NUM_PROMPTS="4", PER_CONC="2", INPUT_LEN="16", OUTPUT_LEN="24",
                EXTRA_SERVER_ARGS="--device cpu", PORT="30891", SWEEP_TIMEOUT_S="200", ROUNDS="1", KV_TOKENS="4096",
-               COST_LOG="1", EXPLORE_EVERY="2")
+               COST_LOG="1", EXPLORE_EVERY="2", STEP_TIMES="1")
     proc = subprocess.run(["bash", "benchmark/spec_envelope_gpu.sh", str(out), "demo", "always", "dynamic_x"],
                           cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -115,4 +117,7 @@ def test_cost_logs_of_every_speculative_server_come_back_with_their_report(tmp_p
     assert not list(out.glob("*.costlog.*")), "the logs themselves are only in the archive"
     with tarfile.open(out / "demo_servers.tgz") as archive:
         log = archive.extractfile("demo_dynamic_x.server.log").read().decode()
+        steps = [name for name in archive.getnames() if ".steps." in name and name.endswith(".json")]
     assert "SGLANG_SPEC_EXPLORE_EVERY=2" in log and "SGLANG_SPEC_COST_LOG" in log, "both logged loudly"
+    assert {name.split(".steps.")[0] for name in steps} == {"demo_always", "demo_dynamic_x"}, steps
+    assert not list(out.glob("*.steps.*")), "every step table is in the archive"
