@@ -18,6 +18,9 @@ API_KEY = "sk-upstream-routes"
 AUTH = {"authorization": f"Bearer {API_KEY}"}
 # Long enough to be running (or queued behind one that is) when the abort comes.
 LONG = {"max_new_tokens": 1000, "ignore_eos": True, "temperature": 0}
+# Long enough to be seen running between two polls of the server's state on a busy 2-core machine
+# (40 tokens could finish between them), short enough to finish by its length.
+SEEN_RUNNING = {"max_new_tokens": 300, "ignore_eos": True}
 ORIGIN = "http://localhost:8080"
 
 
@@ -155,7 +158,7 @@ def test_an_openai_request_aborted_by_abort_all_finishes_with_reason_abort(keyed
 
 def test_abort_request_of_an_unknown_rid_changes_nothing(keyed_server, pool):
     waiter = pool.submit(generate, keyed_server, {"text": "Hello", "rid": "kept", "sampling_params":
-                                                  {"max_new_tokens": 40, "ignore_eos": True}})
+                                                  SEEN_RUNNING})
     wait_for(keyed_server, running=1)
     # Neither a prefix of the running rid nor a longer rid starting with it names it.
     for body in ({"rid": "no-such-request"}, {"rid": ""}, {}, {"rid": "kep"}, {"rid": "kept-1"}):
@@ -168,7 +171,7 @@ def test_abort_request_of_an_unknown_rid_changes_nothing(keyed_server, pool):
 def test_abort_request_leaves_another_clients_request_whose_rid_looks_like_a_sample(keyed_server, pool):
     """"job-1" sent by a client with n = 1 is not a sample of "job": aborting "job" leaves it running."""
     waiter = pool.submit(generate, keyed_server, {"text": "Hello", "rid": "job-1", "sampling_params":
-                                                  {"max_new_tokens": 40, "ignore_eos": True}})
+                                                  SEEN_RUNNING})
     wait_for(keyed_server, running=1)
     answer = abort(keyed_server, {"rid": "job"})
     assert answer.status_code == 200 and answer.content == b"", answer.text
