@@ -28,6 +28,8 @@ import json
 import statistics
 from collections import defaultdict
 
+from sglang.srt.managers.step_times import PHASES as STEP_PHASES  # every phase a server's step tables give
+
 PHASES = ("schedule", "launch", "process", "wait", "collect")
 
 
@@ -72,9 +74,6 @@ def probe_scaled(row: dict) -> float | None:
     return statistics.mean(t * p for t, p in zip(row["runs"], row["probes"]))
 
 
-SERVER_PHASES = ("receive", "schedule", "launch", "process", "wait", "collect", "send")
-
-
 def merge_periods(prefix: str) -> dict:
     """{group: {"steps", "mean_batch", PHASE_us..., "pass_us"}} over every PREFIX.N.json, weighted by steps."""
     paths = [path for path in glob.glob(f"{glob.escape(prefix)}.*.json")
@@ -88,7 +87,7 @@ def merge_periods(prefix: str) -> dict:
                 acc, steps = sums[group], row["steps"]
                 acc["steps"] += steps
                 acc["mean_batch"] += row["mean_batch"] * steps
-                for key in [f"{p}_us" for p in SERVER_PHASES] + ["pass_us"]:
+                for key in [f"{p}_us" for p in STEP_PHASES] + ["pass_us"]:
                     acc[key] += row[key] * steps
     return {group: {key: (value if key == "steps" else value / acc["steps"]) for key, value in acc.items()}
             for group, acc in sums.items()}
@@ -100,14 +99,14 @@ def group_order(group: str) -> tuple:
 
 
 def print_servers(prefixes: list[str]) -> None:
-    print(f"{'server':24} {'group':16} {'steps':>7} {'bs':>6} " + " ".join(f"{p:>8}" for p in SERVER_PHASES)
+    print(f"{'server':24} {'group':16} {'steps':>7} {'bs':>6} " + " ".join(f"{p:>8}" for p in STEP_PHASES)
           + f" {'pass':>8}   (mean us per step)")
     for prefix in prefixes:
         merged = merge_periods(prefix)
         for group in sorted(merged, key=group_order):
             row = merged[group]
             print(f"{prefix.rsplit('/', 1)[-1]:24} {group:16} {int(row['steps']):>7} {row['mean_batch']:>6.1f} "
-                  + " ".join(f"{row[p + '_us']:>8.1f}" for p in SERVER_PHASES) + f" {row['pass_us']:>8.1f}")
+                  + " ".join(f"{row[p + '_us']:>8.1f}" for p in STEP_PHASES) + f" {row['pass_us']:>8.1f}")
 
 
 def main() -> None:

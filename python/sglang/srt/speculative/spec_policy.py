@@ -58,6 +58,11 @@ class SpecPolicy(ABC):
         k = 0 if num_plain_only and not rids else self._choose(rids, context_tokens, num_plain_only)
         if explore and k == 0 and rids:
             k = self._explore_k(len(rids) + num_plain_only)
+        self._count_step(k)
+        return k
+
+    def _count_step(self, k: int) -> None:
+        """Counts a step of k: per k, in a row, and a switch where k changed."""
         if k == self.current_k:
             self.steps_in_current += 1
         else:
@@ -66,7 +71,6 @@ class SpecPolicy(ABC):
             self.current_k = k
             self.steps_in_current = 1
         self.steps_per_k[k] = self.steps_per_k.get(k, 0) + 1
-        return k
 
     @abstractmethod
     def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
@@ -285,11 +289,10 @@ class CostPolicy(SpecPolicy):
         if rids and cur is not None and not explore and not self.exploration.active:
             candidates = self.candidates_for(bs)
             if cur in candidates and self._holds((where, id(candidates))):
-                # Most steps: the held k stands and no evaluation is due. The base's bookkeeping is
-                # done here, inline: within a serving loop each call on this path costs the host
-                # microseconds (its code is cold), and this runs before every decode launch.
-                self.steps_in_current += 1
-                self.steps_per_k[cur] = self.steps_per_k.get(cur, 0) + 1
+                # Most steps: the held k stands and no evaluation is due. Within a serving loop each
+                # call costs the host microseconds (its code is cold), and this runs before every
+                # decode launch: the base's path through _choose and _decide is skipped.
+                self._count_step(cur)
                 self._decided_k = self._chosen_k = cur
                 self.exploration.note_step(where, cur, self._step_price(where, cur, bs, context_tokens))
                 return cur
