@@ -131,11 +131,15 @@ def test_threshold_server_reports_its_modes_in_metrics_and_logs():
     assert any("spec k: " in line for line in log.splitlines() if "Decode batch." in line), log[-2000:]
 
 
-def test_cost_server_shows_learned_costs_and_exploration_in_metrics_and_server_info():
+def test_cost_server_shows_learned_costs_and_exploration_in_metrics_and_server_info(monkeypatch):
     """A dynamic server prices its steps by what they cost it: /get_server_info and /metrics show
     the start-up table (prior) and the learned cost per (k, bucket) for the k that ran, the
     exploration share and its estimated cost; the decode log line sets the tokens per second the
     policy expects of its k beside the served ones."""
+    # The draft reads the request's prompt whatever admission would judge: on a loaded CPU the
+    # start-up table can price speculation at batch 1 as a loss, and a request admitted without the
+    # draft decodes plainly with no evaluation of the policy (so no expected tokens per second).
+    monkeypatch.setenv("SGLANG_DRAFT_FOLLOWS_ALL", "1")
     server = ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
                            "--enable-metrics", "--log-level", "info", "--skip-server-warmup")
     try:
