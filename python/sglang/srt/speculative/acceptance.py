@@ -43,8 +43,10 @@ class AcceptanceEstimator:
     Per-request state lives in numpy rows (a row per tracked request, reused after `forget`), so
     a step's update and the policy's sums cost a few array operations, not a Python loop over
     the batch: at batch 256 that loop cost ~0.3 ms per step, a fifth of a small model's step.
-    Up to SMALL_BATCH requests, where the array operations' fixed cost dominates (~40 us a
-    step on this project's CPU against ~10 us), a verify is folded in element by element."""
+    A step's update is one gather and one scatter of the batch's rows (rates and counts side by
+    side in _state) and a dozen array operations around them: ~15 us at batch 16 and ~20 us at 64
+    on this project's CPU. Up to SMALL_BATCH requests, where their fixed cost dominates (~13 us
+    a step against 4-10 us), a verify is folded in element by element."""
 
     def __init__(self, k_max: int, alpha: float = 0.05, prior: float = 0.5, request_alpha: float = 0.05,
                  recovery: float = 0.002):
@@ -68,9 +70,15 @@ class AcceptanceEstimator:
         # then on its own data refine the pool's guess) and freed when it is forgotten.
         self._per_request: dict[str, int] = {}
         self._free_rows: list[int] = []
-        self._rates = np.zeros((16, k_max))
-        self._seen = np.zeros((16, k_max))
-        self._positions = np.arange(k_max)
+        # A request's rates and observation counts share one row of _state (one gather and one
+        # scatter per step); _rates and _seen are views of its halves.
+        self._state = np.zeros((16, 2 * k_max))
+        self._rates, self._seen = self._state[:, :k_max], self._state[:, k_max:]
+        # Per k_step: row n of each table is what a request that produced n tokens observed at
+        # each 0-based position (1.0 where observed) and accepted (1.0 where accepted).
+        positions = np.arange(k_max)[None, :]
+        self._outcome_tables = [(((positions < np.minimum(n, k)) * 1.0), (positions < n - 1) * 1.0)
+                                for k in range(k_max + 1) for n in [np.arange(k + 2)[:, None]]]
         self._last_rids: list[str] = []
         self._last_rows = np.zeros(0, dtype=np.int64)
 
@@ -96,9 +104,9 @@ class AcceptanceEstimator:
 
     def _new_row(self) -> int:
         if not self._free_rows:
-            used = len(self._rates)
-            self._rates = np.concatenate([self._rates, np.zeros_like(self._rates)])
-            self._seen = np.concatenate([self._seen, np.zeros_like(self._seen)])
+            used = len(self._state)
+            self._state = np.concatenate([self._state, np.zeros_like(self._state)])
+            self._rates, self._seen = self._state[:, :self.k_max], self._state[:, self.k_max:]
             self._free_rows = list(range(2 * used - 1, used - 1, -1))
         row = self._free_rows.pop()
         self._rates[row] = self.new_request_rates()
@@ -114,40 +122,58 @@ class AcceptanceEstimator:
         workload that stays hard still brings new requests down with it."""
         return [max(pooled, float(long_run)) for pooled, long_run in zip(self._pooled, self._long_run)]
 
-    def _observe(self, rids: list[str], observed: np.ndarray, accepted: np.ndarray) -> None:
-        """Fold outcomes into the requests' estimates: request r observed 0-based positions
-        0..observed[r]-1, of which the first accepted[r] were accepted (the rest, at most one,
-        rejected)."""
+    def _observe(self, rids: list[str], num_out: np.ndarray, k_step: int, counts: list[int]) -> None:
+        """Fold one step's outcomes into the requests' estimates and the pooled ones: request r
+        produced num_out[r] tokens (1..k_step + 1) from k_step drafts (k_step 1 with num_out 1 or
+        2: a plain step's probe that missed or hit); counts[n]: how many requests produced n.
+        Positions from k_step on went unobserved and recover towards their target, in the same
+        gather and scatter of the batch's rows."""
+        observed, accepted = self._outcome_tables[k_step]
+        mask, outcome = observed[num_out], accepted[num_out]
+        k_max = self.k_max
         rows = self._rows(rids)
-        width = int(observed.max()) if len(observed) else 0
-        if width == 0:
-            return
-        positions = self._positions[:width]
-        mask = positions[None, :] < observed[:, None]
-        outcome = (positions[None, :] < accepted[:, None]).astype(np.float64)
-        seen = self._seen[rows, :width] + mask
+        block = self._state[rows]
+        rates = block[:, :k_max]
+        seen = block[:, k_max:] + mask
         weight = np.maximum(1.0 / (seen + _REQUEST_PRIOR_WEIGHT), self.request_alpha) * mask
-        rates = self._rates[rows, :width]
-        self._rates[rows, :width] = rates + weight * (outcome - rates)
-        self._seen[rows, :width] = seen
+        block[:, :k_max] = rates + weight * (outcome - rates)
+        block[:, k_max:] = seen
+        target = self._recovery_target(k_step)
+        if target is not None:
+            tail = block[:, k_step:k_max]
+            block[:, k_step:k_max] = tail + self.recovery * np.maximum(target[None, :] - tail, 0.0)
+        self._state[rows] = block
+        # The pooled EMA takes the batch as one observation per position: 0-based position i was
+        # observed by the requests that produced more than i tokens, accepted by those that
+        # produced more than i + 1.
+        accepted_here = counts[k_step + 1]
+        for i in range(k_step - 1, -1, -1):
+            observed_here = accepted_here + counts[i + 1]
+            if observed_here:
+                self._update_pooled(i, accepted_here / observed_here)
+            accepted_here = observed_here
+        if target is not None:
+            self._recover_pooled(k_step, target)
 
     def _update_pooled(self, position: int, rate: float) -> None:
         """Fold one step's observed rate at 0-based `position` into the pooled and long-run EMAs."""
         self._pooled[position] += self.alpha * (rate - self._pooled[position])
         self._long_run[position] += self.alpha / 10 * (rate - self._long_run[position])
 
-    def _recover(self, rids: list[str], first: int) -> None:
-        """0-based positions first.. went unobserved this step: move the pooled estimate and the
-        batch's rows a fraction `recovery` of the way up to max(prior, long-run rate)."""
+    def _recovery_target(self, first: int) -> Optional[np.ndarray]:
+        """What 0-based positions first.. recover towards when unobserved: max(prior, long-run
+        rate) each (None where there are none, or recovery is off)."""
         if first >= self.k_max or not self.recovery:
-            return
-        target = np.maximum(self._long_run[first:], self.prior)
+            return None
+        return np.maximum(self._long_run[first:], self.prior)
+
+    def _recover_pooled(self, first: int, target: np.ndarray) -> None:
+        """0-based positions first.. went unobserved this step: move each pooled rate below its
+        target a fraction `recovery` of the way up (the batch's rows move alike, in _observe or
+        _record_verify_small)."""
         for i, goal in enumerate(target.tolist(), start=first):
             if self._pooled[i] < goal:
                 self._pooled[i] += self.recovery * (goal - self._pooled[i])
-        rows = self._rows(rids)
-        block = self._rates[rows, first:]
-        self._rates[rows, first:] = block + self.recovery * np.maximum(target[None, :] - block, 0.0)
 
     def record_verify(self, rids: list[str], num_out: list[int], k_step: int) -> None:
         """One speculative step with k_step drafts: request rids[r] produced num_out[r] tokens
@@ -167,23 +193,19 @@ class AcceptanceEstimator:
             self._record_verify_small(rids, num_out, k_step)
             return
         n = np.asarray(num_out, dtype=np.int64)
-        bad = np.flatnonzero((n < 1) | (n > k_step + 1))
-        if len(bad):
-            self._bad_verify(rids[int(bad[0])], int(n[bad[0]]), k_step)
-        # Positions 1..min(n, k_step) were observed; the first n - 1 of them were accepted.
-        self._observe(rids, np.minimum(n, k_step), n - 1)
-        # Position i is observed by the requests with num_out >= i, accepted by those with >= i + 1.
-        at_least = np.bincount(n, minlength=k_step + 2)[::-1].cumsum()[::-1]
-        for i in range(1, k_step + 1):
-            observed, accepted = at_least[i], at_least[i + 1]
-            if observed:
-                self._update_pooled(i - 1, accepted / observed)
-        self._recover(rids, k_step)
+        try:
+            counts = np.bincount(n, minlength=k_step + 2).tolist()
+        except ValueError:  # a negative count
+            counts = []
+        if len(counts) != k_step + 2 or counts[0]:
+            bad = int(np.flatnonzero((n < 1) | (n > k_step + 1))[0])
+            self._bad_verify(rids[bad], int(n[bad]), k_step)
+        self._observe(rids, n, k_step, counts)
 
     def _record_verify_small(self, rids: list[str], num_out: list[int], k_step: int) -> None:
         """record_verify for a few requests, element by element: the same updates as the array
-        path (a test holds them equal), without its twenty-odd array operations, which cost a
-        one-request step ~40 us of host time on a small model whose whole step takes ~0.8 ms."""
+        path (a test holds them equal), without its array operations' fixed cost (~13 us, against
+        4 us for one request, on a small model whose whole step takes ~0.5-0.8 ms)."""
         for rid, n in zip(rids, num_out):
             if not 1 <= n <= k_step + 1:
                 self._bad_verify(rid, int(n), k_step)
@@ -203,7 +225,14 @@ class AcceptanceEstimator:
         for i in range(k_step):
             if observed[i]:
                 self._update_pooled(i, accepted[i] / observed[i])
-        self._recover(rids, k_step)
+        target = self._recovery_target(k_step)
+        if target is not None:
+            goals, recovery = target.tolist(), self.recovery
+            for row in rows:
+                for i, goal in enumerate(goals, start=k_step):
+                    rate = float(rates[row, i])
+                    rates[row, i] = rate + recovery * max(goal - rate, 0.0)
+            self._recover_pooled(k_step, target)
 
     @staticmethod
     def _bad_verify(rid: str, n: int, k_step: int) -> None:
@@ -218,10 +247,9 @@ class AcceptanceEstimator:
             raise ValueError(f"record_probe: {len(rids)} request ids but {len(hits)} probe results")
         if not rids:
             return
-        accepted = np.asarray(hits, dtype=np.int64)
-        self._observe(rids, np.ones(len(rids), dtype=np.int64), accepted)
-        self._update_pooled(0, float(accepted.mean()))
-        self._recover(rids, 1)
+        # A probe is a one-draft step: 2 tokens where the draft was right, else 1.
+        num_hits = sum(map(bool, hits))
+        self._observe(rids, np.asarray(hits, dtype=np.int64) + 1, 1, [0, len(hits) - num_hits, num_hits])
 
     def rates(self, rid: Optional[str] = None) -> list[float]:
         """a_1..a_kmax for the request (new_request_rates for one not seen yet), or the pooled
