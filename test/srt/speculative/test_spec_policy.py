@@ -483,7 +483,8 @@ def test_a_clear_choice_is_re_evaluated_less_often_and_a_close_one_on_the_usual_
     # At batch 16 an acceptance of 0.85 makes k_max and plain decoding worth about the same.
     close, rids = settled_policy(0.85, bs=16)
     evaluated = count_evaluations(close, monkeypatch)
-    close._evaluated_key = None
+    close._evaluated_key = None  # the next step evaluates
+    close._settle()  # (and no hold serves it)
     close.choose(rids)
     assert close._verdict[2] < spec_policy.FAR_APART, close.last_objective
     for _ in range(4 * REEVALUATE_EVERY - 1):
@@ -499,7 +500,8 @@ def test_an_admission_into_a_clearly_speculating_batch_takes_the_last_verdict(mo
     policy, rids = settled_policy(0.95)
     policy.choose(rids)  # whatever the rhythm: the last verdict is at most a step old below
     evaluated = count_evaluations(policy, monkeypatch)
-    policy._evaluated_key = None
+    policy._evaluated_key = None  # the next step evaluates
+    policy._settle()  # (and no hold serves it)
     policy.choose(rids)
     assert evaluated == [8] and policy._verdict[1] == K_MAX
     assert policy.would_speculate(rids[1:] + ["new"])
@@ -516,6 +518,56 @@ def test_an_admission_into_a_clearly_speculating_batch_takes_the_last_verdict(mo
     assert plain.current_k == 0
     evaluated = count_evaluations(plain, monkeypatch)
     assert not plain.would_speculate(rids[1:] + ["new"]) and evaluated == [8], "only speculating is taken on trust"
+
+
+def play_load(seed: int) -> tuple[list[int], dict, int]:
+    """A cost policy (default exploration) through 3,000 decode steps of a shifting load: requests
+    admitted and finishing, load steps between batch ~3 and ~90, contexts growing across context
+    classes, acceptance moving between easy and hard stretches, opted-out requests, the
+    scheduler's probe flag now and then, admissions asking would_speculate, and a cost sample
+    after each step. Returns (k per step, the final summary, steps the full path chose)."""
+    rng = random.Random(seed)
+    policy = make_policy("cost", K_MAX, cost=make_cost())
+    full_path = []
+    real = policy._choose_step
+    policy._choose_step = lambda *a: full_path.append(1) or real(*a)
+    live: dict[str, int] = {}  # rid -> context tokens
+    next_id, ks = 0, []
+    for step in range(3000):
+        target = (4, 90, 24, 3)[step // 750]
+        while len(live) < target + rng.randint(-2, 2):
+            if live and rng.random() < 0.3:
+                policy.would_speculate(list(live) + [f"q{next_id}"], sum(live.values()))
+            live[f"q{next_id}"] = rng.choice((100, 600, 2000))
+            next_id += 1
+        for rid in [rid for rid in live if rng.random() < 0.02]:
+            del live[rid]
+            policy.forget(rid)
+        rids = [rid for rid in live if not rid.endswith("7")]
+        context = sum(live.values())
+        k = policy.choose(rids, context, num_plain_only=len(live) - len(rids), explore=rng.random() < 0.01)
+        ks.append(k)
+        rate = 0.9 if (step // 300) % 2 == 0 else 0.3
+        if rids:
+            feed(policy, rids, k, rate, rng)
+        policy.observe_step_seconds(len(live), k, context, make_cost().seconds(len(live), k, context)
+                                    * rng.uniform(0.9, 1.3))
+        for rid in live:
+            live[rid] += 1 + k
+    return ks, policy.summary(), len(full_path)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_holds_choose_exactly_as_the_held_path_does(monkeypatch, seed):
+    """Between evaluations a held k is served from a hold (a few comparisons a step, its steps
+    counted later in bulk): the same load played with and without holds gives the same k at every
+    step and the same counts, learned costs and exploration accounting; most steps take the hold."""
+    with_holds, summary, full_steps = play_load(seed)
+    monkeypatch.setattr(spec_policy, "HOLDS", False)
+    without, summary_without, _ = play_load(seed)
+    assert with_holds == without
+    assert summary == summary_without
+    assert full_steps < 0.5 * len(with_holds), full_steps
 
 
 def test_a_switch_is_logged_with_every_candidate_priced_as_the_policy_priced_it(caplog):

@@ -117,16 +117,25 @@ class _Level:
 
     def __init__(self):
         self.window: deque[float] = deque(maxlen=LEVEL_WINDOW)
-        self.value = 0.0
+        self._value: Optional[float] = 0.0  # None: the window moved since the median was taken
         self.anchor: Optional[int] = None
 
     @property
     def set(self) -> bool:
         return len(self.window) >= LEARN_FIRST_SAMPLES
 
+    @property
+    def value(self) -> float:
+        """The window's median; of an even count, the lower: one slow step moves nothing. Taken
+        when read (samples are folded several at a time, and only the last one's is read)."""
+        if self._value is None:
+            window = sorted(self.window)
+            self._value = window[(len(window) - 1) // 2]
+        return self._value
+
     def update(self, k: int, residual: float) -> None:
         self.window.append(residual)
-        self.value = statistics.median_low(self.window)  # of an even count, the lower: one slow step moves nothing
+        self._value = None
         self.anchor = k
 
 
@@ -167,6 +176,7 @@ class LearnedCost:
     def __init__(self, prior: CostTable):
         self.prior = prior
         self._grouping_k = prior.measured_steps[-1]  # one grouping of batch sizes for every k
+        self._measured = frozenset(prior.measured_steps)
         self._octaves: dict[int, int] = {}  # batch size -> bucket()
         self._levels: dict[tuple[int, int], _Level] = {}  # (octave, context class) -> its level
         self._pairs: dict[tuple[int, int, int], deque[float]] = {}  # (octave, context class, k) -> offsets
@@ -213,7 +223,7 @@ class LearnedCost:
         `chosen`: k was the policy's choice (False: another k was, and this step explored k)."""
         if self._pending:  # an earlier sample first
             self._fold()
-        if k not in self.prior.measured_steps or batch_size < 1 or not 0 < seconds < math.inf:
+        if k not in self._measured or batch_size < 1 or not 0 < seconds < math.inf:
             return
         where = self.key(batch_size, context_tokens)
         key = (*where, k)

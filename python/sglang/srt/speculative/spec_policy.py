@@ -22,7 +22,8 @@ from typing import Optional
 
 from sglang.srt.speculative.acceptance import AcceptanceEstimator
 from sglang.srt.configs.speculative_adaptive import _is_int
-from sglang.srt.speculative.cost_model import LEARN_WINDOW, CostTable, LearnedCost
+from sglang.srt.speculative.cost_model import (CONTEXT_CLASS_TOKENS, LEARN_WINDOW, CostTable, LearnedCost,
+                                               context_class)
 from sglang.srt.speculative.exploration import Exploration
 
 logger = logging.getLogger(__name__)
@@ -186,6 +187,9 @@ FAR_APART = 0.15
 # (within REEVALUATE_FAR_EVERY decode steps) where speculating won by FAR_APART, takes that verdict
 # instead of evaluating afresh: one request among this many moves the objective by less than that.
 SETTLED_BATCH = 8
+# Whether the cost policy serves the steps it holds k through from a hold (CostPolicy._next_hold);
+# a test turns it off to hold the two paths to the same choices.
+HOLDS = True
 
 
 def _bucket_lookup(keys: list[int], table: dict, batch_size: int, default):
@@ -254,6 +258,12 @@ class CostPolicy(SpecPolicy):
         self.far_reevaluate_every = REEVALUATE_FAR_EVERY
         self.num_decisions = 0  # switches the objective made (exploration's own moves not counted)
         self.last_switch: Optional[str] = None  # why the last decided switch was made
+        # The held k's hold (_next_hold): (batch sizes lo..hi-1, mean context per request lo..hi-1,
+        # the k, steps it covers, its step price); _held counts the steps it has served, not yet
+        # counted (_settle).
+        self._hold: Optional[tuple[int, int, int, float, int, int, float]] = None
+        self._held = 0
+        self._bs_range: dict[int, tuple[int, int]] = {}  # batch size -> the sizes sharing its key and candidates
 
     def candidates_for(self, batch_size: int) -> list[int]:
         return _bucket_lookup(self._bs_keys, self.candidates_by_bs, batch_size, self.candidates)
@@ -283,6 +293,72 @@ class CostPolicy(SpecPolicy):
         self.cost.observe_later(batch_size, k, context_tokens, seconds, chosen=self._chosen_k in (None, k))
 
     def choose(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0, explore: bool = False) -> int:
+        hold = self._hold
+        if hold is not None:
+            bs = len(rids) + num_plain_only
+            if (self._held < hold[4] and rids and not explore and hold[0] <= bs < hold[1]
+                    and hold[2] * bs <= context_tokens < hold[3] * bs):
+                # Within a serving loop, where this code is cold, even the held path below cost
+                # the host ~20 us a step on this project's CPU: a hold costs a few comparisons.
+                self._held += 1
+                return hold[5]
+            self._settle()
+        k = self._choose_step(rids, context_tokens, num_plain_only, explore)
+        self._hold = self._next_hold(rids, context_tokens, num_plain_only, explore, k) if HOLDS else None
+        return k
+
+    def _settle(self) -> None:
+        """Counts the steps the hold served as the held path would have: per k, in a row, and in
+        exploration's accounting (each at the hold's step price)."""
+        held, self._held = self._held, 0
+        if held:
+            _, _, _, _, _, k, seconds = self._hold
+            self.steps_in_current += held
+            self.steps_per_k[k] += held
+            for _ in range(held):
+                self.exploration.note_step(self._where, k, seconds)
+        self._hold = None
+
+    def _next_hold(self, rids: list[str], context_tokens: int, num_plain_only: int, explore: bool, k: int):
+        """The hold after a step that held k or chose it: the steps after it (while the batch stays
+        in this step's key and candidate set) that _holds would hold k through, None where none
+        would be held (exploration running, a batch with nothing to speculate, the scheduler's
+        probe)."""
+        if not rids or explore or self.exploration.active or k != self.current_k or self._prices[0] != self._where:
+            return None  # (without this key's prices, the held path prices each step afresh)
+        bs = len(rids) + num_plain_only
+        key = (self._where, id(self.candidates_for(bs)))
+        every = self.far_reevaluate_every if self._verdict[2] >= FAR_APART else REEVALUATE_EVERY
+        in_key = key == self._evaluated_key
+        steps, done = 0, self.steps_in_current
+        while done + steps < self.min_dwell or (in_key and (done + steps) % every != 0):
+            steps += 1
+        if not steps:
+            return None
+        bs_lo, bs_hi = self._bs_range.get(bs) or self._batch_sizes_like(bs)
+        if context_tokens < CONTEXT_CLASS_TOKENS * bs:
+            mean_lo, mean_hi = 0, CONTEXT_CLASS_TOKENS
+        else:
+            mean_lo = CONTEXT_CLASS_TOKENS << (context_class(bs, context_tokens) - 1)
+            mean_hi = 2 * mean_lo
+            if not mean_lo * bs <= context_tokens < mean_hi * bs:  # float rounding at a class edge
+                return None
+        return bs_lo, bs_hi, mean_lo, mean_hi, steps, k, self._step_price(self._where, k, bs, context_tokens)
+
+    def _batch_sizes_like(self, batch_size: int) -> tuple[int, int]:
+        """The batch sizes lo..hi-1 around batch_size with its learned-cost bucket and candidate set."""
+        def alike(bs: int) -> bool:
+            return self.cost.bucket(bs) == bucket and self.candidates_for(bs) is candidates
+        bucket, candidates = self.cost.bucket(batch_size), self.candidates_for(batch_size)
+        lo = hi = batch_size
+        while lo > 1 and alike(lo - 1):
+            lo -= 1
+        while hi < 2 * batch_size + 64 and alike(hi + 1):
+            hi += 1
+        self._bs_range[batch_size] = (lo, hi + 1)
+        return lo, hi + 1
+
+    def _choose_step(self, rids: list[str], context_tokens: int, num_plain_only: int, explore: bool) -> int:
         bs = max(len(rids) + num_plain_only, 1)
         where = self._where = self.cost.key(bs, context_tokens)
         cur = self.current_k
@@ -387,6 +463,7 @@ class CostPolicy(SpecPolicy):
         logger.info("speculation: %s", self.last_switch)
 
     def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
+        self._settle()
         bs = len(rids) + num_plain_only
         candidates = self.candidates_for(bs)
         # A request joining a large batch whose bucket speculates by a clear margin, as evaluated
@@ -409,6 +486,7 @@ class CostPolicy(SpecPolicy):
                       for k in self.candidates_for(batch_size)}) > 0
 
     def summary(self) -> dict:
+        self._settle()
         return {**super().summary(), "candidates": self.candidates,
                 "candidates_by_bs": self.candidates_by_bs, "hysteresis": self.hysteresis,
                 "min_dwell": self.min_dwell, "cost": self.cost.summary(),
