@@ -484,7 +484,7 @@ def test_a_clear_choice_is_re_evaluated_less_often_and_a_close_one_on_the_usual_
     close, rids = settled_policy(0.85, bs=16)
     evaluated = count_evaluations(close, monkeypatch)
     close._evaluated_key = None  # the next step evaluates
-    close._settle()  # (and no hold serves it)
+    close._settle(keep=False)  # (and no hold serves it)
     close.choose(rids)
     assert close._verdict[2] < spec_policy.FAR_APART, close.last_objective
     for _ in range(4 * REEVALUATE_EVERY - 1):
@@ -501,7 +501,7 @@ def test_an_admission_into_a_clearly_speculating_batch_takes_the_last_verdict(mo
     policy.choose(rids)  # whatever the rhythm: the last verdict is at most a step old below
     evaluated = count_evaluations(policy, monkeypatch)
     policy._evaluated_key = None  # the next step evaluates
-    policy._settle()  # (and no hold serves it)
+    policy._settle(keep=False)  # (and no hold serves it)
     policy.choose(rids)
     assert evaluated == [8] and policy._verdict[1] == K_MAX
     assert policy.would_speculate(rids[1:] + ["new"])
@@ -568,6 +568,22 @@ def test_holds_choose_exactly_as_the_held_path_does(monkeypatch, seed):
     assert with_holds == without
     assert summary == summary_without
     assert full_steps < 0.5 * len(with_holds), full_steps
+
+
+def test_an_admission_where_every_candidate_speculates_is_not_evaluated(monkeypatch):
+    """A policy whose candidates at the batch's size all speculate (--speculative-candidate-steps 3,
+    or a bucket of the adaptive config without 0) lets every request have the draft, without
+    pricing anything; where plain decoding is a candidate it evaluates as before."""
+    only_k3 = make_policy("cost", K_MAX, cost=make_cost(), candidates=[K_MAX], exploration=no_exploration())
+    evaluated = count_evaluations(only_k3, monkeypatch)
+    hard = [f"r{i}" for i in range(256)]
+    only_k3.estimator.record_verify(hard, [1] * 256, K_MAX)
+    assert only_k3.would_speculate(hard) and evaluated == []
+    by_bs = make_policy("cost", K_MAX, cost=make_cost(), candidates=[0, K_MAX],
+                        candidates_by_bs={1: [1, K_MAX], 64: [0, K_MAX]}, exploration=no_exploration())
+    evaluated = count_evaluations(by_bs, monkeypatch)
+    assert by_bs.would_speculate(hard[:8]) and evaluated == []
+    assert not by_bs.would_speculate(hard) and evaluated == [256]
 
 
 def test_a_switch_is_logged_with_every_candidate_priced_as_the_policy_priced_it(caplog):

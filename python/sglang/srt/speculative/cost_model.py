@@ -186,6 +186,8 @@ class LearnedCost:
         self.samples: dict[tuple[int, int, int], int] = {}
         # Samples given to `observe_later`, folded in (in order) before anything reads a cost.
         self._pending: list[tuple[int, int, int, float, bool]] = []
+        # (key, k) -> _at's answer, until the next sample (admissions price the same key many times).
+        self._at_cache: dict[tuple[tuple[int, int], int], tuple[float, str]] = {}
 
     @property
     def measured_steps(self) -> tuple[int, ...]:
@@ -225,6 +227,7 @@ class LearnedCost:
             self._fold()
         if k not in self._measured or batch_size < 1 or not 0 < seconds < math.inf:
             return
+        self._at_cache.clear()
         where = self.key(batch_size, context_tokens)
         key = (*where, k)
         x = math.log(seconds / self.prior.seconds(batch_size, k, context_tokens))
@@ -304,12 +307,17 @@ class LearnedCost:
         """(log ratio, source) of k at a key."""
         if self._pending:
             self._fold()
-        level, level_from = self._level_of(where)
-        offset, offset_from = self._offset_of((*where, k))
-        if level_from is None and offset_from is None:
-            return 0.0, "table"
-        learned = level_from == "own" and (offset_from == "own" or self._levels[where].anchor == k)
-        return level + offset, "learned" if learned else "borrowed"
+        found = self._at_cache.get((where, k))
+        if found is None:
+            level, level_from = self._level_of(where)
+            offset, offset_from = self._offset_of((*where, k))
+            if level_from is None and offset_from is None:
+                found = 0.0, "table"
+            else:
+                learned = level_from == "own" and (offset_from == "own" or self._levels[where].anchor == k)
+                found = level + offset, "learned" if learned else "borrowed"
+            self._at_cache[(where, k)] = found
+        return found
 
     def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
         return self.prior.seconds(batch_size, k, context_tokens) * self.ratio(batch_size, k, context_tokens)

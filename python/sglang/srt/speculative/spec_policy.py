@@ -302,22 +302,25 @@ class CostPolicy(SpecPolicy):
                 # the host ~20 us a step on this project's CPU: a hold costs a few comparisons.
                 self._held += 1
                 return hold[5]
-            self._settle()
+            self._settle(keep=False)
         k = self._choose_step(rids, context_tokens, num_plain_only, explore)
         self._hold = self._next_hold(rids, context_tokens, num_plain_only, explore, k) if HOLDS else None
         return k
 
-    def _settle(self) -> None:
+    def _settle(self, keep: bool = True) -> None:
         """Counts the steps the hold served as the held path would have: per k, in a row, and in
-        exploration's accounting (each at the hold's step price)."""
+        exploration's accounting (each at the hold's step price). `keep`: the hold goes on for its
+        steps left (reading the counts changes nothing it rests on; at a busy level an admission
+        asks would_speculate every few steps)."""
         held, self._held = self._held, 0
+        hold = self._hold
         if held:
-            _, _, _, _, _, k, seconds = self._hold
+            k, seconds = hold[5], hold[6]
             self.steps_in_current += held
             self.steps_per_k[k] += held
             for _ in range(held):
                 self.exploration.note_step(self._where, k, seconds)
-        self._hold = None
+        self._hold = hold[:4] + (hold[4] - held,) + hold[5:] if keep and hold is not None and hold[4] > held else None
 
     def _next_hold(self, rids: list[str], context_tokens: int, num_plain_only: int, explore: bool, k: int):
         """The hold after a step that held k or chose it: the steps after it (while the batch stays
@@ -463,9 +466,11 @@ class CostPolicy(SpecPolicy):
         logger.info("speculation: %s", self.last_switch)
 
     def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
-        self._settle()
         bs = len(rids) + num_plain_only
         candidates = self.candidates_for(bs)
+        if candidates[0] > 0:  # every candidate speculates
+            return True
+        self._settle()
         # A request joining a large batch whose bucket speculates by a clear margin, as evaluated
         # lately, speculates too (SETTLED_BATCH): admissions come every few steps at a busy level,
         # and each fresh evaluation costs the host ~15 us at batch 16.
