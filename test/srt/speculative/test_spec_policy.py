@@ -180,12 +180,48 @@ def test_small_batches_update_the_estimates_exactly_as_large_ones(monkeypatch):
         assert small.rates(rid) == pytest.approx(arrays.rates(rid), abs=1e-12)
 
 
+def test_queued_request_updates_fold_in_exactly_as_updates_made_at_once(monkeypatch):
+    """A large batch's per-request updates wait in a queue until something reads the requests'
+    rates (or MAX_PENDING_STEPS steps queue): requests finishing meanwhile (their rows reused by
+    new requests only after the fold), probes, small batches between large ones and reads at random
+    points leave every rate as updating at once does."""
+    def history(max_pending: int) -> tuple[AcceptanceEstimator, list[str], list]:
+        monkeypatch.setattr(acceptance, "MAX_PENDING_STEPS", max_pending)
+        rng = np.random.default_rng(11)
+        est, live, next_id, reads = AcceptanceEstimator(K_MAX), [], 0, []
+        for _ in range(400):
+            while len(live) < rng.integers(1, 4 * SMALL_BATCH):
+                live.append(f"r{next_id}")
+                next_id += 1
+            batch = [rid for rid in live if rng.random() < 0.9] or live[:1]
+            if rng.random() < 0.2:
+                est.record_probe(batch, (rng.random(len(batch)) < 0.6).tolist())
+            else:
+                k = int(rng.integers(1, K_MAX + 1))
+                est.record_verify(batch, rng.integers(1, k + 2, len(batch)).tolist(), k)
+            for _ in range(int(rng.integers(0, 3))):
+                est.forget(live.pop(int(rng.integers(len(live)))))
+            if rng.random() < 0.1:
+                reads.append(est.batch_expected_tokens(live, K_MAX))
+        return est, live, reads
+
+    max_pending = acceptance.MAX_PENDING_STEPS
+    at_once, live, reads = history(1)
+    queued, live_again, reads_again = history(max_pending)
+    assert live == live_again and np.allclose(reads, reads_again, rtol=0, atol=1e-12)
+    assert queued.summary() == at_once.summary()
+    for rid in live:
+        assert queued.rates(rid) == pytest.approx(at_once.rates(rid), abs=1e-12)
+    assert queued.tracked_requests == len(live)
+
+
 @pytest.mark.parametrize("batch_size", [1, 3, SMALL_BATCH])
 def test_small_batches_expect_the_same_tokens_as_large_ones(monkeypatch, batch_size):
     """The cost policy's per-step sums (expected tokens of the batch for every k) come from plain
-    Python up to SMALL_BATCH requests and from arrays above: both agree with expected_tokens per
-    request, for tracked requests with rates of their own, for ones not seen yet (the pooled
+    Python up to PYTHON_SUMS_UP_TO requests and from arrays above: both agree with expected_tokens
+    per request, for tracked requests with rates of their own, for ones not seen yet (the pooled
     rates), and for the batch of the last update or any other."""
+    python_up_to = acceptance.PYTHON_SUMS_UP_TO
     est = AcceptanceEstimator(K_MAX)
     rng = np.random.default_rng(3)
     tracked = [f"t{i}" for i in range(batch_size)]
@@ -195,9 +231,9 @@ def test_small_batches_expect_the_same_tokens_as_large_ones(monkeypatch, batch_s
     for rids in (tracked, mixed, tracked[::-1]):
         expected = [sum(est.expected_tokens(k, rid) for rid in rids) for k in range(K_MAX + 1)]
         small = est.batch_expected_tokens(rids, K_MAX)
-        monkeypatch.setattr(acceptance, "SMALL_BATCH", 0)
+        monkeypatch.setattr(acceptance, "PYTHON_SUMS_UP_TO", 0)
         arrays = est.batch_expected_tokens(rids, K_MAX)
-        monkeypatch.setattr(acceptance, "SMALL_BATCH", SMALL_BATCH)
+        monkeypatch.setattr(acceptance, "PYTHON_SUMS_UP_TO", python_up_to)
         assert small == pytest.approx(expected, abs=1e-9) and arrays == pytest.approx(expected, abs=1e-9)
 
 
