@@ -202,7 +202,7 @@ class AcceptanceEstimator:
 
     def _recover_pooled(self, first: int, target: np.ndarray) -> None:
         """0-based positions first.. went unobserved this step: move each pooled rate below its
-        target a fraction `recovery` of the way up (the batch's rows move alike, in _observe or
+        target a fraction `recovery` of the way up (the batch's rows move alike, in _fold_rows or
         _record_verify_small)."""
         for i, goal in enumerate(target.tolist(), start=first):
             if self._pooled[i] < goal:

@@ -259,9 +259,9 @@ class CostPolicy(SpecPolicy):
         self.num_decisions = 0  # switches the objective made (exploration's own moves not counted)
         self.last_switch: Optional[str] = None  # why the last decided switch was made
         # The held k's hold (_next_hold): (batch sizes lo..hi-1, mean context per request lo..hi-1,
-        # the k, steps it covers, its step price); _held counts the steps it has served, not yet
+        # steps it covers, the k, its step price); _held counts the steps it has served, not yet
         # counted (_settle).
-        self._hold: Optional[tuple[int, int, int, float, int, int, float]] = None
+        self._hold: Optional[tuple[int, int, int, int, int, int, float]] = None
         self._held = 0
         self._bs_range: dict[int, tuple[int, int]] = {}  # batch size -> the sizes sharing its key and candidates
 
