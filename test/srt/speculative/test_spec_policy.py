@@ -182,26 +182,29 @@ def test_small_batches_update_the_estimates_exactly_as_large_ones(monkeypatch):
 
 def test_queued_request_updates_fold_in_exactly_as_updates_made_at_once(monkeypatch):
     """A large batch's per-request updates wait in a queue until something reads the requests'
-    rates (or MAX_PENDING_STEPS steps queue): requests finishing meanwhile (their rows reused by
-    new requests only after the fold), probes, small batches between large ones and reads at random
-    points leave every rate as updating at once does."""
+    rates (or MAX_PENDING_STEPS steps queue), a run of steps of one batch sharing a gather and a
+    scatter: requests finishing meanwhile (their rows reused by new requests only after the fold),
+    probes, small batches between large ones, stretches of one batch and reads at random points
+    leave every rate as updating at once does."""
     def history(max_pending: int) -> tuple[AcceptanceEstimator, list[str], list]:
         monkeypatch.setattr(acceptance, "MAX_PENDING_STEPS", max_pending)
         rng = np.random.default_rng(11)
-        est, live, next_id, reads = AcceptanceEstimator(K_MAX), [], 0, []
-        for _ in range(400):
-            while len(live) < rng.integers(1, 4 * SMALL_BATCH):
-                live.append(f"r{next_id}")
-                next_id += 1
-            batch = [rid for rid in live if rng.random() < 0.9] or live[:1]
-            if rng.random() < 0.2:
+        est, live, next_id, reads, batch = AcceptanceEstimator(K_MAX), [], 0, [], []
+        for _ in range(600):
+            if not (batch and set(batch) <= set(live) and rng.random() < 0.8):  # else the same batch again
+                while len(live) < rng.integers(1, 4 * SMALL_BATCH):
+                    live.append(f"r{next_id}")
+                    next_id += 1
+                batch = [rid for rid in live if rng.random() < 0.9] or live[:1]
+            if rng.random() < 0.1:
                 est.record_probe(batch, (rng.random(len(batch)) < 0.6).tolist())
             else:
-                k = int(rng.integers(1, K_MAX + 1))
+                k = K_MAX if rng.random() < 0.7 else int(rng.integers(1, K_MAX + 1))
                 est.record_verify(batch, rng.integers(1, k + 2, len(batch)).tolist(), k)
-            for _ in range(int(rng.integers(0, 3))):
-                est.forget(live.pop(int(rng.integers(len(live)))))
-            if rng.random() < 0.1:
+            if rng.random() < 0.3:
+                for _ in range(int(rng.integers(1, 3))):
+                    est.forget(live.pop(int(rng.integers(len(live)))))
+            if rng.random() < 0.05:
                 reads.append(est.batch_expected_tokens(live, K_MAX))
         return est, live, reads
 
