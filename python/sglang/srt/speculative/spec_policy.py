@@ -298,8 +298,8 @@ class CostPolicy(SpecPolicy):
             bs = len(rids) + num_plain_only
             if (self._held < hold[4] and rids and not explore and hold[0] <= bs < hold[1]
                     and hold[2] * bs <= context_tokens < hold[3] * bs):
-                # Within a serving loop, where this code is cold, even the held path below cost
-                # the host ~20 us a step on this project's CPU: a hold costs a few comparisons.
+                # Within a serving loop, where this code is cold, the path through _decide cost the
+                # host ~20-30 us a step on this project's CPU: a hold costs a few comparisons.
                 self._held += 1
                 return hold[5]
             self._settle(keep=False)
@@ -308,7 +308,7 @@ class CostPolicy(SpecPolicy):
         return k
 
     def _settle(self, keep: bool = True) -> None:
-        """Counts the steps the hold served as the held path would have: per k, in a row, and in
+        """Counts the steps the hold served as _choose_step would have: per k, in a row, and in
         exploration's accounting (each at the hold's step price). `keep`: the hold goes on for its
         steps left (reading the counts changes nothing it rests on; at a busy level an admission
         asks would_speculate every few steps)."""
@@ -328,13 +328,11 @@ class CostPolicy(SpecPolicy):
         would be held (exploration running, a batch with nothing to speculate, the scheduler's
         probe)."""
         if not rids or explore or self.exploration.active or k != self.current_k or self._prices[0] != self._where:
-            return None  # (without this key's prices, the held path prices each step afresh)
+            return None  # (without this key's prices, _step_price prices each step afresh)
         bs = len(rids) + num_plain_only
         key = (self._where, id(self.candidates_for(bs)))
-        every = self.far_reevaluate_every if self._verdict[2] >= FAR_APART else REEVALUATE_EVERY
-        in_key = key == self._evaluated_key
-        steps, done = 0, self.steps_in_current
-        while done + steps < self.min_dwell or (in_key and (done + steps) % every != 0):
+        steps = 0
+        while self._holds(key, self.steps_in_current + steps):
             steps += 1
         if not steps:
             return None
@@ -364,17 +362,6 @@ class CostPolicy(SpecPolicy):
     def _choose_step(self, rids: list[str], context_tokens: int, num_plain_only: int, explore: bool) -> int:
         bs = max(len(rids) + num_plain_only, 1)
         where = self._where = self.cost.key(bs, context_tokens)
-        cur = self.current_k
-        if rids and cur is not None and not explore and not self.exploration.active:
-            candidates = self.candidates_for(bs)
-            if cur in candidates and self._holds((where, id(candidates))):
-                # Most steps: the held k stands and no evaluation is due. Within a serving loop each
-                # call costs the host microseconds (its code is cold), and this runs before every
-                # decode launch: the base's path through _choose and _decide is skipped.
-                self._count_step(cur)
-                self._decided_k = self._chosen_k = cur
-                self.exploration.note_step(where, cur, self._step_price(where, cur, bs, context_tokens))
-                return cur
         self._decided_k = None
         k = super().choose(rids, context_tokens, num_plain_only, explore)
         # The chosen k: what a burst returns to, else what _choose decided (before the scheduler's
@@ -391,17 +378,18 @@ class CostPolicy(SpecPolicy):
         seconds = prices.get(k) if priced_at == where else None
         return seconds if seconds is not None else self.cost.seconds(bs, k, context_tokens)
 
-    def _holds(self, key: tuple) -> bool:
-        """Whether the held k stands at this step without an evaluation: within its dwell, or past it
+    def _holds(self, key: tuple, steps_in_current: int) -> bool:
+        """Whether the held k, run steps_in_current steps in a row so far, stands at this step
+        without an evaluation: within its dwell, or past it
         in the bucket (and candidate set) of the last evaluation, between evaluations. Past the
         dwell an unchanged bucket is re-evaluated every REEVALUATE_EVERY steps (far_reevaluate_every
         where the last evaluation found the candidates far apart): the objective costs the host
         ~10-30 us, a few percent of a small model's step. A batch that grows or shrinks by a
         request within its bucket (at concurrency 4, every few steps) is no reason to evaluate afresh."""
-        if self.steps_in_current < self.min_dwell:
+        if steps_in_current < self.min_dwell:
             return True
         every = self.far_reevaluate_every if self._verdict[2] >= FAR_APART else REEVALUATE_EVERY
-        return key == self._evaluated_key and self.steps_in_current % every != 0
+        return key == self._evaluated_key and steps_in_current % every != 0
 
     def _margin(self, batch_size: int, current: int, best: int) -> float:
         margins = _bucket_lookup(self._hyst_keys, self.hysteresis_by_bs, batch_size, {})
@@ -427,7 +415,7 @@ class CostPolicy(SpecPolicy):
         # context class and candidate set) only the requests' estimates and the learned costs move
         # the choice.
         key = (self._where, id(candidates))
-        if cur is not None and cur in candidates and not after_burst and self._holds(key):
+        if cur is not None and cur in candidates and not after_burst and self._holds(key, self.steps_in_current):
             return cur
         self._evaluated_key = key
         obj, prices = self._priced_objective(rids, candidates, context_tokens, num_plain_only)
