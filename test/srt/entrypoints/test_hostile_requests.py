@@ -210,6 +210,21 @@ def test_deeply_nested_json_is_a_400_naming_the_body(client, route, body):
     assert error["param"] == "body" and "deep" in error["message"]
 
 
+# Text, so the body's own parser never sees the nesting: the schema's does.
+DEEP_SCHEMA_TEXT = '{"type": "array", "items": ' * 5000 + '{"type": "integer"}' + "}" * 5000
+
+
+@pytest.mark.parametrize("route, body", [
+    (GENERATE, {"text": "x", "sampling_params": {"max_new_tokens": 2, "json_schema": DEEP_SCHEMA_TEXT}}),
+    (COMPLETIONS, {"prompt": "x", "max_tokens": 2, "json_schema": DEEP_SCHEMA_TEXT}),
+], ids=["native", "completions"])
+def test_a_json_schema_text_nested_too_deeply_is_a_400_naming_it(client, route, body):
+    response = client.post(route, json=body)
+    assert response.status_code == 400, response.text[:300]
+    error = assert_error_shape(response)
+    assert error["param"] == "json_schema" and "deep" in error["message"]
+
+
 @pytest.mark.parametrize("route, body, param, path", [
     (COMPLETIONS, b'{"prompt": "ab\\ud800cd", "max_tokens": 2}', "prompt", "prompt"),
     (COMPLETIONS, b'{"prompt": ["ok", "\\udfff"], "max_tokens": 2}', "prompt", "prompt.1"),

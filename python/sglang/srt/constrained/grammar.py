@@ -50,6 +50,8 @@ def _check_json(text: str) -> None:
         schema = json.loads(text)
     except json.JSONDecodeError as err:
         raise InvalidRequest(f"invalid json_schema: not JSON ({err})", "json_schema") from None
+    except RecursionError:  # text nesting deeper than the request body may
+        raise InvalidRequest("invalid json_schema: it nests arrays or objects too deeply", "json_schema") from None
     if not isinstance(schema, (dict, bool)):
         raise InvalidRequest("invalid json_schema: a schema must be a JSON object", "json_schema")
 
