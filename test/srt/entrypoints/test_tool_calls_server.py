@@ -114,6 +114,16 @@ def test_json_in_prose_stays_content(server):
     assert streamed(server, tool_choice="auto", extra_body={"regex": regex}) == (prose, [], "stop")
 
 
+def test_a_call_nested_deeper_than_json_parses_stays_content(server):
+    # A request can steer the output into nesting past the JSON decoder's recursion limit (1000).
+    text = '{"name": "get_weather", "parameters": ' + "[" * 1100
+    regex = text.replace("{", r"\{").replace("[", r"\[")
+    answer = chat(server, tool_choice="auto", max_tokens=None, extra_body={"regex": regex}).choices[0]
+    assert (answer.message.content, answer.message.tool_calls, answer.finish_reason) == (text, None, "stop")
+    assert streamed(server, tool_choice="auto", max_tokens=None, extra_body={"regex": regex}) == (text, [], "stop")
+    assert_server_kv_accounting(server)
+
+
 def test_history_with_calls_and_tool_answers_renders_as_the_template_does(server):
     arguments = {"city": "Paris"}
     history = [*MESSAGES,

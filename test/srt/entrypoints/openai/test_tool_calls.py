@@ -51,6 +51,13 @@ def test_a_forced_array_cut_short_keeps_its_complete_calls():
     assert parse_tool_calls('[{"name": "add", "para', "forced", None, NAMES)[1] == []
 
 
+@pytest.mark.parametrize("mode, parser, start", [("auto", "llama3", '{"name": "add", "parameters": '),
+                                                  ("auto", "hermes", "<tool_call>"), ("forced", None, "[")])
+def test_output_nested_past_the_json_recursion_limit_is_no_call(mode, parser, start):
+    text = start + "[" * 5000
+    assert parse_tool_calls(text, mode, parser, NAMES) == (text, [])
+
+
 @pytest.mark.parametrize("choice, max_items", [("required", None), ({"type": "function", "function": {"name": "add"}}, 1)])
 def test_forced_schema_lists_the_chosen_tools(choice, max_items):
     request = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tools=TOOLS, tool_choice=choice)

@@ -23,6 +23,9 @@ from sglang.srt.errors import InvalidRequest
 
 PYTHON_TAG = "<|python_tag|>"
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
+# What reading a call out of the output may raise: the output is the model's, and a request can
+# steer it (a regex, logit_bias) into JSON nested deeper than the parser recurses.
+_NOT_A_CALL = (json.JSONDecodeError, RecursionError)
 _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
@@ -156,7 +159,7 @@ def _forced_calls(text: str) -> list[tuple[str, object]]:
             at += 1
         try:
             obj, at = decoder.raw_decode(text, at)
-        except json.JSONDecodeError:
+        except _NOT_A_CALL:
             break
         call = _call_of(obj)
         if call is not None:
@@ -195,7 +198,7 @@ def _llama3_calls(text: str) -> tuple[str, list]:
             break
         try:
             obj, at = decoder.raw_decode(body, at)
-        except json.JSONDecodeError:
+        except _NOT_A_CALL:
             break
         call = _call_of(obj)
         if call is None:
@@ -212,7 +215,7 @@ def _hermes_calls(text: str) -> tuple[str, list]:
     for block in _HERMES_BLOCK.findall(text[start:]):
         try:
             call = _call_of(json.loads(block))
-        except json.JSONDecodeError:
+        except _NOT_A_CALL:
             continue
         if call is not None:
             calls.append(call)
