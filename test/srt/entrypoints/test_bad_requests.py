@@ -49,6 +49,9 @@ BAD_REQUESTS = [
     row(CHAT, {"messages": [{"content": "Hello"}]}, 400, "messages", "role", "chat-message-without-role"),
     row(CHAT, {"messages": [{"role": "wizard", "content": "Hello"}]}, 400, "messages", "role",
         "chat-unknown-role"),
+    row(CHAT, {"messages": [{"role": "user"}]}, 400, "messages", "needs content", "chat-user-message-without-content"),
+    row(CHAT, {"messages": [{"role": "system", "content": None}, *MESSAGES]}, 400, "messages", "needs content",
+        "chat-system-message-null-content"),
     # completion prompts
     row(COMPLETIONS, {}, 400, "prompt", "required", "completions-missing-prompt"),
     row(COMPLETIONS, {"prompt": {"text": "Hello"}}, 400, "prompt", "prompt", "completions-prompt-an-object"),

@@ -167,6 +167,13 @@ class ChatMessage(_Lenient):
             texts.append(part["text"])
         return "\n".join(texts)
 
+    @model_validator(mode="after")
+    def _content_given(self) -> "ChatMessage":
+        # As OpenAI: only an assistant's message may go without content (it may hold just calls).
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
     def to_template(self) -> dict:
         message = {"role": self.role, "content": self.content or ""}
         if self.name is not None:
