@@ -35,3 +35,13 @@ def test_a_sample_id_clashing_with_another_prompt_rid_is_refused_whole(server):
     for rid in ("clash-0", "clash-1"):
         again = generate(server, {"text": "Hello", "rid": rid, "sampling_params": SAMPLING})
         assert again.status_code == 200, again.text
+
+
+def test_one_rid_string_for_a_batch_is_refused_saying_a_list_is_needed(server):
+    refused = generate(server, {"text": ["Hello", "World"], "rid": "one-rid", "sampling_params": SAMPLING})
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "rid" and "list of 2 rids" in error["message"], error
+    # A batch of one prompt may still name its rid with a string.
+    single = generate(server, {"text": ["Hello"], "rid": "one-rid", "sampling_params": SAMPLING})
+    assert single.status_code == 200 and single.json()[0]["meta_info"]["id"] == "one-rid", single.text

@@ -5,6 +5,7 @@ per-prompt values broadcast, the logprob arguments checked, and prompt logprobs 
 from __future__ import annotations
 
 import dataclasses
+import uuid
 
 from sglang.srt.errors import InvalidRequest
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
@@ -69,6 +70,16 @@ def as_id_lists(input_ids) -> list[list[int]]:
     if input_ids and isinstance(input_ids[0], list):
         return input_ids
     return [input_ids]
+
+
+def rids_of(rid, n: int) -> list[str]:
+    """One rid per prompt: fresh ones, or the client's (a list for a batch of several prompts:
+    one string would name them all the same)."""
+    if rid is None:
+        return [uuid.uuid4().hex for _ in range(n)]
+    if isinstance(rid, str) and n > 1:
+        raise InvalidRequest(f"rid must be a list of {n} rids, one per prompt, for a batch of {n} prompts", "rid")
+    return broadcast(rid, n, "rid")
 
 
 def broadcast(value, n: int, field: str) -> list:

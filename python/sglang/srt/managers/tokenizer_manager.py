@@ -11,7 +11,6 @@ import logging
 import os
 import pickle
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable, Optional
 
@@ -113,7 +112,7 @@ class TokenizerManager:
         if n == 0:
             raise InvalidRequest("the batch of prompts is empty", "text")
         params_list = request_input.broadcast(obj.sampling_params, n, "sampling_params")
-        rids = request_input.broadcast(obj.rid, n, "rid") if obj.rid is not None else [uuid.uuid4().hex for _ in range(n)]
+        rids = request_input.rids_of(obj.rid, n)
         return_logprobs = request_input.broadcast(obj.return_logprob, n, "return_logprob")
         top_nums = request_input.broadcast(obj.top_logprobs_num, n, "top_logprobs_num")
         starts = request_input.broadcast(obj.logprob_start_len, n, "logprob_start_len")
