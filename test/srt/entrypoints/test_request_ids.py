@@ -3,6 +3,8 @@ request runs, and leaves nothing behind."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 
 from sglang.test.server_fixture import server_state
@@ -45,3 +47,27 @@ def test_one_rid_string_for_a_batch_is_refused_saying_a_list_is_needed(server):
     # A batch of one prompt may still name its rid with a string.
     single = generate(server, {"text": ["Hello"], "rid": "one-rid", "sampling_params": SAMPLING})
     assert single.status_code == 200 and single.json()[0]["meta_info"]["id"] == "one-rid", single.text
+
+
+def test_a_rid_reused_right_after_its_client_left_gets_none_of_the_old_outputs(server):
+    long = {"max_new_tokens": 500, "ignore_eos": True}
+    # A warm keep-alive connection: the reuse goes out within a millisecond of the other leaving.
+    with httpx.Client(base_url=server.base_url, timeout=60) as client:
+        client.get("/health")
+        for trial in range(5):
+            rid = f"left-{trial}"
+            body = {"text": "Hello", "rid": rid, "stream": True, "sampling_params": long}
+            with httpx.stream("POST", f"{server.base_url}/generate", json=body, timeout=60) as events:
+                for number, _ in enumerate(events.iter_lines()):
+                    if number == 4:
+                        break  # the client leaves mid-stream
+            # Until the scheduler has dropped the old request the rid is taken; then it is free.
+            for _ in range(50):
+                reused = client.post("/generate", json={"text": "Hi", "rid": rid, "sampling_params": SAMPLING})
+                if reused.status_code != 400:
+                    break
+                assert reused.json()["error"]["param"] == "rid", reused.text
+                time.sleep(0.05)
+            assert reused.status_code == 200, reused.text
+            meta = reused.json()["meta_info"]
+            assert (meta["finish_reason"]["type"], meta["completion_tokens"]) == ("length", 2), meta

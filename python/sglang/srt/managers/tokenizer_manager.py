@@ -59,6 +59,7 @@ class ReqState:
     event: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
     constants: RequestConstants = dataclasses.field(default_factory=RequestConstants)
     sample_of: str = ""  # TokenizedGenerateReqInput.sample_of
+    abandoned: bool = False  # the caller went away; the rid stays taken until the scheduler's last output
 
 
 class TokenizerManager:
@@ -231,7 +232,7 @@ class TokenizerManager:
                 # The caller went away before the end. Compared by identity: a finished rid may
                 # already belong to another caller's request.
                 if self.rid_to_state.get(req.rid) is state:
-                    self._abort_abandoned(req.rid)
+                    self._abort_abandoned(req.rid, state)
 
     def _check_rids_free(self, reqs: list[TokenizedGenerateReqInput]) -> None:
         """Before any of the request is sent: a clash found halfway would leave the part already
@@ -296,11 +297,15 @@ class TokenizerManager:
                 self.send_to_scheduler.send_pyobj(AbortReq(known))
         return rids
 
-    def _abort_abandoned(self, rid: str) -> None:
-        """The caller went away: nobody waits for the result, so forget the request now."""
-        self.rid_to_state.pop(rid, None)
-        if not self.dead_reason:
-            self.send_to_scheduler.send_pyobj(AbortReq(rid))
+    def _abort_abandoned(self, rid: str, state: ReqState) -> None:
+        """The caller went away: nobody waits for the result. Until the scheduler's last output
+        for it arrives the rid stays taken, so that a new request reusing it gets none of this
+        one's outputs."""
+        if state.finished or self.dead_reason:
+            self.rid_to_state.pop(rid, None)
+            return
+        state.abandoned = True
+        self.send_to_scheduler.send_pyobj(AbortReq(rid))
 
     async def control(self, kind: str):
         self._ensure_running()
@@ -349,7 +354,11 @@ class TokenizerManager:
     def _handle_str_out(self, out: BatchStrOut) -> None:
         for i, rid in enumerate(out.rids):
             state = self.rid_to_state.get(rid)
-            if state is None:  # aborted by the caller meanwhile
+            if state is None:
+                continue
+            if state.abandoned:
+                if out.finished_reasons[i] is not None:
+                    self.rid_to_state.pop(rid)
                 continue
             state.text += out.new_texts[i]
             state.output_ids.extend(out.new_token_ids[i])
