@@ -71,3 +71,15 @@ def test_a_rid_reused_right_after_its_client_left_gets_none_of_the_old_outputs(s
             assert reused.status_code == 200, reused.text
             meta = reused.json()["meta_info"]
             assert (meta["finish_reason"]["type"], meta["completion_tokens"]) == ("length", 2), meta
+
+
+def test_an_empty_or_non_string_rid_is_refused_naming_rid(server):
+    # An empty rid could not be aborted by /abort_request, which ignores an empty rid.
+    for rid in ("", ["ok-rid", ""], 7):
+        text = ["Hello", "World"] if isinstance(rid, list) else "Hello"
+        refused = generate(server, {"text": text, "rid": rid, "sampling_params": SAMPLING})
+        assert refused.status_code == 400, (rid, refused.text)
+        assert refused.json()["error"]["param"] == "rid", refused.text
+    # The refused batch's good rid was never taken.
+    again = generate(server, {"text": "Hello", "rid": "ok-rid", "sampling_params": SAMPLING})
+    assert again.status_code == 200, again.text

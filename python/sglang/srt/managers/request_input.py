@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import uuid
 
-from sglang.srt.errors import InvalidRequest
+from sglang.srt.errors import InvalidRequest, short_repr
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 
 
@@ -79,7 +79,11 @@ def rids_of(rid, n: int) -> list[str]:
         return [uuid.uuid4().hex for _ in range(n)]
     if isinstance(rid, str) and n > 1:
         raise InvalidRequest(f"rid must be a list of {n} rids, one per prompt, for a batch of {n} prompts", "rid")
-    return broadcast(rid, n, "rid")
+    rids = broadcast(rid, n, "rid")
+    for one in rids:  # an empty rid could be aborted by nothing but abort_all
+        if not isinstance(one, str) or not one:
+            raise InvalidRequest(f"rid must be a non-empty string, got {short_repr(one)}", "rid")
+    return rids
 
 
 def broadcast(value, n: int, field: str) -> list:
