@@ -50,6 +50,20 @@ def capture_graph(run: Callable, pool) -> tuple[torch.cuda.CUDAGraph, object]:
     return graph, out
 
 
+def reserved_bytes(device) -> int:
+    """What PyTorch's CUDA caching allocator holds on `device` (0 off CUDA)."""
+    return torch.cuda.memory_reserved(device) if torch.device(device).type == "cuda" else 0
+
+
+def memory_growth(device, before: int) -> str:
+    """For a capture's log line: how much the allocator's holding grew since `before`
+    (reserved_bytes), '' off CUDA. A family's graphs keep their pool's peak, and their outputs,
+    out of the KV cache's reach for the server's life."""
+    if torch.device(device).type != "cuda":
+        return ""
+    return f"; GPU memory held {(reserved_bytes(device) - before) / (1 << 30):+.2f} GiB"
+
+
 def default_batch_sizes(max_bs: int) -> list[int]:
     """1, 2, 4, 8, then every 8 up to 64, then every 16 up to max_bs."""
     sizes = [bs for bs in (1, 2, 4, 8) if bs <= max_bs]
@@ -103,14 +117,14 @@ class CudaGraphRunner:
             and (hidden.shape[-1] if hidden is not None else 0) == self.spec_hidden_width
 
     def capture(self) -> None:
-        start = time.perf_counter()
+        start, held = time.perf_counter(), reserved_bytes(self.device)
         self.model_runner.attn_backend.init_cuda_graph_state(self.max_bs)
         self._alloc_outputs()
         # Largest first: later, smaller graphs reuse the pool memory the first one reserved.
         for bs in reversed(self.batch_sizes):
             self._capture_one(bs)
-        logger.info("captured %d CUDA graphs (%s, bs %s) in %.1f s", len(self.graphs), self.forward_mode.name,
-                    self.batch_sizes, time.perf_counter() - start)
+        logger.info("captured %d CUDA graphs (%s, bs %s) in %.1f s%s", len(self.graphs), self.forward_mode.name,
+                    self.batch_sizes, time.perf_counter() - start, memory_growth(self.device, held))
 
     def _alloc_outputs(self) -> None:
         """The logits and aux hidden states every graph of this runner writes into, shaped by one
@@ -321,7 +335,7 @@ class PrefillGraphRunner:
         return key is not None and fb.seq_lens_cpu[-1] + key[1] - fb.num_tokens <= self.row_width
 
     def capture(self) -> None:
-        start = time.perf_counter()
+        start, held = time.perf_counter(), reserved_bytes(self.device)
         # One set of outputs for every graph, as CudaGraphRunner's (here up to 2K tokens of aux
         # hidden states per graph, ~50 graphs).
         self._valid_layout(self.max_reqs, self.max_tokens)
@@ -336,9 +350,10 @@ class PrefillGraphRunner:
         captured = len(self.graphs)
         if self.keep_if_faster and torch.device(self.device).type == "cuda":
             self._drop_slower_than_eager()
-        logger.info("captured %d prefill CUDA graphs (%s, up to %d requests and %d tokens) in %.1f s; kept %d: %s",
+        logger.info("captured %d prefill CUDA graphs (%s, up to %d requests and %d tokens) in %.1f s; kept %d: %s%s",
                     captured, self.forward_mode.name, self.max_reqs, self.max_tokens, time.perf_counter() - start,
-                    len(self.graphs), {bs: kept[-1] if kept else 0 for bs, kept in self.kept.items()})
+                    len(self.graphs), {bs: kept[-1] if kept else 0 for bs, kept in self.kept.items()},
+                    memory_growth(self.device, held))
 
     def _static_batch(self, bs: int, n: int) -> ForwardBatch:
         lens, starts, seq_lens, last = self.layouts[bs]

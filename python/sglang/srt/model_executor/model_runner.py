@@ -163,8 +163,10 @@ class ModelRunner:
         )
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(mem.max_total_num_tokens, self.device)
         if self.tp_rank == 0:
-            logger.info("KV cache: %d tokens; max running requests %d; context length %d",
-                        mem.max_total_num_tokens, mem.max_running_requests, mem.context_len)
+            kv_bytes = mem.max_total_num_tokens * MHATokenToKVPool.bytes_per_token(
+                cfg.dtype, self.num_kv_heads, cfg.head_dim, cfg.num_hidden_layers)
+            logger.info("KV cache: %d tokens (%.2f GiB); max running requests %d; context length %d",
+                        mem.max_total_num_tokens, kv_bytes / (1 << 30), mem.max_running_requests, mem.context_len)
 
     def _init_draft_pools(self, target: "ModelRunner") -> None:
         cfg = self.model_config

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from sglang.srt.model_executor.cuda_graph_runner import capture_graph
+from sglang.srt.model_executor.cuda_graph_runner import capture_graph, memory_growth, reserved_bytes
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.utils import HostStaging
@@ -67,7 +67,7 @@ class SpecStepGraphs:
         return tokens, num_out
 
     def capture(self) -> None:
-        start = time.perf_counter()
+        start, held = time.perf_counter(), reserved_bytes(self.worker.device)
         runners = (self.worker.model_runner, self.worker.draft_runner)
         for runner in runners:
             runner.attn_backend.init_cuda_graph_state(self.max_bs * self.width)
@@ -78,8 +78,8 @@ class SpecStepGraphs:
         for bs in reversed(self.batch_sizes):
             self._capture_one(bs)
         kind = "speculative" if self.k else "plain" if self.draft else "target-only plain"
-        logger.info("captured %d whole-step %s graphs (k = %d, bs %s) in %.1f s", len(self.graphs), kind, self.k,
-                    self.batch_sizes, time.perf_counter() - start)
+        logger.info("captured %d whole-step %s graphs (k = %d, bs %s) in %.1f s%s", len(self.graphs), kind, self.k,
+                    self.batch_sizes, time.perf_counter() - start, memory_growth(self.worker.device, held))
 
     def _capture_one(self, bs: int) -> None:
         self.graphs[bs], self.outputs[bs] = capture_graph(lambda: self._run(bs),
