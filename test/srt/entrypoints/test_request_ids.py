@@ -83,3 +83,44 @@ def test_an_empty_or_non_string_rid_is_refused_naming_rid(server):
     # The refused batch's good rid was never taken.
     again = generate(server, {"text": "Hello", "rid": "ok-rid", "sampling_params": SAMPLING})
     assert again.status_code == 200, again.text
+
+
+def test_an_n_request_keeps_its_rid_taken_so_an_abort_of_it_names_only_its_samples(server):
+    import threading
+
+    long = {"max_new_tokens": 1000, "ignore_eos": True}  # the tiny model's context is 1024 tokens
+    # A plain request holds "plain-job": an n = 2 request named so (its samples plain-job-0, -1) is
+    # refused, since aborting "plain-job" would then abort both.
+    body = {"text": "Hello", "rid": "plain-job", "stream": True, "sampling_params": long}
+    with httpx.stream("POST", f"{server.base_url}/generate", json=body, timeout=60) as events:
+        lines = events.iter_lines()  # held: a dropped iterator closes the stream, and the request with it
+        next(lines)
+        refused = generate(server, {"text": "Hi", "rid": "plain-job", "sampling_params": {**SAMPLING, "n": 2}})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "rid", refused.text
+        httpx.post(f"{server.base_url}/abort_request", json={"rid": "plain-job"}, timeout=10)
+
+    # An n = 2 request in flight holds its own rid as well as its samples'.
+    results = []
+    worker = threading.Thread(target=lambda: results.append(
+        generate(server, {"text": "Hello", "rid": "n-job", "sampling_params": {**long, "n": 2}})))
+    worker.start()
+    try:
+        deadline = time.time() + 30
+        while server_state(server)["num_running_reqs"] < 2 and time.time() < deadline:
+            time.sleep(0.05)
+        for rid in ("n-job", "n-job-1"):
+            refused = generate(server, {"text": "Hi", "rid": rid, "sampling_params": SAMPLING})
+            assert refused.status_code == 400 and refused.json()["error"]["param"] == "rid", (rid, refused.text)
+    finally:
+        httpx.post(f"{server.base_url}/abort_request", json={"rid": "n-job"}, timeout=10)
+        worker.join(60)
+    assert [choice["meta_info"]["finish_reason"]["type"] for choice in results[0].json()] == ["abort", "abort"]
+    # Once its samples are gone the rid is free again.
+    again = generate(server, {"text": "Hello", "rid": "n-job", "sampling_params": SAMPLING})
+    assert again.status_code == 200, again.text
+
+    # Within one batch: an n = 2 prompt and a plain prompt may not share a rid either way round.
+    for rids, params in ((["both", "both"], [{**SAMPLING, "n": 2}, SAMPLING]),
+                         (["both", "both"], [SAMPLING, {**SAMPLING, "n": 2}])):
+        refused = generate(server, {"text": ["Hello", "World"], "rid": rids, "sampling_params": params})
+        assert refused.status_code == 400, refused.text

@@ -80,6 +80,9 @@ class TokenizerManager:
         self.recv_from_workers.bind(port_args.tokenizer_ipc)
         self.recv_queued = zmq.Socket.shadow(self.recv_from_workers.underlying)  # the same socket, not awaited
         self.rid_to_state: dict[str, ReqState] = {}
+        # The rids of n > 1 requests in flight -> how many of their samples (rid-0, rid-1, ...) are:
+        # such a rid stays taken, since aborting it aborts those samples.
+        self.samples_in_flight: dict[str, int] = {}
         self.messages_per_wake = MAX_MESSAGES_PER_WAKE
         if os.environ.get(STREAM_EVERY_STEP_ENV) == "1":
             logger.warning("%s=1: streams send every step on its own, even when behind (diagnosis only)",
@@ -237,11 +240,17 @@ class TokenizerManager:
     def _check_rids_free(self, reqs: list[TokenizedGenerateReqInput]) -> None:
         """Before any of the request is sent: a clash found halfway would leave the part already
         sent running with nobody to collect or abort it, and its rid taken for good."""
-        seen = set()
+        seen, parents = set(), set()
         for req in reqs:
-            if req.rid in seen or req.rid in self.rid_to_state:
+            if req.rid in seen or req.rid in parents or req.rid in self.rid_to_state \
+                    or req.rid in self.samples_in_flight:
                 raise InvalidRequest(f"rid {short_repr(req.rid)} is already in use", "rid")
+            # An n > 1 request's own rid names its samples (POST /abort_request aborts them all).
+            if req.sample_of and (req.sample_of in seen or req.sample_of in self.rid_to_state):
+                raise InvalidRequest(f"rid {short_repr(req.sample_of)} is already in use", "rid")
             seen.add(req.rid)
+            if req.sample_of:
+                parents.add(req.sample_of)
 
     def _send(self, req: TokenizedGenerateReqInput) -> ReqState:
         state = ReqState(created=time.perf_counter(), sample_of=req.sample_of)
@@ -249,7 +258,17 @@ class TokenizerManager:
         # Registered once sent (no reply can be handled in between: both run on this loop), so a
         # send that fails leaves no rid behind.
         self.rid_to_state[req.rid] = state
+        if req.sample_of:
+            self.samples_in_flight[req.sample_of] = self.samples_in_flight.get(req.sample_of, 0) + 1
         return state
+
+    def _forget(self, rid: str) -> None:
+        """The request leaves the table: its rid (and, with its last sample, its n > 1 request's) is free."""
+        state = self.rid_to_state.pop(rid, None)
+        if state is not None and state.sample_of:
+            left = self.samples_in_flight.pop(state.sample_of) - 1
+            if left:
+                self.samples_in_flight[state.sample_of] = left
 
     async def _stream(self, rid: str, state: ReqState):
         while True:
@@ -259,13 +278,13 @@ class TokenizerManager:
             finished = state.finished
             yield self._result(rid, state)
             if finished:
-                self.rid_to_state.pop(rid, None)
+                self._forget(rid)
                 return
 
     async def _wait_finished(self, rid: str, state: ReqState) -> dict:
         while not state.finished:
             await self._wait(state)
-        self.rid_to_state.pop(rid, None)
+        self._forget(rid)
         return self._result(rid, state)
 
     async def _wait(self, state: ReqState) -> None:
@@ -302,7 +321,7 @@ class TokenizerManager:
         for it arrives the rid stays taken, so that a new request reusing it gets none of this
         one's outputs."""
         if state.finished or self.dead_reason:
-            self.rid_to_state.pop(rid, None)
+            self._forget(rid)
             return
         state.abandoned = True
         self.send_to_scheduler.send_pyobj(AbortReq(rid))
@@ -358,7 +377,7 @@ class TokenizerManager:
                 continue
             if state.abandoned:
                 if out.finished_reasons[i] is not None:
-                    self.rid_to_state.pop(rid)
+                    self._forget(rid)
                 continue
             state.text += out.new_texts[i]
             state.output_ids.extend(out.new_token_ids[i])
