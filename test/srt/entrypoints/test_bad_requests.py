@@ -104,6 +104,10 @@ BAD_REQUESTS = [
     row(COMPLETIONS, {"model": "no-such-model", "prompt": "Hello"}, 400, "model", "no-such-model",
         "completions-unknown-model"),
     row(CHAT, {"model": "no-such-model", "messages": MESSAGES}, 400, "model", "no-such-model", "chat-unknown-model"),
+    row(CHAT, {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}],
+               "tool_choice": {"type": "function"}}, 400, "tool_choice", '{"name": "..."}', "chat-tool-choice-no-function"),
+    row(CHAT, {"messages": MESSAGES, "tool_choice": "sometimes"}, 400, "tool_choice", '"none", "auto", "required"',
+        "chat-tool-choice-unknown-word"),
     # the native API
     row(GENERATE, {"text": "Hello", "sampling_params": {"repetition_penalty": 3}}, 400, "repetition_penalty",
         "(0, 2]", "native-repetition-penalty-3"),

@@ -235,6 +235,19 @@ class ChatCompletionRequest(_SamplingRequest):
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     parallel_tool_calls: Optional[bool] = True
 
+    @field_validator("tool_choice", mode="before")
+    @classmethod
+    def _tool_choice_shape(cls, value: Any) -> Any:
+        """One message naming the shapes allowed, not one per branch of the union."""
+        if value is None or isinstance(value, str) and value in ("none", "auto", "required"):
+            return value
+        function = value.get("function") if isinstance(value, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
+                or value.get("type", "function") != "function":
+            raise ValueError('tool_choice must be "none", "auto", "required" or '
+                             '{"type": "function", "function": {"name": "..."}}')
+        return value
+
     @field_validator("tool_choice")
     @classmethod
     def _tool_choice_names_a_tool(cls, value: Any, info) -> Any:
