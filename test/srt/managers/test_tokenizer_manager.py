@@ -184,3 +184,35 @@ def test_a_grammar_slow_to_parse_is_refused_by_name_while_the_event_loop_keeps_r
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
     assert max(gaps) < 0.2, max(gaps)
     assert len(quick) == 1 and quick[0].sampling_params.regex == "[a-z]+"
+
+
+def test_requests_repeating_a_grammar_being_parsed_share_its_check(tiny_model_paths, monkeypatch):
+    """Three requests with the same slow json_schema at once are refused by name, and take one
+    grammar-check thread between them, not all: a quick grammar sent next still parses in time."""
+    import pytest
+
+    from sglang.srt.errors import InvalidRequest
+    from sglang.srt.managers import tokenizer_manager
+
+    monkeypatch.setattr(tokenizer_manager, "CONSTRAINT_CHECK_TIMEOUT_S", 0.3)
+    slow = '{"type": "string", "pattern": "(ab|cd){1,4000}"}'  # about 2-3 s to parse on one core
+
+    async def run():
+        port_args = PortArgs.create()
+        tm = TokenizerManager(ServerArgs(model_path=tiny_model_paths["llama"], device="cpu"), port_args,
+                              {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8}, lambda: None)
+        try:
+            refused = await asyncio.gather(*[tm.tokenize_request(GenerateReqInput(
+                input_ids=[1, 2], sampling_params={"json_schema": slow})) for _ in range(3)], return_exceptions=True)
+            checks_running = len(tm.constraint_checks)
+            quick = await tm.tokenize_request(GenerateReqInput(input_ids=[1, 2], sampling_params={
+                "regex": "[a-z]+", "max_new_tokens": 4}))
+        finally:
+            await tm.close()
+            shutil.rmtree(port_args.ipc_dir, ignore_errors=True)
+        return refused, checks_running, quick
+
+    refused, checks_running, quick = asyncio.run(run())
+    assert all(isinstance(error, InvalidRequest) and error.param == "json_schema" for error in refused), refused
+    assert checks_running == 1
+    assert len(quick) == 1 and quick[0].sampling_params.regex == "[a-z]+"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -96,6 +97,9 @@ class TokenizerManager:
                                     longest_token_chars(self.tokenizer))
         self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="sglang-tokenize")
         self.constraint_pool = ThreadPoolExecutor(CONSTRAINT_CHECK_THREADS, thread_name_prefix="sglang-grammar-check")
+        # Grammar -> its check while it runs: requests repeating a grammar being parsed wait for that
+        # check instead of each taking a thread (a parse past the time limit runs on to its end).
+        self.constraint_checks: dict[tuple, asyncio.Future] = {}
         self.metrics = None
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import MetricsCollector  # only with --enable-metrics
@@ -159,18 +163,26 @@ class TokenizerManager:
         threads, within CONSTRAINT_CHECK_TIMEOUT_S; else InvalidRequest naming its field."""
         loop = asyncio.get_running_loop()
         distinct = {tuple(getattr(p, field) for field in CONSTRAINT_FIELDS): p for p in params if p.constrained}
-        for p in distinct.values():
+        for key, p in distinct.items():
             field = constraint_key(p)[0]
             started = time.perf_counter()
-            check = loop.run_in_executor(self.constraint_pool, check_constraint, p)
-            try:
-                await asyncio.wait_for(check, CONSTRAINT_CHECK_TIMEOUT_S)
+            check = self.constraint_checks.get(key)
+            if check is None:
+                check = self.constraint_checks[key] = loop.run_in_executor(self.constraint_pool, check_constraint, p)
+                check.add_done_callback(functools.partial(self._constraint_checked, key))
+            try:  # shielded: a request that gives up leaves the check to the others waiting for it
+                await asyncio.wait_for(asyncio.shield(check), CONSTRAINT_CHECK_TIMEOUT_S)
             except asyncio.TimeoutError:
                 logger.warning("refused a %s not parsed within %.0f s", field, time.perf_counter() - started)
                 raise InvalidRequest(f"{field} was not parsed within {CONSTRAINT_CHECK_TIMEOUT_S:.0f} s: simplify it "
                                      f"(large repetition counts such as {{1,10000}} and deep nesting expand into "
                                      f"many grammar rules), or retry if the server is parsing other large grammars",
                                      field) from None
+
+    def _constraint_checked(self, key: tuple, check: asyncio.Future) -> None:
+        self.constraint_checks.pop(key, None)
+        if not check.cancelled():
+            check.exception()  # retrieved: when every request waiting for it gave up, nobody else reads it
 
     async def _encode_all(self, prompts: list) -> list[list[int]]:
         num_chars = 0
