@@ -74,6 +74,35 @@ def test_retraction_under_kv_pressure_keeps_greedy_output(tiny_model_paths):
     assert_accounting(tight)
 
 
+def test_a_chunked_prompt_waiting_for_memory_is_not_replaced_by_the_next_prompts_chunk(tiny_model_paths):
+    """The last chunk of a chunked prompt also reserves KV for its output; when that does not fit
+    yet, the chunk waits for memory (here while the decoding request runs and is retracted). The
+    next queued prompt's first chunk, which needs no reserve and fits, must not be admitted in its
+    place: it became the chunked request, and the waiting one was dropped, never answered, its KV
+    held for good."""
+    path = tiny_model_paths["llama"]
+    results, waits = [], []
+    for max_total_tokens in (None, 130):
+        scheduler = make_scheduler(path, chunked_prefill_size=16, max_total_tokens=max_total_tokens)
+        scheduler.add_request(greedy_req("decoding", prompts(1, 16)[0], max_new_tokens=100))
+        scheduler.step()
+        scheduler.add_request(greedy_req("chunked", prompts(2, 48)[1], max_new_tokens=80))
+        scheduler.add_request(greedy_req("queued", prompts(3, 48)[2], max_new_tokens=10))
+        seen = []
+
+        def watch_chunk(step, scheduler):
+            chunked = scheduler.chunked_req
+            seen.append((chunked.rid, chunked.kv_len) if chunked is not None else None)
+
+        results.append(run_to_completion(scheduler, watch_chunk))
+        waits.append(sum(a == b is not None for a, b in zip(seen, seen[1:])))
+        assert_accounting(scheduler)
+    expected, got = results
+    assert waits[1] > 0, "the tight pool was meant to make the last chunk wait"
+    assert {rid: r["ids"] for rid, r in got.items()} == {rid: r["ids"] for rid, r in expected.items()}
+    assert all(r["reason"]["type"] == "length" for r in got.values())
+
+
 def test_request_larger_than_the_pool_is_rejected_not_hung(tiny_model_paths):
     scheduler = make_scheduler(tiny_model_paths["llama"], max_total_tokens=50)
     scheduler.add_request(greedy_req("big", prompts(1, 20)[0], max_new_tokens=40))

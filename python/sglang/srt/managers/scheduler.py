@@ -277,8 +277,10 @@ class Scheduler:
         adder = PrefillAdder(budget, self.kv_manager.available_tokens() - reserve, free_running,
                              running_reserve=reserve,
                              pass_fits=self.tp_worker.prefill_pass_fits if self._shape_passes() else None)
-        if self.chunked_req is not None:
-            adder.try_add(self.chunked_req, continuing_chunk=True)
+        # A chunk in progress goes first; while it waits for memory nobody else is admitted, since
+        # another prompt's first chunk would take its place as `chunked_req` and drop it, KV and all.
+        if self.chunked_req is not None and not adder.try_add(self.chunked_req, continuing_chunk=True):
+            return None
         # The running requests do not change while this step's admissions are decided: their
         # view is taken once, not once per admission (O(running) each).
         self._admission_view = spec_scheduling.running_view(self) if self.spec_k else None
