@@ -140,6 +140,19 @@ def test_a_chat_template_file_serves_chat_for_a_tokenizer_without_one(tiny_model
         shutil.rmtree(port_args.ipc_dir, ignore_errors=True)
 
 
+SLOW_SCHEMA = '{"type": "string", "pattern": "(ab|cd){1,4000}"}'  # about 2-3 s to parse on one core
+
+
+def grammar_check_manager(tiny_model_paths, monkeypatch) -> tuple[TokenizerManager, PortArgs]:
+    """A tokenizer manager whose grammar checks time out after 0.3 s (made inside the event loop)."""
+    from sglang.srt.managers import tokenizer_manager
+
+    monkeypatch.setattr(tokenizer_manager, "CONSTRAINT_CHECK_TIMEOUT_S", 0.3)
+    port_args = PortArgs.create()
+    return TokenizerManager(ServerArgs(model_path=tiny_model_paths["llama"], device="cpu"), port_args,
+                            {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8}, lambda: None), port_args
+
+
 def test_a_grammar_slow_to_parse_is_refused_by_name_while_the_event_loop_keeps_running(tiny_model_paths, monkeypatch):
     """A json_schema whose pattern takes seconds to expand is parsed on the grammar-check threads:
     the event loop keeps ticking meanwhile, and past the time limit the request is refused naming
@@ -147,15 +160,11 @@ def test_a_grammar_slow_to_parse_is_refused_by_name_while_the_event_loop_keeps_r
     import pytest
 
     from sglang.srt.errors import InvalidRequest
-    from sglang.srt.managers import tokenizer_manager
 
-    monkeypatch.setattr(tokenizer_manager, "CONSTRAINT_CHECK_TIMEOUT_S", 0.3)
-    slow = '{"type": "string", "pattern": "(ab|cd){1,4000}"}'  # about 2-3 s to parse on one core
+    slow = SLOW_SCHEMA
 
     async def run():
-        port_args = PortArgs.create()
-        tm = TokenizerManager(ServerArgs(model_path=tiny_model_paths["llama"], device="cpu"), port_args,
-                              {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8}, lambda: None)
+        tm, port_args = grammar_check_manager(tiny_model_paths, monkeypatch)
         ticks = []
 
         async def ticker():
@@ -189,21 +198,13 @@ def test_a_grammar_slow_to_parse_is_refused_by_name_while_the_event_loop_keeps_r
 def test_requests_repeating_a_grammar_being_parsed_share_its_check(tiny_model_paths, monkeypatch):
     """Three requests with the same slow json_schema at once are refused by name, and take one
     grammar-check thread between them, not all: a quick grammar sent next still parses in time."""
-    import pytest
-
     from sglang.srt.errors import InvalidRequest
-    from sglang.srt.managers import tokenizer_manager
-
-    monkeypatch.setattr(tokenizer_manager, "CONSTRAINT_CHECK_TIMEOUT_S", 0.3)
-    slow = '{"type": "string", "pattern": "(ab|cd){1,4000}"}'  # about 2-3 s to parse on one core
 
     async def run():
-        port_args = PortArgs.create()
-        tm = TokenizerManager(ServerArgs(model_path=tiny_model_paths["llama"], device="cpu"), port_args,
-                              {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8}, lambda: None)
+        tm, port_args = grammar_check_manager(tiny_model_paths, monkeypatch)
         try:
             refused = await asyncio.gather(*[tm.tokenize_request(GenerateReqInput(
-                input_ids=[1, 2], sampling_params={"json_schema": slow})) for _ in range(3)], return_exceptions=True)
+                input_ids=[1, 2], sampling_params={"json_schema": SLOW_SCHEMA})) for _ in range(3)], return_exceptions=True)
             checks_running = len(tm.constraint_checks)
             quick = await tm.tokenize_request(GenerateReqInput(input_ids=[1, 2], sampling_params={
                 "regex": "[a-z]+", "max_new_tokens": 4}))
