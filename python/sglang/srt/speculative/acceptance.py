@@ -15,6 +15,7 @@ SMALL_BATCH = 8  # record_verify updates batches up to this size element by elem
 # numpy's code is cold, its array operations cost a batch of 64 ~170 us against ~60 us.
 PYTHON_SUMS_UP_TO = 128
 MAX_PENDING_STEPS = 32  # steps whose per-request updates wait to be folded in, at most
+INITIAL_ROWS = 16  # request rows made at start; the table doubles when they run out
 
 
 class AcceptanceEstimator:
@@ -76,10 +77,10 @@ class AcceptanceEstimator:
         # rid -> row of _rates / _seen; a row is created when a request is first observed (from
         # then on its own data refine the pool's guess) and freed when it is forgotten.
         self._per_request: dict[str, int] = {}
-        self._free_rows: list[int] = list(range(15, -1, -1))  # popped from the end: row 0 first
+        self._free_rows: list[int] = list(range(INITIAL_ROWS - 1, -1, -1))  # popped from the end: row 0 first
         # A request's rates and observation counts share one row of _state (one gather and one
         # scatter per step); _rates and _seen are views of its halves.
-        self._state = np.zeros((16, 2 * k_max))
+        self._state = np.zeros((INITIAL_ROWS, 2 * k_max))
         self._rates, self._seen = self._state[:, :k_max], self._state[:, k_max:]
         # Per k_step: row n of each table is what a request that produced n tokens observed at
         # each 0-based position (1.0 where observed) and accepted (1.0 where accepted).
