@@ -23,8 +23,7 @@ def check_model_paths(server_args: ServerArgs) -> None:
                        f"--model-path {server_args.model_path}")
     if server_args.speculative_enabled:
         _check_model_dir("--speculative-draft-model-path", server_args.speculative_draft_model_path, need_config=True)
-        check_architecture(getattr(_read_config(server_args.speculative_draft_model_path), "architectures", None),
-                           True, f"--speculative-draft-model-path {server_args.speculative_draft_model_path}")
+        draft = _check_draft(server_args)
     if server_args.tokenizer_path != server_args.model_path:
         _check_model_dir("--tokenizer-path", server_args.tokenizer_path, need_config=False)
     if server_args.tp_size > 1:  # whether --tp-size can split the model(s), before any rank loads them
@@ -32,8 +31,20 @@ def check_model_paths(server_args: ServerArgs) -> None:
 
         check_shardable(_read_config(server_args.model_path), server_args.tp_size)
         if server_args.speculative_enabled:
-            check_shardable(_read_config(server_args.speculative_draft_model_path), server_args.tp_size,
-                            "the EAGLE-3 draft")
+            check_shardable(draft.config, server_args.tp_size, "the EAGLE-3 draft")
+
+
+def _check_draft(server_args: ServerArgs):
+    """The draft is a published EAGLE-3 layout we serve, made for this target (eagle3_formats)."""
+    from sglang.srt.model_loader.eagle3_formats import check_draft_fits_target, read_draft_layout
+
+    draft = read_draft_layout(server_args.speculative_draft_model_path)
+    target = _read_config(server_args.model_path)
+    try:
+        check_draft_fits_target(draft, target.num_hidden_layers, target.hidden_size, target.vocab_size)
+    except ValueError as e:
+        raise ValueError(f"--speculative-draft-model-path {server_args.speculative_draft_model_path}: {e}") from None
+    return draft
 
 
 def _read_config(path: str) -> types.SimpleNamespace:

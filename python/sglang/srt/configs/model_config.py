@@ -30,6 +30,12 @@ class ModelConfig:
         cls, path: str, dtype: str = "auto", device: str = "cpu", context_length: Optional[int] = None
     ) -> "ModelConfig":
         hf_config = load_hf_config(path)
+        return cls.from_hf_config(path, hf_config, resolve_dtype(dtype, hf_config, device), context_length)
+
+    @classmethod
+    def from_hf_config(cls, path: str, hf_config, dtype: torch.dtype,
+                       context_length: Optional[int] = None) -> "ModelConfig":
+        """From a config already read (an EAGLE-3 draft's is normalised from its published layout)."""
         architectures = getattr(hf_config, "architectures", None) or []
         if not architectures:
             raise ValueError(f"{path}/config.json names no architecture ('architectures' is missing)")
@@ -45,7 +51,7 @@ class ModelConfig:
             path=path,
             hf_config=hf_config,
             architecture=architectures[0],
-            dtype=resolve_dtype(dtype, hf_config, device),
+            dtype=dtype,
             context_len=context_length or max_pos,
             vocab_size=hf_config.vocab_size,
             hidden_size=hf_config.hidden_size,

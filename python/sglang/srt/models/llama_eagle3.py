@@ -5,6 +5,11 @@ The hidden input of a token is fc(the target's three aux hidden states) when it 
 target (DRAFT_EXTEND, EXTEND) or the draft's own previous output in a chain step (DECODE). The
 layer's residual stream starts from that hidden input, not from the embedding. The output before
 the final norm is returned for every token: it is the next chain step's hidden input.
+
+Published variants it computes, flagged on the config by model_loader.eagle3_formats (which reads
+every published layout into this one): `norm_before_residual` (the residual stream starts from
+hidden_norm(hidden)), `norm_before_fc` (an RMSNorm over the 3 concatenated aux states before fc),
+`fc_bias`, `qkv_bias` / `o_bias` (attention biases) and `qk_norm` (Qwen3's per-head q/k RMSNorm).
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from sglang.srt.models.weight_loading import FusedShard, llama_fused_shards, loa
 # because the target's are shared.
 _VOCAB_MAP_WEIGHTS = ("d2t", "t2d")
 _SHAREABLE_WEIGHTS = ("embed_tokens.weight", "lm_head.weight")
-_UNSUPPORTED_FLAGS = ("norm_before_fc", "fc_norm")
+_UNSUPPORTED_FLAGS = ("fc_norm",)
 
 
 def default_aux_layer_ids(num_target_layers: int) -> list[int]:
@@ -45,14 +50,21 @@ def canonical_weight_name(name: str) -> str:
     return name
 
 
+def _flag(config, name: str) -> bool:
+    return bool(getattr(config, name, False))
+
+
 class Eagle3DecoderLayer(nn.Module):
     def __init__(self, config, rotary_emb: RotaryEmbedding):
         super().__init__()
         hidden = config.hidden_size
-        self.self_attn = LlamaAttention(config, 0, ArchOptions(), rotary_emb)
+        opts = ArchOptions(qkv_bias=_flag(config, "qkv_bias"), o_bias=_flag(config, "o_bias"),
+                           qk_norm=_flag(config, "qk_norm"))
+        self.self_attn = LlamaAttention(config, 0, opts, rotary_emb)
         # q, k and v read [embedding ; hidden]: twice the hidden width.
         attn = self.self_attn
-        attn.qkv_proj = Linear(2 * hidden, attn.q_size + 2 * attn.kv_size, bias=False)
+        attn.qkv_proj = Linear(2 * hidden, attn.q_size + 2 * attn.kv_size, bias=opts.qkv_bias)
+        self.norm_before_residual = _flag(config, "norm_before_residual")
         self.mlp = LlamaMLP(hidden, config.intermediate_size)
         self.input_layernorm = RMSNorm(hidden, config.rms_norm_eps)
         self.hidden_norm = RMSNorm(hidden, config.rms_norm_eps)
@@ -60,9 +72,11 @@ class Eagle3DecoderLayer(nn.Module):
 
     def forward(self, positions, embeds, hidden, forward_batch: ForwardBatch):
         """Returns (the MLP output, the residual stream before it); their sum is the layer output."""
-        attn_input = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)
+        normed_hidden = self.hidden_norm(hidden)
+        attn_input = torch.cat([self.input_layernorm(embeds), normed_hidden], dim=-1)
         # Not the fused norm: `hidden` may be the caller's tensor, which that kernel writes into.
-        residual = hidden + self.self_attn(positions, attn_input, forward_batch)
+        stream = normed_hidden if self.norm_before_residual else hidden
+        residual = stream + self.self_attn(positions, attn_input, forward_batch)
         return self.mlp(self.post_attention_layernorm(residual)), residual
 
 
@@ -82,7 +96,10 @@ class LlamaForCausalLMEagle3(nn.Module):
         self.aux_layer_ids: list[int] | None = eagle_config.get("eagle_aux_hidden_state_layer_ids")
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         rotary_emb = RotaryEmbedding(head_dim, config.max_position_embeddings, rope_parameters(config))
-        self.fc = Linear(3 * self.target_hidden_size, self.hidden_size, bias=False)
+        self.fc = Linear(3 * self.target_hidden_size, self.hidden_size, bias=_flag(config, "fc_bias"))
+        # norm_before_fc: one RMSNorm over the three concatenated aux states, fc's input only.
+        self.input_norm = RMSNorm(3 * self.target_hidden_size, config.rms_norm_eps) \
+            if _flag(config, "norm_before_fc") else None
         self.midlayer = Eagle3DecoderLayer(config, rotary_emb)
         self.norm = RMSNorm(self.hidden_size, config.rms_norm_eps)
         # Set by load_weights from the checkpoint, or by share_target_weights from the target.
@@ -108,6 +125,8 @@ class LlamaForCausalLMEagle3(nn.Module):
             raise ValueError("the EAGLE-3 draft needs forward_batch.spec_hidden_states")
         width = spec_hidden_states.shape[-1]
         if width == self.fc.in_features:
+            if self.input_norm is not None:
+                spec_hidden_states = self.input_norm(spec_hidden_states)
             return self.fc(spec_hidden_states)
         if width == self.hidden_size:
             return spec_hidden_states

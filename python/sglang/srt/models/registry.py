@@ -14,6 +14,8 @@ _MODELS = {
 
 
 DRAFT_ARCHITECTURES = ("LlamaForCausalLMEagle3",)  # served only as --speculative-draft-model-path
+# Published draft configs read into LlamaForCausalLMEagle3 (model_loader.eagle3_formats), not model classes.
+PUBLISHED_DRAFT_ARCHITECTURES = ("Eagle3Speculator", "Eagle3DraftModel")
 
 
 def supported_architectures(draft: bool | None = None) -> list[str]:
@@ -29,7 +31,7 @@ def check_architecture(architectures, draft: bool, where: str) -> None:
     if name not in allowed:
         role = "an EAGLE-3 draft" if draft else "a model to serve"
         hint = " (it is an EAGLE-3 draft: pass it as --speculative-draft-model-path)" if (
-            not draft and name in DRAFT_ARCHITECTURES) else ""
+            not draft and name in DRAFT_ARCHITECTURES + PUBLISHED_DRAFT_ARCHITECTURES) else ""
         raise ValueError(f"{where}: config.json names architecture {name!r}, which is not supported as {role}"
                          f"{hint}; supported: {', '.join(allowed)}")
 

@@ -38,6 +38,7 @@ from sglang.srt.distributed.parallel_state import kv_heads_per_rank, tensor_para
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.managers.tp_worker import GenerationBatchResult, HostCopies, TpModelWorker
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.model_loader.eagle3_formats import draft_model_config
 from sglang.srt.model_loader.loader import weight_bytes
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes, maybe_prefill_graph_runner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
@@ -83,9 +84,8 @@ class EAGLEWorkerV2(TpModelWorker):
         self.device = server_args.device
         self.model_config = model_config
         self.k = server_args.speculative_num_steps
-        draft_config = ModelConfig.from_path(server_args.speculative_draft_model_path, server_args.dtype,
-                                             self.device)
-        _check_pair(model_config, draft_config)
+        draft_config = draft_model_config(server_args.speculative_draft_model_path, server_args.dtype, self.device,
+                                          model_config)
         # Verify and chain positions can run up to k past a request's last kept token: give both
         # rotary tables and the request table that margin.
         margin = MAX_SPECULATIVE_STEPS + 1
@@ -584,16 +584,3 @@ def _graph_sampling(reqs) -> bool:
     no penalty (the graphs apply neither); other batches run eagerly."""
     return all(req.sampling_params.is_greedy and not req.sampling_params.logit_bias
                and not req.sampling_params.penalized for req in reqs)
-
-
-def _check_pair(target: ModelConfig, draft: ModelConfig) -> None:
-    if draft.architecture != "LlamaForCausalLMEagle3":
-        raise ValueError(f"--speculative-draft-model-path {draft.path} is a {draft.architecture}; EAGLE-3 "
-                         "needs a LlamaForCausalLMEagle3 checkpoint")
-    if draft.vocab_size != target.vocab_size:
-        raise ValueError(f"the draft's vocab_size ({draft.vocab_size}) differs from the target's "
-                         f"({target.vocab_size}): it was made for another model")
-    target_hidden = getattr(draft.hf_config, "target_hidden_size", None) or draft.hidden_size
-    if target_hidden != target.hidden_size:
-        raise ValueError(f"the draft expects target hidden size {target_hidden}, the target has "
-                         f"{target.hidden_size}: it was made for another model")
