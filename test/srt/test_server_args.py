@@ -324,3 +324,81 @@ def test_a_feature_may_keep_its_flags_in_a_group_of_its_own(capsys):
     http = text.index("HTTP server:")
     assert http < text.index("--port PORT", http) < text.index("structured outputs:")
     assert "--grammar-backend GRAMMAR_BACKEND" in text and "(default: xgrammar)" in text
+
+
+@pytest.mark.parametrize("argv, fields", [
+    (["--dtype", "half"], {"dtype": "half"}),
+    (["--dtype", "float"], {"dtype": "float"}),
+    (["--trust-remote-code"], {"trust_remote_code": True}),
+    (["--tokenizer-mode", "slow"], {"tokenizer_mode": "slow"}),
+    (["--max-prefill-tokens", "4096"], {"max_prefill_tokens": 4096}),
+    (["--stream-interval", "8"], {"stream_interval": 8}),
+    (["--log-requests", "--log-requests-level", "3"], {"log_requests": True, "log_requests_level": 3}),
+    (["--watchdog-timeout", "600"], {"watchdog_timeout": 600.0}),
+    (["--kv-cache-dtype", "auto"], {"kv_cache_dtype": "auto"}),
+    (["--tp", "1", "--dp", "1"], {"tp_size": 1, "dp_size": 1}),  # upstream's short names (argparse abbreviations)
+], ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+def test_upstream_flags_with_a_meaning_here_parse(argv, fields):
+    assert prepare_server_args(["--model-path", MODEL, *argv]) == ServerArgs(model_path=MODEL, **fields)
+
+
+def test_upstream_dtype_aliases_resolve_to_their_dtypes():
+    from sglang.srt.configs.model_config import ModelConfig
+
+    assert ModelConfig.from_path(MODEL, "half").dtype == torch.float16
+    assert ModelConfig.from_path(MODEL, "float").dtype == torch.float32
+
+
+@pytest.mark.parametrize("argv, names", [
+    (["--attention-backend", "fa3"], ["--attention-backend fa3", "triton", "torch_native"]),
+    (["--attention-backend", "flashinfer"], ["--attention-backend flashinfer", "triton", "torch_native"]),
+    (["--enable-torch-compile"], ["--enable-torch-compile", "CUDA graphs"]),
+    (["--sampling-backend", "flashinfer"], ["--sampling-backend", "own kernels"]),
+    (["--enable-mixed-chunk"], ["--enable-mixed-chunk", "--chunked-prefill-size"]),
+    (["--quantization", "fp8"], ["--quantization", "not served yet"]),
+    (["--quantization=awq"], ["--quantization", "not served yet"]),
+    (["--kv-cache-dtype", "fp8_e4m3"], ["--kv-cache-dtype fp8_e4m3", "FP8 KV cache is not served yet", "auto"]),
+    (["--kv-cache-dtype", "fp8_e5m2"], ["--kv-cache-dtype fp8_e5m2", "auto"]),
+    (["--enable-lora"], ["--enable-lora", "LoRA"]),
+])
+def test_refused_upstream_flags_fail_in_a_line_or_two_naming_the_flag_and_what_to_use(capsys, argv, names):
+    err = parse_error(capsys, argv)
+    assert len(err.strip().splitlines()) <= 2 and "usage:" not in err, err
+    for name in names:
+        assert name in err, (name, err)
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["--max-prefil-tokens", "4"], "did you mean --max-prefill-tokens?"),
+    (["--no-such-flag"], ""),
+])
+def test_an_unknown_flag_is_named_with_the_nearest_known_flag_and_a_pointer_to_help(capsys, argv, hint):
+    err = parse_error(capsys, argv)
+    lines = err.strip().splitlines()
+    assert len(lines) == 2 and "usage:" not in err, err
+    assert f"unknown flag {argv[0]}" in lines[0] and hint in lines[0] and "--help" in lines[1], err
+    if not hint:
+        assert "did you mean" not in err
+
+
+def test_the_dp_launcher_gives_the_same_short_errors(capsys):
+    from sglang.srt.entrypoints.replicas import parse_launch_args
+
+    for argv, expected in ((["--max-prefil-tokens", "4"], "did you mean --max-prefill-tokens?"),
+                           (["--enable-torch-compile"], "CUDA graphs")):
+        with pytest.raises(SystemExit) as exc:
+            parse_launch_args(["--model-path", MODEL, *argv])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and expected in err and "usage:" not in err, err
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("max_prefill_tokens", 0, "--max-prefill-tokens must be a positive integer"),
+    ("stream_interval", 0, "--stream-interval must be a positive integer"),
+    ("watchdog_timeout", 0, "--watchdog-timeout must be > 0"),
+    ("log_requests_level", 4, "--log-requests-level must be one of 0, 1, 2, 3"),
+    ("tokenizer_mode", "fast", "--tokenizer-mode must be one of auto, slow"),
+])
+def test_bad_values_of_the_upstream_flags_are_named(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        ServerArgs(model_path=MODEL, **{field: value})

@@ -7,19 +7,19 @@ import argparse
 
 # --help groups, as upstream SGLang groups its flags; a flag in no group shows under "other".
 HELP_GROUPS = {
-    "model and tokenizer": ("--model-path", "--tokenizer-path", "--dtype", "--load-format", "--device",
-                            "--context-length"),
+    "model and tokenizer": ("--model-path", "--tokenizer-path", "--tokenizer-mode", "--trust-remote-code",
+                            "--dtype", "--kv-cache-dtype", "--load-format", "--device", "--context-length"),
     "HTTP server": ("--host", "--port", "--served-model-name", "--api-key", "--max-queued-requests",
                     "--skip-server-warmup", "--max-payload-size", "--max-sequences-per-request",
-                    "--max-stop-strings", "--max-stop-str-len", "--sampling-defaults"),
+                    "--max-stop-strings", "--max-stop-str-len", "--sampling-defaults", "--stream-interval"),
     "memory": ("--mem-fraction-static", "--max-total-tokens", "--disable-radix-cache"),
-    "scheduling": ("--max-running-requests", "--chunked-prefill-size", "--admission-batch-steps",
-                   "--schedule-policy", "--random-seed"),
+    "scheduling": ("--max-running-requests", "--chunked-prefill-size", "--max-prefill-tokens",
+                   "--admission-batch-steps", "--schedule-policy", "--random-seed", "--watchdog-timeout"),
     "kernels and CUDA graphs": ("--attention-backend", "--disable-overlap-schedule", "--disable-cuda-graph",
                                 "--cuda-graph-max-bs", "--cuda-graph-bs", "--prefill-cuda-graph-max-tokens"),
     "parallelism": ("--tp-size", "--dp-size", "--base-gpu-id"),
     "speculative decoding": ("--speculative-*", "--disable-speculative-step-graph"),
-    "logging": ("--log-level", "--gc-warning-threshold-secs"),
+    "logging": ("--log-level", "--log-requests", "--log-requests-level", "--gc-warning-threshold-secs"),
     "metrics": ("--enable-metrics",),
 }
 

@@ -15,8 +15,15 @@ from typing import Optional
 from sglang.srt.cli_help import DefaultsHelpFormatter
 from sglang.srt.model_paths import check_model_paths
 from sglang.srt.port_args import PortArgs  # noqa: F401  (re-exported: upstream's import path)
+from sglang.srt.server_args_refused import ATTENTION_BACKEND_ALTERNATIVE, LaunchArgumentParser
 
-DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
+# "half" and "float" are upstream's aliases of float16 and float32.
+DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "half", "float")
+KV_CACHE_DTYPE_CHOICES = ("auto",)  # the KV cache takes the model's dtype
+TOKENIZER_MODE_CHOICES = ("auto", "slow")
+# --log-requests-level: 0 ids and token counts, 1 also sampling parameters, 2 also the input and
+# output text cut to LOG_REQUESTS_TEXT_CHARS, 3 all of it.
+LOG_REQUESTS_LEVEL_CHOICES = (0, 1, 2, 3)
 LOAD_FORMAT_CHOICES = ("auto", "safetensors", "pt", "dummy")
 DEVICE_CHOICES = ("cuda", "cpu")
 SCHEDULE_POLICY_CHOICES = ("fcfs", "lpm")
@@ -51,7 +58,10 @@ def _default_device() -> str:
 class ServerArgs:
     model_path: Optional[str] = None  # None: the demo code model shipped in sglang/demo
     tokenizer_path: Optional[str] = None
+    tokenizer_mode: str = "auto"
+    trust_remote_code: bool = False
     dtype: str = "auto"
+    kv_cache_dtype: str = "auto"
     load_format: str = "auto"
     device: Optional[str] = None
     context_length: Optional[int] = None
@@ -59,12 +69,15 @@ class ServerArgs:
     max_total_tokens: Optional[int] = None
     max_running_requests: Optional[int] = None
     chunked_prefill_size: int = 8192
+    max_prefill_tokens: int = 16384  # upstream's default
     admission_batch_steps: int = 4
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
     random_seed: int = 42
     attention_backend: Optional[str] = None
     log_level: str = "info"
+    log_requests: bool = False
+    log_requests_level: int = 2
     gc_warning_threshold_secs: float = 0.0  # log a garbage-collector pause this long or longer (0: none)
     served_model_name: Optional[str] = None
     host: str = "127.0.0.1"
@@ -83,6 +96,8 @@ class ServerArgs:
     max_stop_strings: int = 32
     max_stop_str_len: int = 256  # characters
     enable_metrics: bool = False
+    stream_interval: int = 1  # output tokens per streamed chunk (the last chunk may hold fewer)
+    watchdog_timeout: float = 300.0  # seconds one scheduler step may take before the server exits
     skip_server_warmup: bool = False
     disable_cuda_graph: bool = False
     disable_overlap_schedule: bool = False
@@ -166,19 +181,27 @@ class ServerArgs:
         return self.speculative_algorithm is not None
 
     @property
+    def prefill_token_budget(self) -> int:
+        """Prompt tokens one prefill step takes, over all its requests (a longer prompt is chunked)."""
+        return min(self.chunked_prefill_size, self.max_prefill_tokens)
+
+    @property
     def prefill_pass_tokens(self) -> int:
-        """New tokens that fill one prefill pass: the largest prefill graph's, or the chunk size."""
+        """New tokens that fill one prefill pass: the largest prefill graph's, or the step's budget."""
         if self.prefill_cuda_graph_max_tokens > 0:
-            return min(self.prefill_cuda_graph_max_tokens, self.chunked_prefill_size)
-        return self.chunked_prefill_size
+            return min(self.prefill_cuda_graph_max_tokens, self.prefill_token_budget)
+        return self.prefill_token_budget
 
     def check(self) -> None:
         _check_choice("--dtype", self.dtype, DTYPE_CHOICES)
         _check_choice("--load-format", self.load_format, LOAD_FORMAT_CHOICES)
         _check_choice("--device", self.device, DEVICE_CHOICES)
         _check_choice("--schedule-policy", self.schedule_policy, SCHEDULE_POLICY_CHOICES)
-        _check_choice("--attention-backend", self.attention_backend, ATTENTION_BACKEND_CHOICES)
+        if self.attention_backend not in ATTENTION_BACKEND_CHOICES:
+            raise ValueError(f"--attention-backend {self.attention_backend} is not available here: "
+                             f"{ATTENTION_BACKEND_ALTERNATIVE}")
         _check_choice("--log-level", self.log_level, LOG_LEVEL_CHOICES)
+        self._check_upstream_extras()
         if not self.gc_warning_threshold_secs >= 0:
             raise ValueError(f"--gc-warning-threshold-secs must be >= 0 (0 logs no pause), got "
                              f"{self.gc_warning_threshold_secs}")
@@ -229,6 +252,19 @@ class ServerArgs:
             if self.tp_size > visible:
                 raise ValueError(f"--tp-size {self.tp_size} needs {self.tp_size} GPUs, one per rank; "
                                  f"{visible} {'is' if visible == 1 else 'are'} visible")
+
+    def _check_upstream_extras(self) -> None:
+        """The upstream flags of the model, logging and streaming that have a meaning here."""
+        _check_choice("--tokenizer-mode", self.tokenizer_mode, TOKENIZER_MODE_CHOICES)
+        if str(self.kv_cache_dtype).startswith("fp8"):
+            raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype}: an FP8 KV cache is not served yet; use auto "
+                             "(the KV cache takes the model's dtype)")
+        _check_choice("--kv-cache-dtype", self.kv_cache_dtype, KV_CACHE_DTYPE_CHOICES)
+        _check_choice("--log-requests-level", self.log_requests_level, LOG_REQUESTS_LEVEL_CHOICES)
+        _check_positive("--max-prefill-tokens", self.max_prefill_tokens)
+        _check_positive("--stream-interval", self.stream_interval)
+        if not self.watchdog_timeout > 0:
+            raise ValueError(f"--watchdog-timeout must be > 0 seconds, got {self.watchdog_timeout}")
 
     def _check_structured_outputs(self) -> None:
         _check_choice("--grammar-backend", self.grammar_backend, GRAMMAR_BACKEND_CHOICES)
@@ -357,7 +393,7 @@ def _replicas_per_gpu(num_gpus_asked: int, device: str) -> int:
 
 def _check_choice(flag: str, value, choices) -> None:
     if value not in choices:
-        raise ValueError(f"{flag} must be one of {', '.join(choices)}; got {value!r}")
+        raise ValueError(f"{flag} must be one of {', '.join(map(str, choices))}; got {value!r}")
 
 
 def _check_positive(flag: str, value) -> None:
@@ -367,11 +403,13 @@ def _check_positive(flag: str, value) -> None:
 
 def prepare_server_args(argv: list[str]) -> ServerArgs:
     """Parses and checks the flags; a bad setting exits with one line naming it, before anything loads."""
-    parser = argparse.ArgumentParser(prog="python -m sglang.launch_server", formatter_class=DefaultsHelpFormatter,
-                                     description="Serve a model over HTTP with SGLang's native and "
-                                                 "OpenAI-compatible APIs.")
+    parser = LaunchArgumentParser(prog="python -m sglang.launch_server", formatter_class=DefaultsHelpFormatter,
+                                  description="Serve a model over HTTP with SGLang's native and "
+                                              "OpenAI-compatible APIs.")
     ServerArgs.add_cli_args(parser)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.unknown_flags(unknown)
     try:
         server_args = ServerArgs.from_cli_args(args)
         check_model_paths(server_args)

@@ -13,15 +13,19 @@ from sglang.srt.server_args import (
     DRAFT_SYNC_CHOICES,
     DTYPE_CHOICES,
     GRAMMAR_BACKEND_CHOICES,
+    KV_CACHE_DTYPE_CHOICES,
+    LOG_REQUESTS_LEVEL_CHOICES,
     LOAD_FORMAT_CHOICES,
     LOG_LEVEL_CHOICES,
     MAX_SPECULATIVE_STEPS,
     SAMPLING_DEFAULTS_CHOICES,
     SCHEDULE_POLICY_CHOICES,
     SPECULATIVE_ALGORITHM_CHOICES,
+    TOKENIZER_MODE_CHOICES,
     TOOL_CALL_PARSER_CHOICES,
     ServerArgs,
 )
+from sglang.srt.server_args_refused import ATTENTION_BACKEND_ALTERNATIVE
 
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(ServerArgs)}
 
@@ -47,9 +51,20 @@ def _add_model_args(parser: HelpGroups) -> None:
                              "as 'sglang-demo-code'.")
     parser.add_argument("--tokenizer-path", type=str, default=None,
                         help="Tokenizer directory; defaults to --model-path.")
+    parser.add_argument("--tokenizer-mode", type=str, default=_DEFAULTS["tokenizer_mode"],
+                        choices=TOKENIZER_MODE_CHOICES,
+                        help="auto: the fast (Rust) tokenizer; slow: the Python one where transformers has it "
+                             "(transformers 5 loads only fast tokenizers: slow then logs a warning).")
+    parser.add_argument("--trust-remote-code", action="store_true",
+                        help="Let transformers run Python files of the model directory that define its config "
+                             "and tokenizer classes (the model itself runs on this engine's own layers).")
     parser.add_argument("--dtype", type=str, default=_DEFAULTS["dtype"], choices=DTYPE_CHOICES,
                         help="Weight and activation dtype; 'auto' takes the checkpoint's 16-bit dtype "
-                             "(bfloat16 on CUDA and float32 on CPU for a float32 checkpoint).")
+                             "(bfloat16 on CUDA and float32 on CPU for a float32 checkpoint). 'half' and "
+                             "'float' are float16 and float32.")
+    parser.add_argument("--kv-cache-dtype", type=str, default=_DEFAULTS["kv_cache_dtype"],
+                        help=f"KV cache dtype: {', '.join(KV_CACHE_DTYPE_CHOICES)} (the model's dtype); "
+                             "an FP8 KV cache (fp8_e4m3, fp8_e5m2) is not served yet.")
     parser.add_argument("--load-format", type=str, default=_DEFAULTS["load_format"], choices=LOAD_FORMAT_CHOICES,
                         help="How to read the weights: 'auto' takes *.safetensors, else pytorch_model*.bin; "
                              "'safetensors' / 'pt' only those; 'dummy' reads none and draws random weights "
@@ -71,6 +86,9 @@ def _add_runtime_args(parser: HelpGroups) -> None:
                         help="Maximum number of requests decoded together. Default: derived from the KV pool's size.")
     parser.add_argument("--chunked-prefill-size", type=int, default=_DEFAULTS["chunked_prefill_size"],
                         help="Maximum prompt tokens prefilled in one step; longer prompts are chunked.")
+    parser.add_argument("--max-prefill-tokens", type=int, default=_DEFAULTS["max_prefill_tokens"],
+                        help="Most prompt tokens one prefill step takes over all its requests; with "
+                             "--chunked-prefill-size, the smaller of the two bounds a step.")
     parser.add_argument("--admission-batch-steps", type=int, default=_DEFAULTS["admission_batch_steps"],
                         help="While requests decode, prefill passes are shaped to the prefill CUDA graphs: a "
                              "pass takes no more requests than a graph does (unless eager launches beat the "
@@ -86,11 +104,23 @@ def _add_runtime_args(parser: HelpGroups) -> None:
                         help="Do not reuse the KV of shared prompt prefixes.")
     parser.add_argument("--random-seed", type=int, default=_DEFAULTS["random_seed"],
                         help="Seed for requests that do not give sampling_seed.")
-    parser.add_argument("--attention-backend", type=str, default=None, choices=ATTENTION_BACKEND_CHOICES,
-                        help="Attention kernels: triton (default on CUDA) or torch_native (the reference; "
-                             "default on CPU).")
+    parser.add_argument("--attention-backend", type=str, default=None,
+                        help=f"Attention kernels: {' or '.join(ATTENTION_BACKEND_CHOICES)}; triton is the default "
+                             "on CUDA, torch_native (the reference) on CPU. Upstream's other backends (fa3, "
+                             f"flashinfer, ...) are refused: {ATTENTION_BACKEND_ALTERNATIVE}.")
     parser.add_argument("--log-level", type=str, default=_DEFAULTS["log_level"], choices=LOG_LEVEL_CHOICES,
                         help="Logging level of every server process.")
+    parser.add_argument("--log-requests", action="store_true",
+                        help="Log each request as it arrives and as it finishes (shown whatever --log-level), "
+                             "with the detail of --log-requests-level.")
+    parser.add_argument("--log-requests-level", type=int, default=_DEFAULTS["log_requests_level"],
+                        choices=LOG_REQUESTS_LEVEL_CHOICES,
+                        help="With --log-requests: 0 ids and token counts; 1 also the sampling parameters; "
+                             "2 also the input and output, cut to 2048 characters each; 3 all of them.")
+    parser.add_argument("--watchdog-timeout", type=float, default=_DEFAULTS["watchdog_timeout"],
+                        help="Seconds one scheduler step may run; a scheduler stuck longer exits with an error "
+                             "naming the watchdog, its stack is dumped, and the server fails its requests "
+                             "and exits non-zero.")
     parser.add_argument("--gc-warning-threshold-secs", type=float, default=_DEFAULTS["gc_warning_threshold_secs"],
                         help="Log a warning when Python's garbage collector pauses a server process this many "
                              "seconds or longer (default 0: no warning). Objects made at start-up are frozen out "
@@ -149,6 +179,10 @@ def _add_api_args(parser: HelpGroups) -> None:
                         help="Most stop strings one request may give; more get HTTP 400.")
     parser.add_argument("--max-stop-str-len", type=int, default=_DEFAULTS["max_stop_str_len"],
                         help="Longest stop string in characters; a longer one gets HTTP 400.")
+    parser.add_argument("--stream-interval", type=int, default=_DEFAULTS["stream_interval"],
+                        help="Output tokens per streamed chunk: a streaming request gets a chunk once this many "
+                             "new tokens are ready, and a last one when it finishes. Larger values cost the "
+                             "server less per token.")
     parser.add_argument("--enable-metrics", action="store_true",
                         help="Serve Prometheus metrics at /metrics.")
     parser.add_argument("--skip-server-warmup", action="store_true",

@@ -83,6 +83,47 @@ def test_killed_scheduler_fails_waiting_clients_and_the_server_exits(tiny_model_
     assert srv.leftover_files() == []
 
 
+# Run as `python -m hanging_scheduler`: the spawned server processes import it again (as their
+# __mp_main__), so the scheduler process's step hangs on the request whose rid is "stuck".
+HANGING_SCHEDULER = '''import sys
+import time
+
+from sglang.srt.managers import scheduler
+
+_step = scheduler.Scheduler.step
+
+
+def step(self):
+    if any(req.rid == "stuck" for req in self.waiting_queue):
+        time.sleep(3600)
+    return _step(self)
+
+
+scheduler.Scheduler.step = step
+
+if __name__ == "__main__":
+    from sglang.srt.entrypoints.http_server import main
+
+    main(sys.argv[1:])
+'''
+
+
+def test_a_scheduler_stuck_in_a_step_trips_the_watchdog_and_the_server_exits(tiny_model_paths, tmp_path,
+                                                                            monkeypatch):
+    (tmp_path / "hanging_scheduler.py").write_text(HANGING_SCHEDULER)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    srv = ServerProcess(tiny_model_paths["llama"], "--watchdog-timeout", "2", module="hanging_scheduler")
+    sent_at = time.monotonic()
+    response = httpx.post(f"{srv.base_url}/generate", json={"text": "Hello", "rid": "stuck"}, timeout=30)
+    assert response.status_code == 500 and "watchdog" in response.json()["error"]["message"], response.text
+    assert time.monotonic() - sent_at < 10
+    srv.proc.wait(timeout=15)
+    assert srv.proc.returncode != 0
+    log = srv.output()
+    assert "scheduler watchdog" in log and "--watchdog-timeout" in log and "hanging_scheduler.py" in log, log[-3000:]
+    assert srv.wait_children_gone() == []
+
+
 def _poll_until_not_healthy(base_url: str, deadline: float):
     while time.monotonic() < deadline:
         try:

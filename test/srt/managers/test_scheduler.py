@@ -488,3 +488,52 @@ def test_decode_log_line_reads_the_throughput_of_its_window_without_idle_time(ti
     line = next(r.getMessage() for r in caplog.records if "Decode batch." in r.getMessage())
     window = 4 * interval / (0.01 * (interval - 1) + 1.0)
     assert f"gen throughput (token/s): {window:.2f}," in line, line
+
+
+def _prefill_token_counts(scheduler: Scheduler) -> list[int]:
+    """The prompt tokens of each prefill step the scheduler launches, recorded as it launches them."""
+    counts = []
+    forward = scheduler.tp_worker.forward_batch_generation
+
+    def recording(batch):
+        if not batch.forward_mode.is_decode():
+            counts.append(sum(req.extend_len for req in batch.reqs))
+        return forward(batch)
+
+    scheduler.tp_worker.forward_batch_generation = recording
+    return counts
+
+
+def test_max_prefill_tokens_caps_the_prompt_tokens_of_one_prefill_step(tiny_model_paths):
+    """Upstream's --max-prefill-tokens: four 15-token prompts, 60 tokens, fill one step by default;
+    under a cap of 40 no step takes more (the third prompt is chunked) and the outputs are the same."""
+    outputs, steps = {}, {}
+    for cap in (None, 40):
+        scheduler = make_scheduler(tiny_model_paths["llama"], admission_batch_steps=0,
+                                   **({"max_prefill_tokens": cap} if cap else {}))
+        steps[cap] = _prefill_token_counts(scheduler)
+        for i, ids in enumerate(prompts(4)):
+            scheduler.add_request(greedy_req(f"r{i}", ids, max_new_tokens=6))
+        outputs[cap] = {rid: r["ids"] for rid, r in run_to_completion(scheduler).items()}
+        assert_accounting(scheduler)
+    assert steps[None] == [60]
+    assert max(steps[40]) <= 40 and sum(steps[40]) == 60 and steps[40][0] == 40, steps[40]
+    assert outputs[40] == outputs[None]
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_stream_interval_sends_a_streaming_requests_tokens_n_at_a_time_and_the_last_ones(tiny_model_paths,
+                                                                                          overlap):
+    chunks = {}
+    for interval in (1, 4):
+        scheduler = make_scheduler(tiny_model_paths["llama"], stream_interval=interval,
+                                   disable_overlap_schedule=not overlap)
+        request = greedy_req("streamed", prompts(1)[0], max_new_tokens=10)
+        scheduler.add_request(dataclasses.replace(request, stream=True))
+        sizes = []
+        while scheduler.has_work():
+            out = scheduler.step()
+            sizes += [len(ids) for ids in (out.new_token_ids if out else ())]
+        chunks[interval] = sizes
+    assert chunks[1] == [1] * 10
+    assert chunks[4] == [4, 4, 2]

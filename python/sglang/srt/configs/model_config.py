@@ -8,7 +8,9 @@ from typing import Any, Optional
 
 import torch
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# --dtype's names; "half" and "float" are upstream's aliases.
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "half": torch.float16, "float": torch.float32}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,9 +29,10 @@ class ModelConfig:
 
     @classmethod
     def from_path(
-        cls, path: str, dtype: str = "auto", device: str = "cpu", context_length: Optional[int] = None
+        cls, path: str, dtype: str = "auto", device: str = "cpu", context_length: Optional[int] = None,
+        trust_remote_code: bool = False,
     ) -> "ModelConfig":
-        hf_config = load_hf_config(path)
+        hf_config = load_hf_config(path, trust_remote_code)
         return cls.from_hf_config(path, hf_config, resolve_dtype(dtype, hf_config, device), context_length)
 
     @classmethod
@@ -62,7 +65,7 @@ class ModelConfig:
         )
 
 
-def load_hf_config(path: str):
+def load_hf_config(path: str, trust_remote_code: bool = False):
     from transformers import AutoConfig
 
     if not os.path.isdir(path):
@@ -70,7 +73,7 @@ def load_hf_config(path: str):
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"model path {path!r} has no config.json")
     try:
-        return AutoConfig.from_pretrained(path)
+        return AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     except Exception as e:  # transformers raises several types for a bad config
         raise ValueError(f"cannot read {path}/config.json: {e}") from e
 

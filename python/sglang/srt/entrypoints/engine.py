@@ -15,7 +15,7 @@ from typing import AsyncIterator, Iterator, Optional, Union
 
 from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.scheduler_process import run_scheduler_process
+from sglang.srt.managers.scheduler_process import WATCHDOG_EXIT_CODE, run_scheduler_process
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.managers.tp_follower_process import start_tp_followers
 from sglang.srt.server_args import PortArgs, ServerArgs, check_model_paths
@@ -33,6 +33,7 @@ class Subprocesses:
 
     def __init__(self, server_args: ServerArgs):
         self.port_args = PortArgs.create(server_args.tp_size)
+        self.watchdog_timeout = server_args.watchdog_timeout
         ctx = mp.get_context("spawn")
         reader, writer = ctx.Pipe(duplex=False)
         self.scheduler = ctx.Process(target=run_scheduler_process, name="sglang-scheduler",
@@ -75,6 +76,9 @@ class Subprocesses:
     def why_dead(self) -> Optional[str]:
         for proc in self.processes:
             if not proc.is_alive():
+                if proc is self.scheduler and proc.exitcode == WATCHDOG_EXIT_CODE:
+                    return ("the scheduler's watchdog stopped it: a step ran longer than --watchdog-timeout "
+                            f"{self.watchdog_timeout:g} s")
                 return f"the {proc.name} process died (exit code {proc.exitcode})"
         return None
 

@@ -10,7 +10,6 @@ router at once, and stops everything on SIGTERM / Ctrl-C. Requests never pass th
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import http.client
 import json
@@ -25,6 +24,7 @@ from typing import Optional
 
 from sglang.srt.cli_help import DefaultsHelpFormatter
 from sglang.srt.server_args import ServerArgs, check_model_paths
+from sglang.srt.server_args_refused import LaunchArgumentParser
 from sglang.srt.utils import configure_logger, free_port, name_process
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,8 @@ PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 def parse_launch_args(argv: list[str]):
     """The server's flags, plus the router's (`--router-*`, as `sglang_router.launch_server` takes
     them) when sglang-router is installed and the command asks for replicas or the router."""
-    parser = argparse.ArgumentParser(prog=PROG, formatter_class=DefaultsHelpFormatter,
-                                     description="Serve a model over HTTP with SGLang's native and OpenAI-compatible APIs.")
+    parser = LaunchArgumentParser(prog=PROG, formatter_class=DefaultsHelpFormatter,
+                                  description="Serve a model over HTTP with SGLang's native and OpenAI-compatible APIs.")
     ServerArgs.add_cli_args(parser)
     router_args_cls = _router_args_class() if any(a.startswith(ROUTER_FLAG_PREFIXES) for a in argv) else None
     if router_args_cls is not None:
@@ -53,7 +53,7 @@ def parse_launch_args(argv: list[str]):
         router_flags = [a for a in unknown if a.startswith("--router-")]
         if router_flags and router_args_cls is None:
             parser.error(f"{router_flags[0]} is a flag of sglang-router, which is not installed: {INSTALL_HINT}")
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        parser.unknown_flags(unknown)
     try:
         server_args = ServerArgs.from_cli_args(args)
         check_model_paths(server_args)  # before any process starts

@@ -146,7 +146,8 @@ def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> Non
     name_process("sglang-detok")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent_pid = os.getppid()
-    manager = DetokenizerManager(get_tokenizer(server_args.tokenizer_path))
+    manager = DetokenizerManager(get_tokenizer(server_args.tokenizer_path, server_args.tokenizer_mode,
+                                                server_args.trust_remote_code))
     ctx = zmq.Context(2)
     recv = ctx.socket(zmq.PULL)
     recv.bind(port_args.detokenizer_ipc)

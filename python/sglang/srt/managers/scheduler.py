@@ -44,7 +44,8 @@ class Scheduler:
     def __init__(self, server_args: ServerArgs):
         self.server_args = server_args
         self.model_config = ModelConfig.from_path(
-            server_args.model_path, server_args.dtype, server_args.device, server_args.context_length
+            server_args.model_path, server_args.dtype, server_args.device, server_args.context_length,
+            server_args.trust_remote_code,
         )
         self.spec_k = server_args.speculative_num_steps if server_args.speculative_enabled else 0
         if str(server_args.device).startswith("cuda"):
@@ -271,7 +272,7 @@ class Scheduler:
     def _schedule_prefill(self) -> Optional[ScheduleBatch]:
         if not self.waiting_queue and self.chunked_req is None:
             return None
-        budget, free_running = self.server_args.chunked_prefill_size, self._free_running_slots()
+        budget, free_running = self.server_args.prefill_token_budget, self._free_running_slots()
         reserve = running_decode_reserve(self.running_reqs, self.kv_manager.allocator.available_size(), budget,
                                          free_running)
         adder = PrefillAdder(budget, self.kv_manager.available_tokens() - reserve, free_running,
@@ -479,12 +480,19 @@ class Scheduler:
         if req.finished():
             self.running_reqs.remove(req)
             self._finish(req, req.finished_reason)
-        elif req.stream:
+        else:
+            self.stream_if_due(req)
+
+    def stream_if_due(self, req: Req) -> None:
+        """A streaming request's new tokens go out once --stream-interval of them are ready (its
+        last ones go out as it finishes, however few)."""
+        if req.stream and len(req.output_ids) - req.sent_len >= self.server_args.stream_interval:
             self.pending_outputs.append(req)
 
     def _decode(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:  # loaded on the first request with stop strings
-            self.tokenizer = get_tokenizer(self.server_args.tokenizer_path)
+            args = self.server_args
+            self.tokenizer = get_tokenizer(args.tokenizer_path, args.tokenizer_mode, args.trust_remote_code)
         return self.tokenizer.decode(token_ids)
 
     def _finish(self, req: Req, reason: dict) -> None:

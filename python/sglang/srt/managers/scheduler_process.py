@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import cProfile
+import faulthandler
 import io
 import logging
 import os
 import pstats
 import shutil
 import signal
+import sys
+import threading
 import time
 import traceback
 
@@ -28,6 +31,36 @@ IDLE_POLL_MS = 1000
 PARENT_CHECK_S = 1.0  # while busy, how often the loop checks that its parent still lives
 PROFILE_ENV = "SGLANG_SCHEDULER_PROFILE"
 PROFILE_TOP = 60
+# The scheduler's exit code when its watchdog stops it (the HTTP server names the watchdog).
+WATCHDOG_EXIT_CODE = 3
+
+
+class StepWatchdog:
+    """--watchdog-timeout: a step that runs this long means the scheduler is stuck (a hung kernel or
+    collective, a deadlock). Its stack is dumped and the process exits, so that the server fails its
+    requests and exits instead of hanging. Watched from a thread of its own, which the GIL lets run
+    while the stuck step waits on the device or a lock."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self.started: float | None = None  # monotonic start of the step running now; None between steps
+        threading.Thread(target=self._watch, name="sglang-watchdog", daemon=True).start()
+
+    def begin(self) -> None:
+        self.started = time.monotonic()
+
+    def end(self) -> None:
+        self.started = None
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(min(1.0, self.timeout_s / 4))
+            started = self.started
+            if started is not None and time.monotonic() - started > self.timeout_s:
+                logger.error("scheduler watchdog: a step has run for more than %s s (--watchdog-timeout); "
+                             "dumping the stack and exiting", self.timeout_s)
+                faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+                os._exit(WATCHDOG_EXIT_CODE)
 
 
 class BusyProfiler:
@@ -89,7 +122,7 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pi
         logger.error("scheduler failed to start:\n%s", traceback.format_exc())
         ready_pipe.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
         raise SystemExit(1)
-    loop = SchedulerLoop(scheduler, port_args, parent_pid)
+    loop = SchedulerLoop(scheduler, port_args, parent_pid, StepWatchdog(server_args.watchdog_timeout))
     scheduler.gc_watch = settle_after_startup("scheduler", server_args.gc_warning_threshold_secs)
     ready_pipe.send({"status": "ready", **scheduler.model_info()})
     try:
@@ -136,8 +169,9 @@ def load_report(scheduler: Scheduler) -> dict:
 
 
 class SchedulerLoop:
-    def __init__(self, scheduler: Scheduler, port_args: PortArgs, parent_pid: int):
+    def __init__(self, scheduler: Scheduler, port_args: PortArgs, parent_pid: int, watchdog: StepWatchdog):
         self.scheduler = scheduler
+        self.watchdog = watchdog
         self.parent_pid = parent_pid
         self.ipc_dir = port_args.ipc_dir
         ctx = zmq.Context(2)
@@ -166,6 +200,7 @@ class SchedulerLoop:
                 self._exit_if_orphaned()
                 next_parent_check = time.monotonic() + PARENT_CHECK_S
             clock.begin()
+            self.watchdog.begin()
             self._receive()
             clock.lap("receive")
             out = self.scheduler.step()
@@ -174,6 +209,7 @@ class SchedulerLoop:
             if out is not None:
                 self.send_to_detokenizer.send_pyobj(out)
             clock.lap("send")
+            self.watchdog.end()
             clock.end()
 
     def _wait_for_message(self) -> None:

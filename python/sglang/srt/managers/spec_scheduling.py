@@ -332,8 +332,8 @@ def process_spec(scheduler, batch: ScheduleBatch, result) -> None:
             if req.finished():
                 scheduler.running_reqs.remove(req)
                 scheduler._finish(req, req.finished_reason)
-            elif req.stream:
-                scheduler.pending_outputs.append(req)
+            else:
+                scheduler.stream_if_due(req)
             continue
         for j, token_id in enumerate(tokens[i][: num_out[i]]):
             if req.return_logprob:

@@ -26,6 +26,7 @@ from sglang.srt.managers.io_struct import (
     AbortReq, BatchStrOut, ControlReply, ControlReq, GenerateReqInput, RequestConstants, TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.request_limits import RequestLimits, longest_token_chars
+from sglang.srt.managers.request_logger import RequestLogger
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import PortArgs, ServerArgs
 
@@ -70,7 +71,8 @@ class TokenizerManager:
         self.model_info = model_info
         self.context_len = model_info["context_len"]
         self.vocab_size = model_info["vocab_size"]
-        self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+        self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.tokenizer_mode,
+                                       server_args.trust_remote_code)
         if server_args.chat_template:  # --chat-template: used for chat whether or not the tokenizer has one
             self.tokenizer.chat_template = load_chat_template(server_args.chat_template)
         self.children_alive = children_alive  # returns why a child died, or None
@@ -100,6 +102,7 @@ class TokenizerManager:
         # Grammar -> its check while it runs: requests repeating a grammar being parsed wait for that
         # check instead of each taking a thread (a parse past the time limit runs on to its end).
         self.constraint_checks: dict[tuple, asyncio.Future] = {}
+        self.request_logger = RequestLogger(server_args.log_requests_level) if server_args.log_requests else None
         self.metrics = None
         if server_args.enable_metrics:
             from sglang.srt.metrics.collector import MetricsCollector  # only with --enable-metrics
@@ -230,6 +233,8 @@ class TokenizerManager:
         reqs = await self.tokenize_request(obj)
         if obj.stream and len(reqs) > 1:
             raise InvalidRequest("stream is supported for a single prompt with n = 1 only", "stream")
+        if self.request_logger is not None:
+            self.request_logger.received(obj, reqs)
         self._check_capacity(len(reqs))
         self._check_rids_free(reqs)
         states: list[ReqState] = []
@@ -416,6 +421,8 @@ class TokenizerManager:
             state.finished = out.finished_reasons[i] is not None
             if state.finished and self.metrics is not None:
                 self._observe(state)
+            if state.finished and self.request_logger is not None:
+                self.request_logger.finished(rid, state.text, state.meta)
             state.event.set()
 
     def _observe(self, state: ReqState) -> None:
