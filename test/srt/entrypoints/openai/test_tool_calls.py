@@ -1,4 +1,4 @@
-"""Tool-call parsing: the llama3 and qwen25 / hermes formats with content around them, unknown
+"""Tool-call parsing: the llama3, qwen25 / hermes and mistral formats with content around them, unknown
 functions dropped, an array cut short by max_tokens keeps its complete calls, the forced-choice
 schema, and streaming: content goes out until a call may start, and the streamed deltas add up to
 the calls and content that parsing the whole text gives."""
@@ -44,6 +44,29 @@ def test_hermes_blocks_keep_the_content_before_them_and_drop_unknown_functions()
     assert parse_tool_calls(text, "auto", "hermes", NAMES) == (text, [])
 
 
+def test_mistral_calls_as_a_json_list_or_as_name_and_args():
+    text = 'Checking. [TOOL_CALLS] [{"name": "add", "arguments": {"a": 1}}, {"name": "get_weather", "arguments": {}}]'
+    content, calls = parse_tool_calls(text, "auto", "mistral", NAMES)
+    assert content == "Checking." and calls_of(calls) == [("add", {"a": 1}), ("get_weather", {})]
+    text = '[TOOL_CALLS]add[ARGS]{"a": 2}[TOOL_CALLS]rm[ARGS]{}[TOOL_CALLS]get_weather[ARGS] {"city": "Oslo"}'
+    content, calls = parse_tool_calls(text, "auto", "mistral", NAMES)
+    assert content is None and calls_of(calls) == [("add", {"a": 2}), ("get_weather", {"city": "Oslo"})]
+    assert parse_tool_calls("[TOOL_CALLS]add[ARGS]{\"a\": ", "auto", "mistral", NAMES)[1] == []
+    assert parse_tool_calls("[TOOLS] no calls", "auto", "mistral", NAMES) == ("[TOOLS] no calls", [])
+
+
+def test_mistral_calls_stream_each_once_it_is_complete():
+    text = '[TOOL_CALLS]add[ARGS]{"a": 1}[TOOL_CALLS]get_weather[ARGS]{"city": "Rome"}'
+    stream = ToolCallStream("auto", "mistral", NAMES)
+    sent_at = {}
+    for end in range(1, len(text) + 1):
+        assert stream.content_delta(text[:end]) is None
+        for delta in stream.call_deltas(text[:end]):
+            sent_at.setdefault(delta.index, end)
+    assert stream.finish(text) == (None, [])
+    assert sent_at == {0: text.index("}") + 1, 1: len(text)}
+
+
 def test_a_forced_array_cut_short_keeps_its_complete_calls():
     text = '[{"name": "add", "parameters": {"a": 1}}, {"name": "add", "parameters": {"a'
     content, calls = parse_tool_calls(text, "forced", None, NAMES)
@@ -52,7 +75,8 @@ def test_a_forced_array_cut_short_keeps_its_complete_calls():
 
 
 @pytest.mark.parametrize("mode, parser, start", [("auto", "llama3", '{"name": "add", "parameters": '),
-                                                  ("auto", "hermes", "<tool_call>"), ("forced", None, "[")])
+                                                  ("auto", "hermes", "<tool_call>"), ("forced", None, "["),
+                                                  ("auto", "mistral", "[TOOL_CALLS]")])
 def test_output_nested_past_the_json_recursion_limit_is_no_call(mode, parser, start):
     text = start + "[" * 5000
     assert parse_tool_calls(text, mode, parser, NAMES) == (text, [])
@@ -79,6 +103,9 @@ def test_forced_schema_lists_the_chosen_tools(choice, max_items):
     ("llama3", 'Sure: <|python_tag|>{"name": "add", "parameters": {"a": 5}}'),
     ("hermes", "Plain text with a < sign and <tool but no call \n"),
     ("hermes", 'Unknown function \n<tool_call>{"name": "rm", "arguments": {}}</tool_call>'),
+    ("mistral", 'Adding. [TOOL_CALLS] [{"name": "add", "arguments": {"a": 5}}]'),
+    ("mistral", 'Adding [TOOL_CALL] [TOOL_CALLS]add[ARGS]{"a": 5}'),
+    ("mistral", "A [bracket] and [TOOL but no call \n"),
 ])
 @pytest.mark.parametrize("step", [1, 4, 1000])  # characters per update (1000: the whole text at once)
 def test_streamed_deltas_add_up_to_the_parsed_answer(parser, text, step):

@@ -7,7 +7,9 @@ model's text, whole or while it streams.
 what is parsed back. With "auto" the model writes calls in its own format, which the parser reads:
 `llama3`: JSON objects `{"name": ..., "parameters": {...}}` (after `<|python_tag|>` or opening the
 output, several separated by `;`); `qwen25` / `qwen` / `hermes`: `<tool_call>{"name": ..., "arguments":
-{...}}</tool_call>` blocks."""
+{...}}</tool_call>` blocks; `mistral`: `[TOOL_CALLS]` and a JSON list of `{"name": ..., "arguments":
+{...}}` (Mistral-7B-Instruct-v0.3, Mixtral-8x22B), or `[TOOL_CALLS]name[ARGS]{...}` once per call
+(tokenizers from v11 on)."""
 
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from sglang.srt.errors import InvalidRequest
 
 PYTHON_TAG = "<|python_tag|>"
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
+MISTRAL_CALLS, MISTRAL_ARGS = "[TOOL_CALLS]", "[ARGS]"
 # What reading a call out of the output may raise: the output is the model's, and a request can
 # steer it (a regex, logit_bias) into JSON nested deeper than the parser recurses.
 _NOT_A_CALL = (json.JSONDecodeError, RecursionError)
@@ -137,6 +140,8 @@ def parse_tool_calls(text: str, mode: str, parser: Optional[str], tool_names: se
         content = None if found else text
     elif parser == "llama3":
         content, found = _llama3_calls(text)
+    elif parser == "mistral":
+        content, found = _mistral_calls(text)
     else:
         content, found = _hermes_calls(text)
     calls = [_tool_call(name, arguments) for name, arguments in found if name in tool_names]
@@ -222,6 +227,40 @@ def _hermes_calls(text: str) -> tuple[str, list]:
     return text[:start].strip(), calls
 
 
+def _mistral_calls(text: str) -> tuple[str, list]:
+    """The calls after [TOOL_CALLS]: each marker followed by a JSON list of calls (or one call
+    object), or by name[ARGS] and the arguments object; of a list cut short, its complete calls."""
+    start = text.find(MISTRAL_CALLS)
+    if start < 0:
+        return text, []
+    calls = []
+    for segment in text[start + len(MISTRAL_CALLS):].split(MISTRAL_CALLS):
+        calls.extend(_mistral_segment_calls(segment))
+    return text[:start].strip(), calls
+
+
+def _mistral_segment_calls(segment: str) -> list[tuple[str, object]]:
+    body = segment.lstrip()
+    if body.startswith("["):
+        return _forced_calls(body)
+    decoder = json.JSONDecoder()
+    if body.startswith("{"):
+        try:
+            call = _call_of(decoder.raw_decode(body)[0])
+        except _NOT_A_CALL:
+            return []
+        return [call] if call is not None else []
+    name, marker, rest = body.partition(MISTRAL_ARGS)
+    if not marker or not name.strip():
+        return []
+    rest = rest.lstrip()
+    try:
+        arguments = decoder.raw_decode(rest)[0]
+    except _NOT_A_CALL:
+        return []
+    return [(name.strip(), arguments)] if isinstance(arguments, dict) else []
+
+
 @dataclasses.dataclass
 class ToolCallStream:
     """One streamed choice: content goes out until the text may be starting a call, then is held
@@ -253,7 +292,7 @@ class ToolCallStream:
         """Deltas of the calls completed in the output so far and not sent yet."""
         if self.mode == "auto" and not self.holding:
             return []
-        if self.mode == "auto" and self.parser != "llama3":  # only the blocks already closed
+        if self.mode == "auto" and self.parser not in ("llama3", "mistral"):  # only the blocks already closed
             end = text.rfind(HERMES_END)
             text = text[: end + len(HERMES_END)] if end >= 0 else ""
         return self._deltas(parse_tool_calls(text, self.mode, self.parser, self.tool_names)[1])
@@ -279,7 +318,7 @@ class ToolCallStream:
         """Where a call starts in the text not sent yet, if it does."""
         if self.parser == "llama3":
             return _llama3_start(text, self.sent)
-        at = text.find(HERMES_START, self.sent)
+        at = text.find(MISTRAL_CALLS if self.parser == "mistral" else HERMES_START, self.sent)
         return at if at >= 0 else None
 
     def _undecided_len(self, text: str) -> int:
@@ -288,7 +327,7 @@ class ToolCallStream:
         if self.parser == "llama3":
             # Only whitespace so far may precede the "{" of a call.
             return len(text) if not text.strip() else _partial_marker_len(text, PYTHON_TAG)
-        return _partial_marker_len(text, HERMES_START)
+        return _partial_marker_len(text, MISTRAL_CALLS if self.parser == "mistral" else HERMES_START)
 
 
 def _partial_marker_len(text: str, marker: str) -> int:
