@@ -35,7 +35,9 @@ DRAFT_SYNC_CHOICES = ("warm", "catch-up")
 MAX_SPECULATIVE_STEPS = 16
 GRAMMAR_BACKEND_CHOICES = ("xgrammar", "none")
 # Upstream's names; qwen, qwen25 and hermes read the same <tool_call>{...}</tool_call> format.
-TOOL_CALL_PARSER_CHOICES = ("llama3", "qwen25", "qwen", "hermes")
+TOOL_CALL_PARSER_CHOICES = ("llama3", "qwen25", "qwen", "hermes", "mistral")
+# Upstream's names (the formats are in srt/reasoning_parser.py).
+REASONING_PARSER_CHOICES = ("deepseek-r1", "qwen3")
 # On the CPU a decode step's time grows with the batch (demo model: ~12 ms at 1 sequence, ~45 ms at
 # 16, ~140 ms at 64), so one request's fan-out is kept to what leaves other requests' latency
 # within a few times their own.
@@ -122,6 +124,7 @@ class ServerArgs:
     # Structured outputs and tool calling (docs/http_api.md).
     grammar_backend: str = "xgrammar"
     tool_call_parser: Optional[str] = None
+    reasoning_parser: Optional[str] = None  # chat answers' reasoning blocks go to reasoning_content
     chat_template: Optional[str] = None
     # Where chat requests take the sampling parameters they leave unset (docs/http_api.md).
     sampling_defaults: str = "model"
@@ -268,6 +271,8 @@ class ServerArgs:
 
     def _check_structured_outputs(self) -> None:
         _check_choice("--grammar-backend", self.grammar_backend, GRAMMAR_BACKEND_CHOICES)
+        if self.reasoning_parser is not None:
+            _check_choice("--reasoning-parser", self.reasoning_parser, REASONING_PARSER_CHOICES)
         if self.tool_call_parser is not None:
             _check_choice("--tool-call-parser", self.tool_call_parser, TOOL_CALL_PARSER_CHOICES)
         if self.chat_template is not None and not os.path.isfile(self.chat_template):

@@ -18,6 +18,7 @@ from sglang.srt.server_args import (
     LOAD_FORMAT_CHOICES,
     LOG_LEVEL_CHOICES,
     MAX_SPECULATIVE_STEPS,
+    REASONING_PARSER_CHOICES,
     SAMPLING_DEFAULTS_CHOICES,
     SCHEDULE_POLICY_CHOICES,
     SPECULATIVE_ALGORITHM_CHOICES,
@@ -261,9 +262,17 @@ def _add_structured_output_args(parser: HelpGroups) -> None:
                             "none (constrained requests are refused with 400).")
     group.add_argument("--tool-call-parser", type=str, default=None, choices=TOOL_CALL_PARSER_CHOICES,
                        help="How tool calls are read from the model's output with tool_choice auto: llama3 "
-                            "(JSON objects {\"name\", \"parameters\"}) or qwen25 / qwen / hermes "
-                            "(<tool_call>{\"name\", \"arguments\"}</tool_call>). Default: none (calls are read only where "
-                            "tool_choice is required or names a function).")
+                            "(JSON objects {\"name\", \"parameters\"}), qwen25 / qwen / hermes "
+                            "(<tool_call>{\"name\", \"arguments\"}</tool_call>) or mistral ([TOOL_CALLS] and a JSON "
+                            "list of {\"name\", \"arguments\"}, or [TOOL_CALLS]name[ARGS]{...}). Default: none (calls "
+                            "are read only where tool_choice is required or names a function).")
+    group.add_argument("--reasoning-parser", type=str, default=None, choices=REASONING_PARSER_CHOICES,
+                       help="Splits a thinking model's <think>...</think> block out of chat answers into "
+                            "reasoning_content: deepseek-r1 (the output starts inside the block, which the chat "
+                            "template opened) or qwen3 (a block only where the output opens one; none with "
+                            "chat_template_kwargs {\"enable_thinking\": false}). A chat request's json_schema, "
+                            "response_format or forced tool_choice then constrains the answer after the block. "
+                            "Default: none (the block stays in content).")
     group.add_argument("--chat-template", type=str, default=None,
                        help="Path of a Jinja chat template used for /v1/chat/completions instead of the "
                             "tokenizer's own (or where the tokenizer has none). Default: none (the tokenizer's template).")
