@@ -24,7 +24,7 @@ import pytest
 import sglang
 import sglang_router  # noqa: F401  a test dependency (the "router" extra): missing, the module fails
 from sglang import demo
-from sglang.srt.entrypoints.replicas import parse_launch_args, replica_args
+from sglang.srt.entrypoints.replicas import READY_MESSAGE, parse_launch_args, replica_args
 from sglang.srt.server_args import ServerArgs
 from sglang.test.runner_utils import OneRank
 from sglang.test.server_fixture import ServerProcess, free_port
@@ -67,6 +67,7 @@ def cluster(request):
     server = ServerProcess(demo.TARGET_PATH, "--dp-size", "2", *SERVER_FLAGS, *_router_flags(),
                            module=LAUNCHERS[request.param], startup_timeout=300)
     server.workers = _wait_workers(server.base_url, 2)
+    server.launcher = request.param
     yield server
     server.stop()
 
@@ -135,6 +136,17 @@ def _state(worker: str) -> dict:
 
 def _generated(cluster) -> list[int]:
     return [_state(worker)["num_generated_tokens"] for worker in cluster.workers]
+
+
+def test_the_ready_message_is_printed_once_when_the_router_serves(cluster):
+    """Our launcher's replicas leave it to the launcher, which prints it once the router has taken
+    them (upstream's launcher has no such step: each of its replicas prints its own)."""
+    if cluster.launcher != "sglang":
+        pytest.skip("upstream's launcher")
+    deadline = time.monotonic() + 10  # the launcher polls the router's workers every POLL_S
+    while READY_MESSAGE not in cluster.output() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert cluster.output().count(READY_MESSAGE) == 1, cluster.output()
 
 
 def test_router_serves_greedy_output_equal_to_a_single_server(cluster, reference):

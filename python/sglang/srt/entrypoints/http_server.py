@@ -81,6 +81,7 @@ class ServerState:
     exit_code: int = 0
     uvicorn_server: Optional[uvicorn.Server] = None
     gc_watch: Optional[GcWatch] = None  # this process's garbage-collector passes, once ready
+    announce_ready: bool = True  # print READY_MESSAGE; a replica leaves it to its launcher
 
 
 def create_app(state: ServerState) -> FastAPI:
@@ -122,7 +123,10 @@ async def _warm_up_then_ready(state: ServerState) -> None:
             return
     state.gc_watch = settle_after_startup("HTTP server", state.server_args.gc_warning_threshold_secs)
     state.ready = True
-    print(READY_MESSAGE, flush=True)  # printed whatever the log level: scripts wait for it
+    if state.announce_ready:
+        print(READY_MESSAGE, flush=True)  # printed whatever the log level: scripts wait for it
+    else:
+        logger.info("ready on port %d", state.server_args.port)
 
 
 async def _generate_once(tm: TokenizerManager, max_new_tokens: int) -> dict:
@@ -327,15 +331,16 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
         return await handler(OpenAIServingChat).handle_request(request, raw_request)
 
 
-def launch_server(server_args: ServerArgs) -> int:
+def launch_server(server_args: ServerArgs, announce_ready: bool = True) -> int:
     """Runs the server until it is stopped; returns the process exit code. Also what
-    `sglang_router.launch_server` runs in each replica's process."""
+    `sglang_router.launch_server` runs in each replica's process; our own --dp-size launcher
+    passes announce_ready=False and prints the ready message once its router serves."""
     check_port_free(server_args.host, server_args.port)  # before the model loads, not after
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop_on_signal)
         signal.signal(signal.SIGINT, _stop_on_signal)
     subprocesses = Subprocesses(server_args)
-    state = ServerState(server_args, subprocesses)
+    state = ServerState(server_args, subprocesses, announce_ready=announce_ready)
     try:
         config = uvicorn.Config(
             create_app(state), host=server_args.host, port=server_args.port, loop=_event_loop(),

@@ -96,7 +96,7 @@ def run_replica(server_args: ServerArgs, rank: int, launcher_pid: int) -> None:
     configure_logger(server_args.log_level, f" DP{rank}")
     name_process(f"sglang-dp{rank}")
     _stop_with_parent(launcher_pid)
-    raise SystemExit(launch_server(server_args))
+    raise SystemExit(launch_server(server_args, announce_ready=False))  # the launcher announces the router
 
 
 def run_router(router_args, launcher_pid: int) -> None:
