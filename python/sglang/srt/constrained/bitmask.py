@@ -33,7 +33,7 @@ def fill_masks(matchers: Sequence, vocab_size: int) -> Optional[torch.Tensor]:
     """int32[len(matchers), words] host bitmask: each row the next-token mask of its matcher, all
     ones for a row without one (None) or whose matcher has terminated. None if no row has one.
     From BATCH_FILL_ROWS constrained rows on, xgrammar fills them on several threads."""
-    rows = [i for i, m in enumerate(matchers) if m is not None and not m.is_terminated()]
+    rows = [i for i, m in enumerate(matchers) if _constrains(m)]
     if all(m is None for m in matchers):
         return None
     import xgrammar
@@ -46,14 +46,20 @@ def fill_masks(matchers: Sequence, vocab_size: int) -> Optional[torch.Tensor]:
     global _BATCH_FILLER
     if _BATCH_FILLER is None:
         _BATCH_FILLER = xgrammar.BatchGrammarMatcher(max_threads=min(8, os.cpu_count() or 1))
-    # A JsonMatcher wraps the xgrammar matcher and narrows its row afterwards.
+    # A wrapper (JsonMatcher, ReasoningGrammar) holds the xgrammar matcher and finishes its row afterwards.
     _BATCH_FILLER.batch_fill_next_token_bitmask([getattr(matchers[r], "matcher", matchers[r]) for r in rows],
                                                 bitmask, indices=rows)
     for row in rows:
-        narrow = getattr(matchers[row], "allowed", None)
-        if narrow is not None:
-            bitmask[row] &= narrow
+        finish = getattr(matchers[row], "finish_row", None)
+        if finish is not None:
+            finish(bitmask, row)
     return bitmask
+
+
+def _constrains(matcher) -> bool:
+    """Whether the matcher limits the next token: not a row without one, not one whose grammar has
+    ended, not one inside a reasoning block (ReasoningGrammar.thinking)."""
+    return matcher is not None and not matcher.is_terminated() and not getattr(matcher, "thinking", False)
 
 
 def device_mask(matchers: Sequence, vocab_size: int, device) -> Optional[torch.Tensor]:

@@ -10,6 +10,7 @@ import logging
 from typing import Optional
 
 from sglang.srt.constrained.grammar import readable_error
+from sglang.srt.constrained.reasoning_grammar import ReasoningGrammar, ThinkTokens
 
 logger = logging.getLogger(__name__)
 
@@ -23,7 +24,8 @@ class GrammarError(ValueError):
 
 
 class GrammarBackend:
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int], threads: int = 2):
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int], threads: int = 2,
+                 reasoning_parser: Optional[str] = None):
         import xgrammar
 
         self._xgrammar = xgrammar
@@ -37,6 +39,8 @@ class GrammarBackend:
         self.pool = concurrent.futures.ThreadPoolExecutor(threads, thread_name_prefix="grammar")
         self.cache: dict[tuple[str, str], concurrent.futures.Future] = {}
         self.num_compiled = 0
+        # With --reasoning-parser: a request that thinks is constrained from the end of its block on.
+        self.think_tokens = None if reasoning_parser is None else ThinkTokens.of(tokenizer, reasoning_parser)
 
     def compile(self, key: tuple[str, str]) -> concurrent.futures.Future:
         """A future of the compiled grammar for key (field, text); the same one for the same key
@@ -83,9 +87,13 @@ class GrammarBackend:
             allowed[[t for t in self.stop_token_ids if t < self.vocab_size]] = 0
         return bool(allowed.any())
 
-    def matcher(self, compiled, field: str):
+    def matcher(self, compiled, field: str, thinks: bool = False):
+        """A new matcher of the compiled grammar; `thinks`: the request reasons first (a chat
+        request under --reasoning-parser), so the grammar starts after its reasoning block."""
         matcher = self._xgrammar.GrammarMatcher(compiled)  # rolls back any number of tokens
-        return JsonMatcher(matcher, self.json_text_mask) if field == "json_schema" else matcher
+        if field == "json_schema":
+            matcher = JsonMatcher(matcher, self.json_text_mask)
+        return ReasoningGrammar(matcher, self.think_tokens) if thinks and self.think_tokens else matcher
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -101,6 +109,10 @@ class JsonMatcher:
 
     def fill_next_token_bitmask(self, bitmask, row: int) -> None:
         self.matcher.fill_next_token_bitmask(bitmask, row)
+        self.finish_row(bitmask, row)
+
+    def finish_row(self, bitmask, row: int) -> None:
+        """After the xgrammar matcher filled the row (here or in a batch fill)."""
         bitmask[row] &= self.allowed
 
     def accept_token(self, token_id: int) -> bool:
@@ -126,13 +138,14 @@ def _json_text_mask(info, vocab_size: int):
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-def make_grammar_backend(name: str, tokenizer_path: str, vocab_size: int,
-                         stop_token_ids: set[int]) -> Optional[GrammarBackend]:
+def make_grammar_backend(name: str, tokenizer_path: str, vocab_size: int, stop_token_ids: set[int],
+                         reasoning_parser: Optional[str] = None) -> Optional[GrammarBackend]:
     if name == "none":
         return None
     from sglang.srt.hf_transformers_utils import get_tokenizer
 
-    return GrammarBackend(get_tokenizer(tokenizer_path), vocab_size, stop_token_ids)
+    return GrammarBackend(get_tokenizer(tokenizer_path), vocab_size, stop_token_ids,
+                          reasoning_parser=reasoning_parser)
 
 
 def schema_text(schema) -> str:

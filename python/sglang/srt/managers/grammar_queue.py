@@ -50,6 +50,7 @@ class GrammarQueue:
             future, req.grammar_future = req.grammar_future, None
             error = future.exception()
             if error is None:
-                req.grammar = self.backend.matcher(future.result(), constraint_key(req.sampling_params)[0])
+                req.grammar = self.backend.matcher(future.result(), constraint_key(req.sampling_params)[0],
+                                                   thinks=req.require_reasoning)
             out.append((req, None if error is None else str(error)))
         return out

@@ -28,6 +28,9 @@ class GenerateReqInput:
     # The client request this belongs to, when a front end splits one into several (an OpenAI
     # stream runs one per choice): admission shares the server fairly between such groups.
     group: Optional[str] = None
+    # The output starts with reasoning (a chat request under --reasoning-parser that thinks): a
+    # constraint (json_schema, regex, ebnf) applies from the end of the reasoning block on.
+    require_reasoning: bool = False
 
     def is_batch(self) -> bool:
         if self.text is not None:
@@ -46,6 +49,7 @@ class TokenizedGenerateReqInput:
     group: str = ""  # the client request it came from (every prompt and sample of it); see GenerateReqInput
     logprob_start_len: int = -1  # with return_logprob: prompt logprobs from this position (-1: none)
     sample_of: str = ""  # one of the n > 1 samples (rid-0, rid-1, ...) of the request the client named rid
+    require_reasoning: bool = False  # see GenerateReqInput
 
 
 @dataclasses.dataclass

@@ -80,6 +80,8 @@ class Req:
         # far (set by the scheduler once the grammar is compiled; advanced by append_tokens).
         self.grammar = None
         self.grammar_future = None  # the compile in flight, while the request waits for it
+        # The grammar starts after the reasoning block (set by the scheduler from the request).
+        self.require_reasoning = False
 
     def _init_input_logprobs(self, start: int) -> None:
         # Prompt logprobs (managers/input_logprobs.py), with logprob_start_len >= 0: one entry per

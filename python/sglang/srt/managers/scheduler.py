@@ -69,7 +69,8 @@ class Scheduler:
         self.seed_rng = np.random.default_rng(server_args.random_seed)
         self.waiting_queue: deque[Req] = deque()
         self.grammar_queue = GrammarQueue(make_grammar_backend(
-            server_args.grammar_backend, server_args.tokenizer_path, self.model_config.vocab_size, self.eos_token_ids))
+            server_args.grammar_backend, server_args.tokenizer_path, self.model_config.vocab_size, self.eos_token_ids,
+            server_args.reasoning_parser))
         self.running_reqs: list[Req] = []
         self.chunked_req: Optional[Req] = None
         self.pending_outputs: list[Req] = []
@@ -118,6 +119,7 @@ class Scheduler:
         req = Req(recv.rid, recv.input_ids, params, seed, recv.stream, self.eos_token_ids, self.memory.context_len,
                   recv.return_logprob, recv.top_logprobs_num, group=recv.group,
                   logprob_start_len=recv.logprob_start_len)
+        req.require_reasoning = recv.require_reasoning
         error, field = self._validate(req), None
         if not error and params.constrained:  # it waits for its grammar beside the queue
             error, field = self.grammar_queue.add(req), constraint_key(params)[0]

@@ -143,7 +143,7 @@ class TokenizerManager:
             request_input.check_logprob_start(start, len(ids_list[i]))
             req = TokenizedGenerateReqInput(rids[i], ids_list[i], params[i], obj.stream,
                                             bool(return_logprobs[i]), top_nums[i], group=group,
-                                            logprob_start_len=start)
+                                            logprob_start_len=start, require_reasoning=obj.require_reasoning)
             out.extend(request_input.expand_n(req))
         return out
 
