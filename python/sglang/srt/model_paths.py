@@ -38,7 +38,7 @@ def _check_draft(server_args: ServerArgs):
     """The draft is a published EAGLE-3 layout we serve, made for this target (eagle3_formats)."""
     from sglang.srt.model_loader.eagle3_formats import check_draft_fits_target, read_draft_layout
 
-    draft = read_draft_layout(server_args.speculative_draft_model_path)
+    draft = read_draft_layout(server_args.speculative_draft_model_path, server_args.load_format)
     target = _read_config(server_args.model_path)
     try:
         check_draft_fits_target(draft, target.num_hidden_layers, target.hidden_size, target.vocab_size)

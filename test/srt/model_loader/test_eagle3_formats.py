@@ -219,3 +219,22 @@ def test_features_listed_by_name(target_runner, tmp_path):
     both = write_draft(str(tmp_path / "both"), "speculators", draft_tensors(config, DRAFT_VOCAB, features),
                        target_runner.model_config.path, AUX_LAYER_IDS, features)
     assert set(read_draft_layout(both).features) == {"fc.bias", "norm_before_fc", "norm_before_residual"}
+
+
+@pytest.mark.parametrize("case", ["release", "speculators", "norm_before_fc", "attention_bias", "qwen3_qk_norm"])
+def test_config_alone_is_read_the_same_under_dummy_weights(case, target_runner, tmp_path):
+    """--load-format dummy reads no tensors: the config says what the draft holds."""
+    path, _, _ = write_case(tmp_path, case, target_runner)
+    config_only = tmp_path / "config_only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text(open(os.path.join(path, "config.json")).read())
+    with_tensors, dummy = read_draft_layout(path), read_draft_layout(str(config_only), "dummy")
+    assert (dummy.layout, dummy.features, dummy.aux_layer_ids) == (with_tensors.layout, with_tensors.features,
+                                                                    with_tensors.aux_layer_ids)
+    launch_check(target_runner.model_config.path, str(config_only), load_format="dummy")
+
+
+def test_a_full_llama_config_is_refused_under_dummy_weights(target_runner, tmp_path):
+    (tmp_path / "config.json").write_text(open(os.path.join(target_runner.model_config.path, "config.json")).read())
+    with pytest.raises(ValueError, match="not an EAGLE-3 draft"):
+        launch_check(target_runner.model_config.path, str(tmp_path), load_format="dummy")

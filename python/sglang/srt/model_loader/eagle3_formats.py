@@ -5,12 +5,12 @@ Layouts: ours / SpecForge (`LlamaForCausalLMEagle3`), the original EAGLE-3 relea
 (`LlamaForCausalLM` config over `midlayer.*` / `fc.weight` tensors) and speculators
 (`Eagle3Speculator` / `Eagle3DraftModel`: the layer's settings nested in `transformer_layer_config`,
 aux layer ids counted as the state entering a layer). The same reading runs before any process
-starts (model_paths.check_model_paths) and when the worker loads the draft.
+starts (model_paths.check_model_paths) and when the worker loads the draft. Under --load-format
+dummy there are no tensors: the config alone says what the draft holds.
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -56,10 +56,10 @@ class DraftLayout:
         return (getattr(self.config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
 
 
-def read_draft_layout(path: str) -> DraftLayout:
+def read_draft_layout(path: str, load_format: str = "auto") -> DraftLayout:
     """The draft at `path`, normalised; a ValueError naming the layout or feature we do not serve."""
     raw = _read_json(os.path.join(path, "config.json"))
-    stored = tensor_shapes(path)
+    stored = _implied_shapes(raw) if load_format == "dummy" else tensor_shapes(path, load_format)
     shapes = {canonical_weight_name(name): shape for name, shape in stored.items()
               if not name.endswith(_IGNORED_SUFFIXES)}
     where = f"--speculative-draft-model-path {path}"
@@ -69,7 +69,7 @@ def read_draft_layout(path: str) -> DraftLayout:
     else:
         layer = dict(raw)
         aux_ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-    config, features = _normalise(raw, layer, shapes, where)
+    config, features = _normalise(layer, shapes, where)
     config.eagle_config = {"eagle_aux_hidden_state_layer_ids": aux_ids}
     return DraftLayout(path, layout, config, tuple(features))
 
@@ -92,25 +92,26 @@ def check_draft_fits_target(draft: DraftLayout, num_layers: int, hidden_size: in
                          f"{num_layers} (eagle_aux_hidden_state_layer_ids)")
 
 
-def draft_model_config(path: str, dtype: str, device: str, target: ModelConfig) -> ModelConfig:
+def draft_model_config(path: str, dtype: str, device: str, target: ModelConfig,
+                       load_format: str = "auto") -> ModelConfig:
     """The draft's ModelConfig, checked against its target. It runs in the target's dtype unless
     --dtype names one (then both run in it): a float16 release draft beside a bfloat16 target
     computes in bfloat16."""
-    draft = read_draft_layout(path)
+    draft = read_draft_layout(path, load_format)
     check_draft_fits_target(draft, target.num_hidden_layers, target.hidden_size, target.vocab_size)
     draft_dtype = target.dtype if dtype == "auto" else resolve_dtype(dtype, draft.config, device)
     return ModelConfig.from_hf_config(path, draft.config, draft_dtype)
 
 
-def tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:
-    """Every tensor name in the directory's weight files and its shape, without reading the data
-    of a safetensors file (a .bin is memory-mapped)."""
+def tensor_shapes(path: str, load_format: str = "auto") -> dict[str, tuple[int, ...]]:
+    """Every tensor name in the weight files --load-format reads and its shape, without reading
+    the data of a safetensors file (a .bin is memory-mapped)."""
     from safetensors import safe_open
 
-    from sglang.srt.model_loader.loader import weight_files
+    from sglang.srt.model_loader.loader import files_of_format
 
     shapes = {}
-    for file in weight_files(path):
+    for file in files_of_format(path, load_format):
         if file.endswith(".bin"):
             state = torch.load(file, map_location="cpu", weights_only=True, mmap=True)
             shapes.update({name: tuple(t.shape) for name, t in state.items()})
@@ -118,6 +119,27 @@ def tensor_shapes(path: str) -> dict[str, tuple[int, ...]]:
         with safe_open(file, framework="pt", device="cpu") as f:
             shapes.update({name: tuple(f.get_slice(name).get_shape()) for name in f.keys()})
     return shapes
+
+
+def _implied_shapes(raw: dict) -> dict[str, tuple[int, ...]]:
+    """--load-format dummy: the tensors a draft of this config holds (the shapes read are fc's
+    input width and the draft vocabulary)."""
+    layer = {**raw.get("transformer_layer_config", {}), **raw}
+    if (raw.get("architectures") or [None])[0] == "LlamaForCausalLM" and "draft_vocab_size" not in raw:
+        return {}  # a full model's config: without tensors, only the release's draft_vocab_size tells a draft
+    hidden = layer.get("hidden_size", 0)
+    names = dict.fromkeys(_BASE_TENSORS, ())
+    names["fc.weight"] = (hidden, 3 * (layer.get("target_hidden_size") or hidden))
+    if layer.get("draft_vocab_size") not in (None, layer.get("vocab_size")):
+        names.update({"lm_head.weight": (layer["draft_vocab_size"], hidden), "d2t": (), "t2d": ()})
+    attn = f"{_LAYER}self_attn."
+    if layer.get("norm_before_fc"):
+        names["input_norm.weight"] = ()
+    if layer.get("attention_bias"):
+        names.update(dict.fromkeys((f"{attn}{p}_proj.bias" for p in "qkvo"), ()))
+    if layer.get("model_type") == "qwen3":
+        names.update(dict.fromkeys((f"{attn}q_norm.weight", f"{attn}k_norm.weight"), ()))
+    return names
 
 
 def _read_json(config_path: str) -> dict:
@@ -179,7 +201,7 @@ def _speculators_aux_ids(raw: dict, where: str) -> list[int] | None:
     return [i - 1 for i in ids]
 
 
-def _normalise(raw: dict, layer: dict, shapes: dict, where: str):
+def _normalise(layer: dict, shapes: dict, where: str):
     """The layer's settings as a transformers config with this engine's draft fields, and the
     features the tensors and flags turn on; refuses a flag or tensor no served feature reads."""
     from transformers import LlamaConfig, Qwen3Config

@@ -64,7 +64,7 @@ def iterate_weights(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
 def load_model(model_config: ModelConfig, device: str, load_format: str = "auto") -> torch.nn.Module:
     """load_format (--load-format): "auto" (weight_files), "safetensors" or "pt" (only those
     files), "dummy" (no files: random weights, model_loader.dummy)."""
-    files = None if load_format == "dummy" else _files_of_format(model_config.path, load_format)
+    files = None if load_format == "dummy" else files_of_format(model_config.path, load_format)
     model = _build(model_config, device)
     with torch.no_grad():
         if files is None:
@@ -79,7 +79,7 @@ def weight_bytes(model_config: ModelConfig, load_format: str = "auto") -> int:
     the parameters of the model built on the meta device (with those `after_dummy_weights`
     adds). For memory planning before the model is loaded."""
     if load_format != "dummy":
-        return sum(os.path.getsize(f) for f in _files_of_format(model_config.path, load_format))
+        return sum(os.path.getsize(f) for f in files_of_format(model_config.path, load_format))
     model = _build(model_config, "meta")
     fill_dummy_weights(model)
     return parameter_bytes(model)
@@ -101,7 +101,8 @@ def _build(model_config: ModelConfig, device: str) -> torch.nn.Module:
         torch.set_default_dtype(previous_dtype)
 
 
-def _files_of_format(model_path: str, load_format: str) -> list[str]:
+def files_of_format(model_path: str, load_format: str) -> list[str]:
+    """The weight files --load-format reads (not "dummy", which reads none)."""
     if load_format == "auto":
         return weight_files(model_path)
     if load_format == "safetensors":

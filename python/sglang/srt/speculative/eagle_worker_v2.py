@@ -85,7 +85,7 @@ class EAGLEWorkerV2(TpModelWorker):
         self.model_config = model_config
         self.k = server_args.speculative_num_steps
         draft_config = draft_model_config(server_args.speculative_draft_model_path, server_args.dtype, self.device,
-                                          model_config)
+                                          model_config, server_args.load_format)
         # Verify and chain positions can run up to k past a request's last kept token: give both
         # rotary tables and the request table that margin.
         margin = MAX_SPECULATIVE_STEPS + 1
