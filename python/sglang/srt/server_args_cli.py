@@ -26,7 +26,7 @@ from sglang.srt.server_args import (
     TOOL_CALL_PARSER_CHOICES,
     ServerArgs,
 )
-from sglang.srt.server_args_refused import ATTENTION_BACKEND_ALTERNATIVE
+from sglang.srt.server_args_refused import ATTENTION_BACKEND_ALTERNATIVE, add_already_the_behaviour_flags
 
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(ServerArgs)}
 
@@ -42,6 +42,7 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     _add_step_launch_args(parser)
     _add_speculative_args(parser)
     _add_structured_output_args(parser)
+    add_already_the_behaviour_flags(parser)
 
 
 def _add_model_args(parser: HelpGroups) -> None:

@@ -1,5 +1,6 @@
-"""Upstream SGLang launch_server flags this engine refuses by name, each with what to use instead,
-and the short one-line errors of the launch_server parser (no 50-line usage dump)."""
+"""Upstream SGLang launch_server flags that need a word here: those refused by name, each with what to
+use instead; those accepted because they ask for what is already the behaviour; and the short
+errors of the launch_server parser (no 50-line usage dump)."""
 
 from __future__ import annotations
 
@@ -67,6 +68,35 @@ REFUSED_FLAGS = {
     "--enable-deterministic-inference": ("greedy requests and seeded sampled requests (sampling_seed) are "
                                          "already reproducible; see docs/http_api.md"),
     "--config": "give the flags on the command line",
+    # scheduling
+    "--page-size": "the KV cache is allocated per token; there is no page size to set",
+    "--schedule-conservativeness": "admission keeps a decode reserve of its own; size the pool with "
+                                   "--max-total-tokens or --mem-fraction-static",
+    "--enable-priority-scheduling": "requests run in --schedule-policy order (fcfs or lpm); there are no priorities",
+    "--load-balance-method": "with --dp-size, sglang-router balances the replicas: use --router-policy",
+    "--tokenizer-worker-num": "one tokenizer process serves; long prompts are tokenized on worker threads",
+    "--stream-output": "streams send the text so far in each chunk; use --stream-interval to send fewer chunks",
+    "--enable-two-batch-overlap": "use the default overlap schedule (--disable-overlap-schedule turns it off)",
+    "--disable-cuda-graph-padding": "batches are padded to the captured sizes; use --disable-cuda-graph or "
+                                    "--cuda-graph-bs",
+    "--triton-attention-num-kv-splits": "the triton decode kernel's split count is fixed",
+    # logging
+    "--log-level-http": "one --log-level sets every process's logging",
+    "--show-time-cost": "SGLANG_STEP_TIMES=PREFIX writes each scheduler phase's time (docs/server_args.md)",
+    "--decode-log-interval": "the decode log line comes every 40 decode steps",
+    # API
+    "--completion-template": "/v1/completions takes the prompt as given",
+    "--preferred-sampling-params": "use --sampling-defaults model (the model's generation_config.json) or "
+                                   "send the parameters per request",
+}
+
+# Upstream flags that ask for what this engine already does: accepted, and nothing changes.
+ALREADY_THE_BEHAVIOUR = {
+    "--enable-cache-report": "every response's usage reports cached prompt tokens "
+                             "(prompt_tokens_details.cached_tokens; meta_info.cached_tokens on /generate)",
+    "--disable-custom-all-reduce": "tensor parallelism all-reduces through torch.distributed (NCCL, gloo); there is "
+                                   "no custom all-reduce",
+    "--enable-p2p-check": "NCCL checks peer access between GPUs itself",
 }
 
 # Values of supported flags that upstream accepts and this engine does not.
@@ -95,6 +125,13 @@ class LaunchArgumentParser(argparse.ArgumentParser):
         close = difflib.get_close_matches(flags[0], known, n=1, cutoff=0.75)
         hint = f"; did you mean {close[0]}?" if close else ""
         self.error(f"unknown flag {flags[0]}{hint}")
+
+
+def add_already_the_behaviour_flags(parser) -> None:
+    """Upstream flags that change nothing here; --help says why (they are no ServerArgs fields)."""
+    group = parser.add_argument_group("upstream flags accepted: already the behaviour here")
+    for flag, why in ALREADY_THE_BEHAVIOUR.items():
+        group.add_argument(flag, action="store_true", help=f"Accepted; changes nothing: {why}.")
 
 
 def refuse_upstream_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
