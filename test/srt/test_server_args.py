@@ -31,7 +31,7 @@ def parse_error(capsys, argv):
         ("--attention-backend", "flashinfer", ["torch_native"]),
         ("--log-level", "verbose", ["debug", "info", "warning", "error", "critical"]),
         ("--grammar-backend", "outlines", ["xgrammar", "none"]),
-        ("--tool-call-parser", "mistral", ["llama3", "qwen25", "hermes"]),
+        ("--tool-call-parser", "deepseekv3", ["llama3", "qwen25", "hermes", "mistral"]),
     ],
 )
 def test_cli_bad_choice_exits_2_naming_flag_and_allowed_values(capsys, flag, bad, allowed):
