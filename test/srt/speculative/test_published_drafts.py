@@ -6,6 +6,7 @@ a float16 draft serves beside a bfloat16 target under --dtype auto."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import json
 import os
@@ -16,7 +17,7 @@ import torch
 from sglang.test.eagle3_layouts import (CASES, DraftFeatures, draft_tensors, reference_draft_step, rms, vocab_map,
                                         write_draft)
 from sglang.test.runner_utils import OneRank
-from sglang.test.tiny_models import make_tiny_model
+from sglang.test.tiny_models import build_tokenizer, make_tiny_model, tiny_config
 
 NUM_TARGET_LAYERS = 8
 AUX_LAYER_IDS = [1, 3, 5]  # + 1 (a speculators id read unconverted) is still a layer the rig knows
@@ -28,6 +29,7 @@ ELSEWHERE = 301
 PROMPTS = ["Hello", "The quick brown fox", "def add(a, b):"]
 GREEDY = {"temperature": 0, "max_new_tokens": 1 + 4 * K, "ignore_eos": True}
 ARGS = dict(dtype="float32", device="cpu", log_level="warning", max_total_tokens=2048)
+TINY = tiny_config("llama", vocab_size=len(build_tokenizer()), eos_token_id=0)  # the tiny targets' shape
 
 
 def aux_ids_of(case: str) -> list[int]:
@@ -124,14 +126,15 @@ def rig_draft(tensors: dict, features: DraftFeatures, embed, layer_outputs, aux_
         head[row] = scale * mean / mean.norm()
     target_ids = [i + 1 for i in range(head.shape[0])]
     target_ids[chosen] = RIGGED_TOKEN
-    tensors.update(vocab_map(target_ids, 384))
+    tensors.update(vocab_map(target_ids, TINY.vocab_size))
     return chosen
 
 
 def chain_directions(tensors, features, embed, layer_outputs, aux_ids, eps) -> list[torch.Tensor]:
     """The unit vectors the lm_head reads at the k chain steps (reference_draft_step, one position:
     the rig makes the draft's attention independent of position and context)."""
-    shape = dict(heads=4, kv_heads=2, head_dim=16)
+    heads, kv_heads = TINY.num_attention_heads, TINY.num_key_value_heads
+    shape = dict(heads=heads, kv_heads=kv_heads, head_dim=TINY.hidden_size // heads)
     hidden_in, from_aux = torch.cat([layer_outputs[i] for i in aux_ids])[None], True
     directions = []
     for _ in range(K):
@@ -153,14 +156,8 @@ def wrong_reads(case: str) -> dict[str, tuple]:
     reads = {"aux ids off by one": (features, [i + 1 for i in aux])}
     for flag in ("fc_bias", "norm_before_fc", "norm_before_residual", "attention_bias"):
         if getattr(features, flag):
-            reads[f"without {flag}"] = (_replace(features, **{flag: False}), aux)
+            reads[f"without {flag}"] = (dataclasses.replace(features, **{flag: False}), aux)
     return reads
-
-
-def _replace(features: DraftFeatures, **changes) -> DraftFeatures:
-    import dataclasses
-
-    return dataclasses.replace(features, **changes)
 
 
 def accept_length(target: str, draft: str) -> float:
@@ -191,7 +188,8 @@ def test_draft_read_where_its_tensors_belong_is_accepted_in_full(case, rigged_ta
         assert picks != [chosen] * K, f"the rig does not tell a read {read} from the right one"
 
     assert accept_length(target, write_case(str(tmp_path / "right"), case, target, tensors)) == K + 1
-    broken = dict(tensors, **vocab_map([ELSEWHERE if i == chosen else i + 1 for i in range(DRAFT_VOCAB)], 384))
+    broken = dict(tensors, **vocab_map([ELSEWHERE if i == chosen else i + 1 for i in range(DRAFT_VOCAB)],
+                                       TINY.vocab_size))
     assert accept_length(target, write_case(str(tmp_path / "broken"), case, target, broken)) < 1.3
 
 
