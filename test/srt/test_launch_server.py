@@ -69,3 +69,15 @@ def test_the_command_line_help_shows_groups_and_defaults():
     groups = [line for line in proc.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
     assert len(groups) >= 6, groups  # options plus at least five groups of flags
     assert proc.stdout.count("(default: ") >= 20
+
+
+@pytest.mark.parametrize("argv, first_line", [
+    (["--enable-torch-compile"], "--enable-torch-compile (an upstream SGLang flag) is not supported: this engine "
+                                 "captures CUDA graphs"),
+    (["--max-prefil-tokens", "4096"], "unknown flag --max-prefil-tokens; did you mean --max-prefill-tokens?"),
+])
+def test_a_refused_or_unknown_flag_fails_in_two_lines_not_the_usage_text(argv, first_line):
+    code, output, _ = launch(*argv)
+    lines = output.strip().splitlines()
+    assert code == 2 and len(lines) == 2 and "usage:" not in output, output
+    assert first_line in lines[0] and "--help" in lines[1], output
