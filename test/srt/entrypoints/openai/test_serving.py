@@ -39,6 +39,7 @@ class FakeTokenizerManager:
         self.bos = bos  # a special token id the tokenizer puts before every text prompt, as Llama's adds BOS
         self.context_len = 1024
         self.server_args = SimpleNamespace(served_model_name=MODEL, model_path=MODEL_PATH, tool_call_parser=None,
+                                           reasoning_parser=None,
                                            sampling_defaults="model")
         self.limits = RequestLimits(ServerArgs(device="cpu"), self.context_len, max_running_requests=64,
                                     token_chars=16)

@@ -234,6 +234,10 @@ class ChatCompletionRequest(_SamplingRequest):
     tools: Optional[list[Tool]] = None
     tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
     parallel_tool_calls: Optional[bool] = True
+    # SGLang extensions: variables the chat template reads (Qwen3's enable_thinking), and, under
+    # --reasoning-parser, whether the reasoning block goes to reasoning_content (else all is content).
+    chat_template_kwargs: Optional[dict[str, Any]] = None
+    separate_reasoning: Optional[bool] = True
 
     @field_validator("tool_choice", mode="before")
     @classmethod
@@ -335,14 +339,17 @@ class ChatChoiceLogprobs(BaseModel):
 class ChatCompletionMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None  # the reasoning block, under --reasoning-parser
     tool_calls: Optional[list[ToolCall]] = None
 
     @model_serializer(mode="wrap")
     def _drop_no_calls(self, handler):
-        # As OpenAI answers: a message without calls has no tool_calls field.
+        # As OpenAI answers: a message without calls has no tool_calls field (nor reasoning_content
+        # without reasoning).
         out = handler(self)
-        if out.get("tool_calls") is None:
-            out.pop("tool_calls", None)
+        for field in ("reasoning_content", "tool_calls"):
+            if out.get(field) is None:
+                out.pop(field, None)
         return out
 
 
@@ -385,6 +392,7 @@ class DeltaToolCall(BaseModel):
 class DeltaMessage(BaseModel):
     role: Optional[Literal["assistant"]] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
     tool_calls: Optional[list[DeltaToolCall]] = None
 
     @model_serializer(mode="wrap")

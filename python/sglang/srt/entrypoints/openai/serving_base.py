@@ -64,6 +64,7 @@ class ChoiceProgress:
     logprob_state: Any = None  # owned by the endpoint (completions: the logprobs' text offsets)
     final_meta: Optional[dict] = None  # meta_info of the finished result
     tool_stream: Any = None  # owned by the chat endpoint (tool_calls.ToolCallStream)
+    reasoning_stream: Any = None  # owned by the chat endpoint (reasoning_parser.ReasoningStream)
 
 
 @dataclasses.dataclass
@@ -104,6 +105,10 @@ class OpenAIServingBase:
 
     def logprob_kwargs(self, request) -> dict:
         raise NotImplementedError
+
+    def generate_kwargs(self, request) -> dict:
+        """The GenerateReqInput fields of a request beside its prompts and sampling parameters."""
+        return self.logprob_kwargs(request)
 
     def full_response(self, ctx: RequestContext, results: list[dict], usage: UsageInfo) -> dict:
         raise NotImplementedError
@@ -164,7 +169,7 @@ class OpenAIServingBase:
     async def _full_response(self, ctx: RequestContext, prompts: Prompts, params: dict,
                              raw_request: Request) -> Response:
         obj = GenerateReqInput(**prompts.batch_kwargs(), sampling_params=params, stream=False, group=ctx.id,
-                               **self.logprob_kwargs(ctx.request))
+                               **self.generate_kwargs(ctx.request))
         results = await cancel_on_disconnect(_first(self.tokenizer_manager.generate_request(obj)), raw_request)
         results = results if isinstance(results, list) else [results]
         for result in results:
@@ -198,7 +203,7 @@ class OpenAIServingBase:
                 if params.get("sampling_seed") is not None:  # the engine's rule for sample j
                     choice_params["sampling_seed"] = (params["sampling_seed"] + j) % MAX_SEED
                 objs.append(GenerateReqInput(**prompts.one_kwargs(prompt_index), sampling_params=choice_params,
-                                             stream=True, group=ctx.id, **self.logprob_kwargs(ctx.request)))
+                                             stream=True, group=ctx.id, **self.generate_kwargs(ctx.request)))
         return objs
 
     async def _sse_events(self, ctx: RequestContext, first: tuple, merged: AsyncIterator) -> AsyncIterator[bytes]:

@@ -1,5 +1,6 @@
 """`/v1/chat/completions`: OpenAI's chat API on the TokenizerManager, with the model's chat
-template turning the messages into the prompt."""
+template turning the messages into the prompt. Under --reasoning-parser the answer's reasoning
+block goes to `reasoning_content`, and tool calls and JSON are read from what follows it."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from sglang.srt.entrypoints.openai.tool_calls import (ToolCallStream, check_tool
                                                       forced_calls_schema, parse_tool_calls, tool_finish_reason,
                                                       tool_mode)
 from sglang.srt.errors import InvalidRequest
+from sglang.srt.reasoning_parser import REASONING_FORMATS, ReasoningStream, request_thinks, split_reasoning
 
 _PARAM_NAMES = {
     **COMMON_PARAM_NAMES,
@@ -30,6 +32,9 @@ _PARAM_NAMES = {
     "input_ids": "messages",
     "top_logprobs_num": "top_logprobs",
 }
+# Arguments of apply_chat_template that chat_template_kwargs may not set: the server sets them.
+_TEMPLATE_ARGUMENTS = frozenset(("conversation", "messages", "tools", "add_generation_prompt", "tokenize",
+                                 "return_dict", "chat_template", "continue_final_message"))
 
 
 class OpenAIServingChat(OpenAIServingBase):
@@ -43,6 +48,7 @@ class OpenAIServingChat(OpenAIServingBase):
         args = tokenizer_manager.server_args
         # What a request leaves unset and the model's generation_config.json recommends (--sampling-defaults).
         self.model_defaults = model_sampling_defaults(args.model_path, args.sampling_defaults)
+        self.reasoning_format = REASONING_FORMATS.get(args.reasoning_parser)
 
     def build_prompts(self, request: ChatCompletionRequest) -> Prompts:
         return Prompts("input_ids", [self._render(request)])
@@ -63,7 +69,8 @@ class OpenAIServingChat(OpenAIServingBase):
         try:
             # Tokenized by the template call, not by encoding the rendered text: templates
             # write BOS themselves, and encoding would add a second one.
-            ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True)
+            ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
+                                                **_template_kwargs(request))
         except (TemplateError, ValueError, TypeError) as err:
             raise InvalidRequest(f"the chat template rejected these messages: {err}", "messages") from None
         except RecursionError:  # the template walks tool-call arguments nested a few hundred deep
@@ -114,6 +121,13 @@ class OpenAIServingChat(OpenAIServingBase):
             return {}
         return {"return_logprob": True, "top_logprobs_num": request.top_logprobs or 0}
 
+    def generate_kwargs(self, request: ChatCompletionRequest) -> dict:
+        # A request that thinks is constrained (response_format, forced tools) after its reasoning.
+        return {**self.logprob_kwargs(request), "require_reasoning": self._thinks(request)}
+
+    def _thinks(self, request: ChatCompletionRequest) -> bool:
+        return request_thinks(self.tokenizer_manager.server_args.reasoning_parser, request.chat_template_kwargs)
+
     # ---- responses ------------------------------------------------------------------------
 
     def full_response(self, ctx: RequestContext, results: list[dict], usage: UsageInfo) -> dict:
@@ -121,18 +135,32 @@ class OpenAIServingChat(OpenAIServingBase):
         mode = tool_mode(ctx.request, self.parser)
         for index, result in enumerate(results):
             finish_reason, matched = openai_finish_reason(result)
-            content, calls = result["text"], None
+            reasoning, block, content = self._split(ctx.request, result["text"])
+            calls = None
             if mode is not None:
                 content, calls = parse_tool_calls(content, mode, self.parser, _tool_names(ctx.request))
                 finish_reason = tool_finish_reason(finish_reason, bool(calls))
                 matched = None if finish_reason == "tool_calls" else matched
                 calls = calls or None
+            if reasoning is not None:  # the output had a block: an empty answer is no content
+                content = content or None
+                if not ctx.request.separate_reasoning:
+                    reasoning, content = None, block + (content or "")
+            message = ChatCompletionMessage(content=content, reasoning_content=reasoning or None, tool_calls=calls)
             choices.append(ChatCompletionChoice(
-                index=index, message=ChatCompletionMessage(content=content, tool_calls=calls),
+                index=index, message=message,
                 logprobs=self._logprobs(ctx, result, 0), finish_reason=finish_reason, matched_stop=matched,
             ))
         return ChatCompletionResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices,
                                       usage=usage).model_dump()
+
+    def _split(self, request: ChatCompletionRequest, text: str) -> tuple[Optional[str], str, str]:
+        """(reasoning, the block as written, the answer) of a whole output; reasoning None when
+        the request does not think."""
+        if not self._thinks(request):
+            return None, "", text
+        split = split_reasoning(text, self.reasoning_format)
+        return split.reasoning, text[:split.block_end], split.answer(text)
 
     def stream_start(self, ctx: RequestContext) -> list[dict]:
         """OpenAI's first chunk of each choice names the role."""
@@ -142,27 +170,41 @@ class OpenAIServingChat(OpenAIServingBase):
     def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict,
                      token_start: int) -> Optional[dict]:
         finish_reason, matched = openai_finish_reason(result)
+        reasoning, block, text = None, "", result["text"]
+        if self._thinks(ctx.request):
+            progress = ctx.progress[index]
+            if progress.reasoning_stream is None:
+                progress.reasoning_stream = ReasoningStream(self.reasoning_format)
+            update = progress.reasoning_stream.update(text, finish_reason is not None)
+            if ctx.request.separate_reasoning:
+                reasoning = update.reasoning or None
+            else:
+                block = update.block
+            delta, text = update.answer, update.answer_so_far
         message = DeltaMessage(content=delta or None)
         mode = tool_mode(ctx.request, self.parser)
         if mode is not None:
-            message, finish_reason = self._tool_delta(ctx, index, mode, result, finish_reason)
+            message, finish_reason = self._tool_delta(ctx, index, mode, text, finish_reason)
             matched = None if finish_reason == "tool_calls" else matched
-            if finish_reason is None and message.content is None and not message.tool_calls \
-                    and not ctx.request.logprobs:
-                return None  # the text is held back: it may be a call
+        message.reasoning_content = reasoning
+        message.content = (block + (message.content or "")) or None
+        if finish_reason is None and message.content is None and message.reasoning_content is None \
+                and not message.tool_calls and not ctx.request.logprobs:
+            return None  # the text is held back: it may be a call or a tag
         choice = ChatCompletionStreamChoice(
             index=index, delta=message,
             logprobs=self._logprobs(ctx, result, token_start), finish_reason=finish_reason, matched_stop=matched,
         )
         return self._chunk(ctx, choice)
 
-    def _tool_delta(self, ctx: RequestContext, index: int, mode: str, result: dict, finish_reason: Optional[str]):
-        """The delta of a streamed choice whose tool calls are read: content while it cannot be a
-        call, each call once it is complete, the rest when the output is."""
+    def _tool_delta(self, ctx: RequestContext, index: int, mode: str, text: str, finish_reason: Optional[str]):
+        """The delta of a streamed choice whose tool calls are read from `text` (the output, or
+        its answer after the reasoning block, so far): content while it cannot be a call, each
+        call once it is complete, the rest when the output is."""
         progress = ctx.progress[index]
         if progress.tool_stream is None:
             progress.tool_stream = ToolCallStream(mode, self.parser, _tool_names(ctx.request))
-        stream, text = progress.tool_stream, result["text"]
+        stream = progress.tool_stream
         if finish_reason is None:
             content, calls = stream.content_delta(text), stream.call_deltas(text)
         else:
@@ -202,6 +244,16 @@ def _template_messages(request: ChatCompletionRequest) -> list[dict]:
         except ValueError as err:
             raise InvalidRequest(f"messages[{index}].{err}", "messages") from None
     return messages
+
+
+def _template_kwargs(request: ChatCompletionRequest) -> dict:
+    """chat_template_kwargs, as variables of the template (Qwen3's enable_thinking)."""
+    kwargs = request.chat_template_kwargs or {}
+    reserved = sorted(_TEMPLATE_ARGUMENTS.intersection(kwargs))
+    if reserved:
+        raise InvalidRequest(f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets it",
+                             "chat_template_kwargs")
+    return kwargs
 
 
 def _tool_names(request: ChatCompletionRequest) -> set[str]:
