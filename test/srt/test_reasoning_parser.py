@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from sglang import demo
 from sglang.srt.reasoning_parser import REASONING_FORMATS, ReasoningStream, request_thinks, split_reasoning
-from sglang.srt.server_args import REASONING_PARSER_CHOICES
+from sglang.srt.server_args import REASONING_PARSER_CHOICES, ServerArgs, prepare_server_args
 
 R1, QWEN3 = REASONING_FORMATS["deepseek-r1"], REASONING_FORMATS["qwen3"]
 
@@ -20,6 +21,22 @@ def parts(text, fmt):
 
 def test_every_parser_flag_has_a_format():
     assert set(REASONING_PARSER_CHOICES) == set(REASONING_FORMATS)
+
+
+def test_the_flag_takes_upstreams_names_and_refuses_others(capsys):
+    args = prepare_server_args(["--model-path", demo.TARGET_PATH, "--reasoning-parser", "qwen3"])
+    assert args.reasoning_parser == "qwen3" and ServerArgs(model_path=demo.TARGET_PATH).reasoning_parser is None
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--model-path", demo.TARGET_PATH, "--reasoning-parser", "deepseek-v3"])
+    err = capsys.readouterr().err
+    assert "--reasoning-parser" in err and "deepseek-r1" in err and "qwen3" in err
+    with pytest.raises(ValueError, match="--reasoning-parser must be one of deepseek-r1, qwen3"):
+        ServerArgs(model_path=demo.TARGET_PATH, reasoning_parser="r1")
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--help"])
+    help_text = capsys.readouterr().out
+    group = help_text[help_text.index("structured outputs and tool calling:"):]
+    assert "--reasoning-parser {deepseek-r1,qwen3}" in group[:group.index("\n\n")]
 
 
 def test_deepseek_r1_output_starts_inside_the_block():
