@@ -108,7 +108,7 @@ def test_reasoning_block_goes_to_reasoning_content_and_streams_the_same(r1_serve
     # deepseek-r1: the model's own leading <think> is dropped, the block ends at the first </think>.
     assert answer["reasoning"] == raw["content"][len("<think>"):end].strip() != ""
     assert answer["content"] == raw["content"][end + len("</think>"):].lstrip()
-    assert streamed(r1_server) == answer
+    assert streamed(r1_server) == answer == whole(r1_server, separate_reasoning=None)  # null: the default
     assert streamed(r1_server, separate_reasoning=False) == raw
     assert_server_kv_accounting(r1_server)
 

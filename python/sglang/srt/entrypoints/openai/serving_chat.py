@@ -144,7 +144,7 @@ class OpenAIServingChat(OpenAIServingBase):
                 calls = calls or None
             if reasoning is not None:  # the output had a block: an empty answer is no content
                 content = content or None
-                if not ctx.request.separate_reasoning:
+                if ctx.request.separate_reasoning is False:
                     reasoning, content = None, block + (content or "")
             message = ChatCompletionMessage(content=content, reasoning_content=reasoning or None, tool_calls=calls)
             choices.append(ChatCompletionChoice(
@@ -176,7 +176,7 @@ class OpenAIServingChat(OpenAIServingBase):
             if progress.reasoning_stream is None:
                 progress.reasoning_stream = ReasoningStream(self.reasoning_format)
             update = progress.reasoning_stream.update(text, finish_reason is not None)
-            if ctx.request.separate_reasoning:
+            if ctx.request.separate_reasoning is not False:  # null: the default
                 reasoning = update.reasoning or None
             else:
                 block = update.block
