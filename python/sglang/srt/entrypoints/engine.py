@@ -106,7 +106,6 @@ UPSTREAM_ONLY_PARAMS = {
     "token_ids_logprob": "logprobs of chosen token ids",
     "lora_path": "LoRA adapters",
     "custom_logit_processor": "custom logit processors",
-    "require_reasoning": "reasoning control",
     "return_hidden_states": "returning hidden states",
     **dict.fromkeys(("return_routed_experts", "routed_experts_start_len"), "returning routed experts"),
     **dict.fromkeys(("bootstrap_host", "bootstrap_port", "bootstrap_room", "disagg_prefill_dp_rank"),
@@ -216,6 +215,7 @@ class Engine:
         return_logprob: Optional[Union[bool, list[bool]]] = False,
         logprob_start_len: Optional[Union[int, list[int]]] = None,
         top_logprobs_num: Optional[Union[int, list[int]]] = None,
+        require_reasoning: bool = False,
         **upstream_only,
     ) -> Union[dict, list[dict], Iterator[dict]]:
         """One result dict per prompt (`text`, `output_ids`, `meta_info`); a list for a list of
@@ -223,10 +223,11 @@ class Engine:
         upstream's names, keyword-only: upstream's fourth positional parameter is `image_data`.
         With `return_logprob` and `logprob_start_len` L >= 0, meta_info also has the prompt's
         logprobs from position L (`input_token_logprobs`, and `input_top_logprobs` with
-        `top_logprobs_num`); the upstream parameters in UPSTREAM_ONLY_PARAMS raise
-        NotImplementedError unless they ask for nothing."""
+        `top_logprobs_num`); `require_reasoning` (under --reasoning-parser): the output starts with a
+        reasoning block, and a json_schema / regex / ebnf constrains what follows it; the upstream
+        parameters in UPSTREAM_ONLY_PARAMS raise NotImplementedError unless they ask for nothing."""
         obj = self._request_input(prompt, sampling_params, input_ids, stream, rid, return_logprob,
-                                  logprob_start_len, top_logprobs_num, upstream_only)
+                                  logprob_start_len, top_logprobs_num, upstream_only, require_reasoning)
         agen = self.tokenizer_manager.generate_request(obj)
         if stream:
             return self._iterate(agen)
@@ -243,27 +244,29 @@ class Engine:
         return_logprob: Optional[Union[bool, list[bool]]] = False,
         logprob_start_len: Optional[Union[int, list[int]]] = None,
         top_logprobs_num: Optional[Union[int, list[int]]] = None,
+        require_reasoning: bool = False,
         **upstream_only,
     ) -> Union[dict, list[dict], AsyncIterator[dict]]:
         """`generate` for asyncio callers, on any event loop: awaits the result, or with
         `stream=True` returns an async iterator of growing results. Cancelling the awaiting task
         aborts the request."""
         obj = self._request_input(prompt, sampling_params, input_ids, stream, rid, return_logprob,
-                                  logprob_start_len, top_logprobs_num, upstream_only)
+                                  logprob_start_len, top_logprobs_num, upstream_only, require_reasoning)
         agen = self.tokenizer_manager.generate_request(obj)
         if stream:
             return self._aiterate(agen)
         return await self._await(_first(agen))
 
     def _request_input(self, prompt, sampling_params, input_ids, stream, rid, return_logprob, logprob_start_len,
-                       top_logprobs_num, upstream_only: dict) -> GenerateReqInput:
+                       top_logprobs_num, upstream_only: dict, require_reasoning: bool = False) -> GenerateReqInput:
         self._check_open()
         _refuse_upstream_only(upstream_only)
         # None is upstream's default for these; ours are the values it stands for.
         return GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
                                 stream=stream, return_logprob=False if return_logprob is None else return_logprob,
                                 logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
-                                top_logprobs_num=0 if top_logprobs_num is None else top_logprobs_num)
+                                top_logprobs_num=0 if top_logprobs_num is None else top_logprobs_num,
+                                require_reasoning=bool(require_reasoning))
 
     def _iterate(self, agen) -> Iterator[dict]:
         try:

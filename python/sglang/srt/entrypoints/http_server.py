@@ -62,6 +62,8 @@ class GenerateRequest(BaseModel):
     return_logprob: Union[bool, list[bool]] = False
     top_logprobs_num: Union[int, list[int]] = 0
     logprob_start_len: Union[int, list[int]] = -1
+    # Under --reasoning-parser: the output starts with a reasoning block, and a constraint applies after it.
+    require_reasoning: bool = False
 
 
 class AbortRequest(BaseModel):

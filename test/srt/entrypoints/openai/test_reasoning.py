@@ -150,6 +150,17 @@ def test_mistral_calls_after_the_block_are_parsed(r1_server, call_text):
         assert answer["content"] is None and answer["reasoning"]
 
 
+def test_native_generate_constrains_after_the_block_when_it_requires_reasoning(r1_server):
+    prompt = "<|user|>\nPlan a trip from Paris to Rome.\n<|assistant|>\n<think>\n"
+    body = {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 80, "json_schema": json.dumps(SCHEMA)}}
+    thought = httpx.post(r1_server.base_url + "/generate", json={**body, "require_reasoning": True}, timeout=60).json()
+    reasoning, answer = thought["text"].split("</think>", 1)
+    assert reasoning.startswith("<think>")
+    jsonschema.validate(json.loads(answer), SCHEMA)
+    plain = httpx.post(r1_server.base_url + "/generate", json=body, timeout=60).json()  # as upstream: from the start
+    jsonschema.validate(json.loads(plain["text"]), SCHEMA)
+
+
 def test_chat_template_kwargs_may_not_set_the_servers_arguments(r1_server):
     response = httpx.post(r1_server.base_url + "/v1/chat/completions", timeout=60,
                           json={"messages": MESSAGES, "chat_template_kwargs": {"tokenize": False}})
