@@ -172,15 +172,7 @@ class OpenAIServingChat(OpenAIServingBase):
         finish_reason, matched = openai_finish_reason(result)
         reasoning, block, text = None, "", result["text"]
         if self._thinks(ctx.request):
-            progress = ctx.progress[index]
-            if progress.reasoning_stream is None:
-                progress.reasoning_stream = ReasoningStream(self.reasoning_format)
-            update = progress.reasoning_stream.update(text, finish_reason is not None)
-            if ctx.request.separate_reasoning is not False:  # null: the default
-                reasoning = update.reasoning or None
-            else:
-                block = update.block
-            delta, text = update.answer, update.answer_so_far
+            reasoning, block, delta, text = self._reasoning_delta(ctx, index, text, finish_reason is not None)
         message = DeltaMessage(content=delta or None)
         mode = tool_mode(ctx.request, self.parser)
         if mode is not None:
@@ -196,6 +188,17 @@ class OpenAIServingChat(OpenAIServingBase):
             logprobs=self._logprobs(ctx, result, token_start), finish_reason=finish_reason, matched_stop=matched,
         )
         return self._chunk(ctx, choice)
+
+    def _reasoning_delta(self, ctx: RequestContext, index: int, text: str, finished: bool):
+        """(new reasoning or None, new text of the block as written for separate_reasoning false,
+        new answer text, the answer so far) of a streamed choice that thinks."""
+        progress = ctx.progress[index]
+        if progress.reasoning_stream is None:
+            progress.reasoning_stream = ReasoningStream(self.reasoning_format)
+        update = progress.reasoning_stream.update(text, finished)
+        if ctx.request.separate_reasoning is False:  # null: the default, reasoning apart
+            return None, update.block, update.answer, update.answer_so_far
+        return update.reasoning or None, "", update.answer, update.answer_so_far
 
     def _tool_delta(self, ctx: RequestContext, index: int, mode: str, text: str, finish_reason: Optional[str]):
         """The delta of a streamed choice whose tool calls are read from `text` (the output, or
