@@ -27,7 +27,8 @@ def test_tokenizer_mode_slow_loads_the_python_tokenizer_where_transformers_has_o
     assert slow.encode(TEXT) == fast.encode(TEXT)
 
 
-def test_a_tokenizer_class_of_the_model_directorys_own_code_needs_trust_remote_code(tmp_path):
+def model_with_its_own_tokenizer_class(tmp_path):
+    """The demo model whose tokenizer_config names a class in the directory's own Python file."""
     shutil.copytree(demo.TARGET_PATH, tmp_path / "model")
     config = json.loads((tmp_path / "model" / "tokenizer_config.json").read_text())
     config.update(tokenizer_class="TinyTokenizer", auto_map={"AutoTokenizer": [None, "tokenization_tiny.TinyTokenizer"]})
@@ -35,8 +36,23 @@ def test_a_tokenizer_class_of_the_model_directorys_own_code_needs_trust_remote_c
     (tmp_path / "model" / "tokenization_tiny.py").write_text(
         "from transformers import PreTrainedTokenizerFast\n\n\nclass TinyTokenizer(PreTrainedTokenizerFast):\n"
         "    pass\n")
+    return str(tmp_path / "model")
+
+
+def test_a_tokenizer_class_of_the_model_directorys_own_code_needs_trust_remote_code(tmp_path):
+    model = model_with_its_own_tokenizer_class(tmp_path)
     with pytest.raises(ValueError):
-        get_tokenizer(str(tmp_path / "model"))
-    tokenizer = get_tokenizer(str(tmp_path / "model"), trust_remote_code=True)
+        get_tokenizer(model)
+    tokenizer = get_tokenizer(model, trust_remote_code=True)
     assert type(tokenizer).__name__ == "TinyTokenizer"
     assert tokenizer.encode(TEXT) == get_tokenizer(demo.TARGET_PATH).encode(TEXT)
+
+
+def test_the_grammar_backend_loads_the_tokenizer_as_the_server_does(tmp_path):
+    from sglang.srt.constrained.grammar_backend import make_grammar_backend
+
+    model = model_with_its_own_tokenizer_class(tmp_path)
+    with pytest.raises(ValueError):
+        make_grammar_backend("xgrammar", model, 6144, {0})
+    backend = make_grammar_backend("xgrammar", model, 6144, {0}, trust_remote_code=True)
+    assert backend is not None

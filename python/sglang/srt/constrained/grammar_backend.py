@@ -139,13 +139,16 @@ def _json_text_mask(info, vocab_size: int):
 
 
 def make_grammar_backend(name: str, tokenizer_path: str, vocab_size: int, stop_token_ids: set[int],
-                         reasoning_parser: Optional[str] = None) -> Optional[GrammarBackend]:
+                         reasoning_parser: Optional[str] = None, tokenizer_mode: str = "auto",
+                         trust_remote_code: bool = False) -> Optional[GrammarBackend]:
+    """The tokenizer is loaded as the server loads it (--tokenizer-mode, --trust-remote-code), so
+    the grammar's token strings are those of the tokens the model writes."""
     if name == "none":
         return None
     from sglang.srt.hf_transformers_utils import get_tokenizer
 
-    return GrammarBackend(get_tokenizer(tokenizer_path), vocab_size, stop_token_ids,
-                          reasoning_parser=reasoning_parser)
+    tokenizer = get_tokenizer(tokenizer_path, tokenizer_mode, trust_remote_code)
+    return GrammarBackend(tokenizer, vocab_size, stop_token_ids, reasoning_parser=reasoning_parser)
 
 
 def schema_text(schema) -> str:

@@ -70,7 +70,7 @@ class Scheduler:
         self.waiting_queue: deque[Req] = deque()
         self.grammar_queue = GrammarQueue(make_grammar_backend(
             server_args.grammar_backend, server_args.tokenizer_path, self.model_config.vocab_size, self.eos_token_ids,
-            server_args.reasoning_parser))
+            server_args.reasoning_parser, server_args.tokenizer_mode, server_args.trust_remote_code))
         self.running_reqs: list[Req] = []
         self.chunked_req: Optional[Req] = None
         self.pending_outputs: list[Req] = []
