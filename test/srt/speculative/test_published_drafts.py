@@ -28,7 +28,9 @@ RIGGED_TOKEN = 300  # the rigged target's only output; outside the draft's defau
 ELSEWHERE = 301
 PROMPTS = ["Hello", "The quick brown fox", "def add(a, b):"]
 GREEDY = {"temperature": 0, "max_new_tokens": 1 + 4 * K, "ignore_eos": True}
-ARGS = dict(dtype="float32", device="cpu", log_level="warning", max_total_tokens=2048)
+# The GPU machine runs this module on CUDA (Triton kernels, CUDA graphs) with SGLANG_TEST_DEVICE=cuda.
+DEVICE = os.environ.get("SGLANG_TEST_DEVICE", "cpu")
+ARGS = dict(dtype="float32", device=DEVICE, log_level="warning", max_total_tokens=2048)
 TINY = tiny_config("llama", vocab_size=len(build_tokenizer()), eos_token_id=0)  # the tiny targets' shape
 
 
@@ -212,7 +214,7 @@ def test_float16_draft_serves_in_the_bfloat16_targets_dtype(random_target, tmp_p
     tensors = draft_tensors(AutoConfig.from_pretrained(random_target), DRAFT_VOCAB, DraftFeatures(), seed=5)
     draft = write_case(str(tmp_path / "release"), "release", target, tensors)  # float16 .bin, torch_dtype float16
     spec = OneRank(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                   speculative_num_steps=K, device="cpu", log_level="warning", max_total_tokens=2048)
+                   speculative_num_steps=K, device=DEVICE, log_level="warning", max_total_tokens=2048)
     worker = spec.scheduler.tp_worker
     assert worker.model_runner.model_config.dtype == worker.draft_runner.model_config.dtype == torch.bfloat16
     assert worker.draft_model.fc.weight.dtype == torch.bfloat16
