@@ -3,11 +3,12 @@ load and split, before any process starts: nothing is downloaded."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import types
 from typing import TYPE_CHECKING
+
+from sglang.srt.utils import read_json_object
 
 if TYPE_CHECKING:
     from sglang.srt.server_args import ServerArgs
@@ -49,15 +50,7 @@ def _check_draft(server_args: ServerArgs):
 
 def _read_config(path: str) -> types.SimpleNamespace:
     """A model directory's config.json as attributes (no model code needed to read head counts)."""
-    config_path = os.path.join(path, "config.json")
-    try:
-        with open(config_path) as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{config_path} cannot be read as JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"{config_path} must hold a JSON object, not {type(config).__name__}")
-    return types.SimpleNamespace(**config)
+    return types.SimpleNamespace(**read_json_object(os.path.join(path, "config.json")))
 
 
 def _check_model_dir(flag: str, path: str, need_config: bool) -> None:

@@ -31,6 +31,18 @@ def _token_id(tokenizer_path: str, token: str) -> set[int]:
     return set() if token_id is None else {token_id}
 
 
+def read_json_object(path: str) -> dict:
+    """A file that must hold a JSON object (a config.json); a ValueError naming the file otherwise."""
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{path} cannot be read as JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path} must hold a JSON object, not {type(raw).__name__}")
+    return raw
+
+
 def _read_json(path: str) -> dict:
     if not os.path.isfile(path):
         return {}

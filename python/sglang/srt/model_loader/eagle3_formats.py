@@ -12,7 +12,6 @@ dummy there are no tensors: the config alone says what the draft holds.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import re
 
@@ -21,6 +20,7 @@ import torch
 from sglang.srt.configs.model_config import ModelConfig, resolve_dtype
 from sglang.srt.models.llama_eagle3 import canonical_weight_name
 from sglang.srt.models.registry import PUBLISHED_DRAFT_ARCHITECTURES as SPECULATORS_ARCHITECTURES
+from sglang.srt.utils import read_json_object
 
 LAYOUT_OURS = "LlamaForCausalLMEagle3"
 LAYOUT_RELEASE = "EAGLE-3 release (LlamaForCausalLM)"
@@ -58,7 +58,7 @@ class DraftLayout:
 
 def read_draft_layout(path: str, load_format: str = "auto") -> DraftLayout:
     """The draft at `path`, normalised; a ValueError naming the layout or feature we do not serve."""
-    raw = _read_json(os.path.join(path, "config.json"))
+    raw = read_json_object(os.path.join(path, "config.json"))
     stored = _implied_shapes(raw) if load_format == "dummy" else tensor_shapes(path, load_format)
     shapes = {canonical_weight_name(name): shape for name, shape in stored.items()
               if not name.endswith(_IGNORED_SUFFIXES)}
@@ -140,17 +140,6 @@ def _implied_shapes(raw: dict) -> dict[str, tuple[int, ...]]:
     if layer.get("model_type") == "qwen3":
         names.update(dict.fromkeys((f"{attn}q_norm.weight", f"{attn}k_norm.weight"), ()))
     return names
-
-
-def _read_json(config_path: str) -> dict:
-    try:
-        with open(config_path) as f:
-            raw = json.load(f)
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{config_path} cannot be read as JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ValueError(f"{config_path} must hold a JSON object")
-    return raw
 
 
 def _detect_layout(raw: dict, names: set[str], where: str) -> str:
