@@ -57,7 +57,10 @@ def servers(tiny_model_paths, template_path):
     """demo and tiny: plain servers; spec: the demo pair with EAGLE-3 and the mode switch."""
     common = ("--chat-template", template_path, "--tool-call-parser", "qwen25")
     specs = {"demo": (demo.TARGET_PATH, common), "tiny": (tiny_model_paths["llama"], common),
-             "spec": (demo.TARGET_PATH, (*common, "--speculative-algorithm", "EAGLE3", "--speculative-adaptive"))}
+             # The mode switch between k = 1 and 3: with k = 0 among the candidates, the cost policy on a loaded
+             # CPU may price every constrained step as plain and verify nothing, and the parity would be empty.
+             "spec": (demo.TARGET_PATH, (*common, "--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
+                                         "--speculative-candidate-steps", "1,3"))}
     with concurrent.futures.ThreadPoolExecutor(len(specs)) as pool:  # they start in parallel
         futures = {name: pool.submit(ServerProcess, path, *args) for name, (path, args) in specs.items()}
     started = {name: future.result() for name, future in futures.items() if future.exception() is None}
