@@ -28,8 +28,18 @@ setup(
     ],
     extras_require={
         # The tests start replicas behind the real router, so they need it too.
-        "test": ["pytest>=8", "scipy>=1.11", "httpx", "openai>=1.0", "aiohttp", "matplotlib", "tqdm",
-                 "sglang-router==0.3.2", "requests", "jsonschema"],
+        "test": [
+            "pytest>=8",
+            "scipy>=1.11",
+            "httpx",
+            "openai>=1.0",
+            "aiohttp",
+            "matplotlib",
+            "tqdm",
+            "sglang-router==0.3.2",
+            "requests",
+            "jsonschema",
+        ],
         "bench": ["matplotlib", "aiohttp", "tqdm"],
         # --dp-size N: replicas behind upstream's load balancer (docs/scaling_out.md); the version tested.
         # Its launcher, python -m sglang_router.launch_server, imports requests without declaring it.

@@ -1,14 +1,14 @@
 """CPU lists (taskset -c form) for pinning servers in the GPU runs, one per line.
 
-    python benchmark/cpu_sets.py servers N   N + 1 lines: four physical cores per server (the first
-                                             logical CPU of each) and two for the client where the
-                                             machine has them; otherwise its logical CPUs split
-                                             evenly (siblings together), two for the client
-    python benchmark/cpu_sets.py roles       4 lines: two cores each for a server's HTTP process,
-                                             scheduler and detokenizer, and for the client; every
-                                             server gets the same ones (only one is measured at a
-                                             time), so no server's result depends on where the
-                                             kernel happened to place it
+python benchmark/cpu_sets.py servers N   N + 1 lines: four physical cores per server (the first
+                                         logical CPU of each) and two for the client where the
+                                         machine has them; otherwise its logical CPUs split
+                                         evenly (siblings together), two for the client
+python benchmark/cpu_sets.py roles       4 lines: two cores each for a server's HTTP process,
+                                         scheduler and detokenizer, and for the client; every
+                                         server gets the same ones (only one is measured at a
+                                         time), so no server's result depends on where the
+                                         kernel happened to place it
 """
 
 from __future__ import annotations
@@ -37,11 +37,14 @@ def split(groups: int, each: int, spare: int) -> list[list[str]]:
     found = cores()
     if len(found) >= groups * each + spare:
         firsts = [core[0] for core in found]
-        return [firsts[i * each:(i + 1) * each] for i in range(groups)] + [firsts[groups * each:groups * each + spare]]
+        return [firsts[i * each : (i + 1) * each] for i in range(groups)] + [
+            firsts[groups * each : groups * each + spare]
+        ]
     logical = [cpu for core in found for cpu in core]
     size = max(1, (len(logical) - spare) // groups)
-    return ([logical[i * size:(i + 1) * size] or logical[:1] for i in range(groups)]
-            + [logical[groups * size:] or logical[-1:]])
+    return [logical[i * size : (i + 1) * size] or logical[:1] for i in range(groups)] + [
+        logical[groups * size :] or logical[-1:]
+    ]
 
 
 def main(argv: list[str]) -> int:

@@ -41,19 +41,30 @@ from sglang.bench_serving import make_parser  # noqa: E402
 from sglang.benchmark import runner  # noqa: E402
 from sglang.benchmark.datasets import DatasetError  # noqa: E402
 
-SUMMED = ("duration", "completed", "failed", "total_input_tokens", "total_output_tokens",
-          "token_count_mismatches", "spec_prompts_without_draft")
+SUMMED = (
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "token_count_mismatches",
+    "spec_prompts_without_draft",
+)
 ROUND_FIELDS = ("round", "position", "started_unix", "ended_unix")  # one round's, not the pool's
-POOLED_RATES = {"request_throughput": "completed", "input_throughput": "total_input_tokens",
-                "output_throughput": "total_output_tokens"}
+POOLED_RATES = {
+    "request_throughput": "completed",
+    "input_throughput": "total_input_tokens",
+    "output_throughput": "total_output_tokens",
+}
 
 
 def parse_server(value: str) -> tuple[str, str]:
     name, sep, url = value.partition("=")
     plain_name = name.replace("_", "").replace("-", "").replace(".", "")
     if not sep or not plain_name.isalnum() or not url.startswith(("http://", "https://")):
-        raise argparse.ArgumentTypeError(f"--server takes NAME=http://host:port with NAME of letters, digits, ., "
-                                         f"_ and -, got {value!r}")
+        raise argparse.ArgumentTypeError(
+            f"--server takes NAME=http://host:port with NAME of letters, digits, ., _ and -, got {value!r}"
+        )
     return name, url.rstrip("/")
 
 
@@ -61,19 +72,32 @@ def make_sweep_parser() -> argparse.ArgumentParser:
     parser = make_parser()
     parser.description = __doc__
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("--server", type=parse_server, action="append", required=True,
-                        help="NAME=URL of one running server (give two or more)")
+    parser.add_argument(
+        "--server",
+        type=parse_server,
+        action="append",
+        required=True,
+        help="NAME=URL of one running server (give two or more)",
+    )
     parser.add_argument("--rounds", type=int, default=2, help="measurements per server and level (default 2)")
-    parser.add_argument("--warmup-rounds", type=int, default=0,
-                        help="rounds played before the measured ones at every level (or trace), in the same "
-                             "rotating order, written to OUT/NAME.warmup.jsonl and left out of the pooled line: "
-                             "a server that adapts to its load (dynamic speculation learning its costs at a new "
-                             "batch size) is then measured once it has met the level (default 0)")
-    parser.add_argument("--time-budget-s", type=float, default=None,
-                        help="seconds the whole sweep may take: a round is started only while the time left "
-                             "holds one more like the longest so far at that level (the first measured round of a "
-                             "level always runs), so a sweep under an outer time limit ends with complete rounds "
-                             "instead of being cut off in one (default: no budget)")
+    parser.add_argument(
+        "--warmup-rounds",
+        type=int,
+        default=0,
+        help="rounds played before the measured ones at every level (or trace), in the same "
+        "rotating order, written to OUT/NAME.warmup.jsonl and left out of the pooled line: "
+        "a server that adapts to its load (dynamic speculation learning its costs at a new "
+        "batch size) is then measured once it has met the level (default 0)",
+    )
+    parser.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=None,
+        help="seconds the whole sweep may take: a round is started only while the time left "
+        "holds one more like the longest so far at that level (the first measured round of a "
+        "level always runs), so a sweep under an outer time limit ends with complete rounds "
+        "instead of being cut off in one (default: no budget)",
+    )
     parser.add_argument("--out-dir", required=True)
     return parser
 
@@ -92,8 +116,11 @@ def pool(lines: list[dict]) -> dict:
         pooled[rate] = pooled[amount] / pooled["duration"]
     pooled["total_throughput"] = pooled["input_throughput"] + pooled["output_throughput"]
     pooled["concurrency"] = sum(line["concurrency"] * line["duration"] for line in lines) / pooled["duration"]
-    averaged = [key for key, value in lines[0].items()
-                if key.endswith("_ms") or key in ("accept_length", "spec_accept_length", "max_output_tokens_per_s")]
+    averaged = [
+        key
+        for key, value in lines[0].items()
+        if key.endswith("_ms") or key in ("accept_length", "spec_accept_length", "max_output_tokens_per_s")
+    ]
     for key in averaged:
         values = [line[key] for line in lines if isinstance(line.get(key), (int, float))]
         pooled[key] = statistics.fmean(values) if values else None
@@ -130,11 +157,18 @@ def pool_phases(rounds: list[list[dict]]) -> list[dict]:
         seconds = sum(phase["seconds"] for phase in same)
         tokens = sum(phase.get("window_output_tokens", 0) for phase in same)
         tpots = [phase["mean_tpot_ms"] for phase in same if isinstance(phase.get("mean_tpot_ms"), (int, float))]
-        pooled.append({"seconds": first["seconds"], "target_concurrency": first["target_concurrency"],
-                       "accept_mix": first["accept_mix"], "completed": sum(phase["completed"] for phase in same),
-                       "window_output_tokens": tokens, "window_output_throughput": tokens / seconds,
-                       "round_window_output_throughput": [phase.get("window_output_throughput") for phase in same],
-                       "mean_tpot_ms": statistics.fmean(tpots) if tpots else None})
+        pooled.append(
+            {
+                "seconds": first["seconds"],
+                "target_concurrency": first["target_concurrency"],
+                "accept_mix": first["accept_mix"],
+                "completed": sum(phase["completed"] for phase in same),
+                "window_output_tokens": tokens,
+                "window_output_throughput": tokens / seconds,
+                "round_window_output_throughput": [phase.get("window_output_throughput") for phase in same],
+                "mean_tpot_ms": statistics.fmean(tpots) if tpots else None,
+            }
+        )
     return pooled
 
 
@@ -149,12 +183,14 @@ async def sweep(args: argparse.Namespace) -> int:
             server_args.base_url, server_args.label = url, name
             server_args.output_file = None  # written here, with the round and the position
             benches[name] = await runner.connect(server_args, session)
-            await runner.warm_up(benches[name].client, benches[name].dataset.sample(args.warmup_requests,
-                                                                                   benches[name].data_rng))
+            await runner.warm_up(
+                benches[name].client, benches[name].dataset.sample(args.warmup_requests, benches[name].data_rng)
+            )
         if args.trace:
             return await sweep_trace(args, names, benches, session)
         levels, empty = args.max_concurrency or [None], []
         for level in levels:
+
             def measure(name, round_index, level=level):
                 desc = f"{name} concurrency {level or 'unlimited'} round {round_index + 1}/{args.rounds}"
                 return runner.measure_level(benches[name], level, desc)
@@ -165,9 +201,14 @@ async def sweep(args: argparse.Namespace) -> int:
                 runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pooled)
                 if not pooled["completed"]:
                     empty.append(f"{name} at concurrency {level}")
-            print(f"concurrency {level}: " + ", ".join(
-                f"{name} {' / '.join(f'{t:.0f}' for t in (r['output_throughput'] for r in rounds[name]))} tok/s"
-                for name in names), flush=True)
+            print(
+                f"concurrency {level}: "
+                + ", ".join(
+                    f"{name} {' / '.join(f'{t:.0f}' for t in (r['output_throughput'] for r in rounds[name]))} tok/s"
+                    for name in names
+                ),
+                flush=True,
+            )
     if empty:  # as bench_serving: a level where nothing completed is an error
         print(f"error: no request completed for {', '.join(empty)}; see the errors above", file=sys.stderr)
         return 1
@@ -219,8 +260,10 @@ async def sweep_trace(args: argparse.Namespace, names: list[str], benches: dict,
     for name in names:
         runner.append_line(os.path.join(args.out_dir, f"{name}.jsonl"), pooled_line(rounds[name]))
     for name in names:
-        print(f"trace: {name} " + " / ".join(f"{line['output_throughput']:.0f}" for line in rounds[name]) + " tok/s",
-              flush=True)
+        print(
+            f"trace: {name} " + " / ".join(f"{line['output_throughput']:.0f}" for line in rounds[name]) + " tok/s",
+            flush=True,
+        )
     return 0 if all(line["completed"] for lines in rounds.values() for line in lines) else 1
 
 

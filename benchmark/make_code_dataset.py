@@ -29,8 +29,10 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     windows = code_windows(tokenizer, args.num, args.input_len)
     if len(windows) < args.num:
-        raise SystemExit(f"the standard library gives only {len(windows)} windows of {args.input_len} tokens; "
-                         f"ask for fewer (--num) or shorter ones (--input-len)")
+        raise SystemExit(
+            f"the standard library gives only {len(windows)} windows of {args.input_len} tokens; "
+            f"ask for fewer (--num) or shorter ones (--input-len)"
+        )
     with open(args.out, "w") as f:
         for ids in windows:
             conversation = [{"from": "human", "value": tokenizer.decode(ids)}, {"from": "gpt", "value": "."}]

@@ -18,8 +18,12 @@ import statistics
 import sys
 
 # Our names for nvidia-smi's columns, found by the start of their headers ("clocks.current.sm [MHz]").
-GPU_FIELDS = {"sm_mhz": ("clocks.current.sm", "clocks.sm"), "mem_mhz": ("clocks.current.memory", "clocks.mem"),
-              "power_w": ("power.draw",), "util_pct": ("utilization.gpu",)}
+GPU_FIELDS = {
+    "sm_mhz": ("clocks.current.sm", "clocks.sm"),
+    "mem_mhz": ("clocks.current.memory", "clocks.mem"),
+    "power_w": ("power.draw",),
+    "util_pct": ("utilization.gpu",),
+}
 
 
 def column(row: dict, prefixes: tuple[str, ...]) -> str:
@@ -53,8 +57,10 @@ def read_gpu(path: str) -> list[dict]:
 
 def read_cpu(path: str) -> list[dict]:
     with open(path, encoding="utf-8") as f:
-        return [{"time": float(row["time"]), "cpu_mhz": float(row["mhz_mean"]), "load1": float(row["load1"])}
-                for row in csv.DictReader(f)]
+        return [
+            {"time": float(row["time"]), "cpu_mhz": float(row["mhz_mean"]), "load1": float(row["load1"])}
+            for row in csv.DictReader(f)
+        ]
 
 
 PROCESS_ROLES = ("http", "sched", "detok", "client")
@@ -132,36 +138,54 @@ def main(argv: list[str] | None = None) -> int:
         with open(path, encoding="utf-8") as f:
             for line in map(json.loads, filter(str.strip, f)):
                 if "started_unix" not in line:
-                    print(f"error: {path} has no round spans (started_unix); written by an older interleaved_sweep.py",
-                          file=sys.stderr)
+                    print(
+                        f"error: {path} has no round spans (started_unix); written by an older interleaved_sweep.py",
+                        file=sys.stderr,
+                    )
                     return 2
-                row = {"server": line["label"], "conc": line["max_concurrency"], "round": line["round"],
-                       "tok_s": line["output_throughput"]}
+                row = {
+                    "server": line["label"],
+                    "conc": line["max_concurrency"],
+                    "round": line["round"],
+                    "tok_s": line["output_throughput"],
+                }
                 row.update(window_means(gpu, line["started_unix"], line["ended_unix"], list(GPU_FIELDS)))
                 row.update(window_means(cpu, line["started_unix"], line["ended_unix"], ["cpu_mhz", "load1"]))
                 port = server_port(line.get("base_url", ""))
                 for role in PROCESS_ROLES:
-                    row[role] = cpu_percent(procs, role, 0 if role == "client" else port,
-                                            line["started_unix"], line["ended_unix"])
+                    row[role] = cpu_percent(
+                        procs, role, 0 if role == "client" else port, line["started_unix"], line["ended_unix"]
+                    )
                 rows.append(row)
     rows.sort(key=lambda r: (r["conc"], r["round"], r["server"]))
 
     def show(value, width, digits=0):
         return f"{value:>{width}.{digits}f}" if isinstance(value, (int, float)) else f"{'-':>{width}}"
 
-    print(f"{'server':<16} {'conc':>4} {'rnd':>3} {'tok/s':>8} {'SM MHz':>7} {'mem MHz':>7} {'W':>6} {'util%':>5} "
-          f"{'pstate':>6} {'CPU MHz':>7} {'load1':>5}")
+    print(
+        f"{'server':<16} {'conc':>4} {'rnd':>3} {'tok/s':>8} {'SM MHz':>7} {'mem MHz':>7} {'W':>6} {'util%':>5} "
+        f"{'pstate':>6} {'CPU MHz':>7} {'load1':>5}"
+    )
     for r in rows:
-        print(f"{r['server']:<16} {r['conc']:>4} {r['round']:>3} {show(r['tok_s'], 8)} {show(r.get('sm_mhz'), 7)} "
-              f"{show(r.get('mem_mhz'), 7)} {show(r.get('power_w'), 6, 1)} {show(r.get('util_pct'), 5)} "
-              f"{r.get('pstate') or '-':>6} {show(r.get('cpu_mhz'), 7)} {show(r.get('load1'), 5, 2)}")
+        print(
+            f"{r['server']:<16} {r['conc']:>4} {r['round']:>3} {show(r['tok_s'], 8)} {show(r.get('sm_mhz'), 7)} "
+            f"{show(r.get('mem_mhz'), 7)} {show(r.get('power_w'), 6, 1)} {show(r.get('util_pct'), 5)} "
+            f"{r.get('pstate') or '-':>6} {show(r.get('cpu_mhz'), 7)} {show(r.get('load1'), 5, 2)}"
+        )
     if procs:
-        print("CPU per process over each round, % of one core (a process near 100% sets the pace): the server's "
-              "HTTP front end, scheduler, detokenizer, and the benchmark client")
-        print(f"{'server':<16} {'conc':>4} {'rnd':>3} {'tok/s':>8} " + " ".join(f"{role + '%':>7}" for role in PROCESS_ROLES))
+        print(
+            "CPU per process over each round, % of one core (a process near 100% sets the pace): the server's "
+            "HTTP front end, scheduler, detokenizer, and the benchmark client"
+        )
+        print(
+            f"{'server':<16} {'conc':>4} {'rnd':>3} {'tok/s':>8} "
+            + " ".join(f"{role + '%':>7}" for role in PROCESS_ROLES)
+        )
         for r in rows:
-            print(f"{r['server']:<16} {r['conc']:>4} {r['round']:>3} {show(r['tok_s'], 8)} "
-                  + " ".join(show(r.get(role), 7) for role in PROCESS_ROLES))
+            print(
+                f"{r['server']:<16} {r['conc']:>4} {r['round']:>3} {show(r['tok_s'], 8)} "
+                + " ".join(show(r.get(role), 7) for role in PROCESS_ROLES)
+            )
     # Each round against its server's mean at that level: does the spread follow a clock?
     groups = collections.defaultdict(list)
     for r in rows:
@@ -170,8 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     for (server, conc), group in sorted(groups.items(), key=lambda item: (item[0][1], item[0][0])):
         values = [r["tok_s"] for r in group]
         cv = statistics.pstdev(values) / statistics.fmean(values) if len(values) > 1 else 0.0
-        print(f"  {server:<16} conc {conc:>4}: {statistics.fmean(values):9.0f} tok/s over {len(values)} rounds, "
-              f"CV {cv:.1%}")
+        print(
+            f"  {server:<16} conc {conc:>4}: {statistics.fmean(values):9.0f} tok/s over {len(values)} rounds, "
+            f"CV {cv:.1%}"
+        )
     for key in ("sm_mhz", "cpu_mhz", "util_pct"):
         xs, ys = [], []
         for group in groups.values():
@@ -184,9 +210,11 @@ def main(argv: list[str] | None = None) -> int:
                 xs.append(x / mean_x - 1 if mean_x else 0.0)
         r_value = pearson(xs, ys)
         spread = max((abs(y) for y in ys), default=None)
-        print(f"throughput's deviation from its server-and-level mean vs {key}'s: "
-              f"r = {'-' if r_value is None else f'{r_value:.2f}'} over {len(ys)} rounds"
-              + ("" if spread is None else f" (largest throughput deviation {spread:.0%})"))
+        print(
+            f"throughput's deviation from its server-and-level mean vs {key}'s: "
+            f"r = {'-' if r_value is None else f'{r_value:.2f}'} over {len(ys)} rounds"
+            + ("" if spread is None else f" (largest throughput deviation {spread:.0%})")
+        )
     return 0
 
 

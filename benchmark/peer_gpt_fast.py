@@ -33,23 +33,47 @@ import time
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-LLAMA_31_8B = {"block_size": 131072, "n_layer": 32, "n_head": 32, "n_local_heads": 8, "dim": 4096,
-               "intermediate_size": 14336, "vocab_size": 128256, "rope_base": 500000}
-LLAMA_31_ROPE_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                         "original_max_position_embeddings": 8192}
-TINY = {"block_size": 2048, "n_layer": 2, "n_head": 4, "n_local_heads": 2, "dim": 64, "intermediate_size": 128,
-        "vocab_size": 512, "rope_base": 500000}
+LLAMA_31_8B = {
+    "block_size": 131072,
+    "n_layer": 32,
+    "n_head": 32,
+    "n_local_heads": 8,
+    "dim": 4096,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
+    "rope_base": 500000,
+}
+LLAMA_31_ROPE_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+TINY = {
+    "block_size": 2048,
+    "n_layer": 2,
+    "n_head": 4,
+    "n_local_heads": 2,
+    "dim": 64,
+    "intermediate_size": 128,
+    "vocab_size": 512,
+    "rope_base": 500000,
+}
 # What gpt-fast's generate.py sets before compiling: (config module, attribute, value).
-COMPILE_SETTINGS = [("inductor", "coordinate_descent_tuning", True),
-                    ("inductor", "triton.unique_kernel_names", True),
-                    ("inductor", "fx_graph_cache", True),
-                    ("functorch", "enable_autograd_cache", True)]
+COMPILE_SETTINGS = [
+    ("inductor", "coordinate_descent_tuning", True),
+    ("inductor", "triton.unique_kernel_names", True),
+    ("inductor", "fx_graph_cache", True),
+    ("functorch", "enable_autograd_cache", True),
+]
 
 
 def load_gpt_fast(path: str):
     if not os.path.isfile(os.path.join(path, "model.py")):
-        raise SystemExit(f"no gpt-fast checkout at {path!r} (its model.py is missing): clone "
-                         f"pytorch-labs/gpt-fast there, or pass --gpt-fast-dir")
+        raise SystemExit(
+            f"no gpt-fast checkout at {path!r} (its model.py is missing): clone "
+            f"pytorch-labs/gpt-fast there, or pass --gpt-fast-dir"
+        )
     sys.path.insert(0, os.path.abspath(path))
     import model as gpt_fast_model
 
@@ -136,8 +160,9 @@ def bench_batch_size(gpt_fast, cli, batch_size: int) -> dict:
     args = model_args(gpt_fast, cli.tiny)
     model = build_model(gpt_fast, args, device)
     with torch.device(device):
-        model.setup_caches(max_batch_size=batch_size,
-                           max_seq_length=cli.input_len + max(cli.steps, cli.warmup_steps) + 8)
+        model.setup_caches(
+            max_batch_size=batch_size, max_seq_length=cli.input_len + max(cli.steps, cli.warmup_steps) + 8
+        )
     decode_step = make_decode_step(SAMPLERS[cli.sampling])
     if not cli.no_compile:
         decode_step = torch.compile(decode_step, mode="reduce-overhead", fullgraph=True)
@@ -149,9 +174,13 @@ def bench_batch_size(gpt_fast, cli, batch_size: int) -> dict:
     compile_s, warmup_s = warm_up(decode_step, model, first, input_pos, cli.warmup_steps, device)
     input_pos.fill_(cli.input_len)  # the timed steps decode from context input_len again
     seconds, event_seconds = timed_decode(decode_step, model, first, input_pos, cli.steps, device)
-    result = {"batch_size": batch_size, "ms_per_step": seconds * 1e3 / cli.steps,
-              "tokens_per_s": batch_size * cli.steps / seconds, "compile_s": compile_s,
-              "warmup_s": warmup_s}
+    result = {
+        "batch_size": batch_size,
+        "ms_per_step": seconds * 1e3 / cli.steps,
+        "tokens_per_s": batch_size * cli.steps / seconds,
+        "compile_s": compile_s,
+        "warmup_s": warmup_s,
+    }
     if event_seconds is not None:
         result["ms_per_step_cuda_events"] = event_seconds * 1e3 / cli.steps
     del model, decode_step, prompt, first, input_pos
@@ -222,16 +251,27 @@ def main(argv=None) -> dict:
     cli = parse_args(argv)
     gpt_fast = load_gpt_fast(cli.gpt_fast_dir)
     settings = {} if cli.no_compile else apply_compile_settings()
-    report = {"peer": "gpt-fast", "commit": read_commit(cli),
-              "device": torch.cuda.get_device_name() if cli.device.startswith("cuda") else cli.device,
-              "torch": torch.__version__, "model": "tiny" if cli.tiny else "llama-3.1-8b (random bf16)",
-              "input_len": cli.input_len, "steps": cli.steps, "sampling": cli.sampling,
-              "compiled": not cli.no_compile, "compile_settings": settings, "results": []}
+    report = {
+        "peer": "gpt-fast",
+        "commit": read_commit(cli),
+        "device": torch.cuda.get_device_name() if cli.device.startswith("cuda") else cli.device,
+        "torch": torch.__version__,
+        "model": "tiny" if cli.tiny else "llama-3.1-8b (random bf16)",
+        "input_len": cli.input_len,
+        "steps": cli.steps,
+        "sampling": cli.sampling,
+        "compiled": not cli.no_compile,
+        "compile_settings": settings,
+        "results": [],
+    }
     for batch_size in map(int, cli.batch_sizes.split(",")):
         result = bench_batch_size(gpt_fast, cli, batch_size)
         report["results"].append(result)
-        print(f"gpt-fast bs {batch_size}: {result['ms_per_step']:.2f} ms/step, "
-              f"{result['tokens_per_s']:.0f} tok/s, compile {result['compile_s']:.1f} s", flush=True)
+        print(
+            f"gpt-fast bs {batch_size}: {result['ms_per_step']:.2f} ms/step, "
+            f"{result['tokens_per_s']:.0f} tok/s, compile {result['compile_s']:.1f} s",
+            flush=True,
+        )
         free_between_batch_sizes(cli.device)
     with open(cli.out, "w") as f:
         json.dump(report, f, indent=2)

@@ -48,8 +48,9 @@ class BenchArgs:
 
 
 def make_runner(server_args: ServerArgs) -> ModelRunner:
-    config = ModelConfig.from_path(server_args.model_path, server_args.dtype, server_args.device,
-                                   server_args.context_length)
+    config = ModelConfig.from_path(
+        server_args.model_path, server_args.dtype, server_args.device, server_args.context_length
+    )
     return ModelRunner(config, server_args)
 
 
@@ -78,18 +79,24 @@ class StaticBatch:
         self.slot_table = self.slots.view(bs, total)
         self.rows_t = torch.tensor(self.rows, dtype=torch.int64, device=self.device)
         self.seq_len = 0
-        self.sampling = SamplingBatchInfo.from_params([SamplingParams(temperature=0)] * bs, [0] * bs,
-                                                      runner.model_config.vocab_size, self.device)
+        self.sampling = SamplingBatchInfo.from_params(
+            [SamplingParams(temperature=0)] * bs, [0] * bs, runner.model_config.vocab_size, self.device
+        )
         self.offsets = torch.zeros(bs, dtype=torch.int64, device=self.device)
 
     def prefill(self) -> torch.Tensor:
         n = self.input_len
         fb = ForwardBatch(
-            forward_mode=ForwardMode.EXTEND, batch_size=self.bs,
+            forward_mode=ForwardMode.EXTEND,
+            batch_size=self.bs,
             input_ids=self.prompts.reshape(-1).to(self.device),
-            positions=torch.arange(n, device=self.device).repeat(self.bs), req_pool_indices=self.rows_t,
-            seq_lens=torch.full((self.bs,), n, device=self.device), out_cache_loc=self.slot_table[:, :n].reshape(-1),
-            seq_lens_cpu=[n] * self.bs, extend_seq_lens_cpu=[n] * self.bs, extend_prefix_lens_cpu=[0] * self.bs,
+            positions=torch.arange(n, device=self.device).repeat(self.bs),
+            req_pool_indices=self.rows_t,
+            seq_lens=torch.full((self.bs,), n, device=self.device),
+            out_cache_loc=self.slot_table[:, :n].reshape(-1),
+            seq_lens_cpu=[n] * self.bs,
+            extend_seq_lens_cpu=[n] * self.bs,
+            extend_prefix_lens_cpu=[0] * self.bs,
         )
         self.seq_len = n
         return self._sample(self.runner.forward(fb))
@@ -98,11 +105,16 @@ class StaticBatch:
         pos = self.seq_len
         self.seq_len += 1
         fb = ForwardBatch(
-            forward_mode=ForwardMode.DECODE, batch_size=self.bs, input_ids=tokens,
-            positions=torch.full((self.bs,), pos, device=self.device), req_pool_indices=self.rows_t,
+            forward_mode=ForwardMode.DECODE,
+            batch_size=self.bs,
+            input_ids=tokens,
+            positions=torch.full((self.bs,), pos, device=self.device),
+            req_pool_indices=self.rows_t,
             seq_lens=torch.full((self.bs,), pos + 1, device=self.device),
-            out_cache_loc=self.slot_table[:, pos], seq_lens_cpu=[pos + 1] * self.bs,
-            extend_seq_lens_cpu=[1] * self.bs, extend_prefix_lens_cpu=[pos] * self.bs,
+            out_cache_loc=self.slot_table[:, pos],
+            seq_lens_cpu=[pos + 1] * self.bs,
+            extend_seq_lens_cpu=[1] * self.bs,
+            extend_prefix_lens_cpu=[pos] * self.bs,
         )
         return self._sample(self.runner.forward(fb))
 
@@ -133,9 +145,13 @@ def run_one(runner: ModelRunner, bs: int, args: BenchArgs) -> dict:
         batch.release()
     median = statistics.median(step_s) if step_s else float("nan")
     return {
-        "batch_size": bs, "input_len": args.input_len, "output_len": args.output_len,
-        "prefill_latency_s": prefill_s, "prefill_throughput_tok_s": bs * args.input_len / prefill_s,
-        "decode_median_step_s": median, "decode_p90_step_s": _quantile(step_s, 0.9),
+        "batch_size": bs,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "prefill_latency_s": prefill_s,
+        "prefill_throughput_tok_s": bs * args.input_len / prefill_s,
+        "decode_median_step_s": median,
+        "decode_p90_step_s": _quantile(step_s, 0.9),
         "decode_throughput_tok_s": bs / median if step_s else float("nan"),
         "decode_step_s": step_s,
     }
@@ -144,8 +160,11 @@ def run_one(runner: ModelRunner, bs: int, args: BenchArgs) -> dict:
 def add_memory_floor(result: dict, runner: ModelRunner, bandwidth: float) -> None:
     mean_context = result["input_len"] + result["output_len"] / 2
     floor = memory_floor.decode_floor_s(runner, result["batch_size"], mean_context, bandwidth)
-    result.update(copy_bandwidth_bytes_per_s=bandwidth, memory_floor_step_s=floor,
-                  ratio_to_floor=result["decode_median_step_s"] / floor)
+    result.update(
+        copy_bandwidth_bytes_per_s=bandwidth,
+        memory_floor_step_s=floor,
+        ratio_to_floor=result["decode_median_step_s"] / floor,
+    )
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -164,9 +183,12 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--result-filename", type=str, default=None)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--warmup-steps", type=int, default=4, help="decode steps of a throw-away run first")
-    parser.add_argument("--memory-floor", action="store_true",
-                        help="also each decode step against its memory floor: (weight bytes + the batch's KV bytes "
-                             "at the mean context) / the device's measured copy bandwidth")
+    parser.add_argument(
+        "--memory-floor",
+        action="store_true",
+        help="also each decode step against its memory floor: (weight bytes + the batch's KV bytes "
+        "at the mean context) / the device's measured copy bandwidth",
+    )
     args = parser.parse_args(argv)
     bench = BenchArgs(args.batch_size, args.input_len, args.output_len, args.result_filename, args.seed)
     if args.max_running_requests is None:
@@ -208,11 +230,14 @@ def _run(runner: ModelRunner, bench: BenchArgs, args) -> list[dict]:
         if bandwidth:
             add_memory_floor(result, runner, bandwidth)
         results.append(result)
-        print(f"batch {bs:4d} | prefill {result['prefill_latency_s'] * 1e3:8.2f} ms "
-              f"({result['prefill_throughput_tok_s']:9.0f} tok/s) | decode step median "
-              f"{result['decode_median_step_s'] * 1e3:7.3f} ms, p90 {result['decode_p90_step_s'] * 1e3:7.3f} ms "
-              f"({result['decode_throughput_tok_s']:8.0f} tok/s)"
-              + (f" = {result['ratio_to_floor']:.2f}x its memory floor" if bandwidth else ""), flush=True)
+        print(
+            f"batch {bs:4d} | prefill {result['prefill_latency_s'] * 1e3:8.2f} ms "
+            f"({result['prefill_throughput_tok_s']:9.0f} tok/s) | decode step median "
+            f"{result['decode_median_step_s'] * 1e3:7.3f} ms, p90 {result['decode_p90_step_s'] * 1e3:7.3f} ms "
+            f"({result['decode_throughput_tok_s']:8.0f} tok/s)"
+            + (f" = {result['ratio_to_floor']:.2f}x its memory floor" if bandwidth else ""),
+            flush=True,
+        )
         if bench.result_filename:
             with open(bench.result_filename, "a") as f:
                 f.write(json.dumps(result) + "\n")

@@ -43,20 +43,36 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--workdir", default="/tmp/spec_speed", help="where the 8b pair is made")
-    parser.add_argument("--disable-step-graph", action="store_true",
-                        help="speculative steps replay a graph per forward, not one per step (splits the phases)")
-    parser.add_argument("--off-state", action="store_true",
-                        help="no draft vs policy never with the draft warm / caught up, instead of the k list")
-    parser.add_argument("--dynamic", action="store_true",
-                        help="also the default dynamic policy (cost, k up to the largest --steps)")
+    parser.add_argument(
+        "--disable-step-graph",
+        action="store_true",
+        help="speculative steps replay a graph per forward, not one per step (splits the phases)",
+    )
+    parser.add_argument(
+        "--off-state",
+        action="store_true",
+        help="no draft vs policy never with the draft warm / caught up, instead of the k list",
+    )
+    parser.add_argument(
+        "--dynamic", action="store_true", help="also the default dynamic policy (cost, k up to the largest --steps)"
+    )
     parser.add_argument("--step-times", action="store_true", help="time each decode pass by phase at every level")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="run each variant in this many processes in turn (identical runs: their spread)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        help="run each variant in this many processes in turn (identical runs: their spread)",
+    )
     parser.add_argument("--cpu", type=int, default=None, help="pin every run to this CPU")
-    parser.add_argument("--closed-loop", type=int, default=0, metavar="ROUNDS",
-                        help="a server's steady state instead: finished requests replaced at once by new prompts "
-                             "(output lengths spread over 0.5-1.5x --output-len), until ROUNDS x concurrency "
-                             "requests finished")
+    parser.add_argument(
+        "--closed-loop",
+        type=int,
+        default=0,
+        metavar="ROUNDS",
+        help="a server's steady state instead: finished requests replaced at once by new prompts "
+        "(output lengths spread over 0.5-1.5x --output-len), until ROUNDS x concurrency "
+        "requests finished",
+    )
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: one variant in this process
     parser.add_argument("--pair-paths", default=None, help=argparse.SUPPRESS)  # internal: TARGET,DRAFT
     return parser.parse_args(argv)
@@ -69,17 +85,54 @@ def run_one_variant(args, target: str, draft: str) -> None:
     sync = args.one if args.one in ("warm", "catch-up") else None
     dynamic = args.one == "dynamic"
     k = 3 if sync else k_max if dynamic else int(args.one)
-    print(json.dumps(measure(target, draft if k else None, k, batch_sizes, args.input_len, args.output_len,
-                             args.device, "code" if args.pair == "demo" else "random",
-                             not args.disable_step_graph, sync, dynamic, args.step_times, args.closed_loop)),
-          flush=True)
+    print(
+        json.dumps(
+            measure(
+                target,
+                draft if k else None,
+                k,
+                batch_sizes,
+                args.input_len,
+                args.output_len,
+                args.device,
+                "code" if args.pair == "demo" else "random",
+                not args.disable_step_graph,
+                sync,
+                dynamic,
+                args.step_times,
+                args.closed_loop,
+            )
+        ),
+        flush=True,
+    )
 
 
 def child_command(args, variant: str, target: str, draft: str) -> list[str]:
-    cmd = [sys.executable, "-m", "sglang.bench_speculative", "--out", args.out, "--pair", args.pair,
-           "--input-len", str(args.input_len), "--output-len", str(args.output_len), "--device", args.device,
-           "--workdir", args.workdir, "--batch-sizes", args.batch_sizes, "--steps", args.steps,
-           "--one", variant, "--pair-paths", f"{target},{draft}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sglang.bench_speculative",
+        "--out",
+        args.out,
+        "--pair",
+        args.pair,
+        "--input-len",
+        str(args.input_len),
+        "--output-len",
+        str(args.output_len),
+        "--device",
+        args.device,
+        "--workdir",
+        args.workdir,
+        "--batch-sizes",
+        args.batch_sizes,
+        "--steps",
+        args.steps,
+        "--one",
+        variant,
+        "--pair-paths",
+        f"{target},{draft}",
+    ]
     cmd += ["--disable-step-graph"] if args.disable_step_graph else []
     cmd += ["--closed-loop", str(args.closed_loop)] if args.closed_loop else []
     cmd += ["--step-times"] if args.step_times else []
@@ -88,8 +141,10 @@ def child_command(args, variant: str, target: str, draft: str) -> list[str]:
 
 def print_result(r: dict, variant: str) -> None:
     unit = "pass" if "passes" in r else f"step, prefill {r['prefill_tokens_per_s']:.0f} tok/s"
-    line = f"bs {r['batch_size']} {r.get('config', 'k ' + variant)}: {r['tokens_per_s']:.1f} tok/s, " \
-           f"{r['ms_per_step']:.2f} ms/{unit}"
+    line = (
+        f"bs {r['batch_size']} {r.get('config', 'k ' + variant)}: {r['tokens_per_s']:.1f} tok/s, "
+        f"{r['ms_per_step']:.2f} ms/{unit}"
+    )
     if "accept_length" in r:
         line += f", accept {r['accept_length']:.2f}, phases {r['phase_ms']}"
     if "steps_by_k" in r:
@@ -97,10 +152,12 @@ def print_result(r: dict, variant: str) -> None:
     print(line, flush=True)
     for group, row in r.get("step_times", {}).items():
         if row["steps"] >= 8:  # the level's decode groups (a few stray passes are left out)
-            print(f"    {group}: {row['steps']} steps, us per step: schedule {row['schedule_us']:.0f}, "
-                  f"launch {row['launch_us']:.0f}, process {row['process_us']:.0f}, wait {row['wait_us']:.0f}, "
-                  f"collect {row['collect_us']:.0f}; pass p50 {row['p50_us']:.0f}, p90 {row['p90_us']:.0f}",
-                  flush=True)
+            print(
+                f"    {group}: {row['steps']} steps, us per step: schedule {row['schedule_us']:.0f}, "
+                f"launch {row['launch_us']:.0f}, process {row['process_us']:.0f}, wait {row['wait_us']:.0f}, "
+                f"collect {row['collect_us']:.0f}; pass p50 {row['p50_us']:.0f}, p90 {row['p90_us']:.0f}",
+                flush=True,
+            )
 
 
 def main(argv=None) -> None:
@@ -126,9 +183,17 @@ def main(argv=None) -> None:
                     results.append(r)
                     print_result(r, variant)
             with open(args.out, "w") as f:  # after every variant: a cut-short run keeps what it measured
-                json.dump({"pair": args.pair, "input_len": args.input_len, "output_len": args.output_len,
-                           "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
-                           "results": results}, f, indent=1)
+                json.dump(
+                    {
+                        "pair": args.pair,
+                        "input_len": args.input_len,
+                        "output_len": args.output_len,
+                        "device": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",
+                        "results": results,
+                    },
+                    f,
+                    indent=1,
+                )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,7 @@ def list_sources(name: str, root: str) -> list[str]:
     found = []
     for directory, subdirs, files in os.walk(root):
         subdirs[:] = sorted(d for d in subdirs if d not in SKIPPED_DIRS)
-        found += [f"{name}/{os.path.relpath(os.path.join(directory, f), root)}"
-                  for f in files if f.endswith(".py")]
+        found += [f"{name}/{os.path.relpath(os.path.join(directory, f), root)}" for f in files if f.endswith(".py")]
     return sorted(found)
 
 
@@ -50,8 +49,7 @@ def read_source(path: str) -> str:
         return f.read()
 
 
-def build_corpus(seed: int, heldout_fraction: float, sources: list[str],
-                 max_files: int | None = None) -> Corpus:
+def build_corpus(seed: int, heldout_fraction: float, sources: list[str], max_files: int | None = None) -> Corpus:
     """Shuffles the sorted file list with `seed`; the first `heldout_fraction` of it is held out.
     `max_files` keeps a seeded subset (for the toy preset)."""
     roots = {name: source_root(name) for name in sources}
@@ -59,7 +57,11 @@ def build_corpus(seed: int, heldout_fraction: float, sources: list[str],
     random.Random(seed).shuffle(files)
     files = files[:max_files] if max_files else files
     num_heldout = max(1, round(len(files) * heldout_fraction))
-    corpus = Corpus(roots=roots, train_files=sorted(files[num_heldout:]),
-                    heldout_files=sorted(files[:num_heldout]), file_list_sha256="")
+    corpus = Corpus(
+        roots=roots,
+        train_files=sorted(files[num_heldout:]),
+        heldout_files=sorted(files[:num_heldout]),
+        file_list_sha256="",
+    )
     lines = "".join(f"{path}\t{os.path.getsize(corpus.absolute(path))}\n" for path in sorted(files))
     return Corpus(roots, corpus.train_files, corpus.heldout_files, hashlib.sha256(lines.encode()).hexdigest())

@@ -48,8 +48,10 @@ class Attention(nn.Module):
 
     def project(self, x, cos, sin):
         """q, k, v as [batch, heads, seq, head_dim] with RoPE applied to q and k."""
+
         def split(t, n):
             return t.view(*x.shape[:2], n, self.head_dim).transpose(1, 2)
+
         q = apply_rope(split(self.q_proj(x), self.heads), cos, sin)
         k = apply_rope(split(self.k_proj(x), self.kv_heads), cos, sin)
         repeat = self.heads // self.kv_heads
@@ -86,8 +88,14 @@ class Eagle3Draft(nn.Module):
         self.head_dim = c.hidden_size // c.num_attention_heads
         self.rope_theta = c.rope_parameters["rope_theta"]
         self.fc = nn.Linear(3 * c.hidden_size, c.hidden_size, bias=False)
-        self.midlayer = MidLayer(c.hidden_size, c.num_attention_heads, c.num_key_value_heads,
-                                 self.head_dim, c.intermediate_size, c.rms_norm_eps)
+        self.midlayer = MidLayer(
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            self.head_dim,
+            c.intermediate_size,
+            c.rms_norm_eps,
+        )
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.lm_head = nn.Linear(c.hidden_size, len(draft_vocab_ids), bias=False)
         draft_vocab_ids = draft_vocab_ids.sort().values
@@ -101,7 +109,8 @@ class Eagle3Draft(nn.Module):
 
     def rope(self, positions: torch.Tensor):
         inv_freq = 1.0 / self.rope_theta ** (
-            torch.arange(0, self.head_dim, 2, device=positions.device).float() / self.head_dim)
+            torch.arange(0, self.head_dim, 2, device=positions.device).float() / self.head_dim
+        )
         angles = positions.float()[:, None] * inv_freq[None]
         angles = torch.cat([angles, angles], dim=-1)
         return angles.cos(), angles.sin()
@@ -144,12 +153,18 @@ def chain_attention(q, keys, values):
     probs = torch.cat(scores, dim=-1).softmax(-1).to(q.dtype)
     out = probs[..., :seq] @ values[0]
     for i, v in enumerate(values[1:]):
-        out = out + probs[..., seq + i:seq + i + 1] * v
+        out = out + probs[..., seq + i : seq + i + 1] * v
     return out
 
 
-def unroll(draft: Eagle3Draft, embed: nn.Embedding, aux: torch.Tensor, next_tokens: torch.Tensor,
-           num_steps: int, forced_tokens: list[torch.Tensor] | None = None) -> list[torch.Tensor]:
+def unroll(
+    draft: Eagle3Draft,
+    embed: nn.Embedding,
+    aux: torch.Tensor,
+    next_tokens: torch.Tensor,
+    num_steps: int,
+    forced_tokens: list[torch.Tensor] | None = None,
+) -> list[torch.Tensor]:
     """Runs `num_steps` chain steps from every anchor of a sequence at once.
 
     aux: [batch, seq, 3 * target_hidden], next_tokens: [batch, seq] = x_{t+1} for anchor t.
@@ -166,24 +181,35 @@ def unroll(draft: Eagle3Draft, embed: nn.Embedding, aux: torch.Tensor, next_toke
         hidden = draft.step_output(chain_attention(q, keys, values), hidden)
         all_logits.append(draft.logits(hidden))
         if step + 1 < num_steps:
-            tokens = (forced_tokens[step] if forced_tokens is not None
-                      else draft.to_target_ids(all_logits[-1].argmax(-1)))
+            tokens = (
+                forced_tokens[step] if forced_tokens is not None else draft.to_target_ids(all_logits[-1].argmax(-1))
+            )
     return all_logits
 
 
 def draft_config(draft: Eagle3Draft) -> dict:
     c = draft.target_config
     return {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-        "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
-        "num_hidden_layers": 1, "num_attention_heads": c.num_attention_heads,
-        "num_key_value_heads": c.num_key_value_heads, "head_dim": draft.head_dim,
-        "hidden_act": "silu", "rms_norm_eps": c.rms_norm_eps,
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_hidden_layers": 1,
+        "num_attention_heads": c.num_attention_heads,
+        "num_key_value_heads": c.num_key_value_heads,
+        "head_dim": draft.head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.rms_norm_eps,
         "max_position_embeddings": c.max_position_embeddings,
-        "rope_theta": draft.rope_theta, "rope_parameters": dict(c.rope_parameters),
-        "vocab_size": c.vocab_size, "draft_vocab_size": draft.lm_head.out_features,
-        "target_hidden_size": c.hidden_size, "tie_word_embeddings": False,
-        "bos_token_id": None, "eos_token_id": c.eos_token_id, "pad_token_id": c.pad_token_id,
+        "rope_theta": draft.rope_theta,
+        "rope_parameters": dict(c.rope_parameters),
+        "vocab_size": c.vocab_size,
+        "draft_vocab_size": draft.lm_head.out_features,
+        "target_hidden_size": c.hidden_size,
+        "tie_word_embeddings": False,
+        "bos_token_id": None,
+        "eos_token_id": c.eos_token_id,
+        "pad_token_id": c.pad_token_id,
         "torch_dtype": "bfloat16",
         "eagle_config": {"eagle_aux_hidden_state_layer_ids": draft.aux_layer_ids},
     }
@@ -191,8 +217,7 @@ def draft_config(draft: Eagle3Draft) -> dict:
 
 def save_draft(draft: Eagle3Draft, path: str) -> None:
     os.makedirs(path, exist_ok=True)
-    tensors = {name: t.detach().to("cpu", torch.bfloat16).contiguous()
-               for name, t in draft.named_parameters()}
+    tensors = {name: t.detach().to("cpu", torch.bfloat16).contiguous() for name, t in draft.named_parameters()}
     tensors["d2t"] = draft.d2t.to("cpu", torch.int64).contiguous()
     tensors["t2d"] = draft.t2d.to("cpu").contiguous()
     save_file(tensors, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})

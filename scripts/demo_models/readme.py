@@ -12,27 +12,27 @@ def write_readme(report: dict, path: str) -> None:
     roots = ", ".join(f"`{name}` ({root})" for name, root in corpus["roots"].items())
     text = f"""# Demo model pair: a Python code model and its EAGLE-3 draft
 
-Made by `scripts/demo_models/pipeline.py` (seed {report['seed']}{', toy preset' if report['toy'] else ''})
-on {env['device']} with Python {env['python']}, torch {env['torch']}, transformers {env['transformers']}.
+Made by `scripts/demo_models/pipeline.py` (seed {report["seed"]}{", toy preset" if report["toy"] else ""})
+on {env["device"]} with Python {env["python"]}, torch {env["torch"]}, transformers {env["transformers"]}.
 
 ## Corpus
 The `.py` files of {roots} (the interpreter's standard library and installed packages,
-which exist on every machine here), split by file with the seed: {corpus['num_train_files']} train files ({corpus['train_tokens']} tokens),
-{corpus['num_heldout_files']} held-out files ({corpus['heldout_tokens']} tokens).
-File list hash (sha256 of sorted `path<TAB>size` lines): `{corpus['file_list_sha256']}`.
+which exist on every machine here), split by file with the seed: {corpus["num_train_files"]} train files ({corpus["train_tokens"]} tokens),
+{corpus["num_heldout_files"]} held-out files ({corpus["heldout_tokens"]} tokens).
+File list hash (sha256 of sorted `path<TAB>size` lines): `{corpus["file_list_sha256"]}`.
 
 ## target/
-`LlamaForCausalLM`, {target['num_layers']} layers, hidden {target['hidden_size']},
-{target['num_params'] / 1e6:.1f}M parameters, byte-level BPE with {report['tokenizer']['vocab_size']} tokens,
-saved in bfloat16. Held-out loss {target['heldout_loss']:.4f} (perplexity {target['heldout_perplexity']:.2f}).
+`LlamaForCausalLM`, {target["num_layers"]} layers, hidden {target["hidden_size"]},
+{target["num_params"] / 1e6:.1f}M parameters, byte-level BPE with {report["tokenizer"]["vocab_size"]} tokens,
+saved in bfloat16. Held-out loss {target["heldout_loss"]:.4f} (perplexity {target["heldout_perplexity"]:.2f}).
 
 ## draft/
-EAGLE-3 (`LlamaForCausalLMEagle3`), {draft['num_params'] / 1e6:.1f}M parameters, draft vocabulary
-{draft['draft_vocab_size']}, aux layers {draft['aux_layer_ids']}; {draft['loss']}.
+EAGLE-3 (`LlamaForCausalLMEagle3`), {draft["num_params"] / 1e6:.1f}M parameters, draft vocabulary
+{draft["draft_vocab_size"]}, aux layers {draft["aux_layer_ids"]}; {draft["loss"]}.
 Held-out teacher-forced accuracy per unroll step: {steps}.
 
 ## Acceptance (chain drafting against the target's greedy continuation)
-{acc['num_prompts']} held-out prompts of {acc['prompt_len']} tokens, {acc['gen_len']} greedy tokens each;
+{acc["num_prompts"]} held-out prompts of {acc["prompt_len"]} tokens, {acc["gen_len"]} greedy tokens each;
 mean tokens per verify step (accepted draft tokens + 1 bonus):
 
 | k | mean accepted length |

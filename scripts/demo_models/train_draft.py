@@ -45,7 +45,7 @@ def target_features(target, tokens: torch.Tensor, aux_layer_ids: list[int], devi
 def shifted(tokens: torch.Tensor, by: int, fill: int = 0) -> torch.Tensor:
     """tokens[:, t + by] at index t, `fill` past the end."""
     out = torch.full_like(tokens, fill)
-    out[:, :tokens.shape[1] - by] = tokens[:, by:]
+    out[:, : tokens.shape[1] - by] = tokens[:, by:]
     return out
 
 
@@ -79,8 +79,9 @@ def pick_draft_vocab(train_stream: np.ndarray, vocab_size: int, draft_vocab_size
 
 
 @torch.no_grad()
-def generate_pool(target, stream: torch.Tensor, spec: DraftSpec, generator, device: str,
-                  batch_size: int = 512) -> torch.Tensor:
+def generate_pool(
+    target, stream: torch.Tensor, spec: DraftSpec, generator, device: str, batch_size: int = 512
+) -> torch.Tensor:
     prompt_len = spec.seq_len // 4
     pieces = []
     for start in range(0, spec.pool_size, batch_size):
@@ -97,15 +98,16 @@ def training_batch(stream, pool, spec: DraftSpec, generator, device: str) -> tor
     return torch.cat([corpus, pool[picks.to(pool.device)]])
 
 
-def train_draft(draft: Eagle3Draft, target, train_stream: np.ndarray, spec: DraftSpec, seed: int,
-                device: str, log_every: int = 100) -> list[float]:
+def train_draft(
+    draft: Eagle3Draft, target, train_stream: np.ndarray, spec: DraftSpec, seed: int, device: str, log_every: int = 100
+) -> list[float]:
     stream = torch.from_numpy(train_stream).long()
     generator = torch.Generator().manual_seed(seed + 1)
     embed = target.get_input_embeddings()
     pool = generate_pool(target, stream, spec, generator, device)
     draft.to(device).train()
     optimizer = torch.optim.AdamW(draft.parameters(), lr=spec.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    weights = [spec.step_weight_decay ** j for j in range(spec.unroll_steps)]
+    weights = [spec.step_weight_decay**j for j in range(spec.unroll_steps)]
     history, start = [], time.time()
     for step in range(spec.steps):
         for group in optimizer.param_groups:
@@ -114,7 +116,7 @@ def train_draft(draft: Eagle3Draft, target, train_stream: np.ndarray, spec: Draf
         aux, greedy = target_features(target, tokens, draft.aux_layer_ids, device)
         with autocast(device):
             losses, accuracies = draft_losses(draft, embed, aux, tokens, greedy, spec.unroll_steps)
-            loss = sum(w * l for w, l in zip(weights, losses)) / sum(weights)
+            loss = sum(w * loss_i for w, loss_i in zip(weights, losses)) / sum(weights)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
         optimizer.step()
@@ -122,7 +124,6 @@ def train_draft(draft: Eagle3Draft, target, train_stream: np.ndarray, spec: Draf
         history.append(loss.item())
         if log_every and (step % log_every == 0 or step == spec.steps - 1):
             acc = " ".join(f"{a:.2f}" for a in accuracies)
-            print(f"[draft] step {step} loss {history[-1]:.4f} acc/step {acc} ({time.time() - start:.0f}s)",
-                  flush=True)
+            print(f"[draft] step {step} loss {history[-1]:.4f} acc/step {acc} ({time.time() - start:.0f}s)", flush=True)
     draft.eval()
     return history

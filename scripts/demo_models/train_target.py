@@ -36,11 +36,20 @@ def autocast(device: str):
 
 def build_target(spec: TargetSpec, vocab_size: int, eos_token_id: int) -> LlamaForCausalLM:
     config = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_heads, max_position_embeddings=max(2048, 2 * spec.seq_len),
-        rms_norm_eps=1e-5, rope_theta=10000.0, initializer_range=0.02, tie_word_embeddings=False,
-        bos_token_id=None, eos_token_id=eos_token_id, pad_token_id=eos_token_id,
+        vocab_size=vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_heads,
+        max_position_embeddings=max(2048, 2 * spec.seq_len),
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        initializer_range=0.02,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=eos_token_id,
+        pad_token_id=eos_token_id,
     )
     # Eager attention: its backward is deterministic, unlike the fused SDPA kernels (cuDNN's
     # made two same-seed H200 runs differ by 1.1% in held-out loss), so a re-run reproduces.
@@ -50,14 +59,14 @@ def build_target(spec: TargetSpec, vocab_size: int, eos_token_id: int) -> LlamaF
 
 def random_windows(stream: torch.Tensor, length: int, batch_size: int, generator: torch.Generator):
     starts = torch.randint(0, len(stream) - length, (batch_size,), generator=generator)
-    return torch.stack([stream[s:s + length] for s in starts.tolist()])
+    return torch.stack([stream[s : s + length] for s in starts.tolist()])
 
 
 def heldout_windows(stream: torch.Tensor, length: int, max_windows: int) -> torch.Tensor:
     """Up to `max_windows` non-overlapping windows spread evenly over the whole stream."""
     total = len(stream) // length
     picks = torch.linspace(0, total - 1, min(max_windows, total)).long()
-    return stream[:total * length].view(total, length)[picks]
+    return stream[: total * length].view(total, length)[picks]
 
 
 def lr_at(step: int, spec: TargetSpec) -> float:
@@ -68,8 +77,9 @@ def lr_at(step: int, spec: TargetSpec) -> float:
     return spec.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * progress)))
 
 
-def train_target(model: LlamaForCausalLM, train_stream: np.ndarray, spec: TargetSpec, seed: int,
-                 device: str, log_every: int = 100) -> list[float]:
+def train_target(
+    model: LlamaForCausalLM, train_stream: np.ndarray, spec: TargetSpec, seed: int, device: str, log_every: int = 100
+) -> list[float]:
     stream = torch.from_numpy(train_stream).long()
     generator = torch.Generator().manual_seed(seed)
     model.to(device).train()
@@ -111,16 +121,16 @@ def round_to_bfloat16(model: torch.nn.Module) -> None:
 
 
 @torch.no_grad()
-def heldout_loss(model: LlamaForCausalLM, heldout_stream: np.ndarray, seq_len: int, device: str,
-                 max_windows: int, batch_size: int) -> float:
+def heldout_loss(
+    model: LlamaForCausalLM, heldout_stream: np.ndarray, seq_len: int, device: str, max_windows: int, batch_size: int
+) -> float:
     windows = heldout_windows(torch.from_numpy(heldout_stream).long(), seq_len, max_windows)
     total, count = 0.0, 0
     for batch in windows.split(batch_size):
         batch = batch.to(device)
         with autocast(device):
             logits = model(input_ids=batch).logits.float()
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten(),
-                                                 reduction="sum")
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), batch[:, 1:].flatten(), reduction="sum")
         total, count = total + loss.item(), count + batch[:, 1:].numel()
     return total / count
 
@@ -130,8 +140,9 @@ def save_target(model: LlamaForCausalLM, tokenizer, path: str) -> None:
     model.to(torch.bfloat16).save_pretrained(path)
     model.float()
     save_tokenizer(tokenizer, path, model.config.max_position_embeddings)
-    GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id,
-                     bos_token_id=None).save_pretrained(path)
+    GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id, bos_token_id=None
+    ).save_pretrained(path)
 
 
 def save_tokenizer(tokenizer, path: str, max_length: int) -> None:
@@ -141,7 +152,6 @@ def save_tokenizer(tokenizer, path: str, max_length: int) -> None:
     config_path = os.path.join(path, "tokenizer_config.json")
     with open(config_path) as f:
         config = json.load(f)
-    config.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=CHAT_TEMPLATE,
-                  model_max_length=max_length)
+    config.update(tokenizer_class="PreTrainedTokenizerFast", chat_template=CHAT_TEMPLATE, model_max_length=max_length)
     with open(config_path, "w") as f:
         json.dump(config, f, indent=2)

@@ -14,8 +14,12 @@ from sgl_kernel.activation import silu_and_mul, silu_and_mul_ref
 from sgl_kernel.decode_attention import decode_attention_fwd, decode_attention_ref, decode_workspace
 from sgl_kernel.extend_attention import extend_attention_fwd, extend_attention_ref
 from sgl_kernel.norm import fused_add_rmsnorm, fused_add_rmsnorm_ref, rmsnorm, rmsnorm_ref
-from sgl_kernel.rotary import (apply_rotary_and_store_kv_, apply_rotary_and_store_kv_ref, apply_rotary_embedding_,
-                               apply_rotary_embedding_ref)
+from sgl_kernel.rotary import (
+    apply_rotary_and_store_kv_,
+    apply_rotary_and_store_kv_ref,
+    apply_rotary_embedding_,
+    apply_rotary_embedding_ref,
+)
 from sgl_kernel.skinny_gemm import skinny_gemm, skinny_gemm_ref
 from sgl_kernel.testing import TOLERANCE, make_paged_kv, relative_error
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
@@ -42,8 +46,18 @@ def decode_inputs(seq_lens, heads, kv_heads, head_dim, dtype, seed=0):
 
 
 def run_decode(fn, q, kv, num_kv_splits, **kwargs):
-    return fn(q, kv.k_buffer, kv.v_buffer, torch.empty_like(q), kv.req_to_token, kv.req_pool_indices,
-              kv.seq_lens, q.shape[-1] ** -0.5, num_kv_splits, **kwargs)
+    return fn(
+        q,
+        kv.k_buffer,
+        kv.v_buffer,
+        torch.empty_like(q),
+        kv.req_to_token,
+        kv.req_pool_indices,
+        kv.seq_lens,
+        q.shape[-1] ** -0.5,
+        num_kv_splits,
+        **kwargs,
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -56,7 +70,9 @@ def test_decode_batch_64_contexts_up_to_8192(dtype, num_kv_splits):
 
 
 @pytest.mark.parametrize("dtype", DTYPES + [torch.float16])
-@pytest.mark.parametrize("heads, kv_heads, head_dim", [(8, 8, 64), (64, 8, 128), (16, 2, 256), (12, 2, 128), (4, 4, 16)])
+@pytest.mark.parametrize(
+    "heads, kv_heads, head_dim", [(8, 8, 64), (64, 8, 128), (16, 2, 256), (12, 2, 128), (4, 4, 16)]
+)
 def test_decode_other_head_dims_and_groups(dtype, heads, kv_heads, head_dim):
     seq_lens = [1, 3000, 700, 129]
     q, kv = decode_inputs(seq_lens, heads, kv_heads, head_dim, dtype)
@@ -85,8 +101,9 @@ def test_decode_replays_in_cuda_graph_with_new_lengths_and_rows():
     rows.copy_(kv.req_pool_indices[bs:])
     lens.copy_(kv.seq_lens[bs:])
     graph.replay()
-    want = decode_attention_ref(q, kv.k_buffer, kv.v_buffer, torch.empty_like(q), kv.req_to_token, rows, lens,
-                                HEAD_DIM**-0.5)
+    want = decode_attention_ref(
+        q, kv.k_buffer, kv.v_buffer, torch.empty_like(q), kv.req_to_token, rows, lens, HEAD_DIM**-0.5
+    )
     assert relative_error(out, want) < TOLERANCE[dtype]
 
 
@@ -96,8 +113,17 @@ def extend_inputs(prefix_lens, extend_lens, dtype, heads=HEADS, kv_heads=KV_HEAD
     q = randn(sum(extend_lens), heads, head_dim, dtype=dtype, seed=1, scale=2.0)
     extend_seq_lens = torch.tensor(extend_lens, device="cuda")
     extend_start_loc = torch.cumsum(extend_seq_lens, 0) - extend_seq_lens
-    rest = (kv.k_buffer, kv.v_buffer, kv.req_to_token, kv.req_pool_indices, kv.seq_lens,
-            extend_seq_lens, extend_start_loc, max(extend_lens), head_dim**-0.5)
+    rest = (
+        kv.k_buffer,
+        kv.v_buffer,
+        kv.req_to_token,
+        kv.req_pool_indices,
+        kv.seq_lens,
+        extend_seq_lens,
+        extend_start_loc,
+        max(extend_lens),
+        head_dim**-0.5,
+    )
     return q, rest
 
 
@@ -164,8 +190,14 @@ def test_silu_and_mul_intermediate_14336(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_rotary_llama3_positions_up_to_8192(dtype):
-    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    llama3 = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 8192,
+    }
     cache = RotaryEmbedding(HEAD_DIM, 8192, llama3).cos_sin_cache.cuda()
     positions = torch.randint(0, 8192, (1000,), generator=torch.Generator().manual_seed(0)).cuda()
     q, k = randn(1000, HEADS, HEAD_DIM, dtype=dtype, seed=0), randn(1000, KV_HEADS, HEAD_DIM, dtype=dtype, seed=1)
@@ -203,8 +235,11 @@ def test_rotary_and_kv_store_at_batch_256_into_a_large_cache(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("n, k", [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)],
-                         ids=["qkv", "o", "gate_up", "down", "lm_head"])
+@pytest.mark.parametrize(
+    "n, k",
+    [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336), (128256, 4096)],
+    ids=["qkv", "o", "gate_up", "down", "lm_head"],
+)
 def test_skinny_gemm_at_llama_8b_shapes(dtype, n, k):
     x = randn(16, k, dtype=dtype, seed=3)
     w = randn(n, k, dtype=dtype, seed=4, scale=k**-0.5)
@@ -232,7 +267,9 @@ def test_wrappers_never_synchronize_with_the_host():
         fused_add_rmsnorm(x, residual, weight, 1e-6)
         silu_and_mul(gate_up)
         apply_rotary_embedding_(positions, qr, kr, cache)
-        apply_rotary_and_store_kv_(positions, qr, kr, kr, cache, kv.k_buffer, kv.v_buffer, torch.arange(4, device="cuda"))
+        apply_rotary_and_store_kv_(
+            positions, qr, kr, kr, cache, kv.k_buffer, kv.v_buffer, torch.arange(4, device="cuda")
+        )
         skinny_gemm(x[:1], skinny_weight)
         skinny_gemm(x, skinny_weight)
 

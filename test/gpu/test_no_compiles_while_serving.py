@@ -65,8 +65,7 @@ print(json.dumps(WATCH.summary()))
 
 @pytest.mark.parametrize("spec", [False, True], ids=["plain", "eagle3-dynamic"])
 def test_serving_compiles_no_kernel(spec):
-    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(spec)], capture_output=True, text=True,
-                          timeout=600)
+    done = subprocess.run([sys.executable, "-c", SCRIPT, json.dumps(spec)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert summary["kernel_compiles"] > 0, "the watch saw no compile at all: is it installed?"

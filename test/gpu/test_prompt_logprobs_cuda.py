@@ -20,8 +20,14 @@ CASES = [(12, 0), (30, 17), (150, 0)]
 
 
 def make_scheduler(device: str, **kwargs) -> Scheduler:
-    args = dict(model_path=demo.TARGET_PATH, device=device, dtype="float32", max_total_tokens=POOL_TOKENS,
-                chunked_prefill_size=64, disable_overlap_schedule=True)
+    args = dict(
+        model_path=demo.TARGET_PATH,
+        device=device,
+        dtype="float32",
+        max_total_tokens=POOL_TOKENS,
+        chunked_prefill_size=64,
+        disable_overlap_schedule=True,
+    )
     if device == "cuda":
         args.update(attention_backend="triton", cuda_graph_max_bs=8)
     return Scheduler(ServerArgs(**{**args, **kwargs}))
@@ -37,14 +43,20 @@ def prompt_scores(scheduler: Scheduler) -> list[tuple[list, list]]:
     while scheduler.has_work():
         scheduler.step()
     for i, (ids, (_, start)) in enumerate(zip(prompts, CASES)):
-        scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False, return_logprob=True,
-                                                        top_logprobs_num=3, logprob_start_len=start))
+        scheduler.add_request(
+            TokenizedGenerateReqInput(
+                f"r{i}", ids, params, stream=False, return_logprob=True, top_logprobs_num=3, logprob_start_len=start
+            )
+        )
     got = {}
     while scheduler.has_work():
         out = scheduler.step()
         if out is not None and out.input_token_logprobs is not None:
-            got.update((rid, (tokens, top)) for rid, tokens, top in
-                       zip(out.rids, out.input_token_logprobs, out.input_top_logprobs) if tokens is not None)
+            got.update(
+                (rid, (tokens, top))
+                for rid, tokens, top in zip(out.rids, out.input_token_logprobs, out.input_top_logprobs)
+                if tokens is not None
+            )
     return [got.get(f"r{i}") for i in range(len(CASES))]
 
 
@@ -69,6 +81,7 @@ def test_scoring_passes_run_eagerly_without_syncs_and_match_the_cpu(spec):
         def wrapped(fb):
             counts[fb.input_logprob_rows is not None] += 1
             return run(fb)
+
         return wrapped
 
     runners[0].replay = counted(replays, replay)

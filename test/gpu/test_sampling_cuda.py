@@ -31,13 +31,9 @@ def test_cuda_and_cuda_graph_give_the_cpu_bits():
     assert torch.equal(captured.cpu(), uniform(seeds, offsets + 1, 3000, stream=4))
 
 
-
 def test_cuda_gives_the_cpu_tokens():
     logits = torch.randn(32, 5000, generator=torch.Generator().manual_seed(6)) * 4
-    params = [
-        SamplingParams(temperature=[0.0, 0.7, 1.0, 1.3][i % 4], top_k=[-1, 40][i % 2])
-        for i in range(32)
-    ]
+    params = [SamplingParams(temperature=[0.0, 0.7, 1.0, 1.3][i % 4], top_k=[-1, 40][i % 2]) for i in range(32)]
     seeds, offsets = list(range(32)), torch.arange(32) * 5
     # Half-precision logits, as a model would give; the sampler upcasts them on both devices.
     logits = logits.half()
@@ -45,4 +41,3 @@ def test_cuda_gives_the_cpu_tokens():
     info_gpu = SamplingBatchInfo.from_params(params, seeds, 5000, "cuda")
     on_gpu = sampler(logits.cuda(), info_gpu, offsets.cuda())
     assert torch.equal(on_gpu.cpu(), on_cpu)
-

@@ -23,8 +23,15 @@ POOL_TOKENS = 1 << 15
 
 
 def make_scheduler(**kwargs) -> Scheduler:
-    args = dict(model_path=demo.TARGET_PATH, device="cuda", dtype="float32", attention_backend="triton",
-                cuda_graph_max_bs=16, disable_overlap_schedule=True, max_total_tokens=POOL_TOKENS)
+    args = dict(
+        model_path=demo.TARGET_PATH,
+        device="cuda",
+        dtype="float32",
+        attention_backend="triton",
+        cuda_graph_max_bs=16,
+        disable_overlap_schedule=True,
+        max_total_tokens=POOL_TOKENS,
+    )
     return Scheduler(ServerArgs(**{**args, **kwargs}))
 
 
@@ -32,7 +39,9 @@ def submit_random(scheduler: Scheduler, max_new: list[int], seed: int = 0, lengt
     """Request i: random prompt of lengths[0] + lengths[1] * i tokens, greedy, max_new[i] tokens."""
     gen = torch.Generator().manual_seed(seed)
     for i, n in enumerate(max_new):
-        ids = torch.randint(10, scheduler.model_config.vocab_size, (lengths[0] + lengths[1] * i,), generator=gen).tolist()
+        ids = torch.randint(
+            10, scheduler.model_config.vocab_size, (lengths[0] + lengths[1] * i,), generator=gen
+        ).tolist()
         params = SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
 
@@ -51,6 +60,7 @@ def run(num_reqs: int, max_new: int = 40, **kwargs) -> tuple[list[list[int]], Sc
 def strict_about_syncs(fn, strict: list[bool], calls: list):
     """`fn`, wrapped: while strict[0], each call runs under torch's sync debug mode "error" (a
     synchronizing CUDA operation raises) and its arguments are appended to `calls`."""
+
     def checked(*args):
         if not strict[0]:
             return fn(*args)
@@ -99,13 +109,18 @@ def test_speculative_graph_runners_are_used():
 
     def runner(model_runner, mode, tokens_per_req):
         # The decode-shaped runners (a prefill graph runner of the same mode has no fixed width).
-        (found,) = [r for r in model_runner.graph_runners if isinstance(r, CudaGraphRunner)
-                    and r.forward_mode == mode and r.tokens_per_req == tokens_per_req]
+        (found,) = [
+            r
+            for r in model_runner.graph_runners
+            if isinstance(r, CudaGraphRunner) and r.forward_mode == mode and r.tokens_per_req == tokens_per_req
+        ]
         return found
 
-    runners = [runner(worker.model_runner, ForwardMode.TARGET_VERIFY, width),
-               runner(worker.draft_runner, ForwardMode.DECODE, 1),
-               runner(worker.draft_runner, ForwardMode.DRAFT_EXTEND, width)]
+    runners = [
+        runner(worker.model_runner, ForwardMode.TARGET_VERIFY, width),
+        runner(worker.draft_runner, ForwardMode.DECODE, 1),
+        runner(worker.draft_runner, ForwardMode.DRAFT_EXTEND, width),
+    ]
     counts = count_replays(runners)
     params = SamplingParams(max_new_tokens=24, temperature=0, ignore_eos=True)
     for i in range(3):
@@ -128,8 +143,14 @@ def test_prefill_graphs_replay_and_match_eager_prefills(spec, num_reqs):
     model_runners = [scheduler.tp_worker.model_runner] + ([scheduler.tp_worker.draft_runner] if spec else [])
     runners = [r for mr in model_runners for r in mr.graph_runners if isinstance(r, PrefillGraphRunner)]
     assert len(runners) == len(model_runners)
-    print({r.forward_mode.name: {f"{bs}x{n}": [round(t * 1e3, 3) for t in times] for (bs, n), times
-                                 in r.timings.items()} for r in runners})  # replay / eager launch, ms
+    print(
+        {
+            r.forward_mode.name: {
+                f"{bs}x{n}": [round(t * 1e3, 3) for t in times] for (bs, n), times in r.timings.items()
+            }
+            for r in runners
+        }
+    )  # replay / eager launch, ms
     counts = count_replays(runners)
     submit_random(scheduler, [16] * num_reqs)
     assert outputs(scheduler, num_reqs) == eager
@@ -142,8 +163,13 @@ def test_switching_with_graphs_matches_plain(sync):
     each), with the draft kept warm or caught up (a variable-length draft extend on the triton
     backend, and past the buffer a recomputing target forward): float32 greedy output is plain
     decoding's."""
-    spec = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="cost",
-                speculative_candidate_steps=[0, 1, 3], speculative_draft_sync=sync)
+    spec = dict(
+        speculative_algorithm="EAGLE3",
+        speculative_num_steps=3,
+        speculative_policy="cost",
+        speculative_candidate_steps=[0, 1, 3],
+        speculative_draft_sync=sync,
+    )
     plain, _ = run(5, max_new=120)
     scheduler = make_scheduler(**spec)
     steps = []
@@ -208,20 +234,26 @@ def test_logit_bias_through_graphs_matches_plain():
     their output changes there; the plain server (decode graphs) and an EAGLE-3 server with
     whole-step graphs and the overlapped schedule (batches with a bias step eagerly, the others
     replay) give the same tokens, and the unbiased requests keep their unbiased output."""
+
     def submit(scheduler, biases):
         gen = torch.Generator().manual_seed(2)
         for i in range(5):
             ids = torch.randint(10, scheduler.model_config.vocab_size, (8 + 3 * i,), generator=gen).tolist()
-            params = SamplingParams(max_new_tokens=40 + 20 * i, temperature=0, ignore_eos=True,
-                                    logit_bias=biases.get(i))
+            params = SamplingParams(
+                max_new_tokens=40 + 20 * i, temperature=0, ignore_eos=True, logit_bias=biases.get(i)
+            )
             scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
         return outputs(scheduler, 5)
 
     unbiased = submit(make_scheduler(), {})
     biases = {i: {str(unbiased[i][6]): -100} for i in (1, 3)}
     plain = submit(make_scheduler(), biases)
-    scheduler = make_scheduler(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="always",
-                               disable_overlap_schedule=False)
+    scheduler = make_scheduler(
+        speculative_algorithm="EAGLE3",
+        speculative_num_steps=3,
+        speculative_policy="always",
+        disable_overlap_schedule=False,
+    )
     graphs = scheduler.tp_worker.step_graphs[3]
     replay = graphs.replay
     whole_step = [0]
@@ -249,8 +281,12 @@ def test_penalties_under_overlap_and_graphs_match_plain():
         gen = torch.Generator().manual_seed(3)
         for i in range(5):
             ids = torch.randint(10, scheduler.model_config.vocab_size, (8 + 3 * i,), generator=gen).tolist()
-            params = SamplingParams(max_new_tokens=40 + 20 * i, temperature=0, ignore_eos=True,
-                                    **(penalties.get(i, {}) if penalized else {}))
+            params = SamplingParams(
+                max_new_tokens=40 + 20 * i,
+                temperature=0,
+                ignore_eos=True,
+                **(penalties.get(i, {}) if penalized else {}),
+            )
             scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
         result = outputs(scheduler, 5)
         assert scheduler.get_internal_state()["penalty_rows"] == 0
@@ -259,8 +295,15 @@ def test_penalties_under_overlap_and_graphs_match_plain():
     unpenalized = submit(make_scheduler(), False)
     plain = submit(make_scheduler(), True)
     overlapped = submit(make_scheduler(disable_overlap_schedule=False), True)
-    speculative = submit(make_scheduler(speculative_algorithm="EAGLE3", speculative_num_steps=3,
-                                        speculative_policy="always", disable_overlap_schedule=False), True)
+    speculative = submit(
+        make_scheduler(
+            speculative_algorithm="EAGLE3",
+            speculative_num_steps=3,
+            speculative_policy="always",
+            disable_overlap_schedule=False,
+        ),
+        True,
+    )
     assert overlapped == plain
     assert speculative == plain
     for i in range(5):
@@ -280,8 +323,13 @@ def test_requests_adopted_by_the_draft_mid_decode_match_plain_through_graphs(syn
         return outputs(scheduler, 4), scheduler.get_internal_state()
 
     plain, _ = run_four()
-    out, state = run_four(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="threshold",
-                          speculative_threshold=2, speculative_draft_sync=sync)
+    out, state = run_four(
+        speculative_algorithm="EAGLE3",
+        speculative_num_steps=3,
+        speculative_policy="threshold",
+        speculative_threshold=2,
+        speculative_draft_sync=sync,
+    )
     assert out == plain
     assert state["spec_prompts_without_draft"] == 2 and state["spec_draft_adoptions"] == 1
     assert state["spec_steps_by_k"].get("3", 0) > 0
@@ -293,8 +341,13 @@ def test_launches_never_wait_for_the_device():
     the pipeline the overlap builds, and on a small model the host is the bottleneck. Every
     launch of the second pass runs under torch's sync debug mode "error"; the first pass runs
     the same shapes (first-time work, such as a kernel's compile, is not the point)."""
-    spec = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="cost",
-                speculative_candidate_steps=[0, 1, 3], disable_overlap_schedule=False)
+    spec = dict(
+        speculative_algorithm="EAGLE3",
+        speculative_num_steps=3,
+        speculative_policy="cost",
+        speculative_candidate_steps=[0, 1, 3],
+        disable_overlap_schedule=False,
+    )
     scheduler = make_scheduler(**spec)
     pattern = [3, 0, 1, 3, 3, 0]
     steps = []
@@ -346,8 +399,12 @@ def test_releasing_finished_requests_never_waits_for_the_device():
     submit_random(plain, max_new, seed=5)
     expected = outputs(plain, len(max_new))
     del plain
-    scheduler = make_scheduler(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="always",
-                               disable_overlap_schedule=False)
+    scheduler = make_scheduler(
+        speculative_algorithm="EAGLE3",
+        speculative_num_steps=3,
+        speculative_policy="always",
+        disable_overlap_schedule=False,
+    )
     strict, released = [False], []
     scheduler.kv_manager.release = strict_about_syncs(scheduler.kv_manager.release, strict, released)
     for attempt in range(2):

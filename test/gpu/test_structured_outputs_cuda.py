@@ -24,9 +24,15 @@ from sglang.srt.server_args import ServerArgs
 from sglang.test.runner_utils import run_to_completion
 from sglang.test.server_fixture import assert_idle_kv_accounting
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                           "n": {"type": "integer", "minimum": 0, "maximum": 999},
-                                           "ok": {"type": "boolean"}}, "required": ["name", "n", "ok"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "n": {"type": "integer", "minimum": 0, "maximum": 999},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "n", "ok"],
+}
 REGEX = r"[a-z]{1,6} [-+*/] [a-z]{1,6}"
 EBNF = 'root ::= "[" [0-9]{1,3} ("," [0-9]{1,3}){0,6} "]"'
 CONSTRAINTS = [("json_schema", json.dumps(SCHEMA)), ("regex", REGEX), ("ebnf", EBNF)]
@@ -39,8 +45,9 @@ def run(requests: list[tuple[str, dict]], **kwargs) -> dict[str, list[int]]:
     args = dict(device="cuda", dtype="float32", max_total_tokens=1 << 15, cuda_graph_max_bs=16)
     scheduler = Scheduler(ServerArgs(**{**args, **kwargs}))
     for i, (prompt, params) in enumerate(requests):
-        scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", TOKENIZER.encode(prompt), SamplingParams(**params),
-                                                        stream=False))
+        scheduler.add_request(
+            TokenizedGenerateReqInput(f"r{i}", TOKENIZER.encode(prompt), SamplingParams(**params), stream=False)
+        )
     out = run_to_completion(scheduler)
     assert_idle_kv_accounting(scheduler.get_internal_state())
     return [out[f"r{i}"]["ids"] for i in range(len(requests))]
@@ -48,8 +55,11 @@ def run(requests: list[tuple[str, dict]], **kwargs) -> dict[str, list[int]]:
 
 def constrained_requests(temperature: float) -> list[tuple[str, dict]]:
     # Every grammar here ends within 96 tokens, whatever is sampled.
-    return [(prompt, {"temperature": temperature, "max_new_tokens": 96, "sampling_seed": i, key: value})
-            for i, prompt in enumerate(PROMPTS) for key, value in CONSTRAINTS]
+    return [
+        (prompt, {"temperature": temperature, "max_new_tokens": 96, "sampling_seed": i, key: value})
+        for i, prompt in enumerate(PROMPTS)
+        for key, value in CONSTRAINTS
+    ]
 
 
 def assert_valid(value) -> None:
@@ -73,7 +83,7 @@ def check_matches(requests, outputs) -> None:
 
 def test_mask_unpacking_agrees_with_xgrammar_cuda_kernel():
     generator = torch.Generator().manual_seed(0)
-    bitmask = torch.randint(-2**31, 2**31 - 1, (64, 1000), dtype=torch.int32, generator=generator).cuda()
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (64, 1000), dtype=torch.int32, generator=generator).cuda()
     logits = torch.randn(64, 32000, device="cuda")
     reference = logits.clone()
     xgrammar.apply_token_bitmask_inplace(reference, bitmask)
@@ -93,5 +103,5 @@ def test_greedy_constrained_speculation_is_plain_constrained_decoding():
     plain = run(requests + free)
     assert run(requests + free, **SPEC) == plain
     # Unconstrained requests alone (graph-replayed batches) get what they got beside constrained ones.
-    assert run(free) == plain[len(requests):]
-    assert run(free, **SPEC) == plain[len(requests):]
+    assert run(free) == plain[len(requests) :]
+    assert run(free, **SPEC) == plain[len(requests) :]

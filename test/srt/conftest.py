@@ -21,8 +21,8 @@ if not torch.cuda.is_available():
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
-from sglang.test.tiny_models import ARCHITECTURES, make_tiny_model
-from sglang.test.server_fixture import assert_engine_kv_accounting
+from sglang.test.tiny_models import ARCHITECTURES, make_tiny_model  # noqa: E402 (after the thread settings above)
+from sglang.test.server_fixture import assert_engine_kv_accounting  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -98,11 +98,14 @@ class HFReference:
     @torch.no_grad()
     def greedy(self, arch: str, input_ids: list[int], max_new_tokens: int) -> list[int]:
         out = self.model(arch).generate(
-            torch.tensor([input_ids]), attention_mask=torch.ones(1, len(input_ids), dtype=torch.long),
-            max_new_tokens=max_new_tokens, do_sample=False,
-            eos_token_id=None, pad_token_id=0,
+            torch.tensor([input_ids]),
+            attention_mask=torch.ones(1, len(input_ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
         )
-        return out[0, len(input_ids):].tolist()
+        return out[0, len(input_ids) :].tolist()
 
     @torch.no_grad()
     def next_token_logits(self, arch: str, input_ids: list[int]) -> torch.Tensor:

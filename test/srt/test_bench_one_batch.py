@@ -7,11 +7,27 @@ from sglang import bench_one_batch
 
 def test_reports_prefill_and_every_decode_step(tiny_model_paths, tmp_path):
     out = tmp_path / "result.jsonl"
-    results = bench_one_batch.main([
-        "--model-path", tiny_model_paths["llama"], "--device", "cpu", "--dtype", "float32",
-        "--batch-size", "1", "3", "--input-len", "16", "--output-len", "5", "--result-filename", str(out),
-        "--warmup-steps", "1",
-    ])
+    results = bench_one_batch.main(
+        [
+            "--model-path",
+            tiny_model_paths["llama"],
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--batch-size",
+            "1",
+            "3",
+            "--input-len",
+            "16",
+            "--output-len",
+            "5",
+            "--result-filename",
+            str(out),
+            "--warmup-steps",
+            "1",
+        ]
+    )
     lines = [json.loads(line) for line in out.read_text().splitlines()]
     assert [r["batch_size"] for r in lines] == [1, 3] == [r["batch_size"] for r in results]
     for r in lines:
@@ -23,16 +39,35 @@ def test_reports_prefill_and_every_decode_step(tiny_model_paths, tmp_path):
 def test_memory_floor_is_the_weights_and_the_batchs_kv_over_the_copy_bandwidth(tiny_model_paths):
     from sglang.benchmark import memory_floor
 
-    results = bench_one_batch.main([
-        "--model-path", tiny_model_paths["llama"], "--device", "cpu", "--dtype", "float32",
-        "--batch-size", "1", "4", "--input-len", "16", "--output-len", "5", "--warmup-steps", "1", "--memory-floor",
-    ])
+    results = bench_one_batch.main(
+        [
+            "--model-path",
+            tiny_model_paths["llama"],
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--batch-size",
+            "1",
+            "4",
+            "--input-len",
+            "16",
+            "--output-len",
+            "5",
+            "--warmup-steps",
+            "1",
+            "--memory-floor",
+        ]
+    )
     one, four = results
     bandwidth = one["copy_bandwidth_bytes_per_s"]
     assert bandwidth > 1e8 and four["copy_bandwidth_bytes_per_s"] == bandwidth
     # The KV term grows with the batch: four rows at a mean context of 18.5 tokens.
-    runner = bench_one_batch.make_runner(bench_one_batch.ServerArgs(
-        model_path=tiny_model_paths["llama"], device="cpu", dtype="float32", max_running_requests=4))
+    runner = bench_one_batch.make_runner(
+        bench_one_batch.ServerArgs(
+            model_path=tiny_model_paths["llama"], device="cpu", dtype="float32", max_running_requests=4
+        )
+    )
     weights = memory_floor.parameter_bytes(runner.model)
     kv = memory_floor.kv_bytes_per_token(runner.token_to_kv_pool)
     assert weights > 0 and kv > 0
@@ -46,10 +81,27 @@ def test_two_tensor_parallel_ranks_report_the_same_way_and_stop(tiny_model_paths
     import multiprocessing
 
     before = set(multiprocessing.active_children())  # other tests' engines may live in this process
-    results = bench_one_batch.main([
-        "--model-path", tiny_model_paths["qwen2"], "--device", "cpu", "--dtype", "float32", "--tp-size", "2",
-        "--batch-size", "2", "--input-len", "16", "--output-len", "4", "--warmup-steps", "1", "--memory-floor",
-    ])
+    results = bench_one_batch.main(
+        [
+            "--model-path",
+            tiny_model_paths["qwen2"],
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--tp-size",
+            "2",
+            "--batch-size",
+            "2",
+            "--input-len",
+            "16",
+            "--output-len",
+            "4",
+            "--warmup-steps",
+            "1",
+            "--memory-floor",
+        ]
+    )
     assert [(r["batch_size"], r["tp_size"]) for r in results] == [(2, 2)]
     assert len(results[0]["decode_step_s"]) == 3 and results[0]["decode_median_step_s"] > 0
     assert set(multiprocessing.active_children()) - before == set()  # rank 1 stopped with the benchmark

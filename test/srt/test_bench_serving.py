@@ -26,10 +26,25 @@ INPUT_LEN, OUTPUT_LEN = 24, 12
 DISTRIBUTIONS = ("e2e_latency", "ttft", "tpot", "itl")
 STATS = ("mean", "median", "std", "p90", "p95", "p99")
 FIELDS = (
-    "backend", "request_rate", "max_concurrency", "random_input_len", "random_output_len", "random_range_ratio",
-    "duration", "completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
-    "input_throughput", "output_throughput", "total_throughput", "concurrency", "accept_length",
-    "max_output_tokens_per_s", *(f"{stat}_{name}_ms" for name in DISTRIBUTIONS for stat in STATS),
+    "backend",
+    "request_rate",
+    "max_concurrency",
+    "random_input_len",
+    "random_output_len",
+    "random_range_ratio",
+    "duration",
+    "completed",
+    "failed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "input_throughput",
+    "output_throughput",
+    "total_throughput",
+    "concurrency",
+    "accept_length",
+    "max_output_tokens_per_s",
+    *(f"{stat}_{name}_ms" for name in DISTRIBUTIONS for stat in STATS),
 )
 
 
@@ -42,11 +57,24 @@ def server(tiny_model_paths):
 
 def run_bench(server, output_file, *extra: str) -> tuple[int, list[dict]]:
     """Runs the CLI in this process (later flags override the defaults given here)."""
-    rc = bench_serving.main([
-        "--base-url", server.base_url, "--num-prompts", str(NUM_PROMPTS), "--random-input-len", str(INPUT_LEN),
-        "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", "0.5", "--disable-tqdm",
-        "--output-file", str(output_file), *extra,
-    ])
+    rc = bench_serving.main(
+        [
+            "--base-url",
+            server.base_url,
+            "--num-prompts",
+            str(NUM_PROMPTS),
+            "--random-input-len",
+            str(INPUT_LEN),
+            "--random-output-len",
+            str(OUTPUT_LEN),
+            "--random-range-ratio",
+            "0.5",
+            "--disable-tqdm",
+            "--output-file",
+            str(output_file),
+            *extra,
+        ]
+    )
     lines = [json.loads(line) for line in output_file.read_text().splitlines()] if output_file.exists() else []
     return rc, lines
 
@@ -68,8 +96,14 @@ def test_sweep_appends_one_sane_line_per_concurrency_level(sweep):
         assert line["token_count_mismatches"] == 0 and line["errors"] == []
         assert NUM_PROMPTS * INPUT_LEN // 2 <= line["total_input_tokens"] <= NUM_PROMPTS * INPUT_LEN
         assert NUM_PROMPTS * OUTPUT_LEN // 2 <= line["total_output_tokens"] <= NUM_PROMPTS * OUTPUT_LEN
-        for field in ("request_throughput", "input_throughput", "output_throughput", "total_throughput",
-                      "max_output_tokens_per_s", "duration"):
+        for field in (
+            "request_throughput",
+            "input_throughput",
+            "output_throughput",
+            "total_throughput",
+            "max_output_tokens_per_s",
+            "duration",
+        ):
             assert line[field] > 0, field
         assert line["total_throughput"] == pytest.approx(line["input_throughput"] + line["output_throughput"])
         # At most max_concurrency requests are ever in flight.
@@ -83,8 +117,18 @@ def test_sweep_appends_one_sane_line_per_concurrency_level(sweep):
 
 
 def test_requests_per_level_grow_with_concurrency_up_to_the_cap(server, tmp_path, capsys):
-    rc, lines = run_bench(server, tmp_path / "capped.jsonl", "--num-prompts", "2", "--prompts-per-concurrency", "3",
-                          "--max-prompts-per-level", "8", "--max-concurrency", "1,2,4")
+    rc, lines = run_bench(
+        server,
+        tmp_path / "capped.jsonl",
+        "--num-prompts",
+        "2",
+        "--prompts-per-concurrency",
+        "3",
+        "--max-prompts-per-level",
+        "8",
+        "--max-concurrency",
+        "1,2,4",
+    )
     assert rc == 0
     assert [(line["num_prompts"], line["completed"]) for line in lines] == [(3, 3), (6, 6), (8, 8)]
     with pytest.raises(SystemExit):
@@ -95,8 +139,18 @@ def test_requests_per_level_grow_with_concurrency_up_to_the_cap(server, tmp_path
 @pytest.mark.parametrize("backend", ["sglang", "sglang-oai", "sglang-oai-chat"])
 def test_token_counts_match_the_servers_own_counters(server, tmp_path, backend):
     before_metrics, before_state = prometheus_counters(server), server_state(server)
-    rc, [line] = run_bench(server, tmp_path / "result.jsonl", "--backend", backend, "--max-concurrency", "4",
-                           "--request-rate", "200", "--warmup-requests", "0")
+    rc, [line] = run_bench(
+        server,
+        tmp_path / "result.jsonl",
+        "--backend",
+        backend,
+        "--max-concurrency",
+        "4",
+        "--request-rate",
+        "200",
+        "--warmup-requests",
+        "0",
+    )
     after_metrics, after_state = prometheus_counters(server), server_state(server)
     assert rc == 0 and line["completed"] == NUM_PROMPTS and line["backend"] == backend
     # Prompt ids sent as ids are counted by the server as sent, and ignore_eos makes every
@@ -136,8 +190,20 @@ def test_request_over_the_context_is_counted_as_failed(server, tiny_model_paths,
     assert len(tokenizer.encode(too_long)) > 1024  # the tiny model's context
     rows = [conversation(f"Hello number {i}, how are you?", "Fine, thanks.") for i in range(3)]
     dataset = write_sharegpt(tmp_path / "chats.json", [*rows, conversation(too_long, "never")], jsonl=False)
-    rc, [line] = run_bench(server, tmp_path / "result.jsonl", "--dataset-name", "sharegpt", "--dataset-path",
-                           dataset, "--num-prompts", "4", "--sharegpt-output-len", "6", "--warmup-requests", "0")
+    rc, [line] = run_bench(
+        server,
+        tmp_path / "result.jsonl",
+        "--dataset-name",
+        "sharegpt",
+        "--dataset-path",
+        dataset,
+        "--num-prompts",
+        "4",
+        "--sharegpt-output-len",
+        "6",
+        "--warmup-requests",
+        "0",
+    )
     assert rc == 0  # the other requests were measured
     assert (line["completed"], line["failed"]) == (3, 1)
     assert line["total_output_tokens"] == 3 * 6
@@ -148,9 +214,22 @@ def test_request_over_the_context_is_counted_as_failed(server, tiny_model_paths,
 
 def test_unreachable_server_exits_nonzero_with_a_one_line_error(tmp_path):
     out = tmp_path / "result.jsonl"
-    proc = subprocess.run([sys.executable, "-m", "sglang.bench_serving", "--port", str(free_port()),
-                           "--num-prompts", "2", "--output-file", str(out)],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglang.bench_serving",
+            "--port",
+            str(free_port()),
+            "--num-prompts",
+            "2",
+            "--output-file",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     [message] = proc.stderr.strip().splitlines()
@@ -163,11 +242,33 @@ def test_server_stopped_mid_run_fails_its_requests_and_exits_nonzero(tiny_model_
     # however late the poll below first sees one running (one CI run saw all of 6 complete).
     doomed = ServerProcess(tiny_model_paths["llama"])
     out = tmp_path / "result.jsonl"
-    bench = subprocess.Popen([
-        sys.executable, "-m", "sglang.bench_serving", "--base-url", doomed.base_url, "--num-prompts", "24",
-        "--random-input-len", "16", "--random-output-len", "400", "--random-range-ratio", "1",
-        "--max-concurrency", "2", "--warmup-requests", "0", "--disable-tqdm", "--output-file", str(out),
-    ], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    bench = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sglang.bench_serving",
+            "--base-url",
+            doomed.base_url,
+            "--num-prompts",
+            "24",
+            "--random-input-len",
+            "16",
+            "--random-output-len",
+            "400",
+            "--random-range-ratio",
+            "1",
+            "--max-concurrency",
+            "2",
+            "--warmup-requests",
+            "0",
+            "--disable-tqdm",
+            "--output-file",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while server_state(doomed)["num_running_reqs"] == 0 and time.monotonic() < deadline:
@@ -189,14 +290,20 @@ def test_sharegpt_json_and_jsonl_files_give_the_same_requests(tiny_model_paths, 
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_paths["llama"])
     rows = [conversation(f"Question {i}: what is {i} plus {i}?", f"It is {2 * i}." * (i + 1)) for i in range(5)]
-    rows += [{"conversations": [{"from": "human", "value": "no reply"}]}, {"id": "empty", "conversations": []},
-             {"conversations": [{"role": "user", "content": "role layout"}, {"role": "assistant", "content": "ok"}]}]
-    loaded = [ShareGPTDataset(write_sharegpt(tmp_path / name, rows, jsonl), tokenizer, random.Random(3))
-              for name, jsonl in (("a.json", False), ("a.jsonl", True))]
+    rows += [
+        {"conversations": [{"from": "human", "value": "no reply"}]},
+        {"id": "empty", "conversations": []},
+        {"conversations": [{"role": "user", "content": "role layout"}, {"role": "assistant", "content": "ok"}]},
+    ]
+    loaded = [
+        ShareGPTDataset(write_sharegpt(tmp_path / name, rows, jsonl), tokenizer, random.Random(3))
+        for name, jsonl in (("a.json", False), ("a.jsonl", True))
+    ]
     assert loaded[0].requests == loaded[1].requests
     requests = loaded[0].sample(6, random.Random(0))
-    assert sorted(r.prompt for r in requests) == sorted([row["conversations"][0]["value"] for row in rows[:5]]
-                                                        + ["role layout"])
+    assert sorted(r.prompt for r in requests) == sorted(
+        [row["conversations"][0]["value"] for row in rows[:5]] + ["role layout"]
+    )
     for request in requests:
         assert request.prompt_len == len(tokenizer.encode(request.prompt, add_special_tokens=False))
     reply_of = {row["conversations"][0]["value"]: row["conversations"][1]["value"] for row in rows[:5]}
@@ -219,8 +326,10 @@ def test_openai_chunks_share_their_tokens_for_the_itl():
 
 
 def test_stream_events_parse_fast_and_still_take_what_python_json_takes():
-    assert _parse_event(b'{"output_ids": [1, 2], "meta_info": {"finish_reason": null}}') == \
-        {"output_ids": [1, 2], "meta_info": {"finish_reason": None}}
+    assert _parse_event(b'{"output_ids": [1, 2], "meta_info": {"finish_reason": null}}') == {
+        "output_ids": [1, 2],
+        "meta_info": {"finish_reason": None},
+    }
     # Python's JSON writes NaN for a non-finite logprob; orjson alone would refuse the event.
     assert _parse_event(b'{"logprob": NaN}')["logprob"] != _parse_event(b'{"logprob": NaN}')["logprob"]
     with pytest.raises(ServerError, match="malformed event from the server: b'{\"text\": '"):
@@ -230,9 +339,12 @@ def test_stream_events_parse_fast_and_still_take_what_python_json_takes():
 def test_plot_draws_one_line_per_result_file(sweep, tmp_path):
     _, lines, path = sweep
     other = tmp_path / "other.jsonl"
-    other.write_text("".join(json.dumps({**line, "label": "other config",
-                                         "output_throughput": line["output_throughput"] * 2}) + "\n"
-                             for line in lines))
+    other.write_text(
+        "".join(
+            json.dumps({**line, "label": "other config", "output_throughput": line["output_throughput"] * 2}) + "\n"
+            for line in lines
+        )
+    )
     png = tmp_path / "compare.png"
     fig = plot.plot([str(path), str(other)], str(png))
     for ax in fig.axes:
@@ -267,8 +379,11 @@ def test_a_stream_ending_early_fails_saying_how_it_ended(backend, ending):
     from sglang.benchmark.datasets import BenchRequest
 
     native = backend == "sglang"
-    chunk = {"text": "ab", "output_ids": [1, 2], "meta_info": {"finish_reason": None}} if native else \
-        {"choices": [{"index": 0, "text": "ab", "finish_reason": None}]}
+    chunk = (
+        {"text": "ab", "output_ids": [1, 2], "meta_info": {"finish_reason": None}}
+        if native
+        else {"choices": [{"index": 0, "text": "ab", "finish_reason": None}]}
+    )
 
     async def handler(request):
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -317,7 +432,8 @@ def test_a_measured_run_freezes_the_clients_objects_out_of_the_collector_and_giv
             return request
 
     assert gc.get_freeze_count() == 0
-    results, _, _ = asyncio.run(runner.run_level(Client(), list(range(4)), 2, float("inf"), random.Random(0),
-                                                 "test", disable_tqdm=True))
+    results, _, _ = asyncio.run(
+        runner.run_level(Client(), list(range(4)), 2, float("inf"), random.Random(0), "test", disable_tqdm=True)
+    )
     assert results == [0, 1, 2, 3] and min(seen) > 10_000, seen
     assert gc.get_freeze_count() == 0, "the client's objects are the collector's again after the run"

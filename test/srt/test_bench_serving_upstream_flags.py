@@ -33,24 +33,46 @@ def tokenizer(tiny_model_paths):
 
 
 def run_bench(server, output_file, *extra: str) -> tuple[int, list[dict]]:
-    rc = bench_serving.main([
-        "--base-url", server.base_url, "--num-prompts", str(NUM_PROMPTS), "--random-input-len", str(INPUT_LEN),
-        "--random-output-len", str(OUTPUT_LEN), "--random-range-ratio", "1", "--warmup-requests", "0",
-        "--disable-tqdm", "--output-file", str(output_file), *extra,
-    ])
+    rc = bench_serving.main(
+        [
+            "--base-url",
+            server.base_url,
+            "--num-prompts",
+            str(NUM_PROMPTS),
+            "--random-input-len",
+            str(INPUT_LEN),
+            "--random-output-len",
+            str(OUTPUT_LEN),
+            "--random-range-ratio",
+            "1",
+            "--warmup-requests",
+            "0",
+            "--disable-tqdm",
+            "--output-file",
+            str(output_file),
+            *extra,
+        ]
+    )
     lines = [json.loads(line) for line in output_file.read_text().splitlines()] if output_file.exists() else []
     return rc, lines
 
 
 def write_sharegpt(path, pairs: list[tuple[str, str]]) -> str:
-    path.write_text(json.dumps([{"conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": reply}]}
-                                for prompt, reply in pairs]))
+    path.write_text(
+        json.dumps(
+            [
+                {"conversations": [{"from": "human", "value": prompt}, {"from": "gpt", "value": reply}]}
+                for prompt, reply in pairs
+            ]
+        )
+    )
     return str(path)
 
 
 def test_upstream_result_fields_and_output_details(server, tmp_path):
-    rc, [line] = run_bench(server, tmp_path / "r.jsonl", "--backend", "sglang-native", "--tag", "nightly",
-                           "--output-details")
+    rc, [line] = run_bench(
+        server, tmp_path / "r.jsonl", "--backend", "sglang-native", "--tag", "nightly", "--output-details"
+    )
     assert rc == 0 and line["completed"] == NUM_PROMPTS and line["backend"] == "sglang-native"
     assert line["tag"] == "nightly" and line["sharegpt_output_len"] is None
     assert line["total_input_text_tokens"] == line["total_input_tokens"] and line["total_input_vision_tokens"] == 0
@@ -73,11 +95,19 @@ def test_disable_stream_sends_one_answer_per_request(server, tmp_path, backend):
     assert line["median_itl_ms"] is None
 
 
-@pytest.mark.parametrize("backend, body", [("sglang", {"sampling_params": {"max_new_tokens": 3}}),
-                                           ("sglang-oai-chat", {"max_tokens": 3})])
+@pytest.mark.parametrize(
+    "backend, body", [("sglang", {"sampling_params": {"max_new_tokens": 3}}), ("sglang-oai-chat", {"max_tokens": 3})]
+)
 def test_extra_request_body_overrides_and_eos_may_end_requests_early(server, tmp_path, backend, body):
-    rc, [line] = run_bench(server, tmp_path / "r.jsonl", "--backend", backend, "--disable-ignore-eos",
-                           "--extra-request-body", json.dumps(body))
+    rc, [line] = run_bench(
+        server,
+        tmp_path / "r.jsonl",
+        "--backend",
+        backend,
+        "--disable-ignore-eos",
+        "--extra-request-body",
+        json.dumps(body),
+    )
     assert rc == 0 and line["completed"] == NUM_PROMPTS
     assert line["total_output_tokens"] <= NUM_PROMPTS * 3
     # Without ignore_eos a request may end before its length: that is no token-count mismatch.
@@ -85,9 +115,24 @@ def test_extra_request_body_overrides_and_eos_may_end_requests_early(server, tmp
 
 
 def test_generated_shared_prefix_groups_questions_behind_shared_system_prompts(server, tokenizer, tmp_path):
-    rc, [line] = run_bench(server, tmp_path / "r.jsonl", "--dataset-name", "generated-shared-prefix",
-                           "--gsp-num-groups", "2", "--gsp-prompts-per-group", "3", "--gsp-system-prompt-len", "32",
-                           "--gsp-question-len", "4", "--gsp-output-len", "5", "--num-prompts", "6")
+    rc, [line] = run_bench(
+        server,
+        tmp_path / "r.jsonl",
+        "--dataset-name",
+        "generated-shared-prefix",
+        "--gsp-num-groups",
+        "2",
+        "--gsp-prompts-per-group",
+        "3",
+        "--gsp-system-prompt-len",
+        "32",
+        "--gsp-question-len",
+        "4",
+        "--gsp-output-len",
+        "5",
+        "--num-prompts",
+        "6",
+    )
     assert rc == 0 and line["dataset_name"] == "generated-shared-prefix"
     assert (line["completed"], line["total_output_tokens"]) == (6, 30)
     dataset = SharedPrefixDataset(tokenizer, list(range(10, 200)), random.Random(0), 2, 3, 32, 4, 5)
@@ -107,8 +152,9 @@ def test_sharegpt_context_len_drops_long_conversations_and_chat_template_wraps(t
     path = write_sharegpt(tmp_path / "chats.json", [("short one", "fine"), ("a much longer prompt " * 20, "fine")])
     kept = ShareGPTDataset(path, tokenizer, random.Random(0), output_len=4, context_len=30)
     assert [request.prompt for request in kept.requests] == ["short one"]
-    wrapped = ShareGPTDataset(path, tokenizer, random.Random(0), output_len=4,
-                              wrap=lambda text: chat_template_text(tokenizer, text))
+    wrapped = ShareGPTDataset(
+        path, tokenizer, random.Random(0), output_len=4, wrap=lambda text: chat_template_text(tokenizer, text)
+    )
     assert sorted(r.prompt for r in wrapped.requests)[1] == "<|user|>short one\n<|assistant|>"
 
 
@@ -129,25 +175,47 @@ def test_burstiness_keeps_the_rate_and_changes_the_spread():
 
 def test_without_output_file_the_line_goes_to_upstreams_file_name(server, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert bench_serving.main(["--base-url", server.base_url, "--num-prompts", "2", "--random-input-len", "8",
-                               "--random-output-len", "3", "--warmup-requests", "0", "--disable-tqdm"]) == 0
+    assert (
+        bench_serving.main(
+            [
+                "--base-url",
+                server.base_url,
+                "--num-prompts",
+                "2",
+                "--random-input-len",
+                "8",
+                "--random-output-len",
+                "3",
+                "--warmup-requests",
+                "0",
+                "--disable-tqdm",
+            ]
+        )
+        == 0
+    )
     name = f"sglang_{datetime.date.today():%m%d}_2_8_3.jsonl"
     [line] = [json.loads(row) for row in (tmp_path / name).read_text().splitlines()]
     assert line["completed"] == 2
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--lora-name", "a", "b"], "--lora-name (upstream bench_serving) is not supported here: the engine serves no LoRA"),
-    (["--pd-separated"], "--pd-separated (upstream bench_serving) is not supported here"),
-    (["--profile"], "--profile (upstream bench_serving) is not supported here"),
-    (["--return-logprob"], "--extra-request-body"),
-    (["--backend", "trt"], "--backend trt (upstream bench_serving) is not supported here"),
-    (["--dataset-name", "mmmu"], "--dataset-name mmmu (upstream bench_serving) is not supported here"),
-    (["--dataset-name", "sharegpt", "--dataset-path", "x.json", "--tokenize-prompt"], "--tokenize-prompt needs"),
-    (["--backend", "sglang-oai-chat", "--apply-chat-template"], "the chat route applies the server's template"),
-    (["--burstiness", "0.5"], "--burstiness shapes the gaps between arrivals: it needs a finite --request-rate"),
-    (["--extra-request-body", "[1]"], "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["--lora-name", "a", "b"],
+            "--lora-name (upstream bench_serving) is not supported here: the engine serves no LoRA",
+        ),
+        (["--pd-separated"], "--pd-separated (upstream bench_serving) is not supported here"),
+        (["--profile"], "--profile (upstream bench_serving) is not supported here"),
+        (["--return-logprob"], "--extra-request-body"),
+        (["--backend", "trt"], "--backend trt (upstream bench_serving) is not supported here"),
+        (["--dataset-name", "mmmu"], "--dataset-name mmmu (upstream bench_serving) is not supported here"),
+        (["--dataset-name", "sharegpt", "--dataset-path", "x.json", "--tokenize-prompt"], "--tokenize-prompt needs"),
+        (["--backend", "sglang-oai-chat", "--apply-chat-template"], "the chat route applies the server's template"),
+        (["--burstiness", "0.5"], "--burstiness shapes the gaps between arrivals: it needs a finite --request-rate"),
+        (["--extra-request-body", "[1]"], "expected a JSON object"),
+    ],
+)
 def test_upstream_flags_we_do_not_implement_are_refused_by_name(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         bench_serving.main(["--port", "1", *argv])

@@ -23,8 +23,20 @@ def test_levels_are_judged_against_the_best_static_server(tmp_path, capsys):
     always = write(tmp_path / "a.jsonl", [level(1, 101.0), level(64, 1000.0), level(256, 700.0)])
     twin = write(tmp_path / "n2.jsonl", [level(1, 50.0), level(64, 890.0), level(256, 1000.0)])
     out = tmp_path / "report.json"
-    rc = envelope.main(["--dynamic", dynamic, "--static", f"no_draft={no_draft}", "--static", f"always={always}",
-                        "--aa", f"no_draft={twin}", "--out", str(out)])
+    rc = envelope.main(
+        [
+            "--dynamic",
+            dynamic,
+            "--static",
+            f"no_draft={no_draft}",
+            "--static",
+            f"always={always}",
+            "--aa",
+            f"no_draft={twin}",
+            "--out",
+            str(out),
+        ]
+    )
     rows = json.loads(out.read_text())
     assert [row["best_static"] for row in rows] == ["always", "always", "no_draft"]
     assert [row["ok"] for row in rows] == [True, True, False]  # 1000 / 1020 = 0.980 < 0.99 x no draft
@@ -37,8 +49,10 @@ def test_a_trace_needs_five_percent_on_throughput_and_tpot(tmp_path):
         return {"max_concurrency": None, "output_throughput": tok_s, "mean_tpot_ms": tpot}
 
     dynamic = write(tmp_path / "d.jsonl", [trace(1100.0, 9.0)])
-    statics = [f"no_draft={write(tmp_path / 'n.jsonl', [trace(1000.0, 10.0)])}",
-               f"always={write(tmp_path / 'a.jsonl', [trace(900.0, 9.6)])}"]
+    statics = [
+        f"no_draft={write(tmp_path / 'n.jsonl', [trace(1000.0, 10.0)])}",
+        f"always={write(tmp_path / 'a.jsonl', [trace(900.0, 9.6)])}",
+    ]
     assert envelope.main(["--dynamic", dynamic] + sum((["--static", s] for s in statics), [])) == 0
     slower = write(tmp_path / "d2.jsonl", [trace(1100.0, 9.4)])  # TPOT only 1.02 x the best
     assert envelope.main(["--dynamic", slower] + sum((["--static", s] for s in statics), [])) == 1
@@ -48,17 +62,42 @@ def test_a_trace_needs_five_percent_on_throughput_and_tpot(tmp_path):
 def test_a_trace_with_phases_is_also_read_phase_by_phase(tmp_path, capsys):
     """Lines that carry the tokens delivered per phase get each phase's dynamic / best static (the
     best may differ by phase) and their mean; the verdict stays on the whole trace."""
+
     def trace(tok_s, tpot, phases):
-        return {"max_concurrency": None, "output_throughput": tok_s, "mean_tpot_ms": tpot,
-                "phases": [{"seconds": 10, "target_concurrency": load, "window_output_throughput": rate,
-                            "window_output_tokens": rate * 10} for load, rate in phases]}
+        return {
+            "max_concurrency": None,
+            "output_throughput": tok_s,
+            "mean_tpot_ms": tpot,
+            "phases": [
+                {
+                    "seconds": 10,
+                    "target_concurrency": load,
+                    "window_output_throughput": rate,
+                    "window_output_tokens": rate * 10,
+                }
+                for load, rate in phases
+            ],
+        }
 
     dynamic = write(tmp_path / "d.jsonl", [trace(1100.0, 9.0, [([1, 1], 120.0), ([256, 256], 980.0)])])
     no_draft = write(tmp_path / "n.jsonl", [trace(1000.0, 10.0, [([1, 1], 60.0), ([256, 256], 1000.0)])])
     always = write(tmp_path / "a.jsonl", [trace(900.0, 9.6, [([1, 1], 100.0), ([256, 256], 700.0)])])
     out = tmp_path / "report.json"
-    assert envelope.main(["--dynamic", dynamic, "--static", f"no_draft={no_draft}", "--static", f"always={always}",
-                          "--out", str(out)]) == 0
+    assert (
+        envelope.main(
+            [
+                "--dynamic",
+                dynamic,
+                "--static",
+                f"no_draft={no_draft}",
+                "--static",
+                f"always={always}",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     (row,) = json.loads(out.read_text())
     assert [(p["best_static"], p["dynamic_over_best"]) for p in row["phases"]] == [("always", 1.2), ("no_draft", 0.98)]
     assert row["mean_phase_ratio"] == 1.09

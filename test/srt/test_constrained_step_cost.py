@@ -12,9 +12,25 @@ import sys
 
 def test_constrained_step_cost_reports_every_configuration(tmp_path):
     out = tmp_path / "cost.json"
-    proc = subprocess.run([sys.executable, "-m", "sglang.benchmark.constrained_step_cost", "--out", str(out),
-                           "--batch", "1", "--steps", "2", "--device", "cpu"],
-                          capture_output=True, text=True, timeout=600, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sglang.benchmark.constrained_step_cost",
+            "--out",
+            str(out),
+            "--batch",
+            "1",
+            "--steps",
+            "2",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = json.loads(out.read_text())["results"]
     assert len(rows) == 4, rows

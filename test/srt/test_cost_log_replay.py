@@ -32,16 +32,30 @@ def dense_log(steps: int = 6000) -> list[str]:
 
 def server_info() -> dict:
     flat = {str(bs): 0.4 for bs in (1, 8, 16, 32)}
-    return {"internal_states": [{"spec_policy": {"cost": {"prior": {
-        "plain_ms": flat, "spec_ms": {"1": flat, "3": flat}, "context_ns_per_token": {"0": 0.0}}}}}]}
+    return {
+        "internal_states": [
+            {
+                "spec_policy": {
+                    "cost": {
+                        "prior": {
+                            "plain_ms": flat,
+                            "spec_ms": {"1": flat, "3": flat},
+                            "context_ns_per_token": {"0": 0.0},
+                        }
+                    }
+                }
+            }
+        ]
+    }
 
 
 def test_the_policy_replayed_on_a_dense_log_keeps_the_best_k_through_slow_stretches(tmp_path, capsys):
     log_path, info_path, out = tmp_path / "log.txt", tmp_path / "info.json", tmp_path / "replay.json"
     log_path.write_text("\n".join(dense_log()) + "\n")
     info_path.write_text(json.dumps(server_info()))
-    assert cost_log_replay.main([str(log_path), "--server-info", str(info_path), "--seeds", "2",
-                                 "--json", str(out)]) == 0
+    assert (
+        cost_log_replay.main([str(log_path), "--server-info", str(info_path), "--seeds", "2", "--json", str(out)]) == 0
+    )
     result = json.loads(out.read_text())
     assert result["acceptance_rate"] == pytest.approx(0.8, abs=0.01)
     fixed = {int(k): r["tok_s"] for k, r in result["fixed"].items()}

@@ -13,10 +13,13 @@ cpu_sets = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(cpu_sets)
 
 
-@pytest.mark.parametrize("cores", [
-    [[str(i)] for i in range(16)],  # 16 cores, one thread each (the GPU machine's lscpu)
-    [[str(i), str(i + 8)] for i in range(8)],  # 8 cores with a sibling each
-])
+@pytest.mark.parametrize(
+    "cores",
+    [
+        [[str(i)] for i in range(16)],  # 16 cores, one thread each (the GPU machine's lscpu)
+        [[str(i), str(i + 8)] for i in range(8)],  # 8 cores with a sibling each
+    ],
+)
 def test_roles_get_two_cores_each_and_no_cpu_twice(monkeypatch, cores):
     monkeypatch.setattr(cpu_sets, "cores", lambda: cores)
     sets = cpu_sets.split(3, 2, 2)

@@ -10,9 +10,14 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-USER_DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmark" / "README.md",
-             ROOT / "benchmark" / "results" / "README.md", ROOT / "python" / "sglang" / "demo" / "README.md",
-             ROOT / "scripts" / "demo_models" / "README.md"]
+USER_DOCS = [
+    ROOT / "README.md",
+    *sorted((ROOT / "docs").glob("*.md")),
+    ROOT / "benchmark" / "README.md",
+    ROOT / "benchmark" / "results" / "README.md",
+    ROOT / "python" / "sglang" / "demo" / "README.md",
+    ROOT / "scripts" / "demo_models" / "README.md",
+]
 
 
 @pytest.mark.parametrize("doc", USER_DOCS, ids=lambda p: str(p.relative_to(ROOT)))

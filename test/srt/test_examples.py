@@ -14,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_offline_engine_example_prints_the_demo_models_code():
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "offline_engine.py"), "--max-new-tokens", "16"],
-                          env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "offline_engine.py"), "--max-new-tokens", "16"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = proc.stdout
     assert out.startswith("def fibonacci(n):\n"), out  # the prompt, then the model's own next lines

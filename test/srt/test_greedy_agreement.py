@@ -34,9 +34,27 @@ def test_compare_reports_each_divergence_with_plain_decodings_top_two_gap():
 
 def test_speculative_greedy_output_is_plain_decodings_in_float32(tmp_path):
     out = tmp_path / "agreement.json"
-    greedy_agreement.main(["--dtype", "float32", "--device", "cpu", "--num-prompts", "3", "--input-len", "48",
-                           "--output-len", "24", "--max-total-tokens", "2048", "--modes", "always", "adaptive",
-                           "--out", str(out)])
+    greedy_agreement.main(
+        [
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--num-prompts",
+            "3",
+            "--input-len",
+            "48",
+            "--output-len",
+            "24",
+            "--max-total-tokens",
+            "2048",
+            "--modes",
+            "always",
+            "adaptive",
+            "--out",
+            str(out),
+        ]
+    )
     result = json.loads(out.read_text())
     assert set(result["modes"]) == {"always", "adaptive"}
     for mode in result["modes"].values():

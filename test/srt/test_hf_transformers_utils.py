@@ -31,11 +31,14 @@ def model_with_its_own_tokenizer_class(tmp_path):
     """The demo model whose tokenizer_config names a class in the directory's own Python file."""
     shutil.copytree(demo.TARGET_PATH, tmp_path / "model")
     config = json.loads((tmp_path / "model" / "tokenizer_config.json").read_text())
-    config.update(tokenizer_class="TinyTokenizer", auto_map={"AutoTokenizer": [None, "tokenization_tiny.TinyTokenizer"]})
+    config.update(
+        tokenizer_class="TinyTokenizer", auto_map={"AutoTokenizer": [None, "tokenization_tiny.TinyTokenizer"]}
+    )
     (tmp_path / "model" / "tokenizer_config.json").write_text(json.dumps(config))
     (tmp_path / "model" / "tokenization_tiny.py").write_text(
         "from transformers import PreTrainedTokenizerFast\n\n\nclass TinyTokenizer(PreTrainedTokenizerFast):\n"
-        "    pass\n")
+        "    pass\n"
+    )
     return str(tmp_path / "model")
 
 

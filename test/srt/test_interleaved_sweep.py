@@ -15,8 +15,9 @@ ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 
 
 def load_sweep():
-    spec = importlib.util.spec_from_file_location("interleaved_sweep", os.path.join(ROOT, "benchmark",
-                                                                                    "interleaved_sweep.py"))
+    spec = importlib.util.spec_from_file_location(
+        "interleaved_sweep", os.path.join(ROOT, "benchmark", "interleaved_sweep.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -38,7 +39,8 @@ def test_warmup_rounds_are_played_first_and_left_out_of_the_pool(tmp_path, warmu
     assert {name: [line["round"] for line in lines] for name, lines in rounds.items()} == {"a": [0, 1], "b": [0, 1]}
     # The pooled rounds are the last two of each server's plays.
     assert [line["output_throughput"] for line in rounds["a"]] == [
-        float(i + 1) for i, name in enumerate(plays) if name == "a"][warmups:]
+        float(i + 1) for i, name in enumerate(plays) if name == "a"
+    ][warmups:]
     for name in ("a", "b"):
         measured = (tmp_path / f"{name}.rounds.jsonl").read_text().splitlines()
         assert [json.loads(line)["round"] for line in measured] == [0, 1]
@@ -46,13 +48,19 @@ def test_warmup_rounds_are_played_first_and_left_out_of_the_pool(tmp_path, warmu
         assert (len(warm.read_text().splitlines()) if warm.exists() else 0) == warmups
 
 
-@pytest.mark.parametrize("flag, value, message", [("--warmup-rounds", "-1", "--warmup-rounds must be at least 0"),
-                                                   ("--time-budget-s", "0", "--time-budget-s must be positive")])
+@pytest.mark.parametrize(
+    "flag, value, message",
+    [
+        ("--warmup-rounds", "-1", "--warmup-rounds must be at least 0"),
+        ("--time-budget-s", "0", "--time-budget-s must be positive"),
+    ],
+)
 def test_bad_round_options_are_refused(capsys, flag, value, message):
     sweep = load_sweep()
     with pytest.raises(SystemExit):
-        sweep.main(["--server", "a=http://127.0.0.1:1", "--server", "b=http://127.0.0.1:2", "--out-dir", "x",
-                    flag, value])
+        sweep.main(
+            ["--server", "a=http://127.0.0.1:1", "--server", "b=http://127.0.0.1:2", "--out-dir", "x", flag, value]
+        )
     assert message in capsys.readouterr().err
 
 
@@ -61,10 +69,23 @@ def write_rounds(path, lines):
 
 
 def round_line(level, round_index, tokens, phases=None):
-    line = {"max_concurrency": level, "round": round_index, "position": 0, "started_unix": 0.0, "ended_unix": 1.0,
-            "duration": 2.0, "completed": 4, "failed": 0, "total_input_tokens": 40, "total_output_tokens": tokens,
-            "input_throughput": 20.0, "output_throughput": tokens / 2.0, "concurrency": float(level),
-            "mean_tpot_ms": 10.0, "errors": []}
+    line = {
+        "max_concurrency": level,
+        "round": round_index,
+        "position": 0,
+        "started_unix": 0.0,
+        "ended_unix": 1.0,
+        "duration": 2.0,
+        "completed": 4,
+        "failed": 0,
+        "total_input_tokens": 40,
+        "total_output_tokens": tokens,
+        "input_throughput": 20.0,
+        "output_throughput": tokens / 2.0,
+        "concurrency": float(level),
+        "mean_tpot_ms": 10.0,
+        "errors": [],
+    }
     if phases is not None:
         line["phases"] = phases
     return line
@@ -73,14 +94,20 @@ def round_line(level, round_index, tokens, phases=None):
 def test_repool_after_a_cut_short_sweep_pools_only_the_rounds_every_server_finished(tmp_path, capsys):
     sweep = load_sweep()
     # a finished rounds 0-2 at both levels; b was cut off during round 2 of level 16.
-    write_rounds(tmp_path / "a.rounds.jsonl", [round_line(1, r, 100 * (r + 1)) for r in range(3)]
-                 + [round_line(16, r, 1000 * (r + 1)) for r in range(3)])
-    write_rounds(tmp_path / "b.rounds.jsonl", [round_line(1, r, 10 * (r + 1)) for r in range(3)]
-                 + [round_line(16, r, 7) for r in range(2)])
+    write_rounds(
+        tmp_path / "a.rounds.jsonl",
+        [round_line(1, r, 100 * (r + 1)) for r in range(3)] + [round_line(16, r, 1000 * (r + 1)) for r in range(3)],
+    )
+    write_rounds(
+        tmp_path / "b.rounds.jsonl",
+        [round_line(1, r, 10 * (r + 1)) for r in range(3)] + [round_line(16, r, 7) for r in range(2)],
+    )
     (tmp_path / "a.jsonl").write_text("stale line from the cut-short sweep\n")
     assert sweep.main(["repool", str(tmp_path), "a", "b"]) == 0
-    assert capsys.readouterr().out.splitlines() == ["concurrency 1: pooled rounds [0, 1, 2]",
-                                                    "concurrency 16: pooled rounds [0, 1], left out [2]"]
+    assert capsys.readouterr().out.splitlines() == [
+        "concurrency 1: pooled rounds [0, 1, 2]",
+        "concurrency 16: pooled rounds [0, 1], left out [2]",
+    ]
     a = [json.loads(line) for line in (tmp_path / "a.jsonl").read_text().splitlines()]
     b = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
     assert [line["max_concurrency"] for line in a] == [1, 16]
@@ -94,9 +121,18 @@ def test_repool_pools_a_trace_with_its_phases(tmp_path, capsys):
     sweep = load_sweep()
 
     def phases(tokens):
-        return [{"seconds": 10, "target_concurrency": c, "accept_mix": None, "completed": 1,
-                 "window_output_tokens": tokens, "window_output_throughput": tokens / 10, "mean_tpot_ms": 5.0}
-                for c in (1, 8)]
+        return [
+            {
+                "seconds": 10,
+                "target_concurrency": c,
+                "accept_mix": None,
+                "completed": 1,
+                "window_output_tokens": tokens,
+                "window_output_throughput": tokens / 10,
+                "mean_tpot_ms": 5.0,
+            }
+            for c in (1, 8)
+        ]
 
     for name in ("a", "b"):
         write_rounds(tmp_path / f"{name}.rounds.jsonl", [round_line(1, r, 50, phases(100 * (r + 1))) for r in range(2)])
@@ -132,8 +168,9 @@ def test_a_time_budget_stops_before_a_round_that_would_not_fit(tmp_path, capsys,
     assert {name: [line["round"] for line in lines] for name, lines in rounds.items()} == {"a": [0, 1], "b": [0, 1]}
     assert "time budget: 2 of 5 rounds measured" in capsys.readouterr().err
     # Past its budget already, a level still gets its first measured round (after the warm-up one).
-    args = argparse.Namespace(rounds=3, warmup_rounds=1, out_dir=str(tmp_path / "late"), time_budget_s=0.5,
-                              started=clock[0] - 60)
+    args = argparse.Namespace(
+        rounds=3, warmup_rounds=1, out_dir=str(tmp_path / "late"), time_budget_s=0.5, started=clock[0] - 60
+    )
     os.makedirs(args.out_dir)
     rounds = asyncio.run(sweep.run_rounds(args, ["a", "b"], {}, None, measure))
     assert [line["round"] for line in rounds["a"]] == [0]

@@ -18,15 +18,23 @@ from sglang import demo
 def launch(*argv: str, timeout: float = 120) -> tuple[int, str, float]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     start = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--device", "cpu", *argv],
-                          capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--device", "cpu", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
 
-@pytest.mark.parametrize("path, message", [
-    ("/no/such/model-dir", "does not exist"),
-    ("meta-llama/Llama-3.1-8B-Instruct", "weights are not downloaded"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("/no/such/model-dir", "does not exist"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "weights are not downloaded"),
+    ],
+)
 def test_a_model_path_that_is_not_a_local_directory_fails_in_one_line(path, message):
     code, output, _ = launch("--model-path", path)
     assert code == 2, output
@@ -63,19 +71,25 @@ def test_the_command_line_help_shows_groups_and_defaults():
     import subprocess
     import sys
 
-    proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     groups = [line for line in proc.stdout.splitlines() if line.endswith(":") and not line.startswith(" ")]
     assert len(groups) >= 6, groups  # options plus at least five groups of flags
     assert proc.stdout.count("(default: ") >= 20
 
 
-@pytest.mark.parametrize("argv, first_line", [
-    (["--enable-torch-compile"], "--enable-torch-compile (an upstream SGLang flag) is not supported: this engine "
-                                 "captures CUDA graphs"),
-    (["--max-prefil-tokens", "4096"], "unknown flag --max-prefil-tokens; did you mean --max-prefill-tokens?"),
-])
+@pytest.mark.parametrize(
+    "argv, first_line",
+    [
+        (
+            ["--enable-torch-compile"],
+            "--enable-torch-compile (an upstream SGLang flag) is not supported: this engine captures CUDA graphs",
+        ),
+        (["--max-prefil-tokens", "4096"], "unknown flag --max-prefil-tokens; did you mean --max-prefill-tokens?"),
+    ],
+)
 def test_a_refused_or_unknown_flag_fails_in_two_lines_not_the_usage_text(argv, first_line):
     code, output, _ = launch(*argv)
     lines = output.strip().splitlines()

@@ -19,8 +19,10 @@ T0 = 1_800_000_000.0
 def write_monitor(tmp_path, sm_clock_by_second: list[int]) -> str:
     """nvidia-smi's CSV layout (local timestamps), 4 samples a second, and the CPU sampler's."""
     prefix = str(tmp_path / "demo_monitor")
-    header = ("timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], "
-              "utilization.gpu [%], pstate, temperature.gpu, clocks_event_reasons.active\n")
+    header = (
+        "timestamp, clocks.current.sm [MHz], clocks.current.memory [MHz], power.draw [W], "
+        "utilization.gpu [%], pstate, temperature.gpu, clocks_event_reasons.active\n"
+    )
     gpu, cpu = [header], ["time,mhz_mean,mhz_min,mhz_max,load1\n"]
     for second, clock in enumerate(sm_clock_by_second):
         for quarter in range(4):
@@ -36,10 +38,23 @@ def write_monitor(tmp_path, sm_clock_by_second: list[int]) -> str:
 def write_rounds(tmp_path, name: str, rounds: list[tuple[int, int, float, float]], port: int = 30000) -> str:
     """(concurrency, round, start second, tok/s) per round, each one second long."""
     path = tmp_path / f"{name}.rounds.jsonl"
-    path.write_text("".join(json.dumps({"label": name, "max_concurrency": c, "round": r, "output_throughput": t,
-                                        "base_url": f"http://127.0.0.1:{port}",
-                                        "started_unix": T0 + s, "ended_unix": T0 + s + 0.9}) + "\n"
-                            for c, r, s, t in rounds))
+    path.write_text(
+        "".join(
+            json.dumps(
+                {
+                    "label": name,
+                    "max_concurrency": c,
+                    "round": r,
+                    "output_throughput": t,
+                    "base_url": f"http://127.0.0.1:{port}",
+                    "started_unix": T0 + s,
+                    "ended_unix": T0 + s + 0.9,
+                }
+            )
+            + "\n"
+            for c, r, s, t in rounds
+        )
+    )
     return str(path)
 
 
@@ -52,8 +67,11 @@ def test_rounds_get_their_windows_clocks_and_the_spread_is_set_against_them(tmp_
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if line.startswith("demo_")]
     assert [(r[0], r[2], r[3], r[4]) for r in rows] == [
-        ("demo_always", "0", "10000", "1980"), ("demo_no_draft", "0", "7000", "990"),
-        ("demo_always", "1", "6000", "990"), ("demo_no_draft", "1", "11000", "1980")]
+        ("demo_always", "0", "10000", "1980"),
+        ("demo_no_draft", "0", "7000", "990"),
+        ("demo_always", "1", "6000", "990"),
+        ("demo_no_draft", "1", "11000", "1980"),
+    ]
     assert all(r[6] == "120.5" and r[7] == "40" and r[8] == "P0" for r in rows)
     assert "demo_always      conc    8:      8000 tok/s over 2 rounds, CV 25.0%" in out
     assert "demo_no_draft    conc    8:      9000 tok/s over 2 rounds, CV 22.2%" in out
@@ -74,9 +92,15 @@ def test_each_round_gets_the_cpu_its_server_processes_and_the_client_used(tmp_pa
     its round (a full core), its HTTP process half; B's HTTP process is the busy one. The client
     uses 80% throughout. Samples of the idle server in the other's round do not count."""
     prefix = write_monitor(tmp_path, [1980, 1980])
-    busy = {("http", 30000): [0.5, 0.0], ("sched", 30000): [1.0, 0.05], ("detok", 30000): [0.1, 0.0],
-            ("http", 30001): [0.0, 0.98], ("sched", 30001): [0.02, 0.6], ("detok", 30001): [0.0, 0.2],
-            ("client", 0): [0.8, 0.8]}
+    busy = {
+        ("http", 30000): [0.5, 0.0],
+        ("sched", 30000): [1.0, 0.05],
+        ("detok", 30000): [0.1, 0.0],
+        ("http", 30001): [0.0, 0.98],
+        ("sched", 30001): [0.02, 0.6],
+        ("detok", 30001): [0.0, 0.2],
+        ("client", 0): [0.8, 0.8],
+    }
     lines, used = ["time,pid,role,port,cpu_s\n"], dict.fromkeys(busy, 0.0)
     for step in range(9):  # every 0.25 s over two seconds
         t = T0 + step / 4
@@ -98,14 +122,21 @@ def test_the_monitor_finds_the_server_processes_by_name(tmp_path):
     import subprocess
     import sys
 
-    child = ("from sglang.srt.utils import name_process; import time; name_process('sglang-sched'); "
-             "time.sleep(6)")
-    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys; subprocess.run([sys.executable, '-c', "
-                               f"{child!r}])", "--port", "30999"])
+    child = "from sglang.srt.utils import name_process; import time; name_process('sglang-sched'); time.sleep(6)"
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])",
+            "--port",
+            "30999",
+        ]
+    )
     root = os.path.join(os.path.dirname(__file__), "..", "..")
     prefix = str(tmp_path / "m")
-    monitor = subprocess.Popen(["bash", "-c", f"source benchmark/serve_lib.sh; start_monitor {prefix}; sleep 2; "
-                                "stop_monitor"], cwd=root)
+    monitor = subprocess.Popen(
+        ["bash", "-c", f"source benchmark/serve_lib.sh; start_monitor {prefix}; sleep 2; stop_monitor"], cwd=root
+    )
     try:
         monitor.wait(timeout=60)
     finally:

@@ -18,12 +18,26 @@ spec.loader.exec_module(peer_gpt_fast)
 
 
 def test_a_missing_checkout_is_named_in_one_line(tmp_path):
-    proc = subprocess.run([sys.executable, PATH, "--gpt-fast-dir", str(tmp_path / "gpt-fast"), "--device", "cpu",
-                           "--out", str(tmp_path / "out.json")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            PATH,
+            "--gpt-fast-dir",
+            str(tmp_path / "gpt-fast"),
+            "--device",
+            "cpu",
+            "--out",
+            str(tmp_path / "out.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
         f"no gpt-fast checkout at {str(tmp_path / 'gpt-fast')!r} (its model.py is missing): clone "
-        "pytorch-labs/gpt-fast there, or pass --gpt-fast-dir"]
+        "pytorch-labs/gpt-fast there, or pass --gpt-fast-dir"
+    ]
     assert not (tmp_path / "out.json").exists()
 
 

@@ -22,8 +22,9 @@ def test_the_readme_engine_example_runs_as_written(tmp_path):
     script = tmp_path / "example.py"
     script.write_text(blocks[0])
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "'finish_reason': {'type': 'length'" in proc.stdout and "'completion_tokens': 24" in proc.stdout
     assert "Traceback" not in proc.stderr

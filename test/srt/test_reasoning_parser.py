@@ -16,7 +16,7 @@ R1, QWEN3 = REASONING_FORMATS["deepseek-r1"], REASONING_FORMATS["qwen3"]
 
 def parts(text, fmt):
     split = split_reasoning(text, fmt)
-    return split.reasoning, text[:split.block_end], split.answer(text)
+    return split.reasoning, text[: split.block_end], split.answer(text)
 
 
 def test_every_parser_flag_has_a_format():
@@ -35,8 +35,8 @@ def test_the_flag_takes_upstreams_names_and_refuses_others(capsys):
     with pytest.raises(SystemExit):
         prepare_server_args(["--help"])
     help_text = capsys.readouterr().out
-    group = help_text[help_text.index("structured outputs and tool calling:"):]
-    assert "--reasoning-parser {deepseek-r1,qwen3}" in group[:group.index("\n\n")]
+    group = help_text[help_text.index("structured outputs and tool calling:") :]
+    assert "--reasoning-parser {deepseek-r1,qwen3}" in group[: group.index("\n\n")]
 
 
 def test_deepseek_r1_output_starts_inside_the_block():
@@ -62,12 +62,14 @@ def test_qwen3_thinks_unless_told_not_to():
     assert request_thinks("deepseek-r1", {"enable_thinking": False}) and not request_thinks(None, None)
 
 
-TEXTS = ["<think>\n I add 2 and 2. </think>\n\n The answer: 4 ",
-         "Okay </thi </think> not a tag, then </think>done",
-         "<thin is not a tag",
-         "  <think>x</think>",
-         "no block at all </think>",
-         "<think> never closed </thi"]
+TEXTS = [
+    "<think>\n I add 2 and 2. </think>\n\n The answer: 4 ",
+    "Okay </thi </think> not a tag, then </think>done",
+    "<thin is not a tag",
+    "  <think>x</think>",
+    "no block at all </think>",
+    "<think> never closed </thi",
+]
 
 
 @pytest.mark.parametrize("fmt", [R1, QWEN3], ids=["deepseek-r1", "qwen3"])

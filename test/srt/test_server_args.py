@@ -162,18 +162,61 @@ def test_from_kwargs_builds_validated_args():
 
 
 def test_upstream_flag_names_parse():
-    args = prepare_server_args([
-        "--model-path", MODEL, "--tp-size", "1", "--disable-radix-cache", "--chunked-prefill-size", "64",
-        "--schedule-policy", "lpm", "--mem-fraction-static", "0.5", "--context-length", "512",
-        "--max-total-tokens", "4096", "--max-running-requests", "8", "--dtype", "float32",
-        "--device", "cpu", "--random-seed", "7", "--served-model-name", "tiny", "--port", "31000",
-        "--host", "0.0.0.0", "--log-level", "warning", "--tokenizer-path", MODEL,
-    ])
+    args = prepare_server_args(
+        [
+            "--model-path",
+            MODEL,
+            "--tp-size",
+            "1",
+            "--disable-radix-cache",
+            "--chunked-prefill-size",
+            "64",
+            "--schedule-policy",
+            "lpm",
+            "--mem-fraction-static",
+            "0.5",
+            "--context-length",
+            "512",
+            "--max-total-tokens",
+            "4096",
+            "--max-running-requests",
+            "8",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--random-seed",
+            "7",
+            "--served-model-name",
+            "tiny",
+            "--port",
+            "31000",
+            "--host",
+            "0.0.0.0",
+            "--log-level",
+            "warning",
+            "--tokenizer-path",
+            MODEL,
+        ]
+    )
     assert args == ServerArgs(
-        model_path=MODEL, tp_size=1, disable_radix_cache=True, chunked_prefill_size=64,
-        schedule_policy="lpm", mem_fraction_static=0.5, context_length=512, max_total_tokens=4096,
-        max_running_requests=8, dtype="float32", device="cpu", random_seed=7, served_model_name="tiny",
-        port=31000, host="0.0.0.0", log_level="warning", tokenizer_path=MODEL,
+        model_path=MODEL,
+        tp_size=1,
+        disable_radix_cache=True,
+        chunked_prefill_size=64,
+        schedule_policy="lpm",
+        mem_fraction_static=0.5,
+        context_length=512,
+        max_total_tokens=4096,
+        max_running_requests=8,
+        dtype="float32",
+        device="cpu",
+        random_seed=7,
+        served_model_name="tiny",
+        port=31000,
+        host="0.0.0.0",
+        log_level="warning",
+        tokenizer_path=MODEL,
     )
 
 
@@ -207,8 +250,9 @@ def test_a_replica_copy_takes_its_placement_and_nothing_else():
 
 
 def test_data_parallel_flags_parse_and_check(capsys):
-    args = prepare_server_args(["--model-path", MODEL, "--device", "cpu", "--data-parallel-size", "3",
-                                "--base-gpu-id", "2"])
+    args = prepare_server_args(
+        ["--model-path", MODEL, "--device", "cpu", "--data-parallel-size", "3", "--base-gpu-id", "2"]
+    )
     assert (args.dp_size, args.base_gpu_id, args.replicas_per_gpu) == (3, 2, 1)  # CPU replicas just share
     assert "--base-gpu-id must be >= 0" in parse_error(capsys, ["--device", "cpu", "--base-gpu-id", "-1"])
     with pytest.raises(ValueError, match="grpc_mode"):
@@ -218,8 +262,18 @@ def test_data_parallel_flags_parse_and_check(capsys):
 def test_structured_output_flags_parse_and_a_missing_chat_template_is_named(tmp_path, capsys):
     template = tmp_path / "chat.jinja"
     template.write_text("{{ messages }}")
-    args = prepare_server_args(["--model-path", MODEL, "--grammar-backend", "none", "--tool-call-parser", "llama3",
-                                "--chat-template", str(template)])
+    args = prepare_server_args(
+        [
+            "--model-path",
+            MODEL,
+            "--grammar-backend",
+            "none",
+            "--tool-call-parser",
+            "llama3",
+            "--chat-template",
+            str(template),
+        ]
+    )
     assert (args.grammar_backend, args.tool_call_parser, args.chat_template) == ("none", "llama3", str(template))
     assert ServerArgs(model_path="m").grammar_backend == "xgrammar"  # upstream's default
     err = parse_error(capsys, ["--chat-template", str(tmp_path / "missing.jinja")])
@@ -232,15 +286,28 @@ def test_help_groups_flags_as_upstream_does_and_shows_each_default(capsys):
     assert exc.value.code == 0
     text = capsys.readouterr().out
     groups = [line[:-1] for line in text.splitlines() if line.endswith(":") and not line.startswith(" ")]
-    for title in ("model and tokenizer", "HTTP server", "memory", "scheduling", "speculative decoding",
-                  "logging", "metrics"):
+    for title in (
+        "model and tokenizer",
+        "HTTP server",
+        "memory",
+        "scheduling",
+        "speculative decoding",
+        "logging",
+        "metrics",
+    ):
         assert title in groups, (title, groups)
     assert "other" not in groups, "every flag belongs to a group (cli_help.HELP_GROUPS)"
     flat = " ".join(text.split())  # help text is wrapped
-    for flag, default in (("--port PORT", "30000"), ("--host HOST", "127.0.0.1"), ("--log-level", "info"),
-                          ("--mem-fraction-static", "0.85"), ("--chunked-prefill-size", "8192"),
-                          ("--cuda-graph-max-bs", "256"), ("--enable-metrics", "False")):
-        entry = flat[flat.index(flag, flat.index("options:")):]
+    for flag, default in (
+        ("--port PORT", "30000"),
+        ("--host HOST", "127.0.0.1"),
+        ("--log-level", "info"),
+        ("--mem-fraction-static", "0.85"),
+        ("--chunked-prefill-size", "8192"),
+        ("--cuda-graph-max-bs", "256"),
+        ("--enable-metrics", "False"),
+    ):
+        entry = flat[flat.index(flag, flat.index("options:")) :]
         assert f"(default: {default})" in entry[:400], (flag, entry[:400])
 
 
@@ -261,10 +328,13 @@ def test_every_flag_has_help_and_says_its_default():
             assert "default" in action.help.lower(), f"{action.option_strings[0]} does not say its default"
 
 
-@pytest.mark.parametrize("path, message", [
-    ("/no/such/model", "'/no/such/model' does not exist"),
-    ("meta-llama/Llama-3.1-8B-Instruct", "weights are not downloaded"),
-])
+@pytest.mark.parametrize(
+    "path, message",
+    [
+        ("/no/such/model", "'/no/such/model' does not exist"),
+        ("meta-llama/Llama-3.1-8B-Instruct", "weights are not downloaded"),
+    ],
+)
 def test_a_missing_model_or_hub_id_is_one_line_naming_the_flag(capsys, path, message):
     with pytest.raises(SystemExit) as exc:
         prepare_server_args(["--model-path", path])
@@ -279,10 +349,13 @@ def test_a_directory_without_config_is_refused(tmp_path, capsys):
     assert "has no config.json" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("architecture, message", [
-    ("MixtralForCausalLM", "not supported as a model to serve; supported: LlamaForCausalLM"),
-    ("LlamaForCausalLMEagle3", "pass it as --speculative-draft-model-path"),
-])
+@pytest.mark.parametrize(
+    "architecture, message",
+    [
+        ("MixtralForCausalLM", "not supported as a model to serve; supported: LlamaForCausalLM"),
+        ("LlamaForCausalLMEagle3", "pass it as --speculative-draft-model-path"),
+    ],
+)
 def test_an_architecture_the_engine_cannot_serve_is_refused_before_start_up(tmp_path, capsys, architecture, message):
     (tmp_path / "config.json").write_text(json.dumps({"architectures": [architecture]}))
     with pytest.raises(SystemExit):
@@ -317,8 +390,9 @@ def test_a_feature_may_keep_its_flags_in_a_group_of_its_own(capsys):
     parser = argparse.ArgumentParser(formatter_class=DefaultsHelpFormatter)
     groups = HelpGroups(parser)
     groups.add_argument("--port", type=int, default=1, help="Port.")
-    groups.add_argument_group("structured outputs").add_argument("--grammar-backend", default="xgrammar",
-                                                                 help="Grammar library.")
+    groups.add_argument_group("structured outputs").add_argument(
+        "--grammar-backend", default="xgrammar", help="Grammar library."
+    )
     parser.print_help()
     text = capsys.readouterr().out
     http = text.index("HTTP server:")
@@ -326,18 +400,22 @@ def test_a_feature_may_keep_its_flags_in_a_group_of_its_own(capsys):
     assert "--grammar-backend GRAMMAR_BACKEND" in text and "(default: xgrammar)" in text
 
 
-@pytest.mark.parametrize("argv, fields", [
-    (["--dtype", "half"], {"dtype": "half"}),
-    (["--dtype", "float"], {"dtype": "float"}),
-    (["--trust-remote-code"], {"trust_remote_code": True}),
-    (["--tokenizer-mode", "slow"], {"tokenizer_mode": "slow"}),
-    (["--max-prefill-tokens", "4096"], {"max_prefill_tokens": 4096}),
-    (["--stream-interval", "8"], {"stream_interval": 8}),
-    (["--log-requests", "--log-requests-level", "3"], {"log_requests": True, "log_requests_level": 3}),
-    (["--watchdog-timeout", "600"], {"watchdog_timeout": 600.0}),
-    (["--kv-cache-dtype", "auto"], {"kv_cache_dtype": "auto"}),
-    (["--tp", "1", "--dp", "1"], {"tp_size": 1, "dp_size": 1}),  # upstream's short names (argparse abbreviations)
-], ids=lambda x: " ".join(x) if isinstance(x, list) else "")
+@pytest.mark.parametrize(
+    "argv, fields",
+    [
+        (["--dtype", "half"], {"dtype": "half"}),
+        (["--dtype", "float"], {"dtype": "float"}),
+        (["--trust-remote-code"], {"trust_remote_code": True}),
+        (["--tokenizer-mode", "slow"], {"tokenizer_mode": "slow"}),
+        (["--max-prefill-tokens", "4096"], {"max_prefill_tokens": 4096}),
+        (["--stream-interval", "8"], {"stream_interval": 8}),
+        (["--log-requests", "--log-requests-level", "3"], {"log_requests": True, "log_requests_level": 3}),
+        (["--watchdog-timeout", "600"], {"watchdog_timeout": 600.0}),
+        (["--kv-cache-dtype", "auto"], {"kv_cache_dtype": "auto"}),
+        (["--tp", "1", "--dp", "1"], {"tp_size": 1, "dp_size": 1}),  # upstream's short names (argparse abbreviations)
+    ],
+    ids=lambda x: " ".join(x) if isinstance(x, list) else "",
+)
 def test_upstream_flags_with_a_meaning_here_parse(argv, fields):
     assert prepare_server_args(["--model-path", MODEL, *argv]) == ServerArgs(model_path=MODEL, **fields)
 
@@ -349,18 +427,21 @@ def test_upstream_dtype_aliases_resolve_to_their_dtypes():
     assert ModelConfig.from_path(MODEL, "float").dtype == torch.float32
 
 
-@pytest.mark.parametrize("argv, names", [
-    (["--attention-backend", "fa3"], ["--attention-backend fa3", "triton", "torch_native"]),
-    (["--attention-backend", "flashinfer"], ["--attention-backend flashinfer", "triton", "torch_native"]),
-    (["--enable-torch-compile"], ["--enable-torch-compile", "CUDA graphs"]),
-    (["--sampling-backend", "flashinfer"], ["--sampling-backend", "own kernels"]),
-    (["--enable-mixed-chunk"], ["--enable-mixed-chunk", "--chunked-prefill-size"]),
-    (["--quantization", "fp8"], ["--quantization", "not served yet"]),
-    (["--quantization=awq"], ["--quantization", "not served yet"]),
-    (["--kv-cache-dtype", "fp8_e4m3"], ["--kv-cache-dtype fp8_e4m3", "FP8 KV cache is not served yet", "auto"]),
-    (["--kv-cache-dtype", "fp8_e5m2"], ["--kv-cache-dtype fp8_e5m2", "auto"]),
-    (["--enable-lora"], ["--enable-lora", "LoRA"]),
-])
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["--attention-backend", "fa3"], ["--attention-backend fa3", "triton", "torch_native"]),
+        (["--attention-backend", "flashinfer"], ["--attention-backend flashinfer", "triton", "torch_native"]),
+        (["--enable-torch-compile"], ["--enable-torch-compile", "CUDA graphs"]),
+        (["--sampling-backend", "flashinfer"], ["--sampling-backend", "own kernels"]),
+        (["--enable-mixed-chunk"], ["--enable-mixed-chunk", "--chunked-prefill-size"]),
+        (["--quantization", "fp8"], ["--quantization", "not served yet"]),
+        (["--quantization=awq"], ["--quantization", "not served yet"]),
+        (["--kv-cache-dtype", "fp8_e4m3"], ["--kv-cache-dtype fp8_e4m3", "FP8 KV cache is not served yet", "auto"]),
+        (["--kv-cache-dtype", "fp8_e5m2"], ["--kv-cache-dtype fp8_e5m2", "auto"]),
+        (["--enable-lora"], ["--enable-lora", "LoRA"]),
+    ],
+)
 def test_refused_upstream_flags_fail_in_a_line_or_two_naming_the_flag_and_what_to_use(capsys, argv, names):
     err = parse_error(capsys, argv)
     assert len(err.strip().splitlines()) <= 2 and "usage:" not in err, err
@@ -368,10 +449,13 @@ def test_refused_upstream_flags_fail_in_a_line_or_two_naming_the_flag_and_what_t
         assert name in err, (name, err)
 
 
-@pytest.mark.parametrize("argv, hint", [
-    (["--max-prefil-tokens", "4"], "did you mean --max-prefill-tokens?"),
-    (["--no-such-flag"], ""),
-])
+@pytest.mark.parametrize(
+    "argv, hint",
+    [
+        (["--max-prefil-tokens", "4"], "did you mean --max-prefill-tokens?"),
+        (["--no-such-flag"], ""),
+    ],
+)
 def test_an_unknown_flag_is_named_with_the_nearest_known_flag_and_a_pointer_to_help(capsys, argv, hint):
     err = parse_error(capsys, argv)
     lines = err.strip().splitlines()
@@ -384,21 +468,26 @@ def test_an_unknown_flag_is_named_with_the_nearest_known_flag_and_a_pointer_to_h
 def test_the_dp_launcher_gives_the_same_short_errors(capsys):
     from sglang.srt.entrypoints.replicas import parse_launch_args
 
-    for argv, expected in ((["--max-prefil-tokens", "4"], "did you mean --max-prefill-tokens?"),
-                           (["--enable-torch-compile"], "CUDA graphs")):
+    for argv, expected in (
+        (["--max-prefil-tokens", "4"], "did you mean --max-prefill-tokens?"),
+        (["--enable-torch-compile"], "CUDA graphs"),
+    ):
         with pytest.raises(SystemExit) as exc:
             parse_launch_args(["--model-path", MODEL, *argv])
         err = capsys.readouterr().err
         assert exc.value.code == 2 and expected in err and "usage:" not in err, err
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("max_prefill_tokens", 0, "--max-prefill-tokens must be a positive integer"),
-    ("stream_interval", 0, "--stream-interval must be a positive integer"),
-    ("watchdog_timeout", 0, "--watchdog-timeout must be > 0"),
-    ("log_requests_level", 4, "--log-requests-level must be one of 0, 1, 2, 3"),
-    ("tokenizer_mode", "fast", "--tokenizer-mode must be one of auto, slow"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("max_prefill_tokens", 0, "--max-prefill-tokens must be a positive integer"),
+        ("stream_interval", 0, "--stream-interval must be a positive integer"),
+        ("watchdog_timeout", 0, "--watchdog-timeout must be > 0"),
+        ("log_requests_level", 4, "--log-requests-level must be one of 0, 1, 2, 3"),
+        ("tokenizer_mode", "fast", "--tokenizer-mode must be one of auto, slow"),
+    ],
+)
 def test_bad_values_of_the_upstream_flags_are_named(field, value, message):
     with pytest.raises(ValueError, match=message):
         ServerArgs(model_path=MODEL, **{field: value})

@@ -50,8 +50,9 @@ def test_every_flag_named_supported_or_accepted_parses(written):
     ServerArgs.add_cli_args(parser)
     flag, *value = written.split()
     # Upstream's short names (--tp, --dp) are argparse abbreviations of exactly one flag of ours.
-    matches = {a for a in parser._actions if flag in a.option_strings} or \
-        {a for a in parser._actions if any(s.startswith(flag) for s in a.option_strings)}
+    matches = {a for a in parser._actions if flag in a.option_strings} or {
+        a for a in parser._actions if any(s.startswith(flag) for s in a.option_strings)
+    }
     assert len(matches) == 1, (flag, matches)
     action = matches.pop()
     if not value and action.nargs != 0:  # a flag named without a value: one it takes

@@ -29,15 +29,37 @@ def digest(directory: str) -> str:
 @pytest.mark.parametrize("rounds", [2, 0], ids=["interleaved", "one_sweep_each"])
 def test_envelope_script_runs_three_servers_and_reports(tmp_path, rounds):
     before = {path: digest(path) for path in (demo.TARGET_PATH, demo.DRAFT_PATH)}
-    env = dict(os.environ, LEVELS="1,2", NUM_PROMPTS="2", PER_CONC="1", INPUT_LEN="16", OUTPUT_LEN="8",
-               EXTRA_SERVER_ARGS="--device cpu", PORT="30871", SWEEP_TIMEOUT_S="200", ROUNDS=str(rounds),
-               KV_TOKENS="4096")
-    proc = subprocess.run(["bash", "benchmark/spec_envelope_gpu.sh", str(tmp_path), "demo"], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        LEVELS="1,2",
+        NUM_PROMPTS="2",
+        PER_CONC="1",
+        INPUT_LEN="16",
+        OUTPUT_LEN="8",
+        EXTRA_SERVER_ARGS="--device cpu",
+        PORT="30871",
+        SWEEP_TIMEOUT_S="200",
+        ROUNDS=str(rounds),
+        KV_TOKENS="4096",
+    )
+    proc = subprocess.run(
+        ["bash", "benchmark/spec_envelope_gpu.sh", str(tmp_path), "demo"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     files = sorted(os.listdir(tmp_path))
-    assert files == ["demo_always.jsonl", "demo_dynamic.jsonl", "demo_envelope.json", "demo_envelope.png",
-                     "demo_no_draft.jsonl", "demo_servers.tgz"], files  # few files: the device returns 8
+    assert files == [
+        "demo_always.jsonl",
+        "demo_dynamic.jsonl",
+        "demo_envelope.json",
+        "demo_envelope.png",
+        "demo_no_draft.jsonl",
+        "demo_servers.tgz",
+    ], files  # few files: the device returns 8
     report = json.loads((tmp_path / "demo_envelope.json").read_text())
     assert [p["concurrency"] for p in report["points"]] == [1, 2] and not report["problems"]
     assert all(p["always_accept_length"] > 1 and p["dynamic_step_share_by_k"] for p in report["points"])
@@ -45,8 +67,11 @@ def test_envelope_script_runs_three_servers_and_reports(tmp_path, rounds):
     assert {path: digest(path) for path in before} == before
     with tarfile.open(tmp_path / "demo_servers.tgz") as archive:
         names = set(archive.getnames())
-        rounds_lines = {name: [json.loads(line) for line in archive.extractfile(name).read().splitlines()]
-                        for name in names if name.endswith(".rounds.jsonl")}
+        rounds_lines = {
+            name: [json.loads(line) for line in archive.extractfile(name).read().splitlines()]
+            for name in names
+            if name.endswith(".rounds.jsonl")
+        }
     assert {f"demo_{s}.server.log" for s in ("no_draft", "always", "dynamic")} <= names
     if not rounds:
         assert not rounds_lines
@@ -55,8 +80,10 @@ def test_envelope_script_runs_three_servers_and_reports(tmp_path, rounds):
     # the loose line pools both rounds.
     assert sorted(rounds_lines) == [f"demo_{s}.rounds.jsonl" for s in ("always", "dynamic", "no_draft")]
     assert {"demo_monitor.cpu.csv", "demo_monitor.txt"} <= names  # the machine's clocks over each round
-    first = {name.split(".")[0]: [(r["max_concurrency"], r["round"], r["position"]) for r in lines]
-             for name, lines in rounds_lines.items()}
+    first = {
+        name.split(".")[0]: [(r["max_concurrency"], r["round"], r["position"]) for r in lines]
+        for name, lines in rounds_lines.items()
+    }
     assert first["demo_no_draft"] == [(1, 0, 0), (1, 1, 2), (2, 0, 0), (2, 1, 2)]
     assert first["demo_always"] == [(1, 0, 1), (1, 1, 1), (2, 0, 1), (2, 1, 1)]
     for server in ("no_draft", "always", "dynamic"):
@@ -72,25 +99,57 @@ def test_envelope_script_plays_a_trace_against_each_server_in_turn(tmp_path):
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"phases": [{"seconds": 1, "concurrency": 1}, {"seconds": 1, "concurrency": [1, 3]}]}))
     out = tmp_path / "out"
-    env = dict(os.environ, INPUT_LEN="16", OUTPUT_LEN="8", EXTRA_SERVER_ARGS="--device cpu", PORT="30881",
-               SWEEP_TIMEOUT_S="200", ROUNDS="2", KV_TOKENS="4096", TRACE=str(trace), NUM_PROMPTS="2", PER_CONC="1")
-    proc = subprocess.run(["bash", "benchmark/spec_envelope_gpu.sh", str(out), "demo", "no_draft", "dynamic"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        INPUT_LEN="16",
+        OUTPUT_LEN="8",
+        EXTRA_SERVER_ARGS="--device cpu",
+        PORT="30881",
+        SWEEP_TIMEOUT_S="200",
+        ROUNDS="2",
+        KV_TOKENS="4096",
+        TRACE=str(trace),
+        NUM_PROMPTS="2",
+        PER_CONC="1",
+    )
+    proc = subprocess.run(
+        ["bash", "benchmark/spec_envelope_gpu.sh", str(out), "demo", "no_draft", "dynamic"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = {name: json.loads((out / f"demo_{name}.jsonl").read_text().splitlines()[-1])
-             for name in ("no_draft", "dynamic")}
+    lines = {
+        name: json.loads((out / f"demo_{name}.jsonl").read_text().splitlines()[-1]) for name in ("no_draft", "dynamic")
+    }
     assert all(line["rounds"] == 2 and line["completed"] >= 4 and line["failed"] == 0 for line in lines.values())
     for line in lines.values():  # the pooled phases: tokens delivered during each, over both rounds' seconds
         assert [phase["seconds"] for phase in line["phases"]] == [1, 1]
         assert all(len(phase["round_window_output_throughput"]) == 2 for phase in line["phases"])
         assert line["phases"][0]["window_output_throughput"] == pytest.approx(
-            line["phases"][0]["window_output_tokens"] / 2)
+            line["phases"][0]["window_output_tokens"] / 2
+        )
     with tarfile.open(out / "demo_servers.tgz") as archive:
         rounds = [json.loads(line) for line in archive.extractfile("demo_dynamic.rounds.jsonl").read().splitlines()]
     assert [len(r["phases"]) for r in rounds] == [2, 2] and [r["round"] for r in rounds] == [0, 1]
-    report = subprocess.run(["python3", "-m", "sglang.benchmark.envelope", "--dynamic", str(out / "demo_dynamic.jsonl"),
-                             "--static", f"no_draft={out / 'demo_no_draft.jsonl'}", "--out", str(tmp_path / "r.json")],
-                            capture_output=True, text=True, timeout=60)
+    report = subprocess.run(
+        [
+            "python3",
+            "-m",
+            "sglang.benchmark.envelope",
+            "--dynamic",
+            str(out / "demo_dynamic.jsonl"),
+            "--static",
+            f"no_draft={out / 'demo_no_draft.jsonl'}",
+            "--out",
+            str(tmp_path / "r.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert report.returncode in (0, 1) and "trace: dynamic" in report.stdout, report.stdout + report.stderr
 
 
@@ -100,11 +159,30 @@ def test_cost_logs_of_every_speculative_server_come_back_with_their_report(tmp_p
     every server's step tables are in the servers' archive, none left beside it (the servers are
     stopped first, so a table written as one idles after its last play cannot land outside)."""
     out = tmp_path / "out"
-    env = dict(os.environ, LEVELS="2", NUM_PROMPTS="4", PER_CONC="2", INPUT_LEN="16", OUTPUT_LEN="24",
-               EXTRA_SERVER_ARGS="--device cpu", PORT="30891", SWEEP_TIMEOUT_S="200", ROUNDS="1", KV_TOKENS="4096",
-               COST_LOG="1", EXPLORE_EVERY="2", STEP_TIMES="1")
-    proc = subprocess.run(["bash", "benchmark/spec_envelope_gpu.sh", str(out), "demo", "always", "dynamic_x"],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ,
+        LEVELS="2",
+        NUM_PROMPTS="4",
+        PER_CONC="2",
+        INPUT_LEN="16",
+        OUTPUT_LEN="24",
+        EXTRA_SERVER_ARGS="--device cpu",
+        PORT="30891",
+        SWEEP_TIMEOUT_S="200",
+        ROUNDS="1",
+        KV_TOKENS="4096",
+        COST_LOG="1",
+        EXPLORE_EVERY="2",
+        STEP_TIMES="1",
+    )
+    proc = subprocess.run(
+        ["bash", "benchmark/spec_envelope_gpu.sh", str(out), "demo", "always", "dynamic_x"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with tarfile.open(out / "demo_cost_logs.tgz") as archive:
         names = archive.getnames()

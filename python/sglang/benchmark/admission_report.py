@@ -34,8 +34,11 @@ def period_summary(path: str) -> dict:
         "passes": passes,
         "reqs_per_pass": sum(row["steps"] * row["mean_batch"] for row in prefill) / passes if passes else 0.0,
         "prefill_share": sum(row["steps"] * row["pass_us"] for row in prefill) / busy if busy else 0.0,
-        "big_passes": sum(row["steps"] for name, row in groups.items()
-                          if name.startswith("prefill/") and int(name.split("bs")[1]) > BIG_PASS),
+        "big_passes": sum(
+            row["steps"]
+            for name, row in groups.items()
+            if name.startswith("prefill/") and int(name.split("bs")[1]) > BIG_PASS
+        ),
     }
 
 
@@ -43,9 +46,8 @@ def server_levels(directory: str, name: str) -> dict | None:
     """level -> {"tok_s": [...], "ttft_ms": [...], per-round period summaries}; None if periods merged."""
     with open(os.path.join(directory, f"{name}.rounds.jsonl"), encoding="utf-8") as f:
         rounds = [json.loads(line) for line in f if line.strip()]
-    periods = sorted(glob.glob(os.path.join(directory, f"{name}.steps.*.json")),
-                     key=lambda p: int(p.rsplit(".", 2)[1]))
-    measured = periods[2:2 + len(rounds)]
+    periods = sorted(glob.glob(os.path.join(directory, f"{name}.steps.*.json")), key=lambda p: int(p.rsplit(".", 2)[1]))
+    measured = periods[2 : 2 + len(rounds)]
     if len(measured) < len(rounds):
         return None
     levels: dict = {}
@@ -62,10 +64,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("dir")
     parser.add_argument("names", nargs="*")
     args = parser.parse_args(argv)
-    names = args.names or sorted(os.path.basename(p)[: -len(".rounds.jsonl")]
-                                 for p in glob.glob(os.path.join(args.dir, "*.rounds.jsonl")))
-    print(f"{'server':<26} {'conc':>5} {'tok/s per round':>17} {'ttft ms':>8} {'passes':>7} {'req/pass':>8} "
-          f"{'prefill%':>8} {'>8 req':>6}")
+    names = args.names or sorted(
+        os.path.basename(p)[: -len(".rounds.jsonl")] for p in glob.glob(os.path.join(args.dir, "*.rounds.jsonl"))
+    )
+    print(
+        f"{'server':<26} {'conc':>5} {'tok/s per round':>17} {'ttft ms':>8} {'passes':>7} {'req/pass':>8} "
+        f"{'prefill%':>8} {'>8 req':>6}"
+    )
     for name in names:
         levels = server_levels(args.dir, name)
         if levels is None:
@@ -73,11 +78,13 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for level, entry in sorted(levels.items()):
             periods = entry["periods"]
-            print(f"{name:<26} {level:>5} {' / '.join(f'{t:.0f}' for t in entry['tok_s']):>17} "
-                  f"{statistics.fmean(entry['ttft_ms']):>8.1f} {sum(p['passes'] for p in periods):>7} "
-                  f"{statistics.fmean(p['reqs_per_pass'] for p in periods):>8.2f} "
-                  f"{100 * statistics.fmean(p['prefill_share'] for p in periods):>7.0f}% "
-                  f"{sum(p['big_passes'] for p in periods):>6}")
+            print(
+                f"{name:<26} {level:>5} {' / '.join(f'{t:.0f}' for t in entry['tok_s']):>17} "
+                f"{statistics.fmean(entry['ttft_ms']):>8.1f} {sum(p['passes'] for p in periods):>7} "
+                f"{statistics.fmean(p['reqs_per_pass'] for p in periods):>8.2f} "
+                f"{100 * statistics.fmean(p['prefill_share'] for p in periods):>7.0f}% "
+                f"{sum(p['big_passes'] for p in periods):>6}"
+            )
     return 0
 
 

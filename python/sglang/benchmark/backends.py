@@ -19,9 +19,14 @@ from sglang.benchmark.datasets import BenchRequest
 # Upstream's backend names for the routes we speak; the other engines' names send the same
 # requests as upstream's client does for them.
 BACKEND_ROUTES = {
-    "sglang": "native", "sglang-native": "native",
-    "sglang-oai": "completions", "vllm": "completions", "lmdeploy": "completions",
-    "sglang-oai-chat": "chat", "vllm-chat": "chat", "lmdeploy-chat": "chat",
+    "sglang": "native",
+    "sglang-native": "native",
+    "sglang-oai": "completions",
+    "vllm": "completions",
+    "lmdeploy": "completions",
+    "sglang-oai-chat": "chat",
+    "vllm-chat": "chat",
+    "lmdeploy-chat": "chat",
 }
 BACKENDS = tuple(BACKEND_ROUTES)
 ROUTES = {"native": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -83,8 +88,15 @@ class ServerError(Exception):
 class BackendClient:
     """Sends BenchRequests to one server over one aiohttp session."""
 
-    def __init__(self, session: aiohttp.ClientSession, base_url: str, backend: str, model: str | None,
-                 api_key: str | None = None, options: RequestOptions | None = None):
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base_url: str,
+        backend: str,
+        model: str | None,
+        api_key: str | None = None,
+        options: RequestOptions | None = None,
+    ):
         if backend not in BACKEND_ROUTES:
             raise ValueError(f"--backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         self.session, self.backend, self.model = session, backend, model
@@ -117,8 +129,12 @@ class BackendClient:
 
     async def send(self, request: BenchRequest) -> RequestResult:
         sent_ids = self.route != "chat" and not isinstance(request.prompt, str)
-        result = RequestResult(prompt_len=request.prompt_len, expected_output_len=request.output_len,
-                               checks_prompt_len=sent_ids, exact_output_len=self.options.ignore_eos)
+        result = RequestResult(
+            prompt_len=request.prompt_len,
+            expected_output_len=request.output_len,
+            checks_prompt_len=sent_ids,
+            exact_output_len=self.options.ignore_eos,
+        )
         start = result.start = time.perf_counter()
         stream = StreamState()
         try:
@@ -135,8 +151,10 @@ class BackendClient:
         except StreamEnded as e:
             # Few kinds of message, so that failures group: how the stream ended, and whether tokens came.
             ending = "[DONE] came" if stream.done else "the body ended without [DONE]"
-            result.error = f"{e}: {ending} after {'some' if _tokens_so_far(result) else 'no'} tokens " \
-                           f"({'one event' if stream.events == 1 else 'no events' if not stream.events else 'events'})"
+            result.error = (
+                f"{e}: {ending} after {'some' if _tokens_so_far(result) else 'no'} tokens "
+                f"({'one event' if stream.events == 1 else 'no events' if not stream.events else 'events'})"
+            )
         except ServerError as e:
             result.error = str(e)
         except (asyncio.TimeoutError, aiohttp.ClientError, ConnectionError) as e:
@@ -247,6 +265,7 @@ def _raise_if_aborted(meta: dict | None) -> None:
 @dataclasses.dataclass
 class StreamState:
     """What a stream delivered, for the error when it ends early."""
+
     events: int = 0
     done: bool = False  # `data: [DONE]` came (else the body just ended)
 
@@ -272,7 +291,7 @@ async def sse_events(response: aiohttp.ClientResponse, state: StreamState | None
             payload = raw.strip()
             if not payload.startswith(b"data:"):
                 continue
-            payload = payload[len(b"data:"):].strip()
+            payload = payload[len(b"data:") :].strip()
             if payload == b"[DONE]":
                 state.done = True
                 return

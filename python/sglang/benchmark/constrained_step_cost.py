@@ -21,9 +21,21 @@ import json
 import os
 import time
 
-SCHEMA = json.dumps({"type": "array", "minItems": 64, "items": {
-    "type": "object", "properties": {"id": {"type": "integer"}, "name": {"type": "string", "maxLength": 16},
-                                     "ok": {"type": "boolean"}}, "required": ["id", "name", "ok"]}})
+SCHEMA = json.dumps(
+    {
+        "type": "array",
+        "minItems": 64,
+        "items": {
+            "type": "object",
+            "properties": {
+                "id": {"type": "integer"},
+                "name": {"type": "string", "maxLength": 16},
+                "ok": {"type": "boolean"},
+            },
+            "required": ["id", "name", "ok"],
+        },
+    }
+)
 WARMUP_STEPS = 8
 
 
@@ -32,8 +44,9 @@ def make_scheduler(spec: bool, max_batch: int, device: str):
     from sglang.srt.server_args import ServerArgs
 
     extra = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="always") if spec else {}
-    return Scheduler(ServerArgs(device=device, max_running_requests=max(max_batch, 8),
-                                cuda_graph_max_bs=max(max_batch, 8), **extra))
+    return Scheduler(
+        ServerArgs(device=device, max_running_requests=max(max_batch, 8), cuda_graph_max_bs=max(max_batch, 8), **extra)
+    )
 
 
 def measure(scheduler, batch: int, constrained: bool, steps: int, device: str) -> dict:
@@ -46,8 +59,9 @@ def measure(scheduler, batch: int, constrained: bool, steps: int, device: str) -
     new_tokens = (WARMUP_STEPS + steps) * (4 if spec else 1) + 16
     rids = [f"{'c' if constrained else 'u'}{batch}-{i}" for i in range(batch)]
     for i, rid in enumerate(rids):
-        params = SamplingParams(max_new_tokens=new_tokens, temperature=0, ignore_eos=True,
-                                json_schema=SCHEMA if constrained else None)
+        params = SamplingParams(
+            max_new_tokens=new_tokens, temperature=0, ignore_eos=True, json_schema=SCHEMA if constrained else None
+        )
         prompt = [10 + (7 * i + j) % 2000 for j in range(32)]
         scheduler.add_request(TokenizedGenerateReqInput(rid, prompt, params, stream=False))
     while len(scheduler.running_reqs) < batch:  # compiles and prefills
@@ -67,9 +81,15 @@ def measure(scheduler, batch: int, constrained: bool, steps: int, device: str) -
     while scheduler.has_work():
         scheduler.step()
     scheduler.flush_cache()
-    return {"batch": batch, "mode": "spec_k3" if spec else "plain", "constrained": constrained,
-            "step_ms": 1000 * seconds / steps, "tokens_per_step": tokens / steps / batch,
-            "tokens_per_s": tokens / seconds, "device": device}
+    return {
+        "batch": batch,
+        "mode": "spec_k3" if spec else "plain",
+        "constrained": constrained,
+        "step_ms": 1000 * seconds / steps,
+        "tokens_per_step": tokens / steps / batch,
+        "tokens_per_s": tokens / seconds,
+        "device": device,
+    }
 
 
 def _sync(device: str) -> None:

@@ -70,6 +70,7 @@ def load_log(lines) -> dict:
 
 def prior_from_server_info(info: dict) -> CostTable:
     """The cost table in a /get_server_info snapshot (its speculation policy's cost prior)."""
+
     def find(node):
         if isinstance(node, dict):
             if isinstance(node.get("prior"), dict) and "plain_ms" in node["prior"]:
@@ -136,7 +137,7 @@ def step_cost(log: dict, relative: dict, batch_size: int, k: int, index: int) ->
         seq = log["by_octave"].get(low)
         if seq and (low, k) in relative:
             i = bisect.bisect_left(seq, (index,))
-            _, k_sampled, seconds = min(seq[max(0, i - 1):i + 1], key=lambda s: abs(s[0] - index))
+            _, k_sampled, seconds = min(seq[max(0, i - 1) : i + 1], key=lambda s: abs(s[0] - index))
             return seconds * relative[(low, k)] / relative[(low, k_sampled)]
         low //= 2
     for (lo, kk), _ in sorted(relative.items(), key=lambda item: -item[0][0]):  # above the batch's octave
@@ -180,8 +181,11 @@ def replay(log: dict, prior: CostTable, k_max: int, fixed: int | None = None, se
     result = {"tok_s": tokens / seconds}
     if fixed is None:
         summary = policy.summary()
-        result.update(decisions=summary["decisions"], steps_per_k=summary["steps_per_k"],
-                      exploration_share=summary["exploration"]["share"])
+        result.update(
+            decisions=summary["decisions"],
+            steps_per_k=summary["steps_per_k"],
+            exploration_share=summary["exploration"]["share"],
+        )
     return result
 
 
@@ -189,7 +193,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("log", help="a cost log (PREFIX.<pid>.txt)")
     parser.add_argument("--server-info", required=True, help="the server's /get_server_info snapshot (JSON)")
-    parser.add_argument("--seeds", type=int, default=3, help="replays of the policy, each with its own acceptance draws")
+    parser.add_argument(
+        "--seeds", type=int, default=3, help="replays of the policy, each with its own acceptance draws"
+    )
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     if args.seeds < 1:
@@ -210,13 +216,23 @@ def main(argv=None) -> int:
         print(f"k = {k} on every step: {result['tok_s']:.0f} tok/s")
     policies = [replay(log, prior, k_max, seed=seed) for seed in range(args.seeds)]
     for seed, result in enumerate(policies):
-        print(f"policy (seed {seed}): {result['tok_s']:.0f} tok/s, {result['tok_s'] / fixed[best]['tok_s']:.3f} x k = "
-              f"{best}; {result['decisions']} decided switches, steps per k {result['steps_per_k']}, exploration "
-              f"{result['exploration_share']:.2%} of steps")
+        print(
+            f"policy (seed {seed}): {result['tok_s']:.0f} tok/s, {result['tok_s'] / fixed[best]['tok_s']:.3f} x k = "
+            f"{best}; {result['decisions']} decided switches, steps per k {result['steps_per_k']}, exploration "
+            f"{result['exploration_share']:.2%} of steps"
+        )
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"fixed": fixed, "best_fixed": best, "policy": policies,
-                       "acceptance_rate": acceptance_rate(log["tokens"])}, f, indent=1)
+            json.dump(
+                {
+                    "fixed": fixed,
+                    "best_fixed": best,
+                    "policy": policies,
+                    "acceptance_rate": acceptance_rate(log["tokens"]),
+                },
+                f,
+                indent=1,
+            )
     return 0
 
 

@@ -96,9 +96,16 @@ def cost_table(samples) -> dict:
     by_key = defaultdict(list)
     for low, k, seconds in samples:
         by_key[(low, k)].append(1e3 * seconds)
-    return {key: {"n": len(ms), "median_ms": statistics.median(ms), "mean_ms": statistics.fmean(ms),
-                  "p10_ms": _quantile(ms, 0.1), "p90_ms": _quantile(ms, 0.9)}
-            for key, ms in sorted(by_key.items())}
+    return {
+        key: {
+            "n": len(ms),
+            "median_ms": statistics.median(ms),
+            "mean_ms": statistics.fmean(ms),
+            "p10_ms": _quantile(ms, 0.1),
+            "p90_ms": _quantile(ms, 0.9),
+        }
+        for key, ms in sorted(by_key.items())
+    }
 
 
 def paired_ratios(samples) -> dict:
@@ -117,10 +124,16 @@ def paired_ratios(samples) -> dict:
             k, run = seq[start][1], [s for _, _, s in seq[start:end]]
             # The neighbours: the run before and the run after, if of one other k and recent.
             for reference in {seq[start - 1][1] if start else None, seq[end][1] if end < len(seq) else None} - {None}:
-                near = [s for i, kk, s in reversed(seq[max(0, start - PAIR_NEIGHBOURS):start])
-                        if kk == reference and seq[start][0] - i <= PAIR_MAX_GAP]
-                near += [s for i, kk, s in seq[end:end + PAIR_NEIGHBOURS]
-                         if kk == reference and i - seq[end - 1][0] <= PAIR_MAX_GAP]
+                near = [
+                    s
+                    for i, kk, s in reversed(seq[max(0, start - PAIR_NEIGHBOURS) : start])
+                    if kk == reference and seq[start][0] - i <= PAIR_MAX_GAP
+                ]
+                near += [
+                    s
+                    for i, kk, s in seq[end : end + PAIR_NEIGHBOURS]
+                    if kk == reference and i - seq[end - 1][0] <= PAIR_MAX_GAP
+                ]
                 if near:
                     out[(low, k, reference)].append(statistics.median(run) / statistics.median(near))
             start = end
@@ -152,21 +165,30 @@ def report(log: dict) -> dict:
             entry["value_ratio"] = tokens[k] / tokens[reference] / cost
         paired[f"{octave_label(low)} k{k}/k{reference}"] = entry
     costs = {f"{octave_label(low)} k{k}": row for (low, k), row in cost_table(log["samples"]).items()}
-    return {"costs": costs, "tokens_per_verify": tokens, "paired": paired, **switches(log["launches"]),
-            **pauses(log["timeline"])}
+    return {
+        "costs": costs,
+        "tokens_per_verify": tokens,
+        "paired": paired,
+        **switches(log["launches"]),
+        **pauses(log["timeline"]),
+    }
 
 
 def render(name: str, rep: dict) -> str:
-    lines = [f"== {name}: decode steps per k {rep['steps_per_k']}, {rep['switches']} switches "
-             f"({rep['exploration_steps']} exploration steps); tokens per request per verify: "
-             + ", ".join(f"k{k} {t:.2f}" for k, t in rep["tokens_per_verify"].items()),
-             f"pauses of {1e3 * PAUSE_MIN_S:.0f}-{1e3 * PAUSE_MAX_S:.0f} ms between launches: {rep['pauses']} "
-             f"({rep['pause_s']:.2f} s of {rep['busy_s']:.1f} s busy; {rep['with_running']} with requests running, "
-             f"{rep['drained']} with the batch drained to one, {rep['after_prefill']} after a prefill)",
-             f"{'octave k':<14}{'n':>7}{'median ms':>11}{'mean ms':>9}{'p10':>8}{'p90':>8}"]
+    lines = [
+        f"== {name}: decode steps per k {rep['steps_per_k']}, {rep['switches']} switches "
+        f"({rep['exploration_steps']} exploration steps); tokens per request per verify: "
+        + ", ".join(f"k{k} {t:.2f}" for k, t in rep["tokens_per_verify"].items()),
+        f"pauses of {1e3 * PAUSE_MIN_S:.0f}-{1e3 * PAUSE_MAX_S:.0f} ms between launches: {rep['pauses']} "
+        f"({rep['pause_s']:.2f} s of {rep['busy_s']:.1f} s busy; {rep['with_running']} with requests running, "
+        f"{rep['drained']} with the batch drained to one, {rep['after_prefill']} after a prefill)",
+        f"{'octave k':<14}{'n':>7}{'median ms':>11}{'mean ms':>9}{'p10':>8}{'p90':>8}",
+    ]
     for key, row in rep["costs"].items():
-        lines.append(f"{key:<14}{row['n']:>7}{row['median_ms']:>11.3f}{row['mean_ms']:>9.3f}"
-                     f"{row['p10_ms']:>8.3f}{row['p90_ms']:>8.3f}")
+        lines.append(
+            f"{key:<14}{row['n']:>7}{row['median_ms']:>11.3f}{row['mean_ms']:>9.3f}"
+            f"{row['p10_ms']:>8.3f}{row['p90_ms']:>8.3f}"
+        )
     lines.append(f"{'paired':<22}{'runs':>6}{'cost ratio':>12}{'value ratio':>13}")
     for key, row in rep["paired"].items():
         value = f"{row['value_ratio']:>13.3f}" if "value_ratio" in row else f"{'':>13}"

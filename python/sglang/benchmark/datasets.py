@@ -50,8 +50,15 @@ class RandomDataset:
     upstream's `random` with --dataset-path), cut from a random prompt repeated to the length.
     With `to_text` (chat messages, a chat template) the ids are sent as that text."""
 
-    def __init__(self, token_ids: list[int], input_len: int, output_len: int, range_ratio: float,
-                 to_text: Callable[[list[int]], str] | None = None, source_prompts: list[list[int]] | None = None):
+    def __init__(
+        self,
+        token_ids: list[int],
+        input_len: int,
+        output_len: int,
+        range_ratio: float,
+        to_text: Callable[[list[int]], str] | None = None,
+        source_prompts: list[list[int]] | None = None,
+    ):
         self.token_ids, self.to_text, self.source_prompts = token_ids, to_text, source_prompts
         self.input_range = length_range(input_len, range_ratio)
         self.output_range = length_range(output_len, range_ratio)
@@ -74,8 +81,11 @@ class RandomDataset:
 def sharegpt_prompt_ids(path: str, tokenizer) -> list[list[int]]:
     """Token ids of the first human turn of each conversation (the text upstream's `random`
     dataset cuts its prompts from)."""
-    prompts = [tokenizer.encode(pair[0], add_special_tokens=False)
-               for pair in map(_first_exchange, read_conversations(path)) if pair is not None]
+    prompts = [
+        tokenizer.encode(pair[0], add_special_tokens=False)
+        for pair in map(_first_exchange, read_conversations(path))
+        if pair is not None
+    ]
     prompts = [ids for ids in prompts if ids]
     if not prompts:
         raise DatasetError(f"{path} has no conversation with a prompt and a reply")
@@ -87,8 +97,9 @@ def chat_template_text(tokenizer, text: str) -> str:
     the BOS token (the server adds its own), as upstream's --apply-chat-template does."""
     if not getattr(tokenizer, "chat_template", None):
         raise DatasetError("--apply-chat-template: the tokenizer has no chat template")
-    templated = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                              tokenize=False)
+    templated = tokenizer.apply_chat_template(
+        [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+    )
     return templated.replace(tokenizer.bos_token, "") if tokenizer.bos_token else templated
 
 
@@ -97,9 +108,18 @@ class SharedPrefixDataset:
     followed by `prompts_per_group` different questions (a blank line between them), all with the
     same output length, shuffled once. Every level of a sweep sends the same requests."""
 
-    def __init__(self, tokenizer, token_ids: list[int], rng: random.Random, num_groups: int,
-                 prompts_per_group: int, system_prompt_len: int, question_len: int, output_len: int,
-                 wrap: Callable[[str], str] | None = None):
+    def __init__(
+        self,
+        tokenizer,
+        token_ids: list[int],
+        rng: random.Random,
+        num_groups: int,
+        prompts_per_group: int,
+        system_prompt_len: int,
+        question_len: int,
+        output_len: int,
+        wrap: Callable[[str], str] | None = None,
+    ):
         def text(length: int) -> str:
             return tokenizer.decode([rng.choice(token_ids) for _ in range(length)])
 
@@ -115,8 +135,10 @@ class SharedPrefixDataset:
 
     def sample(self, num: int, rng: random.Random) -> list[BenchRequest]:
         if num > len(self.requests):
-            raise DatasetError(f"generated-shared-prefix has {len(self.requests)} prompts (--gsp-num-groups x "
-                               f"--gsp-prompts-per-group); lower --num-prompts to at most that")
+            raise DatasetError(
+                f"generated-shared-prefix has {len(self.requests)} prompts (--gsp-num-groups x "
+                f"--gsp-prompts-per-group); lower --num-prompts to at most that"
+            )
         return self.requests[:num]
 
 
@@ -124,16 +146,24 @@ class ShareGPTDataset:
     """The first human turn of each conversation as the prompt; the reply's token count (or
     `output_len`) as the output length. Rows are shuffled once with the seed."""
 
-    def __init__(self, path: str, tokenizer, rng: random.Random, output_len: int | None = None,
-                 context_len: int | None = None, wrap: Callable[[str], str] | None = None):
+    def __init__(
+        self,
+        path: str,
+        tokenizer,
+        rng: random.Random,
+        output_len: int | None = None,
+        context_len: int | None = None,
+        wrap: Callable[[str], str] | None = None,
+    ):
         """`context_len`: drop conversations whose prompt and output lengths add up to more
         (upstream's --sharegpt-context-len); `wrap`: rewrites each prompt (a chat template)."""
         pairs = [pair for pair in map(_first_exchange, read_conversations(path)) if pair is not None]
         if not pairs:
             raise DatasetError(f"{path} has no conversation with a prompt and a reply")
         rng.shuffle(pairs)
-        requests = [_to_request(tokenizer, wrap(prompt) if wrap else prompt, reply, output_len)
-                    for prompt, reply in pairs]
+        requests = [
+            _to_request(tokenizer, wrap(prompt) if wrap else prompt, reply, output_len) for prompt, reply in pairs
+        ]
         if context_len is not None:
             requests = [r for r in requests if r.prompt_len + r.output_len <= context_len]
             if not requests:
@@ -142,8 +172,9 @@ class ShareGPTDataset:
 
     def sample(self, num: int, rng: random.Random) -> list[BenchRequest]:
         if num > len(self.requests):
-            raise DatasetError(f"the dataset has {len(self.requests)} usable conversations; "
-                               f"lower --num-prompts to at most that")
+            raise DatasetError(
+                f"the dataset has {len(self.requests)} usable conversations; lower --num-prompts to at most that"
+            )
         return self.requests[:num]
 
 

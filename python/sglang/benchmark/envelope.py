@@ -49,9 +49,14 @@ def judge_level(level, dynamic: dict, statics: dict[str, dict], aa: tuple[str, d
     tok_s = {name: row["output_throughput"] for name, row in statics.items()}
     best = max(tok_s, key=tok_s.get)
     ratio = dynamic["output_throughput"] / tok_s[best]
-    out = {"level": level, "dynamic_tok_s": round(dynamic["output_throughput"], 1),
-           "static_tok_s": {name: round(value, 1) for name, value in tok_s.items()}, "best_static": best,
-           "dynamic_over_best": round(ratio, 4), "spec_step_share_by_k": dynamic.get("spec_step_share_by_k")}
+    out = {
+        "level": level,
+        "dynamic_tok_s": round(dynamic["output_throughput"], 1),
+        "static_tok_s": {name: round(value, 1) for name, value in tok_s.items()},
+        "best_static": best,
+        "dynamic_over_best": round(ratio, 4),
+        "spec_step_share_by_k": dynamic.get("spec_step_share_by_k"),
+    }
     ok = ratio >= GOAL_BEST
     if best == "no_draft":
         out["dynamic_over_no_draft"] = round(ratio, 4)
@@ -72,12 +77,16 @@ def judge_trace(dynamic: dict, statics: dict[str, dict]) -> dict:
     best_tok, best_tpot = max(tok_s, key=tok_s.get), min(tpot, key=tpot.get)
     throughput_gain = dynamic["output_throughput"] / tok_s[best_tok]
     tpot_gain = tpot[best_tpot] / dynamic["mean_tpot_ms"]
-    out = {"level": "trace", "dynamic_tok_s": round(dynamic["output_throughput"], 1),
-           "static_tok_s": {n: round(v, 1) for n, v in tok_s.items()},
-           "dynamic_mean_tpot_ms": round(dynamic["mean_tpot_ms"], 3),
-           "static_mean_tpot_ms": {n: round(v, 3) for n, v in tpot.items()},
-           "throughput_over_best": round(throughput_gain, 4), "tpot_gain_over_best": round(tpot_gain, 4),
-           "ok": throughput_gain >= GOAL_TRACE and tpot_gain >= GOAL_TRACE}
+    out = {
+        "level": "trace",
+        "dynamic_tok_s": round(dynamic["output_throughput"], 1),
+        "static_tok_s": {n: round(v, 1) for n, v in tok_s.items()},
+        "dynamic_mean_tpot_ms": round(dynamic["mean_tpot_ms"], 3),
+        "static_mean_tpot_ms": {n: round(v, 3) for n, v in tpot.items()},
+        "throughput_over_best": round(throughput_gain, 4),
+        "tpot_gain_over_best": round(tpot_gain, 4),
+        "ok": throughput_gain >= GOAL_TRACE and tpot_gain >= GOAL_TRACE,
+    }
     phases = judge_phases(dynamic, statics)
     if phases:
         out["phases"] = phases
@@ -93,15 +102,19 @@ def phase_oracle(dynamic: dict, statics: dict[str, dict]) -> dict:
     boundaries), against the best single static's and dynamic's, all over the same phase seconds.
     If the oracle is under the trace goal, no policy that picks among these settings per phase can
     reach it; one that picks per step or per request may do somewhat better."""
+
     def delivered(line):
         return [phase.get("window_output_tokens", 0) for phase in line["phases"]]
+
     per_static = {name: delivered(line) for name, line in statics.items()}
     best_single = max(sum(tokens) for tokens in per_static.values())
     oracle = sum(max(tokens[i] for tokens in per_static.values()) for i in range(len(dynamic["phases"])))
     if not best_single:
         return {}
-    return {"phase_oracle_over_best": round(oracle / best_single, 4),
-            "phase_window_dynamic_over_best": round(sum(delivered(dynamic)) / best_single, 4)}
+    return {
+        "phase_oracle_over_best": round(oracle / best_single, 4),
+        "phase_window_dynamic_over_best": round(sum(delivered(dynamic)) / best_single, 4),
+    }
 
 
 def judge_phases(dynamic: dict, statics: dict[str, dict]) -> list[dict]:
@@ -117,9 +130,16 @@ def judge_phases(dynamic: dict, statics: dict[str, dict]) -> list[dict]:
         tok_s = {name: line["phases"][i]["window_output_throughput"] for name, line in statics.items()}
         best = max(tok_s, key=tok_s.get)
         mine = phase["window_output_throughput"]
-        rows.append({"phase": i, "target_concurrency": phase["target_concurrency"],
-                     "dynamic_tok_s": round(mine, 1), "static_tok_s": {n: round(v, 1) for n, v in tok_s.items()},
-                     "best_static": best, "dynamic_over_best": round(mine / tok_s[best], 4) if tok_s[best] else None})
+        rows.append(
+            {
+                "phase": i,
+                "target_concurrency": phase["target_concurrency"],
+                "dynamic_tok_s": round(mine, 1),
+                "static_tok_s": {n: round(v, 1) for n, v in tok_s.items()},
+                "best_static": best,
+                "dynamic_over_best": round(mine / tok_s[best], 4) if tok_s[best] else None,
+            }
+        )
     return rows
 
 
@@ -140,32 +160,49 @@ def report(dynamic: dict, statics: dict[str, dict], aa: tuple[str, dict] | None)
 def print_table(rows: list[dict]) -> None:
     for row in rows:
         if row["level"] == "trace":
-            print(f"trace: dynamic {row['dynamic_tok_s']} tok/s ({row['throughput_over_best']:.3f} x best), mean TPOT "
-                  f"{row['dynamic_mean_tpot_ms']} ms ({row['tpot_gain_over_best']:.3f} x best) {'ok' if row['ok'] else 'MISS'}")
+            print(
+                f"trace: dynamic {row['dynamic_tok_s']} tok/s ({row['throughput_over_best']:.3f} x best), mean TPOT "
+                f"{row['dynamic_mean_tpot_ms']} ms ({row['tpot_gain_over_best']:.3f} x best) {'ok' if row['ok'] else 'MISS'}"
+            )
             for phase in row.get("phases", []):
                 low, high = phase["target_concurrency"]
                 load = f"{low}" if low == high else f"{low}->{high}"
-                print(f"  phase {phase['phase']} (concurrency {load}): dynamic {phase['dynamic_tok_s']} tok/s delivered, "
-                      f"best static {phase['best_static']} {phase['static_tok_s'][phase['best_static']]}: "
-                      + (f"{phase['dynamic_over_best']:.3f}" if phase["dynamic_over_best"] is not None else "none delivered"))
+                print(
+                    f"  phase {phase['phase']} (concurrency {load}): dynamic {phase['dynamic_tok_s']} tok/s delivered, "
+                    f"best static {phase['best_static']} {phase['static_tok_s'][phase['best_static']]}: "
+                    + (
+                        f"{phase['dynamic_over_best']:.3f}"
+                        if phase["dynamic_over_best"] is not None
+                        else "none delivered"
+                    )
+                )
             if row.get("mean_phase_ratio") is not None:
                 print(f"  mean of the phases' dynamic / best: {row['mean_phase_ratio']:.3f}")
             if "phase_oracle_over_best" in row:
-                print(f"  tokens delivered during the phases, over the best static's: dynamic "
-                      f"{row['phase_window_dynamic_over_best']:.3f}, the best static of each phase (an oracle "
-                      f"switching at the boundaries) {row['phase_oracle_over_best']:.3f}")
+                print(
+                    f"  tokens delivered during the phases, over the best static's: dynamic "
+                    f"{row['phase_window_dynamic_over_best']:.3f}, the best static of each phase (an oracle "
+                    f"switching at the boundaries) {row['phase_oracle_over_best']:.3f}"
+                )
             continue
         aa = f", A/A spread {row['aa_spread']:.3f}" if "aa_spread" in row else ""
         verdict = "ok" if row["ok"] else ("miss within A/A" if row.get("miss_within_aa") else "MISS")
-        print(f"concurrency {row['level']}: dynamic {row['dynamic_tok_s']} tok/s, best static {row['best_static']} "
-              f"{row['static_tok_s'][row['best_static']]}: {row['dynamic_over_best']:.3f}{aa} {verdict}")
+        print(
+            f"concurrency {row['level']}: dynamic {row['dynamic_tok_s']} tok/s, best static {row['best_static']} "
+            f"{row['static_tok_s'][row['best_static']]}: {row['dynamic_over_best']:.3f}{aa} {verdict}"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m sglang.benchmark.envelope", description=__doc__.split("\n")[0])
     parser.add_argument("--dynamic", required=True, help="the dynamic server's pooled result file")
-    parser.add_argument("--static", type=named, action="append", required=True,
-                        help="NAME=FILE of a static server (no_draft, always, k1, ...); give each kind")
+    parser.add_argument(
+        "--static",
+        type=named,
+        action="append",
+        required=True,
+        help="NAME=FILE of a static server (no_draft, always, k1, ...); give each kind",
+    )
     parser.add_argument("--aa", type=named, default=None, help="NAME=FILE: a second instance of static NAME")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     args = parser.parse_args(argv)

@@ -89,15 +89,24 @@ def run_engine(engine_kwargs: dict, prompts: list[list[int]], output_len: int) -
 
     engine = sglang.Engine(**engine_kwargs)
     try:
-        outputs = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": output_len,
-                                                                      "ignore_eos": True},
-                                  return_logprob=True, top_logprobs_num=2)
+        outputs = engine.generate(
+            input_ids=prompts,
+            sampling_params={"temperature": 0, "max_new_tokens": output_len, "ignore_eos": True},
+            return_logprob=True,
+            top_logprobs_num=2,
+        )
     finally:
         engine.shutdown()
-    return [{"output_ids": out["output_ids"],
-             "top_logprobs": [[(float(lp), int(tok)) for lp, tok, *_ in position]
-                              for position in out["meta_info"].get("output_top_logprobs", [])]}
-            for out in outputs]
+    return [
+        {
+            "output_ids": out["output_ids"],
+            "top_logprobs": [
+                [(float(lp), int(tok)) for lp, tok, *_ in position]
+                for position in out["meta_info"].get("output_top_logprobs", [])
+            ],
+        }
+        for out in outputs
+    ]
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -116,28 +125,43 @@ def measure(args: argparse.Namespace) -> dict:
     if args.max_total_tokens:
         base["max_total_tokens"] = args.max_total_tokens
     plain = run_engine(base, prompts, args.output_len)
-    draft = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft_path,
-                 speculative_num_steps=args.speculative_num_steps)
+    draft = dict(
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_path,
+        speculative_num_steps=args.speculative_num_steps,
+    )
     results = {}
     for mode in args.modes:
         keywords = dict(MODES[mode])
         if keywords.pop("draft", False):
             keywords.update(draft)
         results[mode] = compare(plain, run_engine({**base, **keywords}, prompts, args.output_len))
-    return {"model_path": model_path, "draft_model_path": draft_path, "dtype": args.dtype,
-            "device": args.device, "num_prompts": args.num_prompts, "input_len": args.input_len,
-            "output_len": args.output_len, "speculative_num_steps": args.speculative_num_steps,
-            "modes": results}
+    return {
+        "model_path": model_path,
+        "draft_model_path": draft_path,
+        "dtype": args.dtype,
+        "device": args.device,
+        "num_prompts": args.num_prompts,
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "speculative_num_steps": args.speculative_num_steps,
+        "modes": results,
+    }
 
 
 def summary_lines(result: dict) -> list[str]:
     lines = []
     for mode, r in result["modes"].items():
         gap = r["median_divergence_top2_gap"]
-        lines.append(f"{mode}: {r['identical_outputs']}/{r['prompts']} outputs identical, "
-                     f"{r['token_share']:.4f} of tokens before the first difference"
-                     + (f", median top-2 gap at a divergence {gap:.4f} (max {r['max_divergence_top2_gap']:.4f})"
-                        if gap is not None else ""))
+        lines.append(
+            f"{mode}: {r['identical_outputs']}/{r['prompts']} outputs identical, "
+            f"{r['token_share']:.4f} of tokens before the first difference"
+            + (
+                f", median top-2 gap at a divergence {gap:.4f} (max {r['max_divergence_top2_gap']:.4f})"
+                if gap is not None
+                else ""
+            )
+        )
     return lines
 
 
@@ -152,9 +176,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--speculative-num-steps", type=int, default=3)
     parser.add_argument("--max-total-tokens", type=int, default=None, help="KV pool of each engine")
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES),
-                        help="engines compared with batched plain decoding: always-on and adaptive "
-                             "speculation, and plain decoding one request at a time (a control)")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=list(MODES),
+        choices=list(MODES),
+        help="engines compared with batched plain decoding: always-on and adaptive "
+        "speculation, and plain decoding one request at a time (a control)",
+    )
     parser.add_argument("--out", default=None, help="write the full result (every divergence) as JSON here")
     args = parser.parse_args(argv)
     if min(args.num_prompts, args.input_len, args.output_len, args.speculative_num_steps) < 1:

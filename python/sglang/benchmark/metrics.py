@@ -122,8 +122,11 @@ def format_summary(line: dict) -> str:
         ("Benchmark duration (s)", line["duration"]),
         ("Total input tokens", line["total_input_tokens"]),
         ("Total generated tokens", line["total_output_tokens"]),
-        *([("Total generated tokens (retokenized)", line["total_output_tokens_retokenized"])]
-          if "total_output_tokens_retokenized" in line else []),
+        *(
+            [("Total generated tokens (retokenized)", line["total_output_tokens_retokenized"])]
+            if "total_output_tokens_retokenized" in line
+            else []
+        ),
         ("Request throughput (req/s)", line["request_throughput"]),
         ("Input token throughput (tok/s)", line["input_throughput"]),
         ("Output token throughput (tok/s)", line["output_throughput"]),
@@ -134,13 +137,19 @@ def format_summary(line: dict) -> str:
         ("Accept length", line["accept_length"] if line["accept_length"] is not None else "n/a"),
     ]
     if line.get("spec_step_share_by_k"):
-        rows.append(("Decode steps per k (share)", " ".join(
-            f"k={k}: {share:.0%}" for k, share in line["spec_step_share_by_k"].items())))
+        rows.append(
+            (
+                "Decode steps per k (share)",
+                " ".join(f"k={k}: {share:.0%}" for k, share in line["spec_step_share_by_k"].items()),
+            )
+        )
     out = [" Serving Benchmark Result ".center(_WIDTH, "=")] + [_row(label, value) for label, value in rows]
     for title, name, short in _SECTIONS:
         out.append(f" {title} ".center(_WIDTH, "-"))
-        out += [_row(f"{stat.capitalize() if stat[0] != 'p' else stat.upper()} {short} (ms)",
-                     line[f"{stat}_{name}_ms"]) for stat in ("mean", "median", "p99")]
+        out += [
+            _row(f"{stat.capitalize() if stat[0] != 'p' else stat.upper()} {short} (ms)", line[f"{stat}_{name}_ms"])
+            for stat in ("mean", "median", "p99")
+        ]
     for error in line["errors"]:
         out.append(_row(f"Failed x{error['count']}", error["error"][:_WIDTH]))
     if line["token_count_mismatches"]:

@@ -27,8 +27,10 @@ def series(paths: list[str]) -> dict[str, list[dict]]:
         for row in read_results(path):
             lines.setdefault((path, row.get("label") or stem), {})[concurrency_of(row)] = row
     labels = [label for _, label in lines]
-    return {label if labels.count(label) == 1 else f"{label} ({path})": [rows[x] for x in sorted(rows)]
-            for (path, label), rows in lines.items()}
+    return {
+        label if labels.count(label) == 1 else f"{label} ({path})": [rows[x] for x in sorted(rows)]
+        for (path, label), rows in lines.items()
+    }
 
 
 def concurrency_of(row: dict) -> float:
@@ -66,8 +68,9 @@ def plot(paths: list[str], output: str, title: str | None = None):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sglang.bench_serving plot",
-                                     description="Plot result files of bench_serving sweeps.")
+    parser = argparse.ArgumentParser(
+        prog="python -m sglang.bench_serving plot", description="Plot result files of bench_serving sweeps."
+    )
     parser.add_argument("result_files", nargs="+", help="JSON-lines files written by --output-file")
     parser.add_argument("--output", "-o", default="bench_serving.png", help="PNG to write")
     parser.add_argument("--title", default=None)

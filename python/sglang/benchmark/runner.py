@@ -19,8 +19,14 @@ import aiohttp
 
 from sglang.benchmark.backends import BACKEND_ROUTES, BackendClient, RequestOptions, RequestResult
 from sglang.benchmark.datasets import (
-    BenchRequest, DatasetError, RandomDataset, SharedPrefixDataset, ShareGPTDataset, chat_template_text,
-    sampleable_token_ids, sharegpt_prompt_ids,
+    BenchRequest,
+    DatasetError,
+    RandomDataset,
+    SharedPrefixDataset,
+    ShareGPTDataset,
+    chat_template_text,
+    sampleable_token_ids,
+    sharegpt_prompt_ids,
 )
 from sglang.benchmark.metrics import format_summary, request_details, summarize
 from sglang.benchmark.upstream_flags import DEFAULT_PORTS
@@ -82,8 +88,12 @@ async def connect(args: argparse.Namespace, session: aiohttp.ClientSession) -> B
     tokenizer = load_tokenizer(args.tokenizer or info.get("tokenizer_path") or info["model_path"])
     data_rng = random.Random(args.seed)
     dataset = build_dataset(args, tokenizer, info.get("vocab_size"), data_rng)
-    model = (getattr(args, "served_model_name", None) or args.model or info.get("served_model_name")
-             or info.get("model_path"))
+    model = (
+        getattr(args, "served_model_name", None)
+        or args.model
+        or info.get("served_model_name")
+        or info.get("model_path")
+    )
     api_key = args.api_key or os.environ.get("OPENAI_API_KEY")
     client = BackendClient(session, base_url, args.backend, model, api_key, request_options(args))
     return Bench(args, session, base_url, model, client, dataset, data_rng, tokenizer)
@@ -109,11 +119,14 @@ async def model_info(session: aiohttp.ClientSession, base_url: str, wait_s: floa
 
 
 def request_options(args) -> RequestOptions:
-    return RequestOptions(stream=not getattr(args, "disable_stream", False),
-                          ignore_eos=not getattr(args, "disable_ignore_eos", False),
-                          temperature=getattr(args, "temperature", 0.0), top_p=getattr(args, "top_p", None),
-                          extra_body=getattr(args, "extra_request_body", None) or {},
-                          headers=dict(getattr(args, "header", None) or []))
+    return RequestOptions(
+        stream=not getattr(args, "disable_stream", False),
+        ignore_eos=not getattr(args, "disable_ignore_eos", False),
+        temperature=getattr(args, "temperature", 0.0),
+        top_p=getattr(args, "top_p", None),
+        extra_body=getattr(args, "extra_request_body", None) or {},
+        headers=dict(getattr(args, "header", None) or []),
+    )
 
 
 def level_prompts(args, level: int | None) -> int:
@@ -136,10 +149,20 @@ async def measure_level(bench: Bench, level: int | None, desc: str) -> dict:
     # The same arrival times at every level, so levels differ only in their concurrency.
     arrival_rng = random.Random(f"arrivals-{args.seed}")
     before = await server_spec_counters(bench.session, bench.base_url)
-    results, start, duration = await run_level(bench.client, requests, level, args.request_rate, arrival_rng,
-                                               desc, args.disable_tqdm, getattr(args, "burstiness", 1.0))
-    line = {**config_fields(args, bench.base_url, bench.model, level, num_prompts),
-            **summarize(results, start, duration)}
+    results, start, duration = await run_level(
+        bench.client,
+        requests,
+        level,
+        args.request_rate,
+        arrival_rng,
+        desc,
+        args.disable_tqdm,
+        getattr(args, "burstiness", 1.0),
+    )
+    line = {
+        **config_fields(args, bench.base_url, bench.model, level, num_prompts),
+        **summarize(results, start, duration),
+    }
     line["total_output_tokens_retokenized"] = retokenized_output_tokens(bench.tokenizer, results)
     if before is not None:
         line.update(spec_level_fields(before, await server_spec_counters(bench.session, bench.base_url)))
@@ -182,8 +205,11 @@ async def measure_trace(bench: Bench) -> dict:
     before = await server_spec_counters(bench.session, bench.base_url)
     with settled_gc():
         results, start, duration = await play_trace(bench.client, bench.dataset, bench.data_rng, phases)
-    line = {**config_fields(args, bench.base_url, bench.model, None, len(results)), "trace": args.trace,
-            **trace_line(results, phases, start, duration)}
+    line = {
+        **config_fields(args, bench.base_url, bench.model, None, len(results)),
+        "trace": args.trace,
+        **trace_line(results, phases, start, duration),
+    }
     if before is not None:
         line.update(spec_level_fields(before, await server_spec_counters(bench.session, bench.base_url)))
         line["accept_length"] = line.get("spec_accept_length")
@@ -225,8 +251,9 @@ def load_tokenizer(path: str):
     try:
         return AutoTokenizer.from_pretrained(path)
     except (OSError, ValueError) as e:
-        raise BenchmarkError(f"cannot load the tokenizer from {path!r} ({type(e).__name__}); "
-                             f"pass --tokenizer with a local copy") from None
+        raise BenchmarkError(
+            f"cannot load the tokenizer from {path!r} ({type(e).__name__}); pass --tokenizer with a local copy"
+        ) from None
 
 
 def dataset_name(args) -> str:
@@ -244,17 +271,33 @@ def build_dataset(args, tokenizer, vocab_size: int | None, rng: random.Random):
         else:
             to_text = tokenizer.decode if BACKEND_ROUTES[args.backend] == "chat" else None
         source = sharegpt_prompt_ids(args.dataset_path, tokenizer) if name == "random" and args.dataset_path else None
-        return RandomDataset(sampleable_token_ids(tokenizer, vocab_size), args.random_input_len,
-                             args.random_output_len, args.random_range_ratio, to_text, source)
+        return RandomDataset(
+            sampleable_token_ids(tokenizer, vocab_size),
+            args.random_input_len,
+            args.random_output_len,
+            args.random_range_ratio,
+            to_text,
+            source,
+        )
     if name == "generated-shared-prefix":
-        return SharedPrefixDataset(tokenizer, sampleable_token_ids(tokenizer, vocab_size), rng, args.gsp_num_groups,
-                                   args.gsp_prompts_per_group, args.gsp_system_prompt_len, args.gsp_question_len,
-                                   args.gsp_output_len, wrap)
+        return SharedPrefixDataset(
+            tokenizer,
+            sampleable_token_ids(tokenizer, vocab_size),
+            rng,
+            args.gsp_num_groups,
+            args.gsp_prompts_per_group,
+            args.gsp_system_prompt_len,
+            args.gsp_question_len,
+            args.gsp_output_len,
+            wrap,
+        )
     if not args.dataset_path:
-        raise DatasetError("--dataset-name sharegpt needs --dataset-path (a local JSON or JSONL file); "
-                           "nothing is downloaded")
-    return ShareGPTDataset(args.dataset_path, tokenizer, rng, args.sharegpt_output_len,
-                           getattr(args, "sharegpt_context_len", None), wrap)
+        raise DatasetError(
+            "--dataset-name sharegpt needs --dataset-path (a local JSON or JSONL file); nothing is downloaded"
+        )
+    return ShareGPTDataset(
+        args.dataset_path, tokenizer, rng, args.sharegpt_output_len, getattr(args, "sharegpt_context_len", None), wrap
+    )
 
 
 async def warm_up(client: BackendClient, requests: list[BenchRequest]) -> None:
@@ -264,9 +307,16 @@ async def warm_up(client: BackendClient, requests: list[BenchRequest]) -> None:
             raise BenchmarkError(f"the warm-up request failed: {result.error}")
 
 
-async def run_level(client: BackendClient, requests: list[BenchRequest], max_concurrency: int | None,
-                    request_rate: float, arrival_rng: random.Random, desc: str,
-                    disable_tqdm: bool, burstiness: float = 1.0) -> tuple[list[RequestResult], float, float]:
+async def run_level(
+    client: BackendClient,
+    requests: list[BenchRequest],
+    max_concurrency: int | None,
+    request_rate: float,
+    arrival_rng: random.Random,
+    desc: str,
+    disable_tqdm: bool,
+    burstiness: float = 1.0,
+) -> tuple[list[RequestResult], float, float]:
     """Sends `requests` with Poisson arrivals at `request_rate` (inf: all at once), at most
     `max_concurrency` in flight; returns (results, start time, duration). `burstiness` other
     than 1 draws the gaps from a gamma distribution of the same mean (vLLM's --burstiness:
@@ -342,9 +392,12 @@ async def server_spec_counters(session: aiohttp.ClientSession, base_url: str) ->
         return None
     if not isinstance(state.get("spec_steps_by_k"), dict):
         return None
-    return {"steps_by_k": {int(k): int(n) for k, n in state["spec_steps_by_k"].items()},
-            "verifies": int(state.get("spec_verifies", 0)), "tokens": int(state.get("spec_tokens", 0)),
-            "prompts_without_draft": int(state.get("spec_prompts_without_draft", 0))}
+    return {
+        "steps_by_k": {int(k): int(n) for k, n in state["spec_steps_by_k"].items()},
+        "verifies": int(state.get("spec_verifies", 0)),
+        "tokens": int(state.get("spec_tokens", 0)),
+        "prompts_without_draft": int(state.get("spec_prompts_without_draft", 0)),
+    }
 
 
 def spec_level_fields(before: dict, after: dict | None) -> dict:
@@ -354,15 +407,19 @@ def spec_level_fields(before: dict, after: dict | None) -> dict:
     admitted without the draft (those requests decode plainly even in speculative steps)."""
     if after is None:
         return {}
-    steps = {k: after["steps_by_k"].get(k, 0) - before["steps_by_k"].get(k, 0)
-             for k in sorted(set(after["steps_by_k"]) | set(before["steps_by_k"]))}
+    steps = {
+        k: after["steps_by_k"].get(k, 0) - before["steps_by_k"].get(k, 0)
+        for k in sorted(set(after["steps_by_k"]) | set(before["steps_by_k"]))
+    }
     steps = {k: n for k, n in steps.items() if n > 0}
     total = sum(steps.values())
     verifies = after["verifies"] - before["verifies"]
-    return {"spec_steps_by_k": {str(k): n for k, n in steps.items()},
-            "spec_step_share_by_k": {str(k): n / total for k, n in steps.items()} if total else {},
-            "spec_accept_length": (after["tokens"] - before["tokens"]) / verifies if verifies > 0 else None,
-            "spec_prompts_without_draft": after.get("prompts_without_draft", 0) - before.get("prompts_without_draft", 0)}
+    return {
+        "spec_steps_by_k": {str(k): n for k, n in steps.items()},
+        "spec_step_share_by_k": {str(k): n / total for k, n in steps.items()} if total else {},
+        "spec_accept_length": (after["tokens"] - before["tokens"]) / verifies if verifies > 0 else None,
+        "spec_prompts_without_draft": after.get("prompts_without_draft", 0) - before.get("prompts_without_draft", 0),
+    }
 
 
 async def flush_cache(session: aiohttp.ClientSession, base_url: str) -> None:
@@ -383,8 +440,10 @@ async def check_alive(session: aiohttp.ClientSession, base_url: str, line: dict)
             reason = f"/health answers HTTP {response.status}"
     except (asyncio.TimeoutError, aiohttp.ClientError, ConnectionError) as e:
         reason = f"{type(e).__name__}"
-    raise BenchmarkError(f"the server at {base_url} is down ({reason}); {line['failed']} of "
-                         f"{line['num_prompts']} requests failed at concurrency {line['max_concurrency']}")
+    raise BenchmarkError(
+        f"the server at {base_url} is down ({reason}); {line['failed']} of "
+        f"{line['num_prompts']} requests failed at concurrency {line['max_concurrency']}"
+    )
 
 
 def append_line(path: str, line: dict) -> None:

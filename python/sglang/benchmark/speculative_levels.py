@@ -43,9 +43,21 @@ def code_prompts(model: str, n: int, length: int) -> list[list[int]]:
     return [prompts[i % len(prompts)] for i in range(n)]
 
 
-def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input_len: int, output_len: int,
-            device: str, prompt_kind: str = "random", step_graph: bool = True, draft_sync: str | None = None,
-            dynamic: bool = False, step_times: bool = False, closed_loop: int = 0) -> list[dict]:
+def measure(
+    model: str,
+    draft: str | None,
+    k: int,
+    batch_sizes: list[int],
+    input_len: int,
+    output_len: int,
+    device: str,
+    prompt_kind: str = "random",
+    step_graph: bool = True,
+    draft_sync: str | None = None,
+    dynamic: bool = False,
+    step_times: bool = False,
+    closed_loop: int = 0,
+) -> list[dict]:
     """One Scheduler (KV pool and graphs sized for the largest batch) runs every level in turn.
     draft_sync: the draft is loaded but never used (policy `never`), kept warm or caught up.
     dynamic: the default dynamic policy (cost) instead of always k. step_times: each level's
@@ -57,15 +69,29 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
     from sglang.srt.server_args import ServerArgs
     from sglang.srt.speculative.spec_stats import SpecStats
 
-    spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=k,
-                disable_speculative_step_graph=not step_graph) if draft else {}
+    spec = (
+        dict(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=draft,
+            speculative_num_steps=k,
+            disable_speculative_step_graph=not step_graph,
+        )
+        if draft
+        else {}
+    )
     if draft and draft_sync:
         spec.update(speculative_policy="never", speculative_draft_sync=draft_sync)
     if draft and dynamic:
         spec.update(speculative_adaptive=True)
     max_bs = max(batch_sizes)
-    args = ServerArgs(model_path=model, device=device, max_running_requests=max_bs, cuda_graph_max_bs=max_bs,
-                      log_level="warning", **spec)
+    args = ServerArgs(
+        model_path=model,
+        device=device,
+        max_running_requests=max_bs,
+        cuda_graph_max_bs=max_bs,
+        log_level="warning",
+        **spec,
+    )
     scheduler = Scheduler(args)
     results = []
     for bs in batch_sizes:
@@ -73,19 +99,26 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
         if draft:
             scheduler.tp_worker.stats = SpecStats(k)
         if closed_loop:
-            result = closed_loop_level(scheduler, model, bs, closed_loop, input_len, output_len, prompt_kind,
-                                       device, step_times)
+            result = closed_loop_level(
+                scheduler, model, bs, closed_loop, input_len, output_len, prompt_kind, device, step_times
+            )
             result["k"] = k if draft else 0
             if draft:
                 state = scheduler.get_internal_state()
-                result.update(accept_length=state["avg_spec_accept_length"], phase_ms=state["spec_phase_ms"],
-                              steps_by_k=state["spec_steps_by_k"])
+                result.update(
+                    accept_length=state["avg_spec_accept_length"],
+                    phase_ms=state["spec_phase_ms"],
+                    steps_by_k=state["spec_steps_by_k"],
+                )
                 if dynamic:
                     result["config"] = "dynamic"
             results.append(result)
             continue
-        prompts = code_prompts(model, bs, input_len) if prompt_kind == "code" else random_prompts(
-            scheduler.model_config.vocab_size, bs, input_len)
+        prompts = (
+            code_prompts(model, bs, input_len)
+            if prompt_kind == "code"
+            else random_prompts(scheduler.model_config.vocab_size, bs, input_len)
+        )
         if device == "cuda":
             torch.cuda.synchronize()
         prefill_start = time.perf_counter()
@@ -112,20 +145,31 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
         seconds = time.perf_counter() - start
         probe_after = work_ms(PROBE_WORK)
         decode_tokens = bs * output_len - first_tokens
-        result = {"batch_size": bs, "k": k if draft else 0, "step_graph": bool(draft) and step_graph,
-                  "decode_tokens": decode_tokens, "seconds": seconds,
-                  "tokens_per_s": decode_tokens / seconds, "prefill_seconds": prefill_seconds,
-                  "prefill_tokens_per_s": bs * input_len / prefill_seconds,
-                  "cpu_probe_ms": [probe_before, probe_after]}
+        result = {
+            "batch_size": bs,
+            "k": k if draft else 0,
+            "step_graph": bool(draft) and step_graph,
+            "decode_tokens": decode_tokens,
+            "seconds": seconds,
+            "tokens_per_s": decode_tokens / seconds,
+            "prefill_seconds": prefill_seconds,
+            "prefill_tokens_per_s": bs * input_len / prefill_seconds,
+            "cpu_probe_ms": [probe_before, probe_after],
+        }
         if step_times:
             result["step_times"] = clock.summary()
         if draft and draft_sync:
-            result.update(config=f"never, draft {draft_sync}",
-                          ms_per_step=1e3 * seconds / max(scheduler.get_internal_state()["spec_plain_steps"], 1))
+            result.update(
+                config=f"never, draft {draft_sync}",
+                ms_per_step=1e3 * seconds / max(scheduler.get_internal_state()["spec_plain_steps"], 1),
+            )
         elif draft:
             state = scheduler.get_internal_state()
-            result.update(accept_length=state["avg_spec_accept_length"], phase_ms=state["spec_phase_ms"],
-                          ms_per_step=1e3 * seconds / max(state["spec_steps"] + state["spec_plain_steps"], 1))
+            result.update(
+                accept_length=state["avg_spec_accept_length"],
+                phase_ms=state["spec_phase_ms"],
+                ms_per_step=1e3 * seconds / max(state["spec_steps"] + state["spec_plain_steps"], 1),
+            )
             if dynamic:
                 result.update(config="dynamic", steps_by_k=state["spec_steps_by_k"])
         else:
@@ -134,8 +178,17 @@ def measure(model: str, draft: str | None, k: int, batch_sizes: list[int], input
     return results
 
 
-def closed_loop_level(scheduler, model: str, concurrency: int, rounds: int, input_len: int, output_len: int,
-                      prompt_kind: str, device: str, step_times: bool) -> dict:
+def closed_loop_level(
+    scheduler,
+    model: str,
+    concurrency: int,
+    rounds: int,
+    input_len: int,
+    output_len: int,
+    prompt_kind: str,
+    device: str,
+    step_times: bool,
+) -> dict:
     """A server's steady state without its front end: `concurrency` streaming requests in flight,
     each replaced by a new prompt in the pass that reports it finished, until `rounds` x
     concurrency requests have finished (the first fill is not measured, nor the drain). Output
@@ -150,8 +203,11 @@ def closed_loop_level(scheduler, model: str, concurrency: int, rounds: int, inpu
 
     target_done = rounds * concurrency
     total = concurrency + target_done
-    prompts = code_prompts(model, total, input_len) if prompt_kind == "code" else random_prompts(
-        scheduler.model_config.vocab_size, total, input_len)
+    prompts = (
+        code_prompts(model, total, input_len)
+        if prompt_kind == "code"
+        else random_prompts(scheduler.model_config.vocab_size, total, input_len)
+    )
     lengths = _random.Random(0)
     made = 0
 
@@ -159,8 +215,9 @@ def closed_loop_level(scheduler, model: str, concurrency: int, rounds: int, inpu
         nonlocal made
         n = lengths.randint(max(1, output_len // 2), max(1, output_len * 3 // 2))
         params = SamplingParams(max_new_tokens=n, temperature=0, ignore_eos=True)
-        scheduler.add_request(TokenizedGenerateReqInput(f"c{concurrency}-r{made}", prompts[made % total], params,
-                                                        stream=True))
+        scheduler.add_request(
+            TokenizedGenerateReqInput(f"c{concurrency}-r{made}", prompts[made % total], params, stream=True)
+        )
         made += 1
 
     for _ in range(concurrency):
@@ -189,9 +246,17 @@ def closed_loop_level(scheduler, model: str, concurrency: int, rounds: int, inpu
     probe_after = work_ms(PROBE_WORK)
     while scheduler.has_work():  # the drain, not measured
         scheduler.step()
-    result = {"batch_size": concurrency, "closed_loop_rounds": rounds, "requests": done, "decode_tokens": tokens,
-              "seconds": seconds, "tokens_per_s": tokens / seconds, "passes": passes,
-              "ms_per_step": 1e3 * seconds / passes, "cpu_probe_ms": [probe_before, probe_after]}
+    result = {
+        "batch_size": concurrency,
+        "closed_loop_rounds": rounds,
+        "requests": done,
+        "decode_tokens": tokens,
+        "seconds": seconds,
+        "tokens_per_s": tokens / seconds,
+        "passes": passes,
+        "ms_per_step": 1e3 * seconds / passes,
+        "cpu_probe_ms": [probe_before, probe_after],
+    }
     if step_times:
         result["step_times"] = clock.summary()
     return result
@@ -228,10 +293,19 @@ def make_pair(kind: str, workdir: str, weights: bool = True) -> tuple[str, str]:
 
     target = os.path.join(workdir, "llama-3.1-8b" if weights else "llama-3.1-8b-config")
     if not os.path.isfile(os.path.join(target, "config.json")):
-        subprocess.run([sys.executable, "-m", "sglang.tools.make_random_model", target, "--config", "llama-3.1-8b",
-                        *([] if weights else ["--no-weights"])], check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sglang.tools.make_random_model",
+                target,
+                "--config",
+                "llama-3.1-8b",
+                *([] if weights else ["--no-weights"]),
+            ],
+            check=True,
+        )
     draft = os.path.join(workdir, "llama-3.1-8b-eagle3")
     if not os.path.isfile(os.path.join(draft, "config.json")):
-        make_tiny_eagle3_draft(draft, target, draft_vocab_size=32000, dtype=torch.bfloat16,
-                               aux_layer_ids=[1, 15, 28])
+        make_tiny_eagle3_draft(draft, target, draft_vocab_size=32000, dtype=torch.bfloat16, aux_layer_ids=[1, 15, 28])
     return target, draft

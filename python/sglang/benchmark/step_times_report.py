@@ -61,10 +61,15 @@ def summarize(path: str) -> dict:
         if group is not None:
             for phase in PHASES:
                 phases[key][phase].append(group[f"{phase}_us"])
-    return {key: {"runs": runs[key], "phases": {p: statistics.mean(v) for p, v in phases[key].items()},
-                  # each run's probe, where every run of the key has one
-                  "probes": probes[key] if len(probes[key]) == len(runs[key]) else []}
-            for key in runs}
+    return {
+        key: {
+            "runs": runs[key],
+            "phases": {p: statistics.mean(v) for p, v in phases[key].items()},
+            # each run's probe, where every run of the key has one
+            "probes": probes[key] if len(probes[key]) == len(runs[key]) else [],
+        }
+        for key in runs
+    }
 
 
 def probe_scaled(row: dict) -> float | None:
@@ -76,8 +81,9 @@ def probe_scaled(row: dict) -> float | None:
 
 def merge_periods(prefix: str) -> dict:
     """{group: {"steps", "mean_batch", PHASE_us..., "pass_us"}} over every PREFIX.N.json, weighted by steps."""
-    paths = [path for path in glob.glob(f"{glob.escape(prefix)}.*.json")
-             if path[len(prefix) + 1:-len(".json")].isdigit()]
+    paths = [
+        path for path in glob.glob(f"{glob.escape(prefix)}.*.json") if path[len(prefix) + 1 : -len(".json")].isdigit()
+    ]
     if not paths:
         raise SystemExit(f"step_times_report: no {prefix}.N.json files (written by a server under SGLANG_STEP_TIMES)")
     sums: dict = defaultdict(lambda: defaultdict(float))
@@ -89,8 +95,10 @@ def merge_periods(prefix: str) -> dict:
                 acc["mean_batch"] += row["mean_batch"] * steps
                 for key in [f"{p}_us" for p in STEP_PHASES] + ["pass_us"]:
                     acc[key] += row[key] * steps
-    return {group: {key: (value if key == "steps" else value / acc["steps"]) for key, value in acc.items()}
-            for group, acc in sums.items()}
+    return {
+        group: {key: (value if key == "steps" else value / acc["steps"]) for key, value in acc.items()}
+        for group, acc in sums.items()
+    }
 
 
 def group_order(group: str) -> tuple:
@@ -99,21 +107,32 @@ def group_order(group: str) -> tuple:
 
 
 def print_servers(prefixes: list[str]) -> None:
-    print(f"{'server':24} {'group':16} {'steps':>7} {'bs':>6} " + " ".join(f"{p:>8}" for p in STEP_PHASES)
-          + f" {'pass':>8}   (mean us per step)")
+    print(
+        f"{'server':24} {'group':16} {'steps':>7} {'bs':>6} "
+        + " ".join(f"{p:>8}" for p in STEP_PHASES)
+        + f" {'pass':>8}   (mean us per step)"
+    )
     for prefix in prefixes:
         merged = merge_periods(prefix)
         for group in sorted(merged, key=group_order):
             row = merged[group]
-            print(f"{prefix.rsplit('/', 1)[-1]:24} {group:16} {int(row['steps']):>7} {row['mean_batch']:>6.1f} "
-                  + " ".join(f"{row[p + '_us']:>8.1f}" for p in STEP_PHASES) + f" {row['pass_us']:>8.1f}")
+            print(
+                f"{prefix.rsplit('/', 1)[-1]:24} {group:16} {int(row['steps']):>7} {row['mean_batch']:>6.1f} "
+                + " ".join(f"{row[p + '_us']:>8.1f}" for p in STEP_PHASES)
+                + f" {row['pass_us']:>8.1f}"
+            )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("files", nargs="+", help="bench_speculative results; with --servers, SGLANG_STEP_TIMES prefixes")
-    parser.add_argument("--servers", action="store_true",
-                        help="the files are servers' SGLANG_STEP_TIMES prefixes: merge each one's busy periods")
+    parser.add_argument(
+        "files", nargs="+", help="bench_speculative results; with --servers, SGLANG_STEP_TIMES prefixes"
+    )
+    parser.add_argument(
+        "--servers",
+        action="store_true",
+        help="the files are servers' SGLANG_STEP_TIMES prefixes: merge each one's busy periods",
+    )
     args = parser.parse_args()
     if args.servers:
         print_servers(args.files)
@@ -122,8 +141,10 @@ def main() -> None:
     if len(tables) == 1 and any(name.endswith("@baseline") for name, _ in tables[0]):
         # One file with both trees: the baseline's levels as "before", the current code's as "after".
         both = tables[0]
-        tables = [{(name[:-len("@baseline")], bs): row for (name, bs), row in both.items() if name.endswith("@baseline")},
-                  {key: row for key, row in both.items() if not key[0].endswith("@baseline")}]
+        tables = [
+            {(name[: -len("@baseline")], bs): row for (name, bs), row in both.items() if name.endswith("@baseline")},
+            {key: row for key, row in both.items() if not key[0].endswith("@baseline")},
+        ]
     head = f"{'variant':9} {'bs':>4} {'tok/s per run':>24} {'mean':>8} " + " ".join(f"{p:>8}" for p in PHASES)
     if len(tables) == 2:
         head += f" {'after/before':>12}"
@@ -134,13 +155,18 @@ def main() -> None:
                 continue
             row = table[key]
             label = ("before " if i == 0 else "after  ") if len(tables) == 2 else ""
-            line = f"{label + key[0]:9} {key[1]:>4} {' '.join(f'{x:.0f}' for x in row['runs']):>24} " \
-                   f"{statistics.mean(row['runs']):>8.0f} " + " ".join(f"{row['phases'].get(p, 0):>8.0f}" for p in PHASES)
+            line = (
+                f"{label + key[0]:9} {key[1]:>4} {' '.join(f'{x:.0f}' for x in row['runs']):>24} "
+                f"{statistics.mean(row['runs']):>8.0f} " + " ".join(f"{row['phases'].get(p, 0):>8.0f}" for p in PHASES)
+            )
             if i == 1 and key in tables[0]:
                 line += f" {statistics.mean(row['runs']) / statistics.mean(tables[0][key]['runs']):>12.3f}"
             if row["probes"]:
                 line += "   probe ms " + " ".join(f"{p:.1f}" for p in row["probes"])
-                scaled, before = probe_scaled(row), (probe_scaled(tables[0][key]) if i == 1 and key in tables[0] else None)
+                scaled, before = (
+                    probe_scaled(row),
+                    (probe_scaled(tables[0][key]) if i == 1 and key in tables[0] else None),
+                )
                 if before:
                     line += f"   x-probe after/before {scaled / before:.3f}"
             print(line)

@@ -82,7 +82,7 @@ def load_trace(path: str) -> list[Phase]:
         raise TraceError(f"--trace {path}: cannot read it as JSON ({e})") from None
     phases = raw.get("phases") if isinstance(raw, dict) else None
     if not isinstance(phases, list) or not phases:
-        raise TraceError(f"--trace {path}: expected {{\"phases\": [...]}} with at least one phase")
+        raise TraceError(f'--trace {path}: expected {{"phases": [...]}} with at least one phase')
     return [_phase(f"--trace {path}: phase {i}", phase) for i, phase in enumerate(phases)]
 
 
@@ -102,8 +102,9 @@ def _phase(where: str, raw) -> Phase:
     return Phase(float(seconds), ramp[0], ramp[1], mix)
 
 
-async def play_trace(client: BackendClient, dataset, rng: random.Random, phases: list[Phase],
-                     tick_s: float = 0.02) -> tuple[list[tuple[int, RequestResult]], float, float]:
+async def play_trace(
+    client: BackendClient, dataset, rng: random.Random, phases: list[Phase], tick_s: float = 0.02
+) -> tuple[list[tuple[int, RequestResult]], float, float]:
     """Keeps each phase's concurrency in flight (closed loop) until the trace's time is up, then
     waits for the requests in flight; returns ((phase index, result) per request, start, duration)."""
     ends = [sum(p.seconds for p in phases[: i + 1]) for i in range(len(phases))]
@@ -128,8 +129,7 @@ async def play_trace(client: BackendClient, dataset, rng: random.Random, phases:
     return results, start, time.perf_counter() - start
 
 
-def trace_line(results: list[tuple[int, RequestResult]], phases: list[Phase], start: float,
-               duration: float) -> dict:
+def trace_line(results: list[tuple[int, RequestResult]], phases: list[Phase], start: float, duration: float) -> dict:
     """The result line of a trace: the whole run's fields, and per phase those of its requests and
     the tokens delivered during it; `drain_*`: the tokens delivered after the trace's time was up."""
     line = summarize([r for _, r in results], start, duration)
@@ -138,9 +138,16 @@ def trace_line(results: list[tuple[int, RequestResult]], phases: list[Phase], st
     for i, phase in enumerate(phases):
         mine = [r for index, r in results if index == i]
         fields = summarize(mine, start, phase.seconds) if mine else {"completed": 0}
-        line["phases"].append({"seconds": phase.seconds, "target_concurrency": [phase.concurrency_from, phase.concurrency_to],
-                               "accept_mix": phase.accept_mix, **fields, "window_output_tokens": windows[i],
-                               "window_output_throughput": windows[i] / phase.seconds})
+        line["phases"].append(
+            {
+                "seconds": phase.seconds,
+                "target_concurrency": [phase.concurrency_from, phase.concurrency_to],
+                "accept_mix": phase.accept_mix,
+                **fields,
+                "window_output_tokens": windows[i],
+                "window_output_throughput": windows[i] / phase.seconds,
+            }
+        )
     line["drain_seconds"] = max(0.0, duration - sum(phase.seconds for phase in phases))
     line["drain_output_tokens"] = windows[-1]
     return line

@@ -16,19 +16,37 @@ NO_PD = "the engine has no prefill/decode disaggregation; benchmark the server i
 NO_PROFILE = "the server has no /start_profile; profile the server process itself"
 NO_IMAGES = "the engine serves text models only"
 NO_MOONCAKE = "mooncake traces are not supported; --trace plays a time-varying load"
-LOGPROBS = "pass it in the body: --extra-request-body '{\"return_logprob\": true, \"top_logprobs_num\": 5}'"
+LOGPROBS = 'pass it in the body: --extra-request-body \'{"return_logprob": true, "top_logprobs_num": 5}\''
 
 REFUSED_FLAGS = {
-    "--lora-name": NO_LORA, "--lora-request-distribution": NO_LORA, "--lora-zipf-alpha": NO_LORA,
-    "--pd-separated": NO_PD, "--profile-prefill-url": NO_PD, "--profile-decode-url": NO_PD, "--fake-prefill": NO_PD,
-    "--profile": NO_PROFILE, "--profile-activities": NO_PROFILE, "--profile-start-step": NO_PROFILE,
-    "--profile-steps": NO_PROFILE, "--profile-num-steps": NO_PROFILE, "--profile-by-stage": NO_PROFILE,
-    "--profile-stages": NO_PROFILE, "--profile-output-dir": NO_PROFILE, "--profile-prefix": NO_PROFILE,
-    "--image-count": NO_IMAGES, "--image-resolution": NO_IMAGES, "--random-image-count": NO_IMAGES,
-    "--image-format": NO_IMAGES, "--image-content": NO_IMAGES,
-    "--use-trace-timestamps": NO_MOONCAKE, "--mooncake-slowdown-factor": NO_MOONCAKE,
-    "--mooncake-num-rounds": NO_MOONCAKE, "--mooncake-workload": NO_MOONCAKE,
-    "--return-logprob": LOGPROBS, "--top-logprobs-num": LOGPROBS, "--token-ids-logprob": LOGPROBS,
+    "--lora-name": NO_LORA,
+    "--lora-request-distribution": NO_LORA,
+    "--lora-zipf-alpha": NO_LORA,
+    "--pd-separated": NO_PD,
+    "--profile-prefill-url": NO_PD,
+    "--profile-decode-url": NO_PD,
+    "--fake-prefill": NO_PD,
+    "--profile": NO_PROFILE,
+    "--profile-activities": NO_PROFILE,
+    "--profile-start-step": NO_PROFILE,
+    "--profile-steps": NO_PROFILE,
+    "--profile-num-steps": NO_PROFILE,
+    "--profile-by-stage": NO_PROFILE,
+    "--profile-stages": NO_PROFILE,
+    "--profile-output-dir": NO_PROFILE,
+    "--profile-prefix": NO_PROFILE,
+    "--image-count": NO_IMAGES,
+    "--image-resolution": NO_IMAGES,
+    "--random-image-count": NO_IMAGES,
+    "--image-format": NO_IMAGES,
+    "--image-content": NO_IMAGES,
+    "--use-trace-timestamps": NO_MOONCAKE,
+    "--mooncake-slowdown-factor": NO_MOONCAKE,
+    "--mooncake-num-rounds": NO_MOONCAKE,
+    "--mooncake-workload": NO_MOONCAKE,
+    "--return-logprob": LOGPROBS,
+    "--top-logprobs-num": LOGPROBS,
+    "--token-ids-logprob": LOGPROBS,
     "--logprob-start-len": LOGPROBS,
     "--return-routed-experts": "the engine runs no mixture-of-experts models",
     "--cache-report": "not implemented; the server's /metrics has sglang:cache_hit_rate",
@@ -54,9 +72,15 @@ REFUSED_BACKENDS = {
 }
 
 REFUSED_DATASETS = {
-    "mmmu": NO_IMAGES, "image": NO_IMAGES, "mooncake": NO_MOONCAKE,
-    "burstgpt": "not implemented", "custom": "not implemented", "openai": "not implemented",
-    "agentic-trace": "not implemented", "longbench_v2": "not implemented", "speed-bench": "not implemented",
+    "mmmu": NO_IMAGES,
+    "image": NO_IMAGES,
+    "mooncake": NO_MOONCAKE,
+    "burstgpt": "not implemented",
+    "custom": "not implemented",
+    "openai": "not implemented",
+    "agentic-trace": "not implemented",
+    "longbench_v2": "not implemented",
+    "speed-bench": "not implemented",
 }
 
 
@@ -73,10 +97,12 @@ def add_refused_flags(parser: argparse.ArgumentParser) -> None:
 
 def choice_or_refusal(choices: tuple[str, ...], refused: dict[str, str], what: str):
     """An argparse type: one of `choices`, or an error naming why an upstream choice is refused."""
+
     def parse(value: str) -> str:
         if value in refused:
-            raise argparse.ArgumentTypeError(f"{what} {value} (upstream bench_serving) is not supported here: "
-                                             f"{refused[value]}")
+            raise argparse.ArgumentTypeError(
+                f"{what} {value} (upstream bench_serving) is not supported here: {refused[value]}"
+            )
         return value
 
     return parse

@@ -50,8 +50,12 @@ class GcWatch:
         self.seconds[generation] += took
         self.longest_s = max(self.longest_s, took)
         if self.warn_after_s and took >= self.warn_after_s:
-            logger.warning("garbage collection (generation %d) paused this process for %.3f s (%d objects "
-                           "collected)", generation, took, info.get("collected", 0))
+            logger.warning(
+                "garbage collection (generation %d) paused this process for %.3f s (%d objects collected)",
+                generation,
+                took,
+                info.get("collected", 0),
+            )
 
     def start(self) -> "GcWatch":
         if self not in gc.callbacks:
@@ -65,8 +69,12 @@ class GcWatch:
     def summary(self) -> dict:
         """For /get_server_info: the objects frozen at start-up, passes and seconds per generation,
         the longest pause."""
-        return {"frozen_objects": self.frozen_objects, "passes": list(self.passes),
-                "seconds": [round(s, 6) for s in self.seconds], "longest_s": round(self.longest_s, 6)}
+        return {
+            "frozen_objects": self.frozen_objects,
+            "passes": list(self.passes),
+            "seconds": [round(s, 6) for s in self.seconds],
+            "longest_s": round(self.longest_s, 6),
+        }
 
 
 def settle_after_startup(process: str, warn_after_s: float = 0.0) -> GcWatch:
@@ -74,12 +82,17 @@ def settle_after_startup(process: str, warn_after_s: float = 0.0) -> GcWatch:
     starts timing the collector's passes. Called by each server process once it is ready."""
     watch = GcWatch(warn_after_s)
     if os.environ.get(NO_FREEZE_ENV) == "1":
-        logger.warning("%s: %s=1, start-up objects stay in the garbage collector's passes (for comparisons "
-                       "only: a full pass walks them all)", process, NO_FREEZE_ENV)
+        logger.warning(
+            "%s: %s=1, start-up objects stay in the garbage collector's passes (for comparisons "
+            "only: a full pass walks them all)",
+            process,
+            NO_FREEZE_ENV,
+        )
     else:
         gc.collect()
         gc.freeze()
         watch.frozen_objects = gc.get_freeze_count()
-        logger.info("%s: %d objects from start-up frozen out of the garbage collector's passes", process,
-                    watch.frozen_objects)
+        logger.info(
+            "%s: %d objects from start-up frozen out of the garbage collector's passes", process, watch.frozen_objects
+        )
     return watch.start()

@@ -19,13 +19,17 @@ def get_tokenizer(tokenizer_path: str, tokenizer_mode: str = "auto", trust_remot
     if not any(os.path.isfile(os.path.join(tokenizer_path, f)) for f in ("tokenizer.json", "tokenizer_config.json")):
         raise FileNotFoundError(f"{tokenizer_path} has no tokenizer.json or tokenizer_config.json")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, use_fast=tokenizer_mode != "slow",
-                                                  trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(
+            tokenizer_path, use_fast=tokenizer_mode != "slow", trust_remote_code=trust_remote_code
+        )
     except Exception as e:  # transformers raises many types for a broken tokenizer
         raise ValueError(f"cannot load the tokenizer from {tokenizer_path}: {e}") from e
     if tokenizer_mode == "slow" and tokenizer.is_fast:
-        logger.warning("--tokenizer-mode slow: transformers %s has no slow tokenizer for %s; using the fast one",
-                       transformers.__version__, tokenizer_path)
+        logger.warning(
+            "--tokenizer-mode slow: transformers %s has no slow tokenizer for %s; using the fast one",
+            transformers.__version__,
+            tokenizer_path,
+        )
     return tokenizer
 
 

@@ -20,8 +20,11 @@ def check_model_paths(server_args: ServerArgs) -> None:
     _check_model_dir("--model-path", server_args.model_path, need_config=True)
     from sglang.srt.models.registry import check_architecture
 
-    check_architecture(getattr(_read_config(server_args.model_path), "architectures", None), False,
-                       f"--model-path {server_args.model_path}")
+    check_architecture(
+        getattr(_read_config(server_args.model_path), "architectures", None),
+        False,
+        f"--model-path {server_args.model_path}",
+    )
     if server_args.speculative_enabled:
         _check_model_dir("--speculative-draft-model-path", server_args.speculative_draft_model_path, need_config=True)
         draft = _check_draft(server_args)
@@ -61,9 +64,11 @@ def _check_model_dir(flag: str, path: str, need_config: bool) -> None:
     if os.path.exists(path):
         raise ValueError(f"{flag} {path!r} is a file; it must be a model directory")
     if _looks_like_hub_id(path):
-        raise ValueError(f"{flag} {path!r} is not a local directory. If it is a Hugging Face model id: weights are "
-                         f"not downloaded here, so download them (e.g. `huggingface-cli download {path} --local-dir "
-                         f"DIR`) and point {flag} at DIR")
+        raise ValueError(
+            f"{flag} {path!r} is not a local directory. If it is a Hugging Face model id: weights are "
+            f"not downloaded here, so download them (e.g. `huggingface-cli download {path} --local-dir "
+            f"DIR`) and point {flag} at DIR"
+        )
     raise ValueError(f"{flag} {path!r} does not exist")
 
 

@@ -29,4 +29,3 @@ class PortArgs:
             tokenizer_ipc=f"ipc://{ipc_dir}/tokenizer",
             tp_init_address=f"127.0.0.1:{free_port()}" if tp_size > 1 else "",
         )
-

@@ -40,7 +40,7 @@ class ReasoningSplit:
     answer_at: Optional[int]  # where the answer starts (past the block and the blank after it); None: not yet
 
     def answer(self, text: str) -> str:
-        return "" if self.answer_at is None else text[self.answer_at:]
+        return "" if self.answer_at is None else text[self.answer_at :]
 
 
 def split_reasoning(text: str, fmt: ReasoningFormat, final: bool = True) -> ReasoningSplit:
@@ -84,8 +84,12 @@ class ReasoningStream:
         """What the output so far adds; `final`: the output is complete."""
         split = split_reasoning(text, self.fmt, final)
         answer = split.answer(text)
-        update = StreamUpdate(split.reasoning[self.reasoning_sent:], text[self.block_sent:split.block_end],
-                              answer[self.answer_sent:], answer)
+        update = StreamUpdate(
+            split.reasoning[self.reasoning_sent :],
+            text[self.block_sent : split.block_end],
+            answer[self.answer_sent :],
+            answer,
+        )
         self.reasoning_sent = max(self.reasoning_sent, len(split.reasoning))
         self.block_sent = max(self.block_sent, split.block_end)
         self.answer_sent = max(self.answer_sent, len(answer))

@@ -143,8 +143,11 @@ class ServerArgs:
         if self.device is None:
             object.__setattr__(self, "device", _default_device())
         if self.max_sequences_per_request is None:
-            object.__setattr__(self, "max_sequences_per_request",
-                               DEFAULT_MAX_SEQUENCES_PER_REQUEST.get(self.device, DEFAULT_MAX_SEQUENCES_PER_REQUEST["cpu"]))
+            object.__setattr__(
+                self,
+                "max_sequences_per_request",
+                DEFAULT_MAX_SEQUENCES_PER_REQUEST.get(self.device, DEFAULT_MAX_SEQUENCES_PER_REQUEST["cpu"]),
+            )
         if self.attention_backend is None:
             object.__setattr__(self, "attention_backend", "triton" if self.device == "cuda" else "torch_native")
         if self.cuda_graph_bs is not None:
@@ -163,8 +166,10 @@ class ServerArgs:
             from sglang import demo
 
             if os.path.abspath(self.model_path) != demo.TARGET_PATH:
-                raise ValueError("--speculative-algorithm needs --speculative-draft-model-path (an EAGLE-3 "
-                                 "draft checkpoint for the target model)")
+                raise ValueError(
+                    "--speculative-algorithm needs --speculative-draft-model-path (an EAGLE-3 "
+                    "draft checkpoint for the target model)"
+                )
             object.__setattr__(self, "speculative_draft_model_path", demo.DRAFT_PATH)
         if self.speculative_eagle_topk is None:
             object.__setattr__(self, "speculative_eagle_topk", 1)
@@ -201,25 +206,27 @@ class ServerArgs:
         _check_choice("--device", self.device, DEVICE_CHOICES)
         _check_choice("--schedule-policy", self.schedule_policy, SCHEDULE_POLICY_CHOICES)
         if self.attention_backend not in ATTENTION_BACKEND_CHOICES:
-            raise ValueError(f"--attention-backend {self.attention_backend} is not available here: "
-                             f"{ATTENTION_BACKEND_ALTERNATIVE}")
+            raise ValueError(
+                f"--attention-backend {self.attention_backend} is not available here: {ATTENTION_BACKEND_ALTERNATIVE}"
+            )
         _check_choice("--log-level", self.log_level, LOG_LEVEL_CHOICES)
         self._check_upstream_extras()
         if not self.gc_warning_threshold_secs >= 0:
-            raise ValueError(f"--gc-warning-threshold-secs must be >= 0 (0 logs no pause), got "
-                             f"{self.gc_warning_threshold_secs}")
+            raise ValueError(
+                f"--gc-warning-threshold-secs must be >= 0 (0 logs no pause), got {self.gc_warning_threshold_secs}"
+            )
         _check_choice("--sampling-defaults", self.sampling_defaults, SAMPLING_DEFAULTS_CHOICES)
         if not 0.0 < self.mem_fraction_static < 1.0:
-            raise ValueError(
-                f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}"
-            )
+            raise ValueError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
         _check_positive("--context-length", self.context_length)
         _check_positive("--max-total-tokens", self.max_total_tokens)
         _check_positive("--max-running-requests", self.max_running_requests)
         _check_positive("--chunked-prefill-size", self.chunked_prefill_size)
         if self.admission_batch_steps < 0:
-            raise ValueError(f"--admission-batch-steps must be >= 0 (0 admits every request at once), "
-                             f"got {self.admission_batch_steps}")
+            raise ValueError(
+                f"--admission-batch-steps must be >= 0 (0 admits every request at once), "
+                f"got {self.admission_batch_steps}"
+            )
         _check_positive("--tp-size", self.tp_size)
         _check_positive("--dp-size", self.dp_size)
         _check_positive("replicas_per_gpu", self.replicas_per_gpu)
@@ -231,18 +238,22 @@ class ServerArgs:
         for bs in self.cuda_graph_bs or ():
             _check_positive("--cuda-graph-bs", bs)
         if self.prefill_cuda_graph_max_tokens < 0:
-            raise ValueError(f"--prefill-cuda-graph-max-tokens must be >= 0 (0 turns prefill graphs off), "
-                             f"got {self.prefill_cuda_graph_max_tokens}")
+            raise ValueError(
+                f"--prefill-cuda-graph-max-tokens must be >= 0 (0 turns prefill graphs off), "
+                f"got {self.prefill_cuda_graph_max_tokens}"
+            )
         if self.attention_backend == "triton" and self.device != "cuda":
             raise ValueError("--attention-backend triton needs --device cuda; use torch_native on the CPU")
         self._check_speculative()
         self._check_structured_outputs()
         if self.max_queued_requests is not None and self.max_queued_requests < 0:
             raise ValueError(f"--max-queued-requests must be >= 0, got {self.max_queued_requests}")
-        for flag, value in (("--max-payload-size", self.max_payload_size),
-                            ("--max-sequences-per-request", self.max_sequences_per_request),
-                            ("--max-stop-strings", self.max_stop_strings),
-                            ("--max-stop-str-len", self.max_stop_str_len)):
+        for flag, value in (
+            ("--max-payload-size", self.max_payload_size),
+            ("--max-sequences-per-request", self.max_sequences_per_request),
+            ("--max-stop-strings", self.max_stop_strings),
+            ("--max-stop-str-len", self.max_stop_str_len),
+        ):
             _check_positive(flag, value)
         if not 0 < self.port < 65536:
             raise ValueError(f"--port must be in [1, 65535], got {self.port}")
@@ -253,15 +264,19 @@ class ServerArgs:
                 raise ValueError("--device cuda was asked for, but no CUDA device is available")
             visible = torch.cuda.device_count()
             if self.tp_size > visible:
-                raise ValueError(f"--tp-size {self.tp_size} needs {self.tp_size} GPUs, one per rank; "
-                                 f"{visible} {'is' if visible == 1 else 'are'} visible")
+                raise ValueError(
+                    f"--tp-size {self.tp_size} needs {self.tp_size} GPUs, one per rank; "
+                    f"{visible} {'is' if visible == 1 else 'are'} visible"
+                )
 
     def _check_upstream_extras(self) -> None:
         """The upstream flags of the model, logging and streaming that have a meaning here."""
         _check_choice("--tokenizer-mode", self.tokenizer_mode, TOKENIZER_MODE_CHOICES)
         if str(self.kv_cache_dtype).startswith("fp8"):
-            raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype}: an FP8 KV cache is not served yet; use auto "
-                             "(the KV cache takes the model's dtype)")
+            raise ValueError(
+                f"--kv-cache-dtype {self.kv_cache_dtype}: an FP8 KV cache is not served yet; use auto "
+                "(the KV cache takes the model's dtype)"
+            )
         _check_choice("--kv-cache-dtype", self.kv_cache_dtype, KV_CACHE_DTYPE_CHOICES)
         _check_choice("--log-requests-level", self.log_requests_level, LOG_REQUESTS_LEVEL_CHOICES)
         _check_positive("--max-prefill-tokens", self.max_prefill_tokens)
@@ -280,37 +295,46 @@ class ServerArgs:
 
     def _check_speculative(self) -> None:
         if self.speculative_algorithm is None:
-            given = [flag for flag, value in (
-                ("--speculative-draft-model-path", self.speculative_draft_model_path),
-                ("--speculative-num-steps", self.speculative_num_steps),
-                ("--speculative-eagle-topk", self.speculative_eagle_topk),
-                ("--speculative-num-draft-tokens", self.speculative_num_draft_tokens),
-                ("--speculative-token-map", self.speculative_token_map),
-                ("--speculative-adaptive", self.speculative_adaptive or None),
-                ("--speculative-adaptive-config", self.speculative_adaptive_config),
-                ("--speculative-policy", self.speculative_policy),
-                ("--speculative-threshold", self.speculative_threshold),
-                ("--speculative-candidate-steps", self.speculative_candidate_steps),
-                ("--speculative-draft-sync", self.speculative_draft_sync)) if value is not None]
+            given = [
+                flag
+                for flag, value in (
+                    ("--speculative-draft-model-path", self.speculative_draft_model_path),
+                    ("--speculative-num-steps", self.speculative_num_steps),
+                    ("--speculative-eagle-topk", self.speculative_eagle_topk),
+                    ("--speculative-num-draft-tokens", self.speculative_num_draft_tokens),
+                    ("--speculative-token-map", self.speculative_token_map),
+                    ("--speculative-adaptive", self.speculative_adaptive or None),
+                    ("--speculative-adaptive-config", self.speculative_adaptive_config),
+                    ("--speculative-policy", self.speculative_policy),
+                    ("--speculative-threshold", self.speculative_threshold),
+                    ("--speculative-candidate-steps", self.speculative_candidate_steps),
+                    ("--speculative-draft-sync", self.speculative_draft_sync),
+                )
+                if value is not None
+            ]
             if given:
                 raise ValueError(f"{given[0]} needs --speculative-algorithm EAGLE3")
             return
         if self.speculative_eagle_topk != 1:
-            raise ValueError(f"--speculative-eagle-topk must be 1: only chain drafting is supported "
-                             f"(got {self.speculative_eagle_topk})")
+            raise ValueError(
+                f"--speculative-eagle-topk must be 1: only chain drafting is supported "
+                f"(got {self.speculative_eagle_topk})"
+            )
         if not 1 <= self.speculative_num_steps <= MAX_SPECULATIVE_STEPS:
-            raise ValueError(f"--speculative-num-steps must be in [1, {MAX_SPECULATIVE_STEPS}], "
-                             f"got {self.speculative_num_steps}")
+            raise ValueError(
+                f"--speculative-num-steps must be in [1, {MAX_SPECULATIVE_STEPS}], got {self.speculative_num_steps}"
+            )
         if self.speculative_num_draft_tokens != self.speculative_num_steps + 1:
             raise ValueError(
                 f"--speculative-num-draft-tokens must be --speculative-num-steps + 1 with chain drafting "
-                f"({self.speculative_num_steps + 1}), got {self.speculative_num_draft_tokens}")
+                f"({self.speculative_num_steps + 1}), got {self.speculative_num_draft_tokens}"
+            )
         if self.speculative_token_map is not None:
-            raise ValueError("--speculative-token-map is not supported: EAGLE-3 checkpoints carry their "
-                             "reduced vocabulary as d2t")
+            raise ValueError(
+                "--speculative-token-map is not supported: EAGLE-3 checkpoints carry their reduced vocabulary as d2t"
+            )
         if not os.path.isdir(self.speculative_draft_model_path):
-            raise ValueError(f"--speculative-draft-model-path {self.speculative_draft_model_path!r} is not "
-                             "a directory")
+            raise ValueError(f"--speculative-draft-model-path {self.speculative_draft_model_path!r} is not a directory")
         self._check_spec_policy()
 
     def _check_spec_policy(self) -> None:
@@ -321,23 +345,31 @@ class ServerArgs:
         _check_choice("--speculative-draft-sync", self.speculative_draft_sync, DRAFT_SYNC_CHOICES)
         if self.speculative_policy == "threshold":
             if self.speculative_threshold is None or self.speculative_threshold < 0:
-                raise ValueError("--speculative-policy threshold needs --speculative-threshold N >= 0 (speculate "
-                                 f"while the decode batch has at most N requests), got {self.speculative_threshold}")
+                raise ValueError(
+                    "--speculative-policy threshold needs --speculative-threshold N >= 0 (speculate "
+                    f"while the decode batch has at most N requests), got {self.speculative_threshold}"
+                )
         elif self.speculative_threshold is not None:
-            raise ValueError("--speculative-threshold applies to --speculative-policy threshold only "
-                             f"(the policy is {self.speculative_policy})")
+            raise ValueError(
+                "--speculative-threshold applies to --speculative-policy threshold only "
+                f"(the policy is {self.speculative_policy})"
+            )
         k_max = self.speculative_num_steps
         for k in self.speculative_candidate_steps or ():
             if not 0 <= k <= k_max:
-                raise ValueError(f"--speculative-candidate-steps: {k} is outside 0..{k_max} "
-                                 "(--speculative-num-steps is the largest k)")
+                raise ValueError(
+                    f"--speculative-candidate-steps: {k} is outside 0..{k_max} "
+                    "(--speculative-num-steps is the largest k)"
+                )
         if self.speculative_adaptive_config is not None:
             config = parse_adaptive_config(self.speculative_adaptive_config)
             for bucket, steps in config["candidates_by_bs"].items():
                 if max(steps) > k_max:
-                    raise ValueError(f"--speculative-adaptive-config {self.speculative_adaptive_config}: batch "
-                                     f"size {bucket} lists {max(steps)} steps, more than --speculative-num-steps "
-                                     f"({k_max})")
+                    raise ValueError(
+                        f"--speculative-adaptive-config {self.speculative_adaptive_config}: batch "
+                        f"size {bucket} lists {max(steps)} steps, more than --speculative-num-steps "
+                        f"({k_max})"
+                    )
 
     def speculative_reachable_steps(self) -> list[int]:
         """Every k > 0 the speculation policy can choose: the worker captures graphs for these."""
@@ -408,9 +440,11 @@ def _check_positive(flag: str, value) -> None:
 
 def prepare_server_args(argv: list[str]) -> ServerArgs:
     """Parses and checks the flags; a bad setting exits with one line naming it, before anything loads."""
-    parser = LaunchArgumentParser(prog="python -m sglang.launch_server", formatter_class=DefaultsHelpFormatter,
-                                  description="Serve a model over HTTP with SGLang's native and "
-                                              "OpenAI-compatible APIs.")
+    parser = LaunchArgumentParser(
+        prog="python -m sglang.launch_server",
+        formatter_class=DefaultsHelpFormatter,
+        description="Serve a model over HTTP with SGLang's native and OpenAI-compatible APIs.",
+    )
     ServerArgs.add_cli_args(parser)
     args, unknown = parser.parse_known_args(argv)
     if unknown:

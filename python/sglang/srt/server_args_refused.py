@@ -16,8 +16,10 @@ NO_EP = "expert parallelism is not supported (no mixture-of-experts model is ser
 NO_QUANT = "quantized models are not served yet; serve a bfloat16 / float16 checkpoint"
 NO_MM = "multimodal models are not served; this engine serves text models"
 NO_HUB = "nothing is downloaded; pass a local model directory to --model-path"
-CUDA_GRAPHS = ("this engine captures CUDA graphs of decode and prefill steps instead (on by default; "
-               "--cuda-graph-max-bs, --prefill-cuda-graph-max-tokens)")
+CUDA_GRAPHS = (
+    "this engine captures CUDA graphs of decode and prefill steps instead (on by default; "
+    "--cuda-graph-max-bs, --prefill-cuda-graph-max-tokens)"
+)
 
 # Flag -> why it is refused and what to use instead.
 REFUSED_FLAGS = {
@@ -25,8 +27,10 @@ REFUSED_FLAGS = {
     "--enable-torch-compile": CUDA_GRAPHS,
     "--torch-compile-max-bs": CUDA_GRAPHS,
     "--sampling-backend": "sampling runs on this engine's own kernels; there is no backend to choose",
-    "--enable-mixed-chunk": ("prefill and decode run as separate steps; --chunked-prefill-size and "
-                             "--admission-batch-steps shape the prefill passes"),
+    "--enable-mixed-chunk": (
+        "prefill and decode run as separate steps; --chunked-prefill-size and "
+        "--admission-batch-steps shape the prefill passes"
+    ),
     "--prefill-attention-backend": "use --attention-backend triton (CUDA) or torch_native for every step",
     "--decode-attention-backend": "use --attention-backend triton (CUDA) or torch_native for every step",
     "--mm-attention-backend": NO_MM,
@@ -50,7 +54,7 @@ REFUSED_FLAGS = {
     # parallelism
     "--pp-size": "pipeline parallelism is not supported; use --tp-size within a host and --dp-size for replicas",
     "--pipeline-parallel-size": "pipeline parallelism is not supported; use --tp-size within a host and --dp-size "
-                                "for replicas",
+    "for replicas",
     "--ep-size": NO_EP,
     "--expert-parallel-size": NO_EP,
     "--enable-dp-attention": "use --dp-size N: whole replicas behind sglang-router",
@@ -65,20 +69,21 @@ REFUSED_FLAGS = {
     "--enable-hierarchical-cache": "the KV cache lives in device memory only; size it with --mem-fraction-static",
     "--enable-lmcache": "the KV cache lives in device memory only; size it with --mem-fraction-static",
     # runtime
-    "--enable-deterministic-inference": ("greedy requests and seeded sampled requests (sampling_seed) are "
-                                         "already reproducible; see docs/http_api.md"),
+    "--enable-deterministic-inference": (
+        "greedy requests and seeded sampled requests (sampling_seed) are already reproducible; see docs/http_api.md"
+    ),
     "--config": "give the flags on the command line",
     # scheduling
     "--page-size": "the KV cache is allocated per token; there is no page size to set",
     "--schedule-conservativeness": "admission keeps a decode reserve of its own; size the pool with "
-                                   "--max-total-tokens or --mem-fraction-static",
+    "--max-total-tokens or --mem-fraction-static",
     "--enable-priority-scheduling": "requests run in --schedule-policy order (fcfs or lpm); there are no priorities",
     "--load-balance-method": "with --dp-size, sglang-router balances the replicas: use --router-policy",
     "--tokenizer-worker-num": "one tokenizer process serves; long prompts are tokenized on worker threads",
     "--stream-output": "streams send the text so far in each chunk; use --stream-interval to send fewer chunks",
     "--enable-two-batch-overlap": "use the default overlap schedule (--disable-overlap-schedule turns it off)",
     "--disable-cuda-graph-padding": "batches are padded to the captured sizes; use --disable-cuda-graph or "
-                                    "--cuda-graph-bs",
+    "--cuda-graph-bs",
     "--triton-attention-num-kv-splits": "the triton decode kernel's split count is fixed",
     # logging
     "--log-level-http": "one --log-level sets every process's logging",
@@ -87,15 +92,15 @@ REFUSED_FLAGS = {
     # API
     "--completion-template": "/v1/completions takes the prompt as given",
     "--preferred-sampling-params": "use --sampling-defaults model (the model's generation_config.json) or "
-                                   "send the parameters per request",
+    "send the parameters per request",
 }
 
 # Upstream flags that ask for what this engine already does: accepted, and nothing changes.
 ALREADY_THE_BEHAVIOUR = {
     "--enable-cache-report": "every response's usage reports cached prompt tokens "
-                             "(prompt_tokens_details.cached_tokens; meta_info.cached_tokens on /generate)",
+    "(prompt_tokens_details.cached_tokens; meta_info.cached_tokens on /generate)",
     "--disable-custom-all-reduce": "tensor parallelism all-reduces through torch.distributed (NCCL, gloo); there is "
-                                   "no custom all-reduce",
+    "no custom all-reduce",
     "--enable-p2p-check": "NCCL checks peer access between GPUs itself",
 }
 

@@ -76,8 +76,10 @@ def check_port_free(host: str, port: int) -> None:
         try:
             sock.bind((host, port))
         except OSError as e:
-            raise RuntimeError(f"cannot listen on {host}:{port} ({e.strerror}); is another server running "
-                               f"there? Pick a free port with --port") from None
+            raise RuntimeError(
+                f"cannot listen on {host}:{port} ({e.strerror}); is another server running "
+                f"there? Pick a free port with --port"
+            ) from None
 
 
 def configure_logger(log_level: str, prefix: str = "") -> None:
@@ -135,7 +137,7 @@ def host_to_device_rows(rows: list[list], device, dtype=None) -> list:
         flat.extend(row)
         flat.extend([0] * (-len(row) % per_16_bytes))
     flat_d = host_to_device(flat, device, dtype)
-    return [flat_d[start:start + len(row)] for start, row in zip(starts, rows)]
+    return [flat_d[start : start + len(row)] for start, row in zip(starts, rows)]
 
 
 _STREAMS: dict = {}
@@ -174,7 +176,9 @@ class HostStaging:
         dtype = dtype or torch.int64
         self.buffers = [torch.zeros(numel, dtype=dtype, pin_memory=self.cuda) for _ in range(depth)]
         self.arrays = [buffer.numpy() for buffer in self.buffers]
-        self.targets = [torch.zeros(numel, dtype=dtype, device=self.device) for _ in range(depth)] if device_buffers else None
+        self.targets = (
+            [torch.zeros(numel, dtype=dtype, device=self.device) for _ in range(depth)] if device_buffers else None
+        )
         self.events = [torch.cuda.Event() if self.cuda else None for _ in range(depth)]
         self.used = [False] * depth
         self.next = 0

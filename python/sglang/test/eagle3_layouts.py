@@ -98,8 +98,15 @@ def vocab_map(target_ids: list[int], vocab_size: int) -> dict:
     return {"d2t": target - torch.arange(len(target_ids)), "t2d": t2d}
 
 
-def write_draft(path: str, layout: str, tensors: dict, target_path: str, aux_layer_ids: list[int] | None,
-                features: DraftFeatures = DraftFeatures(), embed: torch.Tensor | None = None) -> str:
+def write_draft(
+    path: str,
+    layout: str,
+    tensors: dict,
+    target_path: str,
+    aux_layer_ids: list[int] | None,
+    features: DraftFeatures = DraftFeatures(),
+    embed: torch.Tensor | None = None,
+) -> str:
     """Writes `tensors` (canonical names) as `layout` publishes a draft. `aux_layer_ids` count as
     ours (a target layer's output); None leaves them out of config.json. `embed`: the embedding a
     speculators export carries (the target's)."""
@@ -116,12 +123,17 @@ def write_draft(path: str, layout: str, tensors: dict, target_path: str, aux_lay
 
 def _layer_settings(target, tensors: dict, features: DraftFeatures) -> dict:
     return {
-        "hidden_size": target.hidden_size, "intermediate_size": target.intermediate_size,
+        "hidden_size": target.hidden_size,
+        "intermediate_size": target.intermediate_size,
         "num_hidden_layers": target.num_hidden_layers if features.copied_num_layers else 1,
-        "num_attention_heads": target.num_attention_heads, "num_key_value_heads": target.num_key_value_heads,
-        "hidden_act": "silu", "rms_norm_eps": target.rms_norm_eps,
-        "max_position_embeddings": target.max_position_embeddings, "rope_theta": 10000.0,
-        "vocab_size": target.vocab_size, "attention_bias": features.attention_bias,
+        "num_attention_heads": target.num_attention_heads,
+        "num_key_value_heads": target.num_key_value_heads,
+        "hidden_act": "silu",
+        "rms_norm_eps": target.rms_norm_eps,
+        "max_position_embeddings": target.max_position_embeddings,
+        "rope_theta": 10000.0,
+        "vocab_size": target.vocab_size,
+        "attention_bias": features.attention_bias,
     }
 
 
@@ -133,12 +145,17 @@ def _save_safetensors(path: str, tensors: dict) -> None:
 
 def _write_specforge(path, tensors, target, aux_layer_ids, features, embed) -> dict:
     _save_safetensors(path, tensors)
-    config = {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-              **_layer_settings(target, tensors, features),
-              "head_dim": target.hidden_size // target.num_attention_heads,
-              "draft_vocab_size": tensors["lm_head.weight"].shape[0], "target_hidden_size": target.hidden_size,
-              "torch_dtype": "float32", "norm_before_residual": features.norm_before_residual,
-              "norm_before_fc": features.norm_before_fc}
+    config = {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        **_layer_settings(target, tensors, features),
+        "head_dim": target.hidden_size // target.num_attention_heads,
+        "draft_vocab_size": tensors["lm_head.weight"].shape[0],
+        "target_hidden_size": target.hidden_size,
+        "torch_dtype": "float32",
+        "norm_before_residual": features.norm_before_residual,
+        "norm_before_fc": features.norm_before_fc,
+    }
     if aux_layer_ids is not None:
         config["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": aux_layer_ids}
     return config
@@ -149,10 +166,18 @@ def _write_release(path, tensors, target, aux_layer_ids, features, embed) -> dic
     assert aux_layer_ids is None, "the original release names no aux layers"
     half = {name: t.half() if t.is_floating_point() else t for name, t in tensors.items()}
     torch.save(half, os.path.join(path, "pytorch_model.bin"))
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **_layer_settings(target, tensors, features),
-            "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0, "tie_word_embeddings": False,
-            "torch_dtype": "float16", "transformers_version": "4.28.1",
-            "draft_vocab_size": tensors["lm_head.weight"].shape[0]}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **_layer_settings(target, tensors, features),
+        "bos_token_id": 0,
+        "eos_token_id": 0,
+        "pad_token_id": 0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "float16",
+        "transformers_version": "4.28.1",
+        "draft_vocab_size": tensors["lm_head.weight"].shape[0],
+    }
 
 
 def _write_speculators(path, tensors, target, aux_layer_ids, features, embed) -> dict:
@@ -162,16 +187,26 @@ def _write_speculators(path, tensors, target, aux_layer_ids, features, embed) ->
     if embed is not None:
         renamed["embed_tokens.weight"] = embed
     _save_safetensors(path, renamed)
-    layer = {"model_type": "qwen3" if features.qk_norm else "llama", **_layer_settings(target, tensors, features),
-             "head_dim": target.hidden_size // target.num_attention_heads}
-    config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
-              "speculators_version": "0.1.0", "transformer_layer_config": layer,
-              "draft_vocab_size": tensors["lm_head.weight"].shape[0],
-              "norm_before_residual": features.norm_before_residual, "torch_dtype": "float32",
-              "speculators_config": {"algorithm": "eagle3", "default_proposal_method": "greedy",
-                                     "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
-                                     "verifier": {"name_or_path": "tiny-target",
-                                                  "architectures": list(target.architectures)}}}
+    layer = {
+        "model_type": "qwen3" if features.qk_norm else "llama",
+        **_layer_settings(target, tensors, features),
+        "head_dim": target.hidden_size // target.num_attention_heads,
+    }
+    config = {
+        "architectures": ["Eagle3Speculator"],
+        "speculators_model_type": "eagle3",
+        "speculators_version": "0.1.0",
+        "transformer_layer_config": layer,
+        "draft_vocab_size": tensors["lm_head.weight"].shape[0],
+        "norm_before_residual": features.norm_before_residual,
+        "torch_dtype": "float32",
+        "speculators_config": {
+            "algorithm": "eagle3",
+            "default_proposal_method": "greedy",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": 3}],
+            "verifier": {"name_or_path": "tiny-target", "architectures": list(target.architectures)},
+        },
+    }
     if features.norm_before_fc:
         config["norm_before_fc"] = True
     if aux_layer_ids is not None:
@@ -196,8 +231,16 @@ def rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     return x * cos + torch.cat([-second, first], -1) * sin
 
 
-def reference_draft_step(t: dict, features: DraftFeatures, shape: dict, embeds: torch.Tensor,
-                         hidden_in: torch.Tensor, from_aux: bool, eps: float, theta: float = 10000.0):
+def reference_draft_step(
+    t: dict,
+    features: DraftFeatures,
+    shape: dict,
+    embeds: torch.Tensor,
+    hidden_in: torch.Tensor,
+    from_aux: bool,
+    eps: float,
+    theta: float = 10000.0,
+):
     """One draft forward over one sequence (positions 0 .. n - 1, causal): `hidden_in` is the
     three aux states [n, 3H] (from_aux) or the draft's own previous outputs [n, H]. Returns
     (draft-vocabulary logits, the output before the final norm)."""
@@ -226,7 +269,8 @@ def reference_draft_step(t: dict, features: DraftFeatures, shape: dict, embeds: 
     attn = attn @ t[f"{a}o_proj.weight"].T + (t[f"{a}o_proj.bias"] if features.attention_bias else 0)
     residual = stream + attn
     h = rms(residual, t["midlayer.post_attention_layernorm.weight"], eps)
-    mlp = (torch.nn.functional.silu(h @ t["midlayer.mlp.gate_proj.weight"].T) * (h @ t["midlayer.mlp.up_proj.weight"].T)) \
-        @ t["midlayer.mlp.down_proj.weight"].T
+    mlp = (
+        torch.nn.functional.silu(h @ t["midlayer.mlp.gate_proj.weight"].T) * (h @ t["midlayer.mlp.up_proj.weight"].T)
+    ) @ t["midlayer.mlp.down_proj.weight"].T
     out = residual + mlp
     return rms(out, t["norm.weight"], eps) @ t["lm_head.weight"].T, out

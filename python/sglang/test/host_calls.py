@@ -73,12 +73,27 @@ def count(server: str, passes: int = 24, set_attr=setattr, prefill_graph_tokens:
                 counter.in_replay -= 1
 
         set_attr(cls, "replay", counted)
-    spec = {} if server == "no_draft" else dict(
-        speculative_algorithm="EAGLE3", speculative_draft_model_path=demo.DRAFT_PATH, speculative_num_steps=3,
-        speculative_policy="always" if server == "always" else "cost")
-    scheduler = Scheduler(ServerArgs(model_path=demo.TARGET_PATH, device="cpu", max_running_requests=16,
-                                     cuda_graph_max_bs=16, log_level="warning",
-                                     prefill_cuda_graph_max_tokens=prefill_graph_tokens, **spec))
+    spec = (
+        {}
+        if server == "no_draft"
+        else dict(
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=demo.DRAFT_PATH,
+            speculative_num_steps=3,
+            speculative_policy="always" if server == "always" else "cost",
+        )
+    )
+    scheduler = Scheduler(
+        ServerArgs(
+            model_path=demo.TARGET_PATH,
+            device="cpu",
+            max_running_requests=16,
+            cuda_graph_max_bs=16,
+            log_level="warning",
+            prefill_cuda_graph_max_tokens=prefill_graph_tokens,
+            **spec,
+        )
+    )
     rng = random.Random(0)
 
     def add(i: int) -> None:
@@ -112,10 +127,13 @@ def count(server: str, passes: int = 24, set_attr=setattr, prefill_graph_tokens:
             scheduler.step()
             counter.phase = None
     return {
-        "server": server, "passes": dict(made),
+        "server": server,
+        "passes": dict(made),
         "calls": {f"{k}/{phase}": round(n / made[k], 1) for (k, phase), n in sorted(counter.calls.items())},
-        "sites": {f"{k}/{phase} {site}": round(n / made[k], 1)
-                  for ((k, phase), site), n in sorted(counter.sites.items(), key=lambda x: -x[1])},
+        "sites": {
+            f"{k}/{phase} {site}": round(n / made[k], 1)
+            for ((k, phase), site), n in sorted(counter.sites.items(), key=lambda x: -x[1])
+        },
     }
 
 

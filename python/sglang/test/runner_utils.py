@@ -12,8 +12,9 @@ from sglang.srt.server_args import ServerArgs
 
 
 def make_cpu_runner(path: str, max_total_tokens: int = 1024, context_length: int | None = None) -> ModelRunner:
-    args = ServerArgs(model_path=path, dtype="float32", device="cpu", max_total_tokens=max_total_tokens,
-                      context_length=context_length)
+    args = ServerArgs(
+        model_path=path, dtype="float32", device="cpu", max_total_tokens=max_total_tokens, context_length=context_length
+    )
     return ModelRunner(ModelConfig.from_path(path, dtype="float32", device="cpu", context_length=context_length), args)
 
 
@@ -27,11 +28,18 @@ def prefill(runner: ModelRunner, token_ids: list[int], capture_layers=None) -> L
     row = runner.req_to_token_pool.alloc()
     runner.req_to_token_pool.write(row, 0, slots)
     batch = ForwardBatch(
-        forward_mode=ForwardMode.EXTEND, batch_size=1,
-        input_ids=torch.tensor(token_ids), positions=torch.arange(num_tokens),
-        req_pool_indices=torch.tensor([row]), seq_lens=torch.tensor([num_tokens]), out_cache_loc=slots,
-        seq_lens_cpu=[num_tokens], extend_seq_lens_cpu=[num_tokens], extend_prefix_lens_cpu=[0],
-        return_all_logits=True, capture_aux_hidden_states=capture_layers is not None,
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=1,
+        input_ids=torch.tensor(token_ids),
+        positions=torch.arange(num_tokens),
+        req_pool_indices=torch.tensor([row]),
+        seq_lens=torch.tensor([num_tokens]),
+        out_cache_loc=slots,
+        seq_lens_cpu=[num_tokens],
+        extend_seq_lens_cpu=[num_tokens],
+        extend_prefix_lens_cpu=[0],
+        return_all_logits=True,
+        capture_aux_hidden_states=capture_layers is not None,
     )
     try:
         return runner.forward(batch)
@@ -96,8 +104,9 @@ class OneRank:
         for rid, prompt, raw in zip(rids, prompts, params_list):
             sampling = SamplingParams.from_dict(raw)
             sampling.verify(self.scheduler.model_config.vocab_size)
-            self.scheduler.add_request(TokenizedGenerateReqInput(rid, self.tokenizer.encode(prompt), sampling,
-                                                                 stream=False))
+            self.scheduler.add_request(
+                TokenizedGenerateReqInput(rid, self.tokenizer.encode(prompt), sampling, stream=False)
+            )
         outputs = run_to_completion(self.scheduler)
         return [outputs[rid]["ids"] for rid in rids]
 

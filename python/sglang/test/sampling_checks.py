@@ -9,8 +9,9 @@ import numpy as np
 import torch
 
 
-def exact_token_distributions(model_path: str, prompt_ids: list[int], top_k: int,
-                              allowed: Optional[Callable[[list[int]], torch.Tensor]] = None) -> list[torch.Tensor]:
+def exact_token_distributions(
+    model_path: str, prompt_ids: list[int], top_k: int, allowed: Optional[Callable[[list[int]], torch.Tensor]] = None
+) -> list[torch.Tensor]:
     """The exact marginal distributions of output tokens 1, 2 and 3 (index 0, 1, 2) when sampling
     at temperature 1 from the top-k of the model's float32 logits. `allowed(output so far)`: a
     constraint's bool mask over the vocabulary, applied before the top-k (as the sampler does)."""

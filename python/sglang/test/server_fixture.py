@@ -23,13 +23,28 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    def __init__(self, model_path: str, *extra_args: str, startup_timeout: float = 120,
-                 module: str = "sglang.launch_server"):
+    def __init__(
+        self, model_path: str, *extra_args: str, startup_timeout: float = 120, module: str = "sglang.launch_server"
+    ):
         """`module`: the launcher run with `python -m` (sglang_router.launch_server for upstream's)."""
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", module, "--model-path", model_path, "--device", "cpu",
-               "--dtype", "float32", "--port", str(self.port), "--log-level", "warning", *extra_args]
+        cmd = [
+            sys.executable,
+            "-m",
+            module,
+            "--model-path",
+            model_path,
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            *extra_args,
+        ]
         # A private TMPDIR shows what the server leaves behind (its IPC socket directory).
         self.tmpdir = tempfile.mkdtemp(prefix="sglang-test-server-")
         env = dict(os.environ, TMPDIR=self.tmpdir)
@@ -40,8 +55,7 @@ class ServerProcess:
         # server that logged more than the pipe holds would block in its next write.
         self._log = tempfile.NamedTemporaryFile(prefix="sglang-test-server-", suffix=".log", delete=False)
         # Own process group, so a test can check that nothing outlives the server.
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=env)
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         self._log.close()
         weakref.finalize(self, Path(self._log.name).unlink, missing_ok=True)
         self._wait_ready(startup_timeout)
@@ -80,8 +94,7 @@ class ServerProcess:
         left = self.children_pids()
         if not left:
             return []
-        out = subprocess.run(["ps", "-o", "pid=,args=", "-p", ",".join(map(str, left))],
-                             capture_output=True, text=True)
+        out = subprocess.run(["ps", "-o", "pid=,args=", "-p", ",".join(map(str, left))], capture_output=True, text=True)
         return out.stdout.splitlines()
 
     def leftover_files(self) -> list[str]:
@@ -137,8 +150,9 @@ def assert_idle_kv_accounting(state: dict) -> None:
 
 def generate(server: ServerProcess, input_ids: list[int], params: dict) -> httpx.Response:
     """POST /generate of one request's token ids with these sampling parameters."""
-    return httpx.post(server.base_url + "/generate", json={"input_ids": input_ids, "sampling_params": params},
-                      timeout=60)
+    return httpx.post(
+        server.base_url + "/generate", json={"input_ids": input_ids, "sampling_params": params}, timeout=60
+    )
 
 
 def generated_ids(server: ServerProcess, input_ids: list[int], params: dict) -> list[int]:

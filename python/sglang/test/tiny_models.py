@@ -41,26 +41,42 @@ def build_tokenizer(vocab_size: int = 384):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=[EOS_TOKEN],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=[EOS_TOKEN],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     tokenizer.train_from_iterator(_CORPUS * 4, trainer=trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN,
-                                   chat_template=CHAT_TEMPLATE)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token=EOS_TOKEN, pad_token=EOS_TOKEN, chat_template=CHAT_TEMPLATE
+    )
 
 
 def tiny_config(arch: str, vocab_size: int, eos_token_id: int, **overrides):
     from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
 
     common = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-        rms_norm_eps=1e-6, initializer_range=0.2, eos_token_id=eos_token_id, bos_token_id=None,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        initializer_range=0.2,
+        eos_token_id=eos_token_id,
+        bos_token_id=None,
         pad_token_id=eos_token_id,
     )
     if arch == "llama":
-        common["rope_scaling"] = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+        common["rope_scaling"] = {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 256,
+        }
         config = LlamaConfig(**{**common, **overrides})
         config.architectures = ["LlamaForCausalLM"]
     elif arch == "qwen2":
@@ -78,8 +94,9 @@ def tiny_config(arch: str, vocab_size: int, eos_token_id: int, **overrides):
     return config
 
 
-def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, max_shard_size: str | None = None,
-                    **config_overrides) -> str:
+def make_tiny_model(
+    path: str, arch: str = "llama", seed: int = 0, max_shard_size: str | None = None, **config_overrides
+) -> str:
     """Writes a random float32 model of `arch` to `path` and returns `path`."""
     from transformers import AutoModelForCausalLM
 
@@ -97,8 +114,14 @@ def make_tiny_model(path: str, arch: str = "llama", seed: int = 0, max_shard_siz
     return path
 
 
-def make_tiny_eagle3_draft(path: str, target_path: str, draft_vocab_size: int | None = None, seed: int = 0,
-                           aux_layer_ids: list[int] | None = None, dtype: torch.dtype = torch.float32) -> str:
+def make_tiny_eagle3_draft(
+    path: str,
+    target_path: str,
+    draft_vocab_size: int | None = None,
+    seed: int = 0,
+    aux_layer_ids: list[int] | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> str:
     # Aux layers default to first / middle / last: tiny targets are too shallow for [1, L//2-1, L-4].
     """Writes a random EAGLE-3 draft (LlamaForCausalLMEagle3, float32) for the target at
     `target_path`: `midlayer.*`, `fc`, `norm`, `lm_head` and, with a reduced vocabulary of the
@@ -138,17 +161,27 @@ def make_tiny_eagle3_draft(path: str, target_path: str, draft_vocab_size: int | 
     if draft_vocab != vocab:  # draft id i is target id i + 1 (id 0 is left out)
         tensors["d2t"] = torch.ones(draft_vocab, dtype=torch.int64)
         t2d = torch.zeros(vocab, dtype=torch.bool)
-        t2d[1:draft_vocab + 1] = True
+        t2d[1 : draft_vocab + 1] = True
         tensors["t2d"] = t2d
     os.makedirs(path, exist_ok=True)
     save_file({name: t.contiguous() for name, t in tensors.items()}, os.path.join(path, "model.safetensors"))
     config = {
-        "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama", "hidden_size": hidden,
-        "intermediate_size": inter, "num_hidden_layers": 1, "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads, "head_dim": head_dim, "hidden_act": "silu",
-        "rms_norm_eps": target.rms_norm_eps, "max_position_embeddings": target.max_position_embeddings,
-        "rope_theta": 10000.0, "vocab_size": vocab, "draft_vocab_size": draft_vocab,
-        "target_hidden_size": hidden, "torch_dtype": str(dtype).removeprefix("torch."),
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        "hidden_size": hidden,
+        "intermediate_size": inter,
+        "num_hidden_layers": 1,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "hidden_act": "silu",
+        "rms_norm_eps": target.rms_norm_eps,
+        "max_position_embeddings": target.max_position_embeddings,
+        "rope_theta": 10000.0,
+        "vocab_size": vocab,
+        "draft_vocab_size": draft_vocab,
+        "target_hidden_size": hidden,
+        "torch_dtype": str(dtype).removeprefix("torch."),
     }
     layers = target.num_hidden_layers
     aux = aux_layer_ids if aux_layer_ids is not None else [0, layers // 2, layers - 1]

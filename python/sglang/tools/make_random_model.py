@@ -21,26 +21,60 @@ import time
 import torch
 from safetensors.torch import save_file
 
-_LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                "original_max_position_embeddings": 8192}
+_LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 
 CONFIGS = {
     "llama-3.1-8b": dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=4096, intermediate_size=14336,
-        num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8, head_dim=128,
-        vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
-        rope_scaling=_LLAMA3_ROPE, tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=_LLAMA3_ROPE,
+        tie_word_embeddings=False,
     ),
     "llama-3.2-1b": dict(
-        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=2048, intermediate_size=8192,
-        num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8, head_dim=64,
-        vocab_size=128256, max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0,
-        rope_scaling={**_LLAMA3_ROPE, "factor": 32.0}, tie_word_embeddings=True,
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        vocab_size=128256,
+        max_position_embeddings=131072,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling={**_LLAMA3_ROPE, "factor": 32.0},
+        tie_word_embeddings=True,
     ),
     "qwen2.5-1.5b": dict(
-        architectures=["Qwen2ForCausalLM"], model_type="qwen2", hidden_size=1536, intermediate_size=8960,
-        num_hidden_layers=28, num_attention_heads=12, num_key_value_heads=2, vocab_size=151936,
-        max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0, tie_word_embeddings=True,
+        architectures=["Qwen2ForCausalLM"],
+        model_type="qwen2",
+        hidden_size=1536,
+        intermediate_size=8960,
+        num_hidden_layers=28,
+        num_attention_heads=12,
+        num_key_value_heads=2,
+        vocab_size=151936,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
     ),
 }
 SHARD_BYTES = 5 << 30
@@ -55,16 +89,27 @@ def weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     qkv_bias = cfg["model_type"] == "qwen2"
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        shapes.update({
-            p + "input_layernorm.weight": (hidden,), p + "post_attention_layernorm.weight": (hidden,),
-            p + "self_attn.q_proj.weight": (q, hidden), p + "self_attn.k_proj.weight": (kv, hidden),
-            p + "self_attn.v_proj.weight": (kv, hidden), p + "self_attn.o_proj.weight": (hidden, q),
-            p + "mlp.gate_proj.weight": (inter, hidden), p + "mlp.up_proj.weight": (inter, hidden),
-            p + "mlp.down_proj.weight": (hidden, inter),
-        })
+        shapes.update(
+            {
+                p + "input_layernorm.weight": (hidden,),
+                p + "post_attention_layernorm.weight": (hidden,),
+                p + "self_attn.q_proj.weight": (q, hidden),
+                p + "self_attn.k_proj.weight": (kv, hidden),
+                p + "self_attn.v_proj.weight": (kv, hidden),
+                p + "self_attn.o_proj.weight": (hidden, q),
+                p + "mlp.gate_proj.weight": (inter, hidden),
+                p + "mlp.up_proj.weight": (inter, hidden),
+                p + "mlp.down_proj.weight": (hidden, inter),
+            }
+        )
         if qkv_bias:
-            shapes.update({p + "self_attn.q_proj.bias": (q,), p + "self_attn.k_proj.bias": (kv,),
-                           p + "self_attn.v_proj.bias": (kv,)})
+            shapes.update(
+                {
+                    p + "self_attn.q_proj.bias": (q,),
+                    p + "self_attn.k_proj.bias": (kv,),
+                    p + "self_attn.v_proj.bias": (kv,),
+                }
+            )
     if not cfg["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (cfg["vocab_size"], hidden)
     return shapes
@@ -118,12 +163,13 @@ def build_tokenizer(vocab_size: int, eos_token: str = "<|eot_id|>"):
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens([eos_token])
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token,
-                                   chat_template=_CHAT_TEMPLATE)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token=eos_token, chat_template=_CHAT_TEMPLATE)
 
 
-_CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
+_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
 
 
 def _chain(*iterables):
@@ -131,8 +177,7 @@ def _chain(*iterables):
         yield from it
 
 
-def make_random_model(out_dir: str, config: str, device: str | None = None, seed: int = 0,
-                      weights: bool = True) -> str:
+def make_random_model(out_dir: str, config: str, device: str | None = None, seed: int = 0, weights: bool = True) -> str:
     if config not in CONFIGS:
         raise ValueError(f"--config must be one of {', '.join(CONFIGS)}; got {config!r}")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -158,8 +203,11 @@ def main() -> None:
     parser.add_argument("--config", default="llama-3.1-8b", choices=sorted(CONFIGS))
     parser.add_argument("--device", default=None, help="where to draw the weights (default: cuda if available)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-weights", action="store_true",
-                        help="write config.json and the tokenizer only, for a server run with --load-format dummy")
+    parser.add_argument(
+        "--no-weights",
+        action="store_true",
+        help="write config.json and the tokenizer only, for a server run with --load-format dummy",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
     make_random_model(args.out_dir, args.config, args.device, args.seed, weights=not args.no_weights)

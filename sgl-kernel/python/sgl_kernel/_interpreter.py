@@ -55,8 +55,10 @@ def _patch_bf16(interpreter, tl) -> None:
         return cast_impl(self, src, dst_type)
 
     def dot_widening_bf16(self, a, b, d, input_precision, max_num_imprecise_acc):
-        a, b = (interpreter.TensorHandle(_bf16_bits_to_fp32(t.data), tl.float32) if t.dtype.scalar == tl.bfloat16 else t
-                for t in (a, b))
+        a, b = (
+            interpreter.TensorHandle(_bf16_bits_to_fp32(t.data), tl.float32) if t.dtype.scalar == tl.bfloat16 else t
+            for t in (a, b)
+        )
         return create_dot(self, a, b, d, input_precision, max_num_imprecise_acc)
 
     builder.cast_impl = cast_rounding_to_nearest

@@ -32,7 +32,9 @@ def silu_and_mul(x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tens
     out = torch.empty((tokens, d), dtype=x.dtype, device=x.device) if out is None else out
     assert out.shape == (tokens, d) and out.stride(-1) == 1
     if tokens and d:
-        _silu_and_mul_kernel[(tokens, triton.cdiv(d, BLOCK))](x, out, d, x.stride(0), out.stride(0), BLOCK=BLOCK, num_warps=4)
+        _silu_and_mul_kernel[(tokens, triton.cdiv(d, BLOCK))](
+            x, out, d, x.stride(0), out.stride(0), BLOCK=BLOCK, num_warps=4
+        )
     return out
 
 

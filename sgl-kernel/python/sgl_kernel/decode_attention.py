@@ -29,12 +29,30 @@ def _split_range(seq_len, split, NUM_SPLITS: tl.constexpr, BLOCK: tl.constexpr):
 
 @triton.jit
 def _decode_split_kernel(
-    q, k_buffer, v_buffer, workspace, req_to_token, req_pool_indices, seq_lens,
+    q,
+    k_buffer,
+    v_buffer,
+    workspace,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
     qk_scale,  # sm_scale * log2(e)
-    stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_wb, stride_wh, stride_ws, stride_req,
-    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    BLOCK: tl.constexpr, PRECISION: tl.constexpr,
+    stride_qb,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_wb,
+    stride_wh,
+    stride_ws,
+    stride_req,
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """One program: one request, one KV head with the GROUP query heads that share it, one split."""
     b, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -54,13 +72,17 @@ def _decode_split_kernel(
         pos = block_start + tl.arange(0, BLOCK)
         pos_ok = pos < end
         slots = tl.load(req_to_token + row * stride_req + pos, mask=pos_ok, other=0).to(tl.int64)
-        k = tl.load(k_buffer + slots[:, None] * stride_kt + kv_head * stride_kh + dims[None, :], mask=pos_ok[:, None], other=0.0)
+        k = tl.load(
+            k_buffer + slots[:, None] * stride_kt + kv_head * stride_kh + dims[None, :], mask=pos_ok[:, None], other=0.0
+        )
         scores = tl.dot(q_tile, tl.trans(k), input_precision=PRECISION) * qk_scale
         scores = tl.where(pos_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         p = tl.exp2(scores - m_new[:, None])
         alpha = tl.exp2(m_i - m_new)
-        v = tl.load(v_buffer + slots[:, None] * stride_vt + kv_head * stride_vh + dims[None, :], mask=pos_ok[:, None], other=0.0)
+        v = tl.load(
+            v_buffer + slots[:, None] * stride_vt + kv_head * stride_vh + dims[None, :], mask=pos_ok[:, None], other=0.0
+        )
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
@@ -75,9 +97,18 @@ def _decode_split_kernel(
 
 @triton.jit
 def _decode_merge_kernel(
-    workspace, o, seq_lens,
-    stride_wb, stride_wh, stride_ws, stride_ob, stride_oh,
-    HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, SPLITS_POW2: tl.constexpr, BLOCK: tl.constexpr,
+    workspace,
+    o,
+    seq_lens,
+    stride_wb,
+    stride_wh,
+    stride_ws,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_POW2: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     """One program: one request, one query head; weighs each split by its share of the softmax."""
     b, head = tl.program_id(0), tl.program_id(1)
@@ -103,9 +134,16 @@ def decode_workspace(bs: int, num_heads: int, head_dim: int, num_kv_splits: int,
 
 
 def decode_attention_fwd(
-    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, o: torch.Tensor,
-    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-    sm_scale: float, num_kv_splits: int, workspace: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    o: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    num_kv_splits: int,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q, o: [bs, H, D]; k_buffer, v_buffer: [slots, KV, D]; writes o and returns it."""
     bs, num_heads, head_dim = q.shape
@@ -119,18 +157,47 @@ def decode_attention_fwd(
         return o
     group, block_n = num_heads // num_kv_heads, kv_block_size(head_dim, q.dtype)
     _decode_split_kernel[(bs, num_kv_heads, num_kv_splits)](
-        q, k_buffer, v_buffer, workspace, req_to_token, req_pool_indices, seq_lens,
+        q,
+        k_buffer,
+        v_buffer,
+        workspace,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
         sm_scale * LOG2E,
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
-        workspace.stride(0), workspace.stride(1), workspace.stride(2), req_to_token.stride(0),
-        GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), HEAD_DIM=head_dim,
-        NUM_SPLITS=num_kv_splits, BLOCK=block_n, PRECISION=dot_precision(q.dtype), num_warps=4, num_stages=2,
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        workspace.stride(0),
+        workspace.stride(1),
+        workspace.stride(2),
+        req_to_token.stride(0),
+        GROUP=group,
+        BLOCK_H=max(16, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_kv_splits,
+        BLOCK=block_n,
+        PRECISION=dot_precision(q.dtype),
+        num_warps=4,
+        num_stages=2,
     )
     _decode_merge_kernel[(bs, num_heads)](
-        workspace, o, seq_lens,
-        workspace.stride(0), workspace.stride(1), workspace.stride(2), o.stride(0), o.stride(1),
-        HEAD_DIM=head_dim, NUM_SPLITS=num_kv_splits, SPLITS_POW2=triton.next_power_of_2(num_kv_splits),
-        BLOCK=block_n, num_warps=4,
+        workspace,
+        o,
+        seq_lens,
+        workspace.stride(0),
+        workspace.stride(1),
+        workspace.stride(2),
+        o.stride(0),
+        o.stride(1),
+        HEAD_DIM=head_dim,
+        NUM_SPLITS=num_kv_splits,
+        SPLITS_POW2=triton.next_power_of_2(num_kv_splits),
+        BLOCK=block_n,
+        num_warps=4,
     )
     return o
 
@@ -152,9 +219,16 @@ def _check_args(q, o, k_buffer, v_buffer, req_to_token, num_kv_splits: int) -> N
 
 
 def decode_attention_ref(
-    q: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, o: torch.Tensor,
-    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-    sm_scale: float, num_kv_splits: int = 1, workspace: torch.Tensor | None = None,
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    o: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sm_scale: float,
+    num_kv_splits: int = 1,
+    workspace: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Torch reference, one request at a time in float32; num_kv_splits and workspace are unused."""
     group = q.shape[1] // k_buffer.shape[1]

@@ -24,9 +24,28 @@ fix_interpreter()
 
 @triton.jit
 def _attend_block(
-    acc, m_i, l_i, q_tile, query_pos, block_start, kv_end, k_buffer, v_buffer, req_to_token, row, kv_head,
-    qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr, MASKED: tl.constexpr,
+    acc,
+    m_i,
+    l_i,
+    q_tile,
+    query_pos,
+    block_start,
+    kv_end,
+    k_buffer,
+    v_buffer,
+    req_to_token,
+    row,
+    kv_head,
+    qk_scale,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_req,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    MASKED: tl.constexpr,
 ):
     """One online-softmax step over KV positions [block_start, block_start + BLOCK_N).
     Unmasked blocks lie wholly before every query of the tile, so all rows see them."""
@@ -52,11 +71,31 @@ def _attend_block(
 
 @triton.jit
 def _extend_kernel(
-    q, o, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc,
+    q,
+    o,
+    k_buffer,
+    v_buffer,
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    extend_seq_lens,
+    extend_start_loc,
     qk_scale,  # sm_scale * log2(e): the kernel works in base 2
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_kt, stride_kh, stride_vt, stride_vh, stride_req,
-    GROUP: tl.constexpr, GROUP_POW2: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_req,
+    GROUP: tl.constexpr,
+    GROUP_POW2: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """One program: one request, one KV head, BLOCK_T = BLOCK_M / GROUP_POW2 consecutive new
     tokens; tile row r is token r // GROUP_POW2 with query head r % GROUP_POW2 of the group."""
@@ -89,12 +128,54 @@ def _extend_kernel(
     kv_end = tl.minimum(seq_len, prefix_len + (t_block + 1) * BLOCK_T)
     for block_start in range(0, unmasked_end, BLOCK_N):
         acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q_tile, query_pos, block_start, kv_end, k_buffer, v_buffer, req_to_token, row, kv_head,
-            qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, stride_req, HEAD_DIM, BLOCK_N, PRECISION, False)
+            acc,
+            m_i,
+            l_i,
+            q_tile,
+            query_pos,
+            block_start,
+            kv_end,
+            k_buffer,
+            v_buffer,
+            req_to_token,
+            row,
+            kv_head,
+            qk_scale,
+            stride_kt,
+            stride_kh,
+            stride_vt,
+            stride_vh,
+            stride_req,
+            HEAD_DIM,
+            BLOCK_N,
+            PRECISION,
+            False,
+        )
     for block_start in range(unmasked_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_block(
-            acc, m_i, l_i, q_tile, query_pos, block_start, kv_end, k_buffer, v_buffer, req_to_token, row, kv_head,
-            qk_scale, stride_kt, stride_kh, stride_vt, stride_vh, stride_req, HEAD_DIM, BLOCK_N, PRECISION, True)
+            acc,
+            m_i,
+            l_i,
+            q_tile,
+            query_pos,
+            block_start,
+            kv_end,
+            k_buffer,
+            v_buffer,
+            req_to_token,
+            row,
+            kv_head,
+            qk_scale,
+            stride_kt,
+            stride_kh,
+            stride_vt,
+            stride_vh,
+            stride_req,
+            HEAD_DIM,
+            BLOCK_N,
+            PRECISION,
+            True,
+        )
 
     out = (acc / l_i[:, None]).to(o.dtype.element_ty)
     o_rows = (first_token + new_index) * stride_ot + (kv_head * GROUP + in_group) * stride_oh
@@ -102,9 +183,17 @@ def _extend_kernel(
 
 
 def extend_attention_fwd(
-    q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
-    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-    extend_seq_lens: torch.Tensor, extend_start_loc: torch.Tensor, max_extend_len: int, sm_scale: float,
+    q: torch.Tensor,
+    o: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    extend_start_loc: torch.Tensor,
+    max_extend_len: int,
+    sm_scale: float,
 ) -> torch.Tensor:
     """q, o: [num_tokens, H, D]; k_buffer, v_buffer: [slots, KV, D]; writes o and returns it.
     `max_extend_len` (a host int, at least max(extend_seq_lens)) sizes the grid and the tile."""
@@ -117,11 +206,29 @@ def extend_attention_fwd(
     config = launch_config(head_dim, q.dtype, group, max_extend_len)
     tokens_per_tile = config["BLOCK_M"] // config["GROUP_POW2"]
     _extend_kernel[(bs, num_kv_heads, triton.cdiv(max_extend_len, tokens_per_tile))](
-        q, o, k_buffer, v_buffer, req_to_token, req_pool_indices, seq_lens, extend_seq_lens, extend_start_loc,
+        q,
+        o,
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        extend_seq_lens,
+        extend_start_loc,
         sm_scale * LOG2E,
-        q.stride(0), q.stride(1), o.stride(0), o.stride(1),
-        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1), req_to_token.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, PRECISION=dot_precision(q.dtype), **config,
+        q.stride(0),
+        q.stride(1),
+        o.stride(0),
+        o.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        req_to_token.stride(0),
+        GROUP=group,
+        HEAD_DIM=head_dim,
+        PRECISION=dot_precision(q.dtype),
+        **config,
     )
     return o
 
@@ -143,9 +250,17 @@ def launch_config(head_dim: int, dtype: torch.dtype, group: int, max_extend_len:
 
 
 def extend_attention_ref(
-    q: torch.Tensor, o: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor,
-    req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-    extend_seq_lens: torch.Tensor, extend_start_loc: torch.Tensor, max_extend_len: int, sm_scale: float,
+    q: torch.Tensor,
+    o: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    extend_seq_lens: torch.Tensor,
+    extend_start_loc: torch.Tensor,
+    max_extend_len: int,
+    sm_scale: float,
 ) -> torch.Tensor:
     """Torch reference, one request at a time in float32 (max_extend_len unused)."""
     group = q.shape[1] // k_buffer.shape[1]

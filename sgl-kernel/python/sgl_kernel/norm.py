@@ -64,13 +64,16 @@ def fused_add_rmsnorm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Ten
         raise ValueError(f"residual {tuple(residual.shape)} {residual.dtype} must match x {tuple(x.shape)} {x.dtype}")
     if x.shape[0]:
         _fused_add_rmsnorm_kernel[(x.shape[0],)](
-            x, residual, weight, x.shape[1], eps, x.stride(0), residual.stride(0), **_launch(x))
+            x, residual, weight, x.shape[1], eps, x.stride(0), residual.stride(0), **_launch(x)
+        )
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor) -> None:
     if x.dim() != 2 or x.stride(-1) != 1 or weight.shape != (x.shape[1],) or not weight.is_contiguous():
-        raise ValueError(f"x must be [T, hidden] with a contiguous last dimension and weight [hidden], "
-                         f"got {tuple(x.shape)} and {tuple(weight.shape)}")
+        raise ValueError(
+            f"x must be [T, hidden] with a contiguous last dimension and weight [hidden], "
+            f"got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
 
 
 def _launch(x: torch.Tensor) -> dict:
@@ -78,7 +81,9 @@ def _launch(x: torch.Tensor) -> dict:
     return dict(BLOCK=block, num_warps=min(max(block // 512, 1), 16))
 
 
-def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None) -> torch.Tensor:
+def rmsnorm_ref(
+    x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-6, out: torch.Tensor | None = None
+) -> torch.Tensor:
     x32 = x.float()
     normed = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
     result = (weight * normed).to(x.dtype)

@@ -25,12 +25,20 @@ def check_paged_attention_args(q, o, k_buffer, v_buffer, req_to_token) -> None:
     num_heads, head_dim = q.shape[1], q.shape[2]
     check_head_dim(head_dim)
     if k_buffer.dim() != 3 or k_buffer.shape[2] != head_dim or v_buffer.shape != k_buffer.shape:
-        raise ValueError(f"K/V buffers {tuple(k_buffer.shape)}, {tuple(v_buffer.shape)} do not match head_dim {head_dim}")
+        raise ValueError(
+            f"K/V buffers {tuple(k_buffer.shape)}, {tuple(v_buffer.shape)} do not match head_dim {head_dim}"
+        )
     if num_heads % k_buffer.shape[1]:
         raise ValueError(f"{num_heads} query heads are not a multiple of {k_buffer.shape[1]} KV heads")
-    if not (q.dtype == o.dtype == k_buffer.dtype == v_buffer.dtype) or q.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        raise ValueError(f"q, o, K, V must share one dtype among fp32, fp16, bf16; got "
-                         f"{q.dtype}, {o.dtype}, {k_buffer.dtype}, {v_buffer.dtype}")
+    if not (q.dtype == o.dtype == k_buffer.dtype == v_buffer.dtype) or q.dtype not in (
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+    ):
+        raise ValueError(
+            f"q, o, K, V must share one dtype among fp32, fp16, bf16; got "
+            f"{q.dtype}, {o.dtype}, {k_buffer.dtype}, {v_buffer.dtype}"
+        )
     if o.shape != q.shape:
         raise ValueError(f"o {tuple(o.shape)} must match q {tuple(q.shape)}")
     if any(t.stride(-1) != 1 for t in (q, o, k_buffer, v_buffer, req_to_token)):

@@ -36,9 +36,20 @@ def _rotate_heads(x, t, stride_t, stride_h, num_heads, cos, sin, HEADS_POW2: tl.
 
 @triton.jit
 def _rotary_kernel(
-    positions, q, k, cos_sin_cache, num_q_heads, num_k_heads,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_cache,
-    Q_HEADS_POW2: tl.constexpr, K_HEADS_POW2: tl.constexpr, HALF: tl.constexpr,
+    positions,
+    q,
+    k,
+    cos_sin_cache,
+    num_q_heads,
+    num_k_heads,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_cache,
+    Q_HEADS_POW2: tl.constexpr,
+    K_HEADS_POW2: tl.constexpr,
+    HALF: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions + t).to(tl.int64)
@@ -51,10 +62,32 @@ def _rotary_kernel(
 
 @triton.jit
 def _rotary_store_kernel(
-    positions, q, k, v, cos_sin_cache, k_cache, v_cache, loc, num_q_heads, num_k_heads,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cache,
-    stride_kct, stride_kch, stride_vct, stride_vch, stride_pos, stride_loc,
-    Q_HEADS_POW2: tl.constexpr, K_HEADS_POW2: tl.constexpr, HALF: tl.constexpr,
+    positions,
+    q,
+    k,
+    v,
+    cos_sin_cache,
+    k_cache,
+    v_cache,
+    loc,
+    num_q_heads,
+    num_k_heads,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_cache,
+    stride_kct,
+    stride_kch,
+    stride_vct,
+    stride_vch,
+    stride_pos,
+    stride_loc,
+    Q_HEADS_POW2: tl.constexpr,
+    K_HEADS_POW2: tl.constexpr,
+    HALF: tl.constexpr,
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions + t * stride_pos).to(tl.int64)
@@ -72,13 +105,23 @@ def _rotary_store_kernel(
     tl.store(cached + HALF, r2.to(k_cache.dtype.element_ty), mask=head_ok)
     dims = tl.arange(0, 2 * HALF)
     values = tl.load(v + t * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=head_ok, other=0.0)
-    tl.store(v_cache + slot * stride_vct + heads[:, None] * stride_vch + dims[None, :],
-             values.to(v_cache.dtype.element_ty), mask=head_ok)
+    tl.store(
+        v_cache + slot * stride_vct + heads[:, None] * stride_vch + dims[None, :],
+        values.to(v_cache.dtype.element_ty),
+        mask=head_ok,
+    )
 
 
-def apply_rotary_and_store_kv_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                               cos_sin_cache: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                               loc: torch.Tensor) -> None:
+def apply_rotary_and_store_kv_(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cos_sin_cache: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    loc: torch.Tensor,
+) -> None:
     """As apply_rotary_embedding_, and then k_cache[loc] = k (rotated) and v_cache[loc] = v:
     v [T, KV, D]; k_cache, v_cache [slots, KV, D] (cast to their dtype); loc [T] slot indices."""
     _check(positions, q, k, cos_sin_cache)
@@ -93,11 +136,33 @@ def apply_rotary_and_store_kv_(positions: torch.Tensor, q: torch.Tensor, k: torc
     tokens, head_dim = q.shape[0], q.shape[2]
     if tokens:
         _rotary_store_kernel[(tokens,)](
-            positions, q, k, v, cos_sin_cache, k_cache, v_cache, loc, q.shape[1], k.shape[1],
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), cos_sin_cache.stride(0),
-            k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1), positions.stride(0), loc.stride(0),
-            Q_HEADS_POW2=triton.next_power_of_2(q.shape[1]), K_HEADS_POW2=triton.next_power_of_2(k.shape[1]),
-            HALF=head_dim // 2, num_warps=4,
+            positions,
+            q,
+            k,
+            v,
+            cos_sin_cache,
+            k_cache,
+            v_cache,
+            loc,
+            q.shape[1],
+            k.shape[1],
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            cos_sin_cache.stride(0),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            v_cache.stride(0),
+            v_cache.stride(1),
+            positions.stride(0),
+            loc.stride(0),
+            Q_HEADS_POW2=triton.next_power_of_2(q.shape[1]),
+            K_HEADS_POW2=triton.next_power_of_2(k.shape[1]),
+            HALF=head_dim // 2,
+            num_warps=4,
         )
 
 
@@ -107,16 +172,29 @@ def apply_rotary_and_store_kv_ref(positions, q, k, v, cos_sin_cache, k_cache, v_
     v_cache[loc] = v.to(v_cache.dtype)
 
 
-def apply_rotary_embedding_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+def apply_rotary_embedding_(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> None:
     """positions [T]; q [T, H, D] and k [T, KV, D] rotated in place; cos_sin_cache [max_pos, D] float32."""
     _check(positions, q, k, cos_sin_cache)
     tokens, head_dim = q.shape[0], q.shape[2]
     if tokens:
         _rotary_kernel[(tokens,)](
-            positions, q, k, cos_sin_cache, q.shape[1], k.shape[1],
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos_sin_cache.stride(0),
-            Q_HEADS_POW2=triton.next_power_of_2(q.shape[1]), K_HEADS_POW2=triton.next_power_of_2(k.shape[1]),
-            HALF=head_dim // 2, num_warps=4,
+            positions,
+            q,
+            k,
+            cos_sin_cache,
+            q.shape[1],
+            k.shape[1],
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            cos_sin_cache.stride(0),
+            Q_HEADS_POW2=triton.next_power_of_2(q.shape[1]),
+            K_HEADS_POW2=triton.next_power_of_2(k.shape[1]),
+            HALF=head_dim // 2,
+            num_warps=4,
         )
 
 
@@ -127,12 +205,16 @@ def _check(positions, q, k, cos_sin_cache) -> None:
     if head_dim < 2 or (head_dim // 2) & (head_dim // 2 - 1):
         raise ValueError(f"head_dim must be twice a power of two, got {head_dim}")
     if cos_sin_cache.shape[-1] != head_dim or cos_sin_cache.stride(-1) != 1 or positions.shape != (q.shape[0],):
-        raise ValueError(f"cos_sin_cache {tuple(cos_sin_cache.shape)} / positions {tuple(positions.shape)} do not fit q")
+        raise ValueError(
+            f"cos_sin_cache {tuple(cos_sin_cache.shape)} / positions {tuple(positions.shape)} do not fit q"
+        )
     if q.stride(-1) != 1 or k.stride(-1) != 1:
         raise ValueError("q and k need a contiguous last dimension")
 
 
-def apply_rotary_embedding_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor) -> None:
+def apply_rotary_embedding_ref(
+    positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor
+) -> None:
     cos, sin = cos_sin_cache[positions].float().unsqueeze(1).chunk(2, dim=-1)
     for x in (q, k):
         x1, x2 = x.float().chunk(2, dim=-1)

@@ -49,37 +49,46 @@ def gumbel_max_sample(
     chunk_values = torch.empty(batch_size, num_chunks, dtype=torch.float32, device=device)
     chunk_tokens = torch.empty(batch_size, num_chunks, dtype=torch.int64, device=device)
     _gumbel_max_chunk_kernel[(batch_size, num_chunks)](
-        logits, logits.stride(0), temperatures, seeds.contiguous(), offsets.contiguous(),
-        greedy_mask.contiguous(), chunk_values, chunk_tokens, vocab_size, stream & _MASK32,
-        num_chunks, BLOCKS_PER_CHUNK=blocks_per_chunk, BLOCK=block_size, num_warps=num_warps,
+        logits,
+        logits.stride(0),
+        temperatures,
+        seeds.contiguous(),
+        offsets.contiguous(),
+        greedy_mask.contiguous(),
+        chunk_values,
+        chunk_tokens,
+        vocab_size,
+        stream & _MASK32,
+        num_chunks,
+        BLOCKS_PER_CHUNK=blocks_per_chunk,
+        BLOCK=block_size,
+        num_warps=num_warps,
     )
     if num_chunks == 1:
         return chunk_tokens.view(batch_size)
     tokens = torch.empty(batch_size, dtype=torch.int64, device=device)
     _reduce_chunks_kernel[(batch_size,)](
-        chunk_values, chunk_tokens, tokens, num_chunks,
-        BLOCK=triton.next_power_of_2(num_chunks), num_warps=1,
+        chunk_values,
+        chunk_tokens,
+        tokens,
+        num_chunks,
+        BLOCK=triton.next_power_of_2(num_chunks),
+        num_warps=1,
     )
     return tokens
 
 
-def uniform_kernel(
-    seeds: torch.Tensor, offsets: torch.Tensor, width: int, stream: int = 0
-) -> torch.Tensor:
+def uniform_kernel(seeds: torch.Tensor, offsets: torch.Tensor, width: int, stream: int = 0) -> torch.Tensor:
     """float32[bs, width]: the kernel's uniforms, to check against `random.uniform`."""
     return _debug_noise(seeds, offsets, width, stream, gumbel=False)
 
 
-def gumbel_noise_kernel(
-    seeds: torch.Tensor, offsets: torch.Tensor, width: int, stream: int = 0
-) -> torch.Tensor:
+def gumbel_noise_kernel(seeds: torch.Tensor, offsets: torch.Tensor, width: int, stream: int = 0) -> torch.Tensor:
     """float32[bs, width]: the kernel's Gumbel noise, to check against `gumbel_noise`."""
     return _debug_noise(seeds, offsets, width, stream, gumbel=True)
 
 
-def _split_vocab(
-    batch_size: int, vocab_size: int, num_chunks: int | None, block_size: int
-) -> tuple[int, int]:
+def _split_vocab(batch_size: int, vocab_size: int, num_chunks: int | None, block_size: int) -> tuple[int, int]:
     """(chunks per row, blocks per chunk). Chunks hold whole blocks, so they start aligned;
     blocks per chunk is a compile-time constant that takes only a few values."""
     blocks_per_row = triton.cdiv(vocab_size, block_size)
@@ -109,8 +118,13 @@ def _debug_noise(seeds, offsets, width, stream, gumbel):
     out = torch.empty(batch_size, width, dtype=torch.float32, device=seeds.device)
     block = min(1024, triton.next_power_of_2(width))
     _noise_kernel[(batch_size, triton.cdiv(width, block))](
-        seeds.contiguous(), offsets.contiguous(), out, width, stream & _MASK32,
-        GUMBEL=gumbel, BLOCK=block,
+        seeds.contiguous(),
+        offsets.contiguous(),
+        out,
+        width,
+        stream & _MASK32,
+        GUMBEL=gumbel,
+        BLOCK=block,
     )
     return out
 
@@ -173,8 +187,7 @@ def _gumbel(u):
 
 # `stream` is never specialised: a constant 1 would have no `.to`.
 @triton.jit(do_not_specialize=["stream"])
-def _noise_kernel(seeds_ptr, offsets_ptr, out_ptr, width, stream,
-                  GUMBEL: tl.constexpr, BLOCK: tl.constexpr):
+def _noise_kernel(seeds_ptr, offsets_ptr, out_ptr, width, stream, GUMBEL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     columns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     noise = _uniform(_row_hash(seeds_ptr, offsets_ptr, row, stream), columns)
@@ -201,8 +214,16 @@ def _first_argmax(values, indices):
 
 
 @triton.jit
-def _chunk_argmax(row_ptr, start, vocab_size, temperature, row_hash, SAMPLE: tl.constexpr,
-                  BLOCKS_PER_CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+def _chunk_argmax(
+    row_ptr,
+    start,
+    vocab_size,
+    temperature,
+    row_hash,
+    SAMPLE: tl.constexpr,
+    BLOCKS_PER_CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     """(value, index) of the best score in the chunk of columns that begins at start."""
     lanes = tl.arange(0, BLOCK)
     # Each lane keeps its own best; a lane sees its columns in increasing order, so a
@@ -224,29 +245,36 @@ def _chunk_argmax(row_ptr, start, vocab_size, temperature, row_hash, SAMPLE: tl.
 
 @triton.jit(do_not_specialize=["stream"])
 def _gumbel_max_chunk_kernel(
-    logits_ptr, logits_row_stride, temperatures_ptr, seeds_ptr, offsets_ptr, greedy_mask_ptr,
-    chunk_values_ptr, chunk_tokens_ptr, vocab_size, stream, num_chunks,
-    BLOCKS_PER_CHUNK: tl.constexpr, BLOCK: tl.constexpr,
+    logits_ptr,
+    logits_row_stride,
+    temperatures_ptr,
+    seeds_ptr,
+    offsets_ptr,
+    greedy_mask_ptr,
+    chunk_values_ptr,
+    chunk_tokens_ptr,
+    vocab_size,
+    stream,
+    num_chunks,
+    BLOCKS_PER_CHUNK: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
     chunk = tl.program_id(1)
     start = chunk * (BLOCKS_PER_CHUNK * BLOCK)
     row_ptr = logits_ptr + row.to(tl.int64) * logits_row_stride
     if tl.load(greedy_mask_ptr + row):  # the plain argmax: no temperature, no noise
-        value, index = _chunk_argmax(row_ptr, start, vocab_size, 1.0, 0, False,
-                                     BLOCKS_PER_CHUNK, BLOCK)
+        value, index = _chunk_argmax(row_ptr, start, vocab_size, 1.0, 0, False, BLOCKS_PER_CHUNK, BLOCK)
     else:
         temperature = tl.load(temperatures_ptr + row).to(tl.float32)
         row_hash = _row_hash(seeds_ptr, offsets_ptr, row, stream)
-        value, index = _chunk_argmax(row_ptr, start, vocab_size, temperature, row_hash, True,
-                                     BLOCKS_PER_CHUNK, BLOCK)
+        value, index = _chunk_argmax(row_ptr, start, vocab_size, temperature, row_hash, True, BLOCKS_PER_CHUNK, BLOCK)
     tl.store(chunk_values_ptr + row * num_chunks + chunk, value)
     tl.store(chunk_tokens_ptr + row * num_chunks + chunk, index.to(tl.int64))
 
 
 @triton.jit
-def _reduce_chunks_kernel(chunk_values_ptr, chunk_tokens_ptr, tokens_ptr, num_chunks,
-                          BLOCK: tl.constexpr):
+def _reduce_chunks_kernel(chunk_values_ptr, chunk_tokens_ptr, tokens_ptr, num_chunks, BLOCK: tl.constexpr):
     row = tl.program_id(0)
     chunks = tl.arange(0, BLOCK)
     valid = chunks < num_chunks

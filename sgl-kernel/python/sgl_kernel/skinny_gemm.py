@@ -32,9 +32,24 @@ class Config:
 
 
 @triton.jit
-def _skinny_gemm_kernel(x, w, bias, y, M, N, K, stride_xm, stride_wn, stride_ym,
-                        HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, FP32: tl.constexpr):
+def _skinny_gemm_kernel(
+    x,
+    w,
+    bias,
+    y,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    FP32: tl.constexpr,
+):
     cols_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_ok = cols_n < N
     rows_m = tl.arange(0, BLOCK_M)
@@ -88,8 +103,9 @@ def faster_than_cublas(rows: int, n: int, k: int) -> bool:
     return rows == 1 or (rows <= MAX_ROWS and n >= 16 * k)
 
 
-def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                config: Config | None = None) -> torch.Tensor:
+def skinny_gemm(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: Config | None = None
+) -> torch.Tensor:
     """x: [..., K] with at most MAX_ROWS rows in all; weight: [N, K]; bias: [N] or None.
     Returns x @ weight.T + bias, [..., N], in x's dtype (products accumulated in fp32)."""
     if weight.dim() != 2 or weight.stride(-1) != 1:
@@ -112,12 +128,29 @@ def skinny_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     if rows and n:
         cfg = config or default_config(rows, n, k)
         _skinny_gemm_kernel[(triton.cdiv(n, cfg.block_n),)](
-            x2, weight, bias if bias is not None else weight, y, rows, n, k, x2.stride(0), weight.stride(0),
-            y.stride(0), HAS_BIAS=bias is not None, BLOCK_M=1 if rows == 1 else 16, BLOCK_N=cfg.block_n,
-            BLOCK_K=cfg.block_k, EVEN_K=k % cfg.block_k == 0, FP32=x.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+            x2,
+            weight,
+            bias if bias is not None else weight,
+            y,
+            rows,
+            n,
+            k,
+            x2.stride(0),
+            weight.stride(0),
+            y.stride(0),
+            HAS_BIAS=bias is not None,
+            BLOCK_M=1 if rows == 1 else 16,
+            BLOCK_N=cfg.block_n,
+            BLOCK_K=cfg.block_k,
+            EVEN_K=k % cfg.block_k == 0,
+            FP32=x.dtype == torch.float32,
+            num_warps=cfg.num_warps,
+            num_stages=cfg.num_stages,
+        )
     return y.reshape(*lead, n)
 
 
-def skinny_gemm_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                    config: Config | None = None) -> torch.Tensor:
+def skinny_gemm_ref(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: Config | None = None
+) -> torch.Tensor:
     return torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)

@@ -28,8 +28,15 @@ class PagedKV:
     seq_lens: torch.Tensor  # int64 [bs]
 
 
-def make_paged_kv(seq_lens: list[int], num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                  device="cpu", seed: int = 0, spare_rows: int = 2) -> PagedKV:
+def make_paged_kv(
+    seq_lens: list[int],
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device="cpu",
+    seed: int = 0,
+    spare_rows: int = 2,
+) -> PagedKV:
     """Each request gets randomly scattered slots and a shuffled row of req_to_token, so a
     kernel that assumes contiguous slots, or rows equal to batch positions, fails."""
     gen = torch.Generator().manual_seed(seed)
@@ -46,5 +53,10 @@ def make_paged_kv(seq_lens: list[int], num_kv_heads: int, head_dim: int, dtype: 
     for row, seq_len in zip(rows.tolist(), seq_lens):
         req_to_token[row, :seq_len] = slots[start : start + seq_len]
         start += seq_len
-    return PagedKV(k_buffer, v_buffer, req_to_token.to(device), rows.to(device),
-                   torch.tensor(seq_lens, dtype=torch.int64, device=device))
+    return PagedKV(
+        k_buffer,
+        v_buffer,
+        req_to_token.to(device),
+        rows.to(device),
+        torch.tensor(seq_lens, dtype=torch.int64, device=device),
+    )

@@ -30,7 +30,7 @@ def bitmask_of(allowed: list[list[bool]]) -> torch.Tensor:
 def test_unpacked_masks_agree_with_xgrammar_on_the_cpu():
     vocab = 70  # three words, the last one partly used
     generator = torch.Generator().manual_seed(0)
-    bitmask = torch.randint(-2**31, 2**31 - 1, (4, 3), dtype=torch.int32, generator=generator)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (4, 3), dtype=torch.int32, generator=generator)
     logits = torch.randn(4, vocab, generator=generator)
     reference = logits.clone()
     xgrammar.apply_token_bitmask_inplace(reference, bitmask, backend="cpu")
@@ -65,7 +65,9 @@ def test_greedy_and_sampling_are_exact_under_a_mask():
     logits = apply_token_mask(LOGITS.expand(draws, -1), allowed.expand(draws, -1))
     info = SamplingBatchInfo.from_params([params[1]] * draws, [5] * draws, VOCAB, "cpu")
     tokens = sampler(logits, info, torch.arange(draws)).numpy()
-    greedy = sampler(logits[:1], SamplingBatchInfo.from_params(params[:1], [0], VOCAB, "cpu"), torch.zeros(1, dtype=torch.long))
+    greedy = sampler(
+        logits[:1], SamplingBatchInfo.from_params(params[:1], [0], VOCAB, "cpu"), torch.zeros(1, dtype=torch.long)
+    )
     assert greedy.item() == 1  # the best allowed token, not the best token (0)
     # The top 3 of the allowed tokens 1, 3, 4, 6 (logits 1.5, 0.5, 0.0, -1.0): 1, 3 and 4.
     expected = torch.softmax(torch.tensor([1.5, 0.5, 0.0], dtype=torch.float64) / 0.7, dim=0).numpy()

@@ -19,8 +19,12 @@ from sglang.srt.constrained.grammar_backend import GrammarBackend
 from sglang.srt.constrained.reasoning_grammar import ReasoningGrammar, ThinkTokens
 from sglang.srt.speculative.spec_grammar import GrammarLookahead
 
-KEY = ("json_schema", json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
-                                  "required": ["ok"], "additionalProperties": False}))
+KEY = (
+    "json_schema",
+    json.dumps(
+        {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    ),
+)
 
 
 @pytest.fixture(scope="module")
@@ -95,7 +99,7 @@ def test_speculative_lookahead_walks_over_the_end_tag_and_rolls_back(setup):
     for token in drafts:
         lookahead.advance(torch.tensor([token, 0]))
         masks.append(lookahead.next_mask())
-    assert all(m[0].all() for m in masks[:len(end)])  # free up to the end tag's last token
+    assert all(m[0].all() for m in masks[: len(end)])  # free up to the end tag's last token
     assert not masks[len(end)][0].all() and not masks[len(end) + 1][0].all()  # then the JSON grammar
     assert masks[len(end)][0][drafts[-1]] and lookahead.walked[0] == len(drafts)
     lookahead.rollback()
@@ -108,9 +112,15 @@ def test_a_batch_fill_equals_filling_each_row(setup):
     rows = []
     for prefix in ("", "think", "think</think>", 'think</think>{"ok"', "</think>{", "a"):
         grammar = backend.matcher(compiled, KEY[0], thinks=True)
-        tokens = ids(tokenizer, prefix.replace("</think>", "")) if "</think>" not in prefix else (
-            ids(tokenizer, prefix.split("</think>")[0]) + list(backend.think_tokens.end_ids)
-            + ids(tokenizer, prefix.split("</think>")[1]))
+        tokens = (
+            ids(tokenizer, prefix.replace("</think>", ""))
+            if "</think>" not in prefix
+            else (
+                ids(tokenizer, prefix.split("</think>")[0])
+                + list(backend.think_tokens.end_ids)
+                + ids(tokenizer, prefix.split("</think>")[1])
+            )
+        )
         for token in tokens:
             assert grammar.accept_token(token)
         rows.append(grammar)

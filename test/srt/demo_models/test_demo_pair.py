@@ -36,8 +36,7 @@ def looks_like_python_block(text: str) -> bool:
 
 
 def test_demo_pair_is_within_the_size_budget_and_documented():
-    total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(demo.DEMO_DIR)
-                for f in files)
+    total = sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(demo.DEMO_DIR) for f in files)
     assert total <= 32 * 2**20, f"demo pair is {total / 2**20:.1f} MiB"
     readme = open(os.path.join(demo.DEMO_DIR, "README.md")).read()
     report = json.load(open(os.path.join(demo.DEMO_DIR, "report.json")))
@@ -80,5 +79,5 @@ def test_the_check_fails_for_the_same_model_with_random_weights():
         ids = tokenizer(prompt, return_tensors="pt").input_ids
         with torch.no_grad():
             out = model.generate(ids, max_new_tokens=MAX_NEW, do_sample=False, pad_token_id=0, eos_token_id=None)
-        passed.append(looks_like_python_block(tokenizer.decode(out[0, ids.shape[1]:])))
+        passed.append(looks_like_python_block(tokenizer.decode(out[0, ids.shape[1] :])))
     assert not any(passed)

@@ -13,8 +13,16 @@ import torch
 from safetensors.torch import load_file
 
 PIPELINE_DIR = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..", "scripts", "demo_models"))
-_SCRIPT_MODULES = ("pipeline", "corpus", "draft_model", "evaluate", "readme", "tokenizer", "train_draft",
-                   "train_target")
+_SCRIPT_MODULES = (
+    "pipeline",
+    "corpus",
+    "draft_model",
+    "evaluate",
+    "readme",
+    "tokenizer",
+    "train_draft",
+    "train_target",
+)
 
 
 def _import_pipeline():
@@ -58,8 +66,13 @@ def toy_run(tmp_path_factory):
 def test_outputs_have_the_expected_files(toy_run):
     out, _ = toy_run
     target = set(os.listdir(out / "target"))
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
-            "generation_config.json"} <= target
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "generation_config.json",
+    } <= target
     assert {"config.json", "model.safetensors"} <= set(os.listdir(out / "draft"))
     assert (out / "README.md").read_text().count("| ") >= 5
     tensors = load_file(out / "target" / "model.safetensors")
@@ -78,15 +91,20 @@ def test_draft_checkpoint_has_eagle3_names_and_shapes(toy_run):
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim, inter = hidden // heads, config["intermediate_size"]
     expected = {
-        "fc.weight": (hidden, 3 * hidden), "norm.weight": (hidden,), "lm_head.weight": (draft_vocab, hidden),
-        "d2t": (draft_vocab,), "t2d": (vocab,),
-        "midlayer.hidden_norm.weight": (hidden,), "midlayer.input_layernorm.weight": (hidden,),
+        "fc.weight": (hidden, 3 * hidden),
+        "norm.weight": (hidden,),
+        "lm_head.weight": (draft_vocab, hidden),
+        "d2t": (draft_vocab,),
+        "t2d": (vocab,),
+        "midlayer.hidden_norm.weight": (hidden,),
+        "midlayer.input_layernorm.weight": (hidden,),
         "midlayer.post_attention_layernorm.weight": (hidden,),
         "midlayer.self_attn.q_proj.weight": (heads * head_dim, 2 * hidden),
         "midlayer.self_attn.k_proj.weight": (kv_heads * head_dim, 2 * hidden),
         "midlayer.self_attn.v_proj.weight": (kv_heads * head_dim, 2 * hidden),
         "midlayer.self_attn.o_proj.weight": (hidden, heads * head_dim),
-        "midlayer.mlp.gate_proj.weight": (inter, hidden), "midlayer.mlp.up_proj.weight": (inter, hidden),
+        "midlayer.mlp.gate_proj.weight": (inter, hidden),
+        "midlayer.mlp.up_proj.weight": (inter, hidden),
         "midlayer.mlp.down_proj.weight": (hidden, inter),
     }
     tensors = load_file(out / "draft" / "model.safetensors")
@@ -123,15 +141,15 @@ def test_engine_loader_and_engine_serve_the_target(toy_run):
         engine.shutdown()
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     expected = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None)
-    assert result["output_ids"] == expected[0, len(ids):].tolist()
+    assert result["output_ids"] == expected[0, len(ids) :].tolist()
 
 
 def reference_chain(draft, embed, aux, next_tokens, anchor, num_steps):
     """Chain drafting from one anchor, one step at a time: step 0 over positions 0..anchor,
     then one query per step attending to those entries and the chain's own."""
     positions = torch.arange(anchor + 1)
-    hidden = draft.fc(aux[:, :anchor + 1])
-    q, k, v = draft.step_inputs(embed(next_tokens[:, :anchor + 1]), hidden, positions)
+    hidden = draft.fc(aux[:, : anchor + 1])
+    q, k, v = draft.step_inputs(embed(next_tokens[:, : anchor + 1]), hidden, positions)
     out = draft.step_output(chain_attention(q, [k], [v]), hidden)[:, -1:]
     guesses = [draft.to_target_ids(draft.logits(out).argmax(-1))]
     keys, values = [k], [v]
@@ -150,8 +168,15 @@ def test_unrolled_chain_matches_step_by_step_drafting():
     from transformers import LlamaConfig
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=8,
-                         num_attention_heads=4, num_key_value_heads=2, rope_theta=10000.0)
+    config = LlamaConfig(
+        vocab_size=50,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=8,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rope_theta=10000.0,
+    )
     draft = Eagle3Draft(config, torch.arange(0, 50, 2), [1, 3, 4])
     embed = torch.nn.Embedding(50, 32)
     aux, tokens = torch.randn(1, 12, 96), torch.randint(0, 50, (1, 12))

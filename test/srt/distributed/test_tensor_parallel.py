@@ -18,8 +18,13 @@ import sglang
 from sglang import demo
 from sglang.srt.server_args import ServerArgs, check_model_paths
 from sglang.test.runner_utils import OneRank
-from sglang.test.server_fixture import (ServerProcess, assert_engine_kv_accounting, assert_idle_kv_accounting,
-                                        assert_server_kv_accounting, post_in_background)
+from sglang.test.server_fixture import (
+    ServerProcess,
+    assert_engine_kv_accounting,
+    assert_idle_kv_accounting,
+    assert_server_kv_accounting,
+    post_in_background,
+)
 from sglang.test.tiny_models import ARCHITECTURES, make_tiny_eagle3_draft, make_tiny_model
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
@@ -32,8 +37,9 @@ CODE_PROMPTS = ["def fibonacci(n):\n", "import os\nimport sys\n\ndef main(", "cl
 
 
 def tp_engine(model_path: str, tp_size: int = 2, **kwargs) -> sglang.Engine:
-    return sglang.Engine(model_path=model_path, dtype="float32", device="cpu", log_level="warning",
-                         tp_size=tp_size, **kwargs)
+    return sglang.Engine(
+        model_path=model_path, dtype="float32", device="cpu", log_level="warning", tp_size=tp_size, **kwargs
+    )
 
 
 def one_rank(model_path: str, **kwargs) -> OneRank:
@@ -64,24 +70,35 @@ def test_two_ranks_give_one_ranks_greedy_tokens(engine_pool, tiny_model_paths, a
 def test_retraction_and_chunked_prefill_over_two_ranks(tiny_model_paths):
     # A pool of 300 slots for 8 requests of up to 120 tokens: requests go back to the queue and
     # return; prompts longer than a 16-token chunk prefill in pieces.
-    prompts = ["The quick brown fox jumps over the lazy dog. " * 6, "def add(a, b):\n    return a + b\n" * 5,
-               *[f"Hello {i}" for i in range(6)]]
+    prompts = [
+        "The quick brown fox jumps over the lazy dog. " * 6,
+        "def add(a, b):\n    return a + b\n" * 5,
+        *[f"Hello {i}" for i in range(6)],
+    ]
     params = {"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}
     seeded = {"temperature": 0.8, "max_new_tokens": 12, "sampling_seed": 5}
     # Penalties (rank 0 samples, with its counts) on every other request, under the same pressure.
-    penalized = [{**params, "presence_penalty": 1.5, "repetition_penalty": 1.3} if i % 2 == 0 else params
-                 for i in range(len(prompts))]
+    penalized = [
+        {**params, "presence_penalty": 1.5, "repetition_penalty": 1.3} if i % 2 == 0 else params
+        for i in range(len(prompts))
+    ]
     settings = dict(chunked_prefill_size=16, max_total_tokens=300, max_running_requests=8)
     reference = one_rank(tiny_model_paths["llama"], **settings)
-    expected = (reference.generate(prompts, params), reference.generate(prompts[:2], seeded),
-                reference.generate(prompts, penalized))
+    expected = (
+        reference.generate(prompts, params),
+        reference.generate(prompts[:2], seeded),
+        reference.generate(prompts, penalized),
+    )
     assert expected[2][0] != expected[0][0], "the penalties matter here"
     assert reference.internal_state()["num_retractions"] > 0
     assert_idle_kv_accounting(reference.internal_state())
     engine = tp_engine(tiny_model_paths["llama"], 2, **settings)
     try:
-        assert (generate_ids(engine, prompts, params), generate_ids(engine, prompts[:2], seeded),
-                generate_ids(engine, prompts, penalized)) == expected
+        assert (
+            generate_ids(engine, prompts, params),
+            generate_ids(engine, prompts[:2], seeded),
+            generate_ids(engine, prompts, penalized),
+        ) == expected
         state = engine.get_server_info()["internal_state"]
         assert state["num_retractions"] > 0
         assert_engine_kv_accounting(engine)
@@ -99,8 +116,9 @@ def test_uneven_shapes_split_with_replicated_kv_heads_and_a_padded_vocabulary(tm
         try:
             outputs[tp_size] = generate_ids(engine, PROMPTS)
             # Prompt logprobs over the gathered (padded) vocabulary, scored on every rank alike.
-            meta = engine.generate(PROMPTS[1], {"max_new_tokens": 1}, return_logprob=True, logprob_start_len=0,
-                                   top_logprobs_num=2)["meta_info"]
+            meta = engine.generate(
+                PROMPTS[1], {"max_new_tokens": 1}, return_logprob=True, logprob_start_len=0, top_logprobs_num=2
+            )["meta_info"]
             prompt_logprobs[tp_size] = meta["input_token_logprobs"], meta["input_top_logprobs"]
         finally:
             engine.shutdown()
@@ -114,8 +132,9 @@ def test_uneven_shapes_split_with_replicated_kv_heads_and_a_padded_vocabulary(tm
 
 
 def test_four_ranks_over_two_kv_heads(tmp_path):
-    path = make_tiny_model(str(tmp_path / "wide"), "qwen3", num_attention_heads=8, num_key_value_heads=2,
-                           intermediate_size=96)
+    path = make_tiny_model(
+        str(tmp_path / "wide"), "qwen3", num_attention_heads=8, num_key_value_heads=2, intermediate_size=96
+    )
     expected = one_rank(path).generate(PROMPTS[:2], GREEDY)
     engine = tp_engine(path, 4)
     try:
@@ -131,8 +150,9 @@ def demo_plain_ids():
     return ids
 
 
-@pytest.mark.parametrize("policy", [{"speculative_adaptive": True}, {"speculative_policy": "always"}],
-                         ids=["adaptive", "always"])
+@pytest.mark.parametrize(
+    "policy", [{"speculative_adaptive": True}, {"speculative_policy": "always"}], ids=["adaptive", "always"]
+)
 def test_eagle3_draft_over_two_ranks_keeps_plain_decodings_tokens(demo_plain_ids, policy):
     engine = tp_engine(demo.TARGET_PATH, speculative_algorithm="EAGLE3", **policy)
     try:
@@ -153,8 +173,11 @@ def test_server_with_two_ranks_answers_aborts_and_stops_clean(tiny_model_paths, 
         body = {"text": PROMPTS[0], "sampling_params": GREEDY}
         response = httpx.post(f"{srv.base_url}/generate", json=body, timeout=60)
         assert response.status_code == 200 and response.json()["output_ids"] == expected
-        chat = httpx.post(f"{srv.base_url}/v1/chat/completions", timeout=60, json={
-            "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "ignore_eos": True})
+        chat = httpx.post(
+            f"{srv.base_url}/v1/chat/completions",
+            timeout=60,
+            json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "ignore_eos": True},
+        )
         assert chat.status_code == 200 and chat.json()["usage"]["completion_tokens"] == 5, chat.text
         # A client that leaves mid-stream: the request is aborted on rank 0, the KV freed.
         long = {"text": "Hello", "stream": True, "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True}}
@@ -197,13 +220,21 @@ def test_killed_rank_zero_takes_every_rank_down(tiny_model_paths):
         srv.stop(signal.SIGKILL)
 
 
-@pytest.mark.parametrize("heads, kv_heads, tp_size, message", [
-    (4, 2, 3, "--tp-size 3 cannot split the model: its 4 attention heads do not divide by 3"),
-    (6, 3, 2, "--tp-size 2 cannot split the model: its 3 key-value heads neither divide by 2 nor divide it"),
-])
+@pytest.mark.parametrize(
+    "heads, kv_heads, tp_size, message",
+    [
+        (4, 2, 3, "--tp-size 3 cannot split the model: its 4 attention heads do not divide by 3"),
+        (6, 3, 2, "--tp-size 2 cannot split the model: its 3 key-value heads neither divide by 2 nor divide it"),
+    ],
+)
 def test_a_size_that_cannot_split_the_model_fails_before_loading(tmp_path, heads, kv_heads, tp_size, message):
-    config = {"architectures": ["LlamaForCausalLM"], "num_attention_heads": heads, "num_key_value_heads": kv_heads,
-              "hidden_size": 16 * heads, "intermediate_size": 96}
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "hidden_size": 16 * heads,
+        "intermediate_size": 96,
+    }
     (tmp_path / "config.json").write_text(json.dumps(config))
     args = ServerArgs(model_path=str(tmp_path), device="cpu", tp_size=tp_size)
     with pytest.raises(ValueError, match=message):
@@ -211,8 +242,9 @@ def test_a_size_that_cannot_split_the_model_fails_before_loading(tmp_path, heads
 
 
 def test_a_draft_that_cannot_split_is_named(tiny_model_paths, tmp_path):
-    target = make_tiny_model(str(tmp_path / "target"), "llama", num_attention_heads=8, num_key_value_heads=4,
-                             intermediate_size=96)
+    target = make_tiny_model(
+        str(tmp_path / "target"), "llama", num_attention_heads=8, num_key_value_heads=4, intermediate_size=96
+    )
     draft = make_tiny_eagle3_draft(str(tmp_path / "draft"), target)
     # The draft's intermediate size (the target's, 96) splits over 4 ranks; make it one that does not.
     config_path = os.path.join(draft, "config.json")
@@ -221,8 +253,9 @@ def test_a_draft_that_cannot_split_is_named(tiny_model_paths, tmp_path):
     config["intermediate_size"] = 98
     with open(config_path, "w") as f:
         json.dump(config, f)
-    args = ServerArgs(model_path=target, device="cpu", tp_size=4, speculative_algorithm="EAGLE3",
-                      speculative_draft_model_path=draft)
+    args = ServerArgs(
+        model_path=target, device="cpu", tp_size=4, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft
+    )
     with pytest.raises(ValueError, match="cannot split the EAGLE-3 draft: its intermediate_size 98"):
         check_model_paths(args)
 

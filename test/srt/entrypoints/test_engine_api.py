@@ -71,8 +71,10 @@ def test_generate_works_inside_a_running_event_loop(engine):
 def test_parameters_after_input_ids_are_keyword_only(engine):
     # Upstream's fourth positional parameter is image_data: a ported positional call must not
     # bind it to stream (or anything else) silently.
-    for call in (lambda: engine.generate(PROMPTS[0], GREEDY, None, True),
-                 lambda: asyncio.run(engine.async_generate(PROMPTS[0], GREEDY, None, True))):
+    for call in (
+        lambda: engine.generate(PROMPTS[0], GREEDY, None, True),
+        lambda: asyncio.run(engine.async_generate(PROMPTS[0], GREEDY, None, True)),
+    ):
         with pytest.raises(TypeError, match="positional"):
             call()
 
@@ -86,8 +88,15 @@ def test_upstream_logprob_keywords_with_upstreams_none_defaults(engine):
 
 def test_upstream_only_parameters_are_accepted_at_their_defaults_and_refused_otherwise(engine):
     expected = engine.generate(PROMPTS[0], GREEDY)["output_ids"]
-    defaults = {"image_data": None, "lora_path": [None], "custom_logit_processor": None, "return_hidden_states": False,
-                "routed_dp_rank": 0, "external_trace_header": {}, "session_params": None}
+    defaults = {
+        "image_data": None,
+        "lora_path": [None],
+        "custom_logit_processor": None,
+        "return_hidden_states": False,
+        "routed_dp_rank": 0,
+        "external_trace_header": {},
+        "session_params": None,
+    }
     assert engine.generate(PROMPTS[0], GREEDY, **defaults)["output_ids"] == expected
     assert asyncio.run(engine.async_generate(PROMPTS[0], GREEDY, **defaults))["output_ids"] == expected
     for name, value in (("lora_path", "/adapters/a"), ("custom_logit_processor", "{}"), ("image_data", "cat.png")):
@@ -132,13 +141,19 @@ def test_server_info_has_upstreams_internal_states_list(engine):
 
 
 def test_use_after_shutdown_fails_clearly_and_shutdown_is_idempotent(tiny_model_paths):
-    with sglang.Engine(model_path=tiny_model_paths["llama"], dtype="float32", device="cpu",
-                       log_level="warning") as engine:
+    with sglang.Engine(
+        model_path=tiny_model_paths["llama"], dtype="float32", device="cpu", log_level="warning"
+    ) as engine:
         assert engine.generate(PROMPTS[0], GREEDY)["meta_info"]["completion_tokens"] == 8
     engine.shutdown()
-    for call in (lambda: engine.generate(PROMPTS[0], GREEDY), engine.flush_cache, engine.get_server_info,
-                 lambda: asyncio.run(engine.async_generate(PROMPTS[0], GREEDY)), engine.abort_request,
-                 engine.get_model_info):
+    for call in (
+        lambda: engine.generate(PROMPTS[0], GREEDY),
+        engine.flush_cache,
+        engine.get_server_info,
+        lambda: asyncio.run(engine.async_generate(PROMPTS[0], GREEDY)),
+        engine.abort_request,
+        engine.get_model_info,
+    ):
         with pytest.raises(RuntimeError, match="shut down"):
             call()
 

@@ -99,12 +99,15 @@ def test_stop_token_ids_end_generation_even_with_ignore_eos(engine_pool, hf_refe
     # Make the 5th greedy token a stop token: generation ends there, the token is returned.
     stop_id = greedy[4]
     first = greedy.index(stop_id)
-    out = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 40,
-                                                          "stop_token_ids": [stop_id]})
+    out = engine.generate(
+        input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 40, "stop_token_ids": [stop_id]}
+    )
     assert out["output_ids"] == greedy[: first + 1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_id}
-    ignored = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 40,
-                                                              "stop_token_ids": [stop_id], "ignore_eos": True})
+    ignored = engine.generate(
+        input_ids=ids,
+        sampling_params={"temperature": 0, "max_new_tokens": 40, "stop_token_ids": [stop_id], "ignore_eos": True},
+    )
     # ignore_eos ignores the model's EOS only; explicit stop_token_ids still stop.
     assert ignored["output_ids"] == greedy[: first + 1]
 

@@ -16,15 +16,20 @@ from sglang import demo
 from sglang.test.server_fixture import assert_engine_kv_accounting
 
 PROMPT = "<|user|>\nPlan a trip from Paris to Rome.\n<|assistant|>\n<think>\n"
-SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "ok": {"type": "boolean"}},
-          "required": ["city", "ok"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Rome"]}, "ok": {"type": "boolean"}},
+    "required": ["city", "ok"],
+    "additionalProperties": False,
+}
 PARAMS = {"temperature": 0, "max_new_tokens": 80, "json_schema": json.dumps(SCHEMA)}
 
 
 @pytest.fixture(scope="module")
 def engine():
-    engine = sglang.Engine(model_path=demo.TARGET_PATH, dtype="float32", device="cpu", log_level="warning",
-                           reasoning_parser="deepseek-r1")
+    engine = sglang.Engine(
+        model_path=demo.TARGET_PATH, dtype="float32", device="cpu", log_level="warning", reasoning_parser="deepseek-r1"
+    )
     yield engine
     engine.shutdown()
 

@@ -29,8 +29,9 @@ def test_same_seed_same_output_different_seed_different_output(engine_pool):
 def test_top_k_one_equals_greedy(engine_pool):
     engine = engine_pool.get("llama")
     greedy = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True})
-    top1 = engine.generate(PROMPT, {"temperature": 1.5, "top_k": 1, "max_new_tokens": 24,
-                                    "ignore_eos": True, "sampling_seed": 5})
+    top1 = engine.generate(
+        PROMPT, {"temperature": 1.5, "top_k": 1, "max_new_tokens": 24, "ignore_eos": True, "sampling_seed": 5}
+    )
     assert top1["output_ids"] == greedy["output_ids"]
 
 
@@ -184,8 +185,9 @@ def test_stop_string_ends_generation_and_is_cut_from_the_text(engine_pool):
 def test_logprobs_match_the_model_distribution(engine_pool, hf_reference):
     engine = engine_pool.get("llama")
     ids = engine.tokenizer_manager.tokenizer.encode(PROMPT)
-    out = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 3},
-                          return_logprob=True, top_logprobs_num=5)
+    out = engine.generate(
+        input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 3}, return_logprob=True, top_logprobs_num=5
+    )
     token_logprobs, top = out["meta_info"]["output_token_logprobs"], out["meta_info"]["output_top_logprobs"]
     assert [t for _, t, _ in token_logprobs] == out["output_ids"]
     assert len(top) == 3 and all(len(alternatives) == 5 for alternatives in top)
@@ -203,8 +205,13 @@ def test_logprobs_match_the_model_distribution(engine_pool, hf_reference):
 def test_prompt_logprobs_match_the_model_at_every_prompt_position(engine_pool, hf_reference):
     engine = engine_pool.get("llama")
     ids = engine.tokenizer_manager.tokenizer.encode(PROMPT)
-    out = engine.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 2},
-                          return_logprob=True, logprob_start_len=0, top_logprobs_num=3)
+    out = engine.generate(
+        input_ids=ids,
+        sampling_params={"temperature": 0, "max_new_tokens": 2},
+        return_logprob=True,
+        logprob_start_len=0,
+        top_logprobs_num=3,
+    )
     meta = out["meta_info"]
     expected = hf_reference.prompt_logprobs("llama", ids)
     assert [t for _, t, _ in meta["input_token_logprobs"]] == ids
@@ -226,11 +233,19 @@ def test_prompt_logprobs_of_a_batch_with_per_prompt_starts_samples_and_streams(e
     assert len(outs) == 4 and len(outs[0]["meta_info"]["input_token_logprobs"]) == prompt_len - 2
     assert outs[0]["meta_info"]["input_token_logprobs"] == outs[1]["meta_info"]["input_token_logprobs"]
     assert all("input_token_logprobs" not in o["meta_info"] for o in outs[2:])
-    whole = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 3}, return_logprob=True,
-                            logprob_start_len=0)["meta_info"]["input_token_logprobs"]
+    whole = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 3}, return_logprob=True, logprob_start_len=0)[
+        "meta_info"
+    ]["input_token_logprobs"]
     assert whole[2:] == outs[0]["meta_info"]["input_token_logprobs"]
-    chunks = list(engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True},
-                                  return_logprob=True, logprob_start_len=0, stream=True))
+    chunks = list(
+        engine.generate(
+            PROMPT,
+            {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True},
+            return_logprob=True,
+            logprob_start_len=0,
+            stream=True,
+        )
+    )
     assert all(chunk["meta_info"]["input_token_logprobs"] == whole for chunk in chunks), "from the first chunk on"
     prompt_only = engine.generate(PROMPT, {"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0)
     assert prompt_only["output_ids"] == [] and prompt_only["meta_info"]["input_token_logprobs"] == whole

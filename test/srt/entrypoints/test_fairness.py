@@ -74,8 +74,10 @@ def test_a_short_request_beside_the_largest_fan_out(server):
     limit = httpx.get(f"{server.base_url}/get_server_info").json()["max_sequences_per_request"]
     too_many = {"text": ["import os\n", "class A:\n"], "sampling_params": {"n": limit // 2 + 1, "max_new_tokens": 1}}
     assert httpx.post(f"{server.base_url}/generate", json=too_many).status_code == 400
-    fan_out = {"text": ["import os\n", "class A:\n"],
-               "sampling_params": {"n": limit // 2, "max_new_tokens": LONG_RUN, "ignore_eos": True}}
+    fan_out = {
+        "text": ["import os\n", "class A:\n"],
+        "sampling_params": {"n": limit // 2, "max_new_tokens": LONG_RUN, "ignore_eos": True},
+    }
 
     async def background(client):
         return await client.post("/generate", json=fan_out)
@@ -90,8 +92,11 @@ def test_a_short_request_beside_a_stream_with_the_longest_stop_list(server):
     # Every one starts like the code the model writes, so text is often held back as a possible start.
     stops = [("\n    return " + "z" * length)[: length - 3] + f"{i:03d}" for i in range(count)]
     assert len(stops) == count and all(len(stop) == length for stop in stops)
-    body = {"text": "def f(x):", "stream": True,
-            "sampling_params": {"stop": stops, "max_new_tokens": LONG_RUN, "ignore_eos": True, "temperature": 0}}
+    body = {
+        "text": "def f(x):",
+        "stream": True,
+        "sampling_params": {"stop": stops, "max_new_tokens": LONG_RUN, "ignore_eos": True, "temperature": 0},
+    }
 
     async def background(client):
         async with client.stream("POST", "/generate", json=body) as response:

@@ -21,8 +21,15 @@ def test_health_routes_and_model_info(server):
     assert info["is_generation"] is True and info["context_len"] == 1024
     server_info = httpx.get(f"{server.base_url}/get_server_info").json()
     state = server_info["internal_states"][0]
-    for key in ("num_running_reqs", "num_queue_reqs", "token_usage", "last_step_throughput",
-                "free_slots", "cached_slots", "total_slots"):
+    for key in (
+        "num_running_reqs",
+        "num_queue_reqs",
+        "token_usage",
+        "last_step_throughput",
+        "free_slots",
+        "cached_slots",
+        "total_slots",
+    ):
         assert key in state
     # The scheduler and HTTP processes froze their start-up objects out of the garbage
     # collector's passes (a full pass over them paused a process for ~100-200 ms) and time its passes.
@@ -85,7 +92,7 @@ def test_killed_scheduler_fails_waiting_clients_and_the_server_exits(tiny_model_
 
 # Run as `python -m hanging_scheduler`: the spawned server processes import it again (as their
 # __mp_main__), so the scheduler process's step hangs on the request whose rid is "stuck".
-HANGING_SCHEDULER = '''import sys
+HANGING_SCHEDULER = """import sys
 import time
 
 from sglang.srt.managers import scheduler
@@ -105,11 +112,10 @@ if __name__ == "__main__":
     from sglang.srt.entrypoints.http_server import main
 
     main(sys.argv[1:])
-'''
+"""
 
 
-def test_a_scheduler_stuck_in_a_step_trips_the_watchdog_and_the_server_exits(tiny_model_paths, tmp_path,
-                                                                            monkeypatch):
+def test_a_scheduler_stuck_in_a_step_trips_the_watchdog_and_the_server_exits(tiny_model_paths, tmp_path, monkeypatch):
     (tmp_path / "hanging_scheduler.py").write_text(HANGING_SCHEDULER)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     srv = ServerProcess(tiny_model_paths["llama"], "--watchdog-timeout", "2", module="hanging_scheduler")
@@ -176,8 +182,20 @@ def test_start_failure_exits_non_zero_with_the_reason(tmp_path):
 
     (tmp_path / "config.json").write_text('{"architectures": ["MysteryForCausalLM"], "model_type": "llama"}')
     result = subprocess.run(
-        [sys.executable, "-m", "sglang.launch_server", "--model-path", str(tmp_path), "--device", "cpu",
-         "--port", str(free_port())], capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "sglang.launch_server",
+            "--model-path",
+            str(tmp_path),
+            "--device",
+            "cpu",
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode != 0
     assert "MysteryForCausalLM" in result.stdout + result.stderr

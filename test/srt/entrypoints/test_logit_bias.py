@@ -20,9 +20,6 @@ GREEDY = {"temperature": 0, "max_new_tokens": 6, "ignore_eos": True}
 FORCED = 150  # a token of the tiny tokenizer the model does not pick by itself
 
 
-
-
-
 @pytest.fixture
 def model(tiny_model_paths) -> str:
     return tiny_model_paths["llama"]  # the name the server serves
@@ -49,23 +46,40 @@ def test_engine_completions_and_chat_give_the_biased_tokens(server, engine_pool,
     bias = {str(FORCED): 100}
     expected = generated_ids(server, PROMPT_IDS, {**GREEDY, "logit_bias": bias})
     engine = engine_pool.get("llama")
-    assert engine.generate(input_ids=PROMPT_IDS, sampling_params={**GREEDY, "logit_bias": {FORCED: 100}})[
-        "output_ids"] == expected
+    assert (
+        engine.generate(input_ids=PROMPT_IDS, sampling_params={**GREEDY, "logit_bias": {FORCED: 100}})["output_ids"]
+        == expected
+    )
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_paths["llama"])
     client = openai_client(server)
-    completion = client.completions.create(model=model, prompt=PROMPT_IDS, max_tokens=6, temperature=0,
-                                           logit_bias=bias, extra_body={"ignore_eos": True})
+    completion = client.completions.create(
+        model=model, prompt=PROMPT_IDS, max_tokens=6, temperature=0, logit_bias=bias, extra_body={"ignore_eos": True}
+    )
     assert completion.choices[0].text == tokenizer.decode(expected)
-    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=6,
-                                          temperature=0, logit_bias=bias, extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=6,
+        temperature=0,
+        logit_bias=bias,
+        extra_body={"ignore_eos": True},
+    )
     assert chat.choices[0].message.content == tokenizer.decode([FORCED] * 6)
 
 
-@pytest.mark.parametrize("bias, rule", [
-    ({"abc": 1}, "integers"), ({"1.5": 1}, "integers"), ({"100000000": 1}, "token ids must be in [0, "),
-    ({"-1": 1}, "token ids must be in [0, "), ({"5": 100.5}, "[-100, 100]"), ({"5": -101}, "[-100, 100]"),
-    ({"5": "x"}, "numbers"), ({"5": None}, "numbers"),
-])
+@pytest.mark.parametrize(
+    "bias, rule",
+    [
+        ({"abc": 1}, "integers"),
+        ({"1.5": 1}, "integers"),
+        ({"100000000": 1}, "token ids must be in [0, "),
+        ({"-1": 1}, "token ids must be in [0, "),
+        ({"5": 100.5}, "[-100, 100]"),
+        ({"5": -101}, "[-100, 100]"),
+        ({"5": "x"}, "numbers"),
+        ({"5": None}, "numbers"),
+    ],
+)
 def test_bad_logit_bias_is_a_400_naming_it(server, model, bias, rule):
     response = generate(server, PROMPT_IDS, {**GREEDY, "logit_bias": bias})
     assert response.status_code == 400 and "logit_bias" in response.text and rule in response.text
@@ -74,8 +88,9 @@ def test_bad_logit_bias_is_a_400_naming_it(server, model, bias, rule):
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
         openai_client(server).completions.create(model=model, prompt=PROMPT_IDS, max_tokens=2, logit_bias=bias)
     with pytest.raises(openai.BadRequestError, match="logit_bias"):
-        openai_client(server).chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
-                                                  max_tokens=2, logit_bias=bias)
+        openai_client(server).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, logit_bias=bias
+        )
 
 
 def test_unbiased_request_keeps_its_tokens_beside_a_biased_one(engine_pool):
@@ -83,8 +98,9 @@ def test_unbiased_request_keeps_its_tokens_beside_a_biased_one(engine_pool):
     other = [9, 44, 310]
     alone = engine.generate(input_ids=other, sampling_params=GREEDY)["output_ids"]
     biased_alone = engine.generate(input_ids=PROMPT_IDS, sampling_params={**GREEDY, "logit_bias": {FORCED: 100}})
-    together = engine.generate(input_ids=[PROMPT_IDS, other],
-                               sampling_params=[{**GREEDY, "logit_bias": {FORCED: 100}}, GREEDY])
+    together = engine.generate(
+        input_ids=[PROMPT_IDS, other], sampling_params=[{**GREEDY, "logit_bias": {FORCED: 100}}, GREEDY]
+    )
     assert together[0]["output_ids"] == biased_alone["output_ids"] == [FORCED] * 6
     assert together[1]["output_ids"] == alone
 
@@ -93,8 +109,15 @@ def test_grammar_still_forbids_a_biased_token(server, tiny_model_paths):
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_paths["llama"])
     letters = [i for i in range(len(tokenizer)) if tokenizer.decode([i]).isalpha()][:20]
     assert letters
-    body = {"text": "x", "sampling_params": {**GREEDY, "max_new_tokens": 4, "regex": "[0-9]{4}",
-                                             "logit_bias": {str(i): 100 for i in letters}}}
+    body = {
+        "text": "x",
+        "sampling_params": {
+            **GREEDY,
+            "max_new_tokens": 4,
+            "regex": "[0-9]{4}",
+            "logit_bias": {str(i): 100 for i in letters},
+        },
+    }
     response = httpx.post(server.base_url + "/generate", json=body, timeout=60)
     assert response.status_code == 200, response.text
     assert re.fullmatch("[0-9]{4}", response.json()["text"])

@@ -60,8 +60,9 @@ def delta_of(kind: str, choice) -> str:
 
 def prompt_length(tokenizer, kind: str, prompt: str) -> int:
     if kind == "chat":
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                            tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=True
+        )
         return len(ids["input_ids"] if isinstance(ids, Mapping) else ids)  # transformers 5: a BatchEncoding
     return len(tokenizer.encode(prompt))
 
@@ -92,8 +93,9 @@ def wait_until_idle(server, timeout: float = 5.0) -> dict:
 
 
 def greedy(client, model, kind, prompt=PROMPT, max_tokens=24, **kwargs):
-    return create(client, model, kind, prompt, max_tokens=max_tokens, temperature=0,
-                  extra_body={"ignore_eos": True}, **kwargs)
+    return create(
+        client, model, kind, prompt, max_tokens=max_tokens, temperature=0, extra_body={"ignore_eos": True}, **kwargs
+    )
 
 
 # ---- whole responses -------------------------------------------------------------------------
@@ -134,8 +136,11 @@ def test_streamed_deltas_concatenate_to_the_greedy_text_and_usage_matches(client
     # OpenAI's contract: exactly one usage chunk, the last, with no choices.
     assert streamed["usages"] == [chunks[-1]] and chunks[-1].choices == []
     usage = chunks[-1].usage
-    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == \
-        (whole.usage.prompt_tokens, whole.usage.completion_tokens, whole.usage.total_tokens)
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.total_tokens) == (
+        whole.usage.prompt_tokens,
+        whole.usage.completion_tokens,
+        whole.usage.total_tokens,
+    )
 
 
 # ---- n > 1 -----------------------------------------------------------------------------------
@@ -146,8 +151,9 @@ def test_n2_with_seed_gives_two_reproducible_choices_and_summed_usage(client, mo
     params = {"max_tokens": 8, "temperature": 1.0, "n": 2, "seed": 1234, "extra_body": {"ignore_eos": True}}
     first = create(client, model, kind, PROMPT, **params)
     again = create(client, model, kind, PROMPT, **params)
-    single = create(client, model, kind, PROMPT, max_tokens=8, temperature=1.0, seed=1234,
-                    extra_body={"ignore_eos": True})
+    single = create(
+        client, model, kind, PROMPT, max_tokens=8, temperature=1.0, seed=1234, extra_body={"ignore_eos": True}
+    )
     assert [c.index for c in first.choices] == [0, 1]
     texts = [text_of(kind, c) for c in first.choices]
     assert texts == [text_of(kind, c) for c in again.choices]  # same seed, same samples
@@ -162,8 +168,7 @@ def test_n2_with_seed_gives_two_reproducible_choices_and_summed_usage(client, mo
 def test_streaming_n2_sends_chunks_for_both_choices(client, model, kind):
     params = {"max_tokens": 8, "temperature": 1.0, "n": 2, "seed": 99, "extra_body": {"ignore_eos": True}}
     whole = create(client, model, kind, PROMPT, **params)
-    chunks = list(create(client, model, kind, PROMPT, stream=True, stream_options={"include_usage": True},
-                         **params))
+    chunks = list(create(client, model, kind, PROMPT, stream=True, stream_options={"include_usage": True}, **params))
     streamed = collect_stream(kind, chunks)
     assert streamed["finish_reasons"] == {0: "length", 1: "length"}
     # Streamed sample j uses the same seed as whole sample j, so the texts agree.
@@ -179,7 +184,7 @@ def test_streaming_n2_sends_chunks_for_both_choices(client, model, kind):
 def pick_stop(text: str) -> tuple[str, int]:
     """A 3-character piece from the middle of `text` that first occurs there."""
     for start in range(len(text) // 3, len(text) - 3):
-        piece = text[start:start + 3]
+        piece = text[start : start + 3]
         if text.find(piece) == start and "\ufffd" not in piece and piece.strip():
             return piece, start
     raise AssertionError(f"no usable stop string in {text!r}")
@@ -216,8 +221,9 @@ def test_greedy_output_equals_the_engines(server, client, model, engine_pool):
     params = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
     expected = engine_pool.get("llama").generate(PROMPT, params)
 
-    completion = client.completions.create(model=model, prompt=PROMPT, max_tokens=24, temperature=0,
-                                           extra_body={"ignore_eos": True})
+    completion = client.completions.create(
+        model=model, prompt=PROMPT, max_tokens=24, temperature=0, extra_body={"ignore_eos": True}
+    )
     assert completion.choices[0].text == expected["text"]
 
     native = httpx.post(f"{server.base_url}/generate", json={"text": PROMPT, "sampling_params": params}, timeout=60)
@@ -263,19 +269,32 @@ def test_completion_logprobs_list_two_alternatives_with_offsets_in_the_text(clie
 def test_completion_echo_with_logprobs_scores_the_prompt_then_the_completion(server, client, model, tokenizer):
     """lm-evaluation-harness's loglikelihood request: echo, logprobs 1, max_tokens 1 or 0."""
     num_prompt = len(tokenizer.encode(PROMPT))
-    native = httpx.post(f"{server.base_url}/generate", timeout=60, json={
-        "text": PROMPT, "sampling_params": {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True},
-        "return_logprob": True, "logprob_start_len": 0}).json()
+    native = httpx.post(
+        f"{server.base_url}/generate",
+        timeout=60,
+        json={
+            "text": PROMPT,
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0, "ignore_eos": True},
+            "return_logprob": True,
+            "logprob_start_len": 0,
+        },
+    ).json()
     for max_tokens in (1, 0):
         choice = greedy(client, model, "completion", max_tokens=max_tokens, echo=True, logprobs=1).choices[0]
         logprobs = choice.logprobs
         assert choice.text.startswith(PROMPT) and choice.finish_reason == "length"
         assert len(choice.text) > len(PROMPT) if max_tokens else choice.text == PROMPT
-        assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) \
-            == len(logprobs.text_offset) == num_prompt + max_tokens
+        assert (
+            len(logprobs.tokens)
+            == len(logprobs.token_logprobs)
+            == len(logprobs.top_logprobs)
+            == len(logprobs.text_offset)
+            == num_prompt + max_tokens
+        )
         assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
         assert logprobs.token_logprobs[1:num_prompt] == pytest.approx(
-            [logprob for logprob, _, _ in native["meta_info"]["input_token_logprobs"][1:]], abs=1e-5)
+            [logprob for logprob, _, _ in native["meta_info"]["input_token_logprobs"][1:]], abs=1e-5
+        )
         assert logprobs.text_offset[0] == 0 and logprobs.text_offset == sorted(logprobs.text_offset)
         completion_start = (logprobs.text_offset + [len(choice.text)])[num_prompt]
         assert logprobs.text_offset[num_prompt - 1] < len(PROMPT) == completion_start
@@ -285,8 +304,11 @@ def test_completion_echo_with_logprobs_scores_the_prompt_then_the_completion(ser
 
 
 def test_streamed_echo_leads_each_choice_with_its_prompt(client, model):
-    chunks = list(greedy(client, model, "completion", prompt=[PROMPT, "Hello"], max_tokens=4, echo=True,
-                         logprobs=0, n=2, stream=True))
+    chunks = list(
+        greedy(
+            client, model, "completion", prompt=[PROMPT, "Hello"], max_tokens=4, echo=True, logprobs=0, n=2, stream=True
+        )
+    )
     whole = greedy(client, model, "completion", prompt=[PROMPT, "Hello"], max_tokens=4, echo=True, logprobs=0, n=2)
     texts, tokens, firsts = {}, {}, {}
     for chunk in chunks:
@@ -309,11 +331,18 @@ async def _stream_one(aclient, model: str, i: int) -> tuple[int, int, str, int]:
     prompt = PROMPTS[i % len(PROMPTS)] * (1 + i % 3)
     sampling = {"temperature": 0} if i % 3 else {"temperature": 0.8, "seed": i}
     logprobs = {"logprobs": True} if kind == "chat" else {"logprobs": 0}
-    common = dict(max_tokens=max_tokens, stream=True, stream_options={"include_usage": True},
-                  extra_body={"ignore_eos": True}, **sampling, **logprobs)
+    common = dict(
+        max_tokens=max_tokens,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+        **sampling,
+        **logprobs,
+    )
     if kind == "chat":
-        stream = await aclient.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
-                                                       **common)
+        stream = await aclient.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": prompt}], **common
+        )
     else:
         stream = await aclient.completions.create(model=model, prompt=prompt, **common)
     num_tokens, finish_reason, usage = 0, None, None
@@ -328,8 +357,9 @@ async def _stream_one(aclient, model: str, i: int) -> tuple[int, int, str, int]:
 
 def test_64_concurrent_streaming_clients_each_get_their_tokens_and_kv_is_freed(server, model):
     async def run_all():
-        async with openai.AsyncOpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0,
-                                      timeout=120) as aclient:
+        async with openai.AsyncOpenAI(
+            base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=120
+        ) as aclient:
             return await asyncio.gather(*(_stream_one(aclient, model, i) for i in range(64)))
 
     results = asyncio.run(run_all())
@@ -342,12 +372,29 @@ def test_64_concurrent_streaming_clients_each_get_their_tokens_and_kv_is_freed(s
 DISCONNECT_MAX_TOKENS = 400
 
 
-@pytest.mark.parametrize("route, body", [
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": PROMPT}], "stream": True,
-                              "max_tokens": DISCONNECT_MAX_TOKENS, "ignore_eos": True}),
-    ("/generate", {"text": PROMPT, "stream": True,
-                   "sampling_params": {"max_new_tokens": DISCONNECT_MAX_TOKENS, "ignore_eos": True}}),
-], ids=["openai", "native"])
+@pytest.mark.parametrize(
+    "route, body",
+    [
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": PROMPT}],
+                "stream": True,
+                "max_tokens": DISCONNECT_MAX_TOKENS,
+                "ignore_eos": True,
+            },
+        ),
+        (
+            "/generate",
+            {
+                "text": PROMPT,
+                "stream": True,
+                "sampling_params": {"max_new_tokens": DISCONNECT_MAX_TOKENS, "ignore_eos": True},
+            },
+        ),
+    ],
+    ids=["openai", "native"],
+)
 def test_client_disconnect_mid_stream_aborts_the_request_and_frees_kv(server, route, body):
     generated_before = wait_until_idle(server)["num_generated_tokens"]
     with httpx.Client(timeout=30) as http, http.stream("POST", server.base_url + route, json=body) as response:
@@ -375,11 +422,11 @@ def test_native_generate_stream_sends_sse_events_ending_with_done(server):
         lines = [line for line in response.iter_lines() if line]
     assert all(line.startswith("data: ") for line in lines), lines
     assert lines[-1] == "data: [DONE]"
-    events = [json.loads(line[len("data: "):]) for line in lines[:-1]]
+    events = [json.loads(line[len("data: ") :]) for line in lines[:-1]]
     assert len(events) >= 2
     ids = [event["output_ids"] for event in events]
     # Each event carries the whole output so far.
-    assert all(later[:len(earlier)] == earlier for earlier, later in itertools.pairwise(ids)), ids
+    assert all(later[: len(earlier)] == earlier for earlier, later in itertools.pairwise(ids)), ids
     assert all(event["meta_info"]["finish_reason"] is None for event in events[:-1])
     last = events[-1]
     assert last["meta_info"]["finish_reason"]["type"] == "length"

@@ -22,9 +22,6 @@ PROMPT_IDS = [37, 120, 5, 88, 201]
 GREEDY = {"temperature": 0, "max_new_tokens": 24, "ignore_eos": True}
 
 
-
-
-
 def reference(hf_reference, prompt: list[int], params: dict) -> list[int]:
     """The tokens the parameters ask for, one transformers forward per step: the penalties over the
     output so far (frequency and presence subtracted, then repetition's scaling of tokens seen),
@@ -73,20 +70,24 @@ def test_penalties_change_greedy_repetition_as_predicted(server):
     assert generated_ids(server, PROMPT_IDS, {**GREEDY, **{name: None for name in neutral}}) == plain
 
 
-@pytest.mark.parametrize("params", [
-    {"frequency_penalty": 0.6},
-    {"presence_penalty": 1.1},
-    {"repetition_penalty": 1.4},
-    {"repetition_penalty": 0.7, "frequency_penalty": -0.5},
-    # All three with a bias on a token the model likes: the bias is added after the penalties.
-    {"frequency_penalty": 0.5, "presence_penalty": 0.3, "repetition_penalty": 1.6, "logit_bias": {"248": 1.5}},
-    {"temperature": 0.6, "sampling_seed": 1, "presence_penalty": 0.8, "repetition_penalty": 1.3},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"frequency_penalty": 0.6},
+        {"presence_penalty": 1.1},
+        {"repetition_penalty": 1.4},
+        {"repetition_penalty": 0.7, "frequency_penalty": -0.5},
+        # All three with a bias on a token the model likes: the bias is added after the penalties.
+        {"frequency_penalty": 0.5, "presence_penalty": 0.3, "repetition_penalty": 1.6, "logit_bias": {"248": 1.5}},
+        {"temperature": 0.6, "sampling_seed": 1, "presence_penalty": 0.8, "repetition_penalty": 1.3},
+    ],
+)
 def test_penalized_tokens_equal_the_reference(engine_pool, hf_reference, params):
     params = {**GREEDY, **params}
     expected = reference(hf_reference, PROMPT_IDS, params)
-    assert expected != reference(hf_reference, PROMPT_IDS, {**params, "frequency_penalty": 0, "presence_penalty": 0,
-                                                            "repetition_penalty": 1.0}), "the penalty matters here"
+    assert expected != reference(
+        hf_reference, PROMPT_IDS, {**params, "frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1.0}
+    ), "the penalty matters here"
     engine = engine_pool.get("llama")
     assert engine.generate(input_ids=PROMPT_IDS, sampling_params=params)["output_ids"] == expected
 
@@ -96,10 +97,13 @@ def test_unpenalized_request_keeps_its_tokens_beside_penalized_ones(engine_pool)
     others = [[9, 44, 310], [100, 7]]
     penalties = [{"presence_penalty": 1.5}, {"repetition_penalty": 1.7, "frequency_penalty": 0.4}]
     alone = [engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"] for ids in others]
-    penalized_alone = [engine.generate(input_ids=PROMPT_IDS, sampling_params={**GREEDY, **p})["output_ids"]
-                       for p in penalties]
-    together = engine.generate(input_ids=[PROMPT_IDS, others[0], PROMPT_IDS, others[1]],
-                               sampling_params=[{**GREEDY, **penalties[0]}, GREEDY, {**GREEDY, **penalties[1]}, GREEDY])
+    penalized_alone = [
+        engine.generate(input_ids=PROMPT_IDS, sampling_params={**GREEDY, **p})["output_ids"] for p in penalties
+    ]
+    together = engine.generate(
+        input_ids=[PROMPT_IDS, others[0], PROMPT_IDS, others[1]],
+        sampling_params=[{**GREEDY, **penalties[0]}, GREEDY, {**GREEDY, **penalties[1]}, GREEDY],
+    )
     assert [out["output_ids"] for out in together] == [penalized_alone[0], alone[0], penalized_alone[1], alone[1]]
 
 
@@ -120,8 +124,9 @@ def test_stop_tokens_and_min_new_tokens_cut_the_same_penalized_output(engine_poo
     stopped = engine.generate(input_ids=PROMPT_IDS, sampling_params={**params, "stop_token_ids": [stop]})
     assert stopped["output_ids"] == full[:6] and stopped["meta_info"]["finish_reason"]["matched"] == stop
     # Past min_new_tokens the stop token would have to come again, which the penalty prevents.
-    late = engine.generate(input_ids=PROMPT_IDS, sampling_params={**params, "stop_token_ids": [stop],
-                                                                  "min_new_tokens": 8})
+    late = engine.generate(
+        input_ids=PROMPT_IDS, sampling_params={**params, "stop_token_ids": [stop], "min_new_tokens": 8}
+    )
     assert late["output_ids"] == full
 
 
@@ -131,22 +136,34 @@ def test_openai_routes_pass_the_penalties_through(server, tiny_model_paths, mode
     client = openai_client(server)
     expected = generated_ids(server, PROMPT_IDS, {**GREEDY, **penalties, "repetition_penalty": 1.5})
     assert expected != generated_ids(server, PROMPT_IDS, GREEDY)
-    completion = client.completions.create(model=model, prompt=PROMPT_IDS, max_tokens=24, temperature=0, **penalties,
-                                           extra_body={"ignore_eos": True, "repetition_penalty": 1.5})
+    completion = client.completions.create(
+        model=model,
+        prompt=PROMPT_IDS,
+        max_tokens=24,
+        temperature=0,
+        **penalties,
+        extra_body={"ignore_eos": True, "repetition_penalty": 1.5},
+    )
     assert completion.choices[0].text == tokenizer.decode(expected)
     messages = [{"role": "user", "content": "hi"}]
     chat_ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     chat_ids = list(chat_ids["input_ids"] if isinstance(chat_ids, Mapping) else chat_ids)  # transformers 5
     expected_chat = generated_ids(server, chat_ids, {**GREEDY, "max_new_tokens": 12, **penalties})
-    chat = client.chat.completions.create(model=model, messages=messages, max_tokens=12, temperature=0, **penalties,
-                                          extra_body={"ignore_eos": True})
+    chat = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=12, temperature=0, **penalties, extra_body={"ignore_eos": True}
+    )
     assert chat.choices[0].message.content == tokenizer.decode(expected_chat, skip_special_tokens=True)
 
 
-@pytest.mark.parametrize("field, value, rule", [
-    ("frequency_penalty", 2.5, "[-2, 2]"), ("presence_penalty", -3, "[-2, 2]"),
-    ("repetition_penalty", 0, "(0, 2]"), ("repetition_penalty", 2.5, "(0, 2]"),
-])
+@pytest.mark.parametrize(
+    "field, value, rule",
+    [
+        ("frequency_penalty", 2.5, "[-2, 2]"),
+        ("presence_penalty", -3, "[-2, 2]"),
+        ("repetition_penalty", 0, "(0, 2]"),
+        ("repetition_penalty", 2.5, "(0, 2]"),
+    ],
+)
 def test_out_of_range_penalty_is_refused_naming_it(server, engine_pool, model, field, value, rule):
     response = generate(server, PROMPT_IDS, {**GREEDY, field: value})
     assert response.status_code == 400 and field in response.text and rule in response.text, response.text
@@ -154,8 +171,9 @@ def test_out_of_range_penalty_is_refused_naming_it(server, engine_pool, model, f
     with pytest.raises(openai.BadRequestError, match=field):
         openai_client(server).completions.create(model=model, prompt=PROMPT_IDS, max_tokens=2, **completion_args)
     with pytest.raises(openai.BadRequestError, match=field):
-        openai_client(server).chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
-                                                  max_tokens=2, **completion_args)
+        openai_client(server).chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "hi"}], max_tokens=2, **completion_args
+        )
     with pytest.raises(ValueError, match=field):
         engine_pool.get("llama").generate(input_ids=PROMPT_IDS, sampling_params={**GREEDY, field: value})
 

@@ -31,20 +31,38 @@ from sglang.test.server_fixture import ServerProcess, free_port
 
 LAUNCHERS = {"sglang": "sglang.launch_server", "sglang_router": "sglang_router.launch_server"}
 SPECULATION = {"speculative_algorithm": "EAGLE3", "speculative_policy": "threshold", "speculative_threshold": 1}
-SERVER_FLAGS = ["--max-total-tokens", "4096", *[x for k, v in SPECULATION.items() for x in (f"--{k.replace('_', '-')}", str(v))]]
+SERVER_FLAGS = [
+    "--max-total-tokens",
+    "4096",
+    *[x for k, v in SPECULATION.items() for x in (f"--{k.replace('_', '-')}", str(v))],
+]
 # Sent one at a time to an empty cache, here and to the reference: on the CPU a near-tie in the demo
 # model's logits can flip a greedy token with the shape of the computation (the batch, the cached
 # prefix), so each request is computed the same way on both sides.
-PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\n\ndef list_files(path):",
-           "for i in range(10):", "with open(path) as f:", "try:\n    import numpy as np\nexcept ImportError:"]
+PROMPTS = [
+    "def fibonacci(n):",
+    "class Stack:\n    def __init__(self):",
+    "import os\n\ndef list_files(path):",
+    "for i in range(10):",
+    "with open(path) as f:",
+    "try:\n    import numpy as np\nexcept ImportError:",
+]
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
 
 
 def _router_flags() -> list[str]:
     # A free port for the router's Prometheus endpoint (its default, 29000, may be taken), and
     # health checks every second: upstream's launcher has no other way to learn that a replica died.
-    return ["--router-prometheus-port", str(free_port()), "--router-log-level", "warn",
-            "--router-health-check-interval-secs", "1", "--router-health-failure-threshold", "2"]
+    return [
+        "--router-prometheus-port",
+        str(free_port()),
+        "--router-log-level",
+        "warn",
+        "--router-health-check-interval-secs",
+        "1",
+        "--router-health-failure-threshold",
+        "2",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +82,15 @@ def reference() -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module", params=sorted(LAUNCHERS))
 def cluster(request):
-    server = ServerProcess(demo.TARGET_PATH, "--dp-size", "2", *SERVER_FLAGS, *_router_flags(),
-                           module=LAUNCHERS[request.param], startup_timeout=300)
+    server = ServerProcess(
+        demo.TARGET_PATH,
+        "--dp-size",
+        "2",
+        *SERVER_FLAGS,
+        *_router_flags(),
+        module=LAUNCHERS[request.param],
+        startup_timeout=300,
+    )
     server.workers = _wait_workers(server.base_url, 2)
     server.launcher = request.param
     yield server
@@ -78,15 +103,21 @@ def test_dp_size_without_the_router_names_the_extra(tmp_path):
     (hidden / "__init__.py").write_text("raise ImportError('No module named sglang_router')\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
     for argv in (["--dp-size", "2"], ["--dp-size", "2", "--router-policy", "round_robin"]):
-        result = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--device", "cpu", *argv],
-                                env=env, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "-m", "sglang.launch_server", "--device", "cpu", *argv],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert result.returncode == 2 and "pip install 'sglang[router]'" in result.stderr, result.stderr
         assert "sglang-router, which is not installed" in result.stderr, result.stderr
 
 
 def test_router_flags_reach_the_router_and_need_replicas(capsys):
-    server_args, router_args = parse_launch_args(["--device", "cpu", "--dp-size", "3", "--router-policy",
-                                                  "round_robin", "--router-cache-threshold", "0.5"])
+    server_args, router_args = parse_launch_args(
+        ["--device", "cpu", "--dp-size", "3", "--router-policy", "round_robin", "--router-cache-threshold", "0.5"]
+    )
     assert server_args.dp_size == 3 and (router_args.policy, router_args.cache_threshold) == ("round_robin", 0.5)
     assert parse_launch_args(["--device", "cpu"]) == (ServerArgs(device="cpu"), None)
     with pytest.raises(SystemExit):
@@ -126,8 +157,7 @@ def _wait_workers(router: str, count: int, timeout: float = 300) -> list[str]:
 
 
 def _generate(base_url: str, prompt: str, sampling_params: dict = GREEDY) -> httpx.Response:
-    return httpx.post(f"{base_url}/generate", json={"text": prompt, "sampling_params": sampling_params},
-                      timeout=120)
+    return httpx.post(f"{base_url}/generate", json={"text": prompt, "sampling_params": sampling_params}, timeout=120)
 
 
 def _state(worker: str) -> dict:
@@ -176,8 +206,9 @@ def test_openai_streaming_through_the_router(cluster, reference):
     streamed = "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
     whole = client.completions.create(model=model, prompt=prompt, max_tokens=24, temperature=0)
     assert streamed == whole.choices[0].text and streamed
-    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": prompt}],
-                                          max_tokens=8, temperature=0, stream=True)
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=8, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].delta.content or "" for c in chat if c.choices)
 
 
@@ -201,7 +232,7 @@ def test_router_facing_routes_answer_as_upstream(cluster):
 def test_each_replica_speculates_by_its_own_batch(cluster):
     """A shared prefix makes the cache-aware router send a burst to one replica; a lone request
     goes to the other. The busy replica decodes plainly (batch > 1), the lone one speculates."""
-    prefix = "def merge_sorted_lists(left, right):\n    \"\"\"Merge two sorted lists into one.\"\"\"\n"
+    prefix = 'def merge_sorted_lists(left, right):\n    """Merge two sorted lists into one."""\n'
     before = {w: _state(w) for w in cluster.workers}
     assert _generate(cluster.base_url, prefix).status_code == 200  # its replica now caches the prefix
     busy = next(w for w in cluster.workers if _state(w)["num_generated_tokens"] > before[w]["num_generated_tokens"])

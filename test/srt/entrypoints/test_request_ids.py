@@ -17,8 +17,9 @@ def generate(server, body: dict) -> httpx.Response:
 
 
 def test_a_batch_repeating_a_rid_is_refused_and_the_rid_stays_free(server):
-    refused = generate(server, {"text": ["Hello", "World"], "rid": ["same-rid", "same-rid"],
-                                "sampling_params": SAMPLING})
+    refused = generate(
+        server, {"text": ["Hello", "World"], "rid": ["same-rid", "same-rid"], "sampling_params": SAMPLING}
+    )
     assert refused.status_code == 400, refused.text
     assert refused.json()["error"]["param"] == "rid"
 
@@ -31,8 +32,10 @@ def test_a_batch_repeating_a_rid_is_refused_and_the_rid_stays_free(server):
 
 def test_a_sample_id_clashing_with_another_prompt_rid_is_refused_whole(server):
     # n = 2 on "clash" makes "clash-0" and "clash-1", and the second prompt asks for "clash-1".
-    refused = generate(server, {"text": ["Hello", "World"], "rid": ["clash", "clash-1"],
-                                "sampling_params": [{**SAMPLING, "n": 2}, SAMPLING]})
+    refused = generate(
+        server,
+        {"text": ["Hello", "World"], "rid": ["clash", "clash-1"], "sampling_params": [{**SAMPLING, "n": 2}, SAMPLING]},
+    )
     assert refused.status_code == 400, refused.text
     for rid in ("clash-0", "clash-1"):
         again = generate(server, {"text": "Hello", "rid": rid, "sampling_params": SAMPLING})
@@ -101,8 +104,11 @@ def test_an_n_request_keeps_its_rid_taken_so_an_abort_of_it_names_only_its_sampl
 
     # An n = 2 request in flight holds its own rid as well as its samples'.
     results = []
-    worker = threading.Thread(target=lambda: results.append(
-        generate(server, {"text": "Hello", "rid": "n-job", "sampling_params": {**long, "n": 2}})))
+    worker = threading.Thread(
+        target=lambda: results.append(
+            generate(server, {"text": "Hello", "rid": "n-job", "sampling_params": {**long, "n": 2}})
+        )
+    )
     worker.start()
     try:
         deadline = time.time() + 30
@@ -120,7 +126,9 @@ def test_an_n_request_keeps_its_rid_taken_so_an_abort_of_it_names_only_its_sampl
     assert again.status_code == 200, again.text
 
     # Within one batch: an n = 2 prompt and a plain prompt may not share a rid either way round.
-    for rids, params in ((["both", "both"], [{**SAMPLING, "n": 2}, SAMPLING]),
-                         (["both", "both"], [SAMPLING, {**SAMPLING, "n": 2}])):
+    for rids, params in (
+        (["both", "both"], [{**SAMPLING, "n": 2}, SAMPLING]),
+        (["both", "both"], [SAMPLING, {**SAMPLING, "n": 2}]),
+    ):
         refused = generate(server, {"text": ["Hello", "World"], "rid": rids, "sampling_params": params})
         assert refused.status_code == 400, refused.text

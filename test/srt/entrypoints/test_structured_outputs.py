@@ -27,18 +27,37 @@ You may call: {% for tool in tools %}{{ tool.function.name }}{{ tool.function.pa
 {% endfor %}{% if add_generation_prompt %}<|assistant|>
 {% endif %}"""
 
-PERSON = {"type": "object", "properties": {
-    "name": {"type": "string", "maxLength": 12}, "age": {"type": "integer", "minimum": 0, "maximum": 120},
-    "admin": {"type": "boolean"}, "role": {"enum": ["dev", "ops", "pm"]}},
-    "required": ["name", "age", "admin", "role"], "additionalProperties": False}
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
-                                            "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-           "required": ["city", "days"]}
-ADD = {"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
-                                        "b": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["a", "b"]}
-TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather forecast",
-                                           "parameters": WEATHER}},
-         {"type": "function", "function": {"name": "add", "description": "Adds two numbers", "parameters": ADD}}]
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "admin": {"type": "boolean"},
+        "role": {"enum": ["dev", "ops", "pm"]},
+    },
+    "required": ["name", "age", "admin", "role"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+}
+ADD = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 99},
+        "b": {"type": "integer", "minimum": 0, "maximum": 99},
+    },
+    "required": ["a", "b"],
+}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "add", "description": "Adds two numbers", "parameters": ADD}},
+]
 PARAMETERS = {"get_weather": WEATHER, "add": ADD}
 REGEX = r"(yes|no), [0-9]{2} (cats|dogs)"
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris this week?"}]
@@ -56,11 +75,23 @@ def template_path(tmp_path_factory) -> str:
 def servers(tiny_model_paths, template_path):
     """demo and tiny: plain servers; spec: the demo pair with EAGLE-3 and the mode switch."""
     common = ("--chat-template", template_path, "--tool-call-parser", "qwen25")
-    specs = {"demo": (demo.TARGET_PATH, common), "tiny": (tiny_model_paths["llama"], common),
-             # The mode switch between k = 1 and 3: with k = 0 among the candidates, the cost policy on a loaded
-             # CPU may price every constrained step as plain and verify nothing, and the parity would be empty.
-             "spec": (demo.TARGET_PATH, (*common, "--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
-                                         "--speculative-candidate-steps", "1,3"))}
+    specs = {
+        "demo": (demo.TARGET_PATH, common),
+        "tiny": (tiny_model_paths["llama"], common),
+        # The mode switch between k = 1 and 3: with k = 0 among the candidates, the cost policy on a loaded
+        # CPU may price every constrained step as plain and verify nothing, and the parity would be empty.
+        "spec": (
+            demo.TARGET_PATH,
+            (
+                *common,
+                "--speculative-algorithm",
+                "EAGLE3",
+                "--speculative-adaptive",
+                "--speculative-candidate-steps",
+                "1,3",
+            ),
+        ),
+    }
     with concurrent.futures.ThreadPoolExecutor(len(specs)) as pool:  # they start in parallel
         futures = {name: pool.submit(ServerProcess, path, *args) for name, (path, args) in specs.items()}
     started = {name: future.result() for name, future in futures.items() if future.exception() is None}
@@ -72,7 +103,6 @@ def servers(tiny_model_paths, template_path):
     finally:
         for server in started.values():
             server.stop()
-
 
 
 def chat(server, **kwargs):
@@ -92,15 +122,24 @@ def test_json_schema_response_validates(servers, kind):
     jsonschema.validate(json.loads(answer.message.content), PERSON)
     assert answer.finish_reason == "stop"
     client = openai_client(servers[kind], timeout=120)  # text completions take it too (an extra body field there)
-    completion = client.completions.create(model=client.models.list().data[0].id, prompt="user = ", max_tokens=96,
-                                           temperature=0, extra_body={"response_format": schema_format(PERSON)})
+    completion = client.completions.create(
+        model=client.models.list().data[0].id,
+        prompt="user = ",
+        max_tokens=96,
+        temperature=0,
+        extra_body={"response_format": schema_format(PERSON)},
+    )
     jsonschema.validate(json.loads(completion.choices[0].text), PERSON)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_json_object_parses(servers, kind):
-    answer = chat(servers[kind], response_format={"type": "json_object"}, max_tokens=200,
-                  messages=[{"role": "user", "content": "Give me a config dict"}]).choices[0]
+    answer = chat(
+        servers[kind],
+        response_format={"type": "json_object"},
+        max_tokens=200,
+        messages=[{"role": "user", "content": "Give me a config dict"}],
+    ).choices[0]
     assert isinstance(json.loads(answer.message.content), dict), answer.message.content
 
 
@@ -118,7 +157,10 @@ def test_regex_output_matches_in_full_on_chat_and_generate(servers, kind):
 @pytest.mark.parametrize("kind", KINDS)
 def test_json_schema_and_ebnf_on_generate(servers, kind):
     url = servers[kind].base_url + "/generate"
-    body = {"text": "x = ", "sampling_params": {"temperature": 0, "max_new_tokens": 80, "json_schema": json.dumps(PERSON)}}
+    body = {
+        "text": "x = ",
+        "sampling_params": {"temperature": 0, "max_new_tokens": 80, "json_schema": json.dumps(PERSON)},
+    }
     jsonschema.validate(json.loads(httpx.post(url, json=body, timeout=60).json()["text"]), PERSON)
     ebnf = 'root ::= "[" digit ("," digit){0,4} "]"\ndigit ::= [0-9]'
     body = {"text": "x = ", "sampling_params": {"temperature": 0, "max_new_tokens": 40, "ebnf": ebnf}}
@@ -164,15 +206,17 @@ def test_required_tool_choice_returns_listed_tools_and_streams_the_same_calls(se
     calls, finish = streamed_calls(stream)
     assert finish == whole.finish_reason
     assert [(c["name"], c["arguments"]) for c in calls] == [
-        (c.function.name, c.function.arguments) for c in whole.message.tool_calls]
+        (c.function.name, c.function.arguments) for c in whole.message.tool_calls
+    ]
     assert all(c["id"] for c in calls)
 
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_tools_reach_the_chat_template(servers, kind, tiny_model_paths):
     tokenizer = AutoTokenizer.from_pretrained(demo.TARGET_PATH if kind == "demo" else tiny_model_paths["llama"])
-    expected = tokenizer.apply_chat_template(MESSAGES, tools=TOOLS, chat_template=TEMPLATE, add_generation_prompt=True,
-                                             tokenize=True, return_dict=False)
+    expected = tokenizer.apply_chat_template(
+        MESSAGES, tools=TOOLS, chat_template=TEMPLATE, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     answer = chat(servers[kind], tools=TOOLS, tool_choice="auto", max_tokens=4)
     assert answer.usage.prompt_tokens == len(expected)
     without = chat(servers[kind], max_tokens=4)
@@ -181,17 +225,20 @@ def test_tools_reach_the_chat_template(servers, kind, tiny_model_paths):
 
 def test_bad_constraints_are_400s_naming_the_field(servers):
     server = servers["demo"]
-    cases = [({"extra_body": {"regex": "a["}}, "regex"), ({"extra_body": {"json_schema": "{bad"}}, "json_schema"),
-             ({"response_format": schema_format({"type": 5})}, "response_format"),
-             ({"extra_body": {"ebnf": "root ::= "}}, "ebnf"),
-             ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-             ({"extra_body": {"regex": "a", "ebnf": 'root ::= "a"'}}, "ebnf"),
-             ({"response_format": {"type": "json_schema"}}, "response_format"),
-             ({"response_format": {"type": "json_object"}, "extra_body": {"regex": "a"}}, "regex"),
-             ({"tool_choice": "required"}, "tool_choice"),
-             # Grammars that parse but that nothing matches: an empty answer would look finished.
-             ({"extra_body": {"regex": "[^\\s\\S]"}}, "regex"),
-             ({"response_format": schema_format({"anyOf": []})}, "response_format")]
+    cases = [
+        ({"extra_body": {"regex": "a["}}, "regex"),
+        ({"extra_body": {"json_schema": "{bad"}}, "json_schema"),
+        ({"response_format": schema_format({"type": 5})}, "response_format"),
+        ({"extra_body": {"ebnf": "root ::= "}}, "ebnf"),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"extra_body": {"regex": "a", "ebnf": 'root ::= "a"'}}, "ebnf"),
+        ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "json_object"}, "extra_body": {"regex": "a"}}, "regex"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        # Grammars that parse but that nothing matches: an empty answer would look finished.
+        ({"extra_body": {"regex": "[^\\s\\S]"}}, "regex"),
+        ({"response_format": schema_format({"anyOf": []})}, "response_format"),
+    ]
     for kwargs, field in cases:
         with pytest.raises(openai.BadRequestError) as err:
             chat(server, **kwargs)
@@ -199,7 +246,7 @@ def test_bad_constraints_are_400s_naming_the_field(servers):
     body = {"text": "x", "sampling_params": {"json_schema": '{"type": "nope"}'}}
     response = httpx.post(server.base_url + "/generate", json=body, timeout=30)
     assert response.status_code == 400 and "json_schema" in response.text
-    body = {"text": "x", "sampling_params": {"ebnf": 'root ::= [^\\x00-\\U0010FFFF]'}}  # no character at all
+    body = {"text": "x", "sampling_params": {"ebnf": "root ::= [^\\x00-\\U0010FFFF]"}}  # no character at all
     response = httpx.post(server.base_url + "/generate", json=body, timeout=30)
     assert response.status_code == 400 and response.json()["error"]["param"] == "ebnf", response.text
     assert "nothing matches it" in response.json()["error"]["message"]
@@ -207,13 +254,21 @@ def test_bad_constraints_are_400s_naming_the_field(servers):
 
 
 # A tool whose parameters reference $defs (what pydantic writes for a nested model).
-ROUTE = {"type": "object", "properties": {"start": {"$ref": "#/$defs/Stop"}, "end": {"$ref": "#/$defs/Stop"}},
-         "required": ["start", "end"], "$defs": {"Stop": WEATHER}}
+ROUTE = {
+    "type": "object",
+    "properties": {"start": {"$ref": "#/$defs/Stop"}, "end": {"$ref": "#/$defs/Stop"}},
+    "required": ["start", "end"],
+    "$defs": {"Stop": WEATHER},
+}
 ROUTE_TOOL = {"type": "function", "function": {"name": "route", "parameters": ROUTE}}
-CONSTRAINED = [dict(response_format=schema_format(PERSON)), dict(extra_body={"regex": REGEX}),
-               dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
-               dict(tools=[*TOOLS, ROUTE_TOOL], tool_choice={"type": "function", "function": {"name": "route"}}),
-               dict(tools=TOOLS, tool_choice="required"), dict(response_format={"type": "json_object"}, max_tokens=48)]
+CONSTRAINED = [
+    dict(response_format=schema_format(PERSON)),
+    dict(extra_body={"regex": REGEX}),
+    dict(tools=TOOLS, tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+    dict(tools=[*TOOLS, ROUTE_TOOL], tool_choice={"type": "function", "function": {"name": "route"}}),
+    dict(tools=TOOLS, tool_choice="required"),
+    dict(response_format={"type": "json_object"}, max_tokens=48),
+]
 
 
 def answer_of(response) -> tuple:
@@ -233,8 +288,12 @@ def test_speculation_gives_the_same_greedy_constrained_answers(servers):
 @pytest.mark.parametrize("kind", ["demo", "spec"])
 def test_constrained_and_unconstrained_requests_share_batches(servers, kind):
     server = servers[kind]
-    requests = [*CONSTRAINED, dict(max_tokens=40), dict(max_tokens=24, messages=[{"role": "user", "content": "Hi"}]),
-                dict(extra_body={"regex": r"[a-z]{2,8}"}, max_tokens=16)]
+    requests = [
+        *CONSTRAINED,
+        dict(max_tokens=40),
+        dict(max_tokens=24, messages=[{"role": "user", "content": "Hi"}]),
+        dict(extra_body={"regex": r"[a-z]{2,8}"}, max_tokens=16),
+    ]
     alone = [answer_of(chat(server, **kwargs)) for kwargs in requests]
     with concurrent.futures.ThreadPoolExecutor(len(requests) * 2) as pool:
         together = list(pool.map(lambda kwargs: answer_of(chat(server, **kwargs)), requests * 2))

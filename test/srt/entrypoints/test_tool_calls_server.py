@@ -30,14 +30,25 @@ Functions: {% for t in tools %}{{ t | tojson }}
 {% endif %}"""
 
 # pydantic's model_json_schema() of a model with a nested one: the nested model sits under $defs.
-ROUTE = {"type": "object", "properties": {"start": {"$ref": "#/$defs/Stop"}, "end": {"$ref": "#/$defs/Stop"}},
-         "required": ["start", "end"], "additionalProperties": False,
-         "$defs": {"Stop": {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]},
-                                                             "day": {"type": "integer", "minimum": 1, "maximum": 7}},
-                            "required": ["city", "day"], "additionalProperties": False}}}
+ROUTE = {
+    "type": "object",
+    "properties": {"start": {"$ref": "#/$defs/Stop"}, "end": {"$ref": "#/$defs/Stop"}},
+    "required": ["start", "end"],
+    "additionalProperties": False,
+    "$defs": {
+        "Stop": {
+            "type": "object",
+            "properties": {"city": {"enum": ["Paris", "Rome"]}, "day": {"type": "integer", "minimum": 1, "maximum": 7}},
+            "required": ["city", "day"],
+            "additionalProperties": False,
+        }
+    },
+}
 WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}
-TOOLS = [{"type": "function", "function": {"name": "plan_route", "parameters": ROUTE}},
-         {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "plan_route", "parameters": ROUTE}},
+    {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
+]
 MESSAGES = [{"role": "user", "content": "Plan a trip from Paris to Rome."}]
 LLAMA3_CALL = '{"name": "get_weather", "parameters": {"city": "Paris"}}'
 
@@ -88,7 +99,9 @@ def test_forced_calls_cut_by_max_tokens_finish_with_length(server):
     cut = chat(server, tool_choice=choice, max_tokens=whole.usage.completion_tokens - 1).choices[0]
     assert cut.finish_reason == "length"
     assert [c.function.arguments for c in cut.message.tool_calls or ()] in (
-        [], [c.function.arguments for c in whole.choices[0].message.tool_calls])
+        [],
+        [c.function.arguments for c in whole.choices[0].message.tool_calls],
+    )
     assert streamed(server, tool_choice=choice, max_tokens=whole.usage.completion_tokens - 1)[2] == "length"
 
 
@@ -97,9 +110,13 @@ def test_llama3_calls_are_read_out_of_the_content(server):
     answer = chat(server, tool_choice="auto", extra_body={"regex": regex}).choices[0]
     assert answer.message.content is None and answer.finish_reason == "tool_calls"
     assert [(c.function.name, json.loads(c.function.arguments)) for c in answer.message.tool_calls] == [
-        ("get_weather", {"city": "Paris"})]
+        ("get_weather", {"city": "Paris"})
+    ]
     assert streamed(server, tool_choice="auto", extra_body={"regex": regex}) == (
-        "", [("get_weather", '{"city": "Paris"}')], "tool_calls")
+        "",
+        [("get_weather", '{"city": "Paris"}')],
+        "tool_calls",
+    )
     # tool_choice "none": the same text is content.
     answer = chat(server, tool_choice="none", extra_body={"regex": regex}).choices[0]
     assert answer.message.content == LLAMA3_CALL and answer.message.tool_calls is None
@@ -126,17 +143,36 @@ def test_a_call_nested_deeper_than_json_parses_stays_content(server):
 
 def test_history_with_calls_and_tool_answers_renders_as_the_template_does(server):
     arguments = {"city": "Paris"}
-    history = [*MESSAGES,
-               {"role": "assistant", "content": None, "tool_calls": [
-                   {"id": "call_1", "type": "function", "function": {"name": "get_weather",
-                                                                     "arguments": json.dumps(arguments)}}]},
-               {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}]
-    expected = [*MESSAGES, {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
-                {"role": "tool", "content": "sunny, 21 C", "tool_call_id": "call_1"}]
+    history = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": json.dumps(arguments)},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"},
+    ]
+    expected = [
+        *MESSAGES,
+        {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "content": "sunny, 21 C", "tool_call_id": "call_1"},
+    ]
     tokenizer = AutoTokenizer.from_pretrained(demo.TARGET_PATH)
-    ids = tokenizer.apply_chat_template(expected, tools=TOOLS, chat_template=TEMPLATE, add_generation_prompt=True,
-                                        tokenize=True, return_dict=False)
+    ids = tokenizer.apply_chat_template(
+        expected, tools=TOOLS, chat_template=TEMPLATE, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     text = tokenizer.decode(ids)
     assert '"parameters": {"city": "Paris"}' in text and '{"output": "sunny, 21 C"}' in text
     assert chat(server, messages=history, max_tokens=2).usage.prompt_tokens == len(ids)

@@ -102,7 +102,7 @@ def test_abort_request_ends_a_stream_with_an_abort_finish_then_done(keyed_server
         for line in stream.iter_lines():
             if not line.startswith("data: "):
                 continue
-            events.append(line[len("data: "):])
+            events.append(line[len("data: ") :])
             if len(events) == 1:  # it is running: abort it from another connection
                 assert abort(keyed_server, {"rid": "streamed-1"}).status_code == 200
     assert events[-1] == "[DONE]"
@@ -137,14 +137,20 @@ def test_abort_all_ends_every_request_in_flight(keyed_server, pool):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_an_openai_request_aborted_by_abort_all_finishes_with_reason_abort(keyed_server, pool, stream,
-                                                                          tiny_model_paths):
+def test_an_openai_request_aborted_by_abort_all_finishes_with_reason_abort(
+    keyed_server, pool, stream, tiny_model_paths
+):
     """As upstream: a 200 whose choice has finish_reason "abort" and the text so far, not an error."""
     client = openai.OpenAI(base_url=f"{keyed_server.base_url}/v1", api_key=API_KEY)
 
     def complete():
-        kwargs = dict(model=tiny_model_paths["llama"], prompt="Hello", max_tokens=1000, temperature=0,
-                      extra_body={"ignore_eos": True})
+        kwargs = dict(
+            model=tiny_model_paths["llama"],
+            prompt="Hello",
+            max_tokens=1000,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
         if not stream:
             return client.completions.create(**kwargs).choices[0].finish_reason
         return [c.choices[0].finish_reason for c in client.completions.create(stream=True, **kwargs) if c.choices]
@@ -157,8 +163,7 @@ def test_an_openai_request_aborted_by_abort_all_finishes_with_reason_abort(keyed
 
 
 def test_abort_request_of_an_unknown_rid_changes_nothing(keyed_server, pool):
-    waiter = pool.submit(generate, keyed_server, {"text": "Hello", "rid": "kept", "sampling_params":
-                                                  SEEN_RUNNING})
+    waiter = pool.submit(generate, keyed_server, {"text": "Hello", "rid": "kept", "sampling_params": SEEN_RUNNING})
     wait_for(keyed_server, running=1)
     # Neither a prefix of the running rid nor a longer rid starting with it names it.
     for body in ({"rid": "no-such-request"}, {"rid": ""}, {}, {"rid": "kep"}, {"rid": "kept-1"}):
@@ -169,9 +174,8 @@ def test_abort_request_of_an_unknown_rid_changes_nothing(keyed_server, pool):
 
 
 def test_abort_request_leaves_another_clients_request_whose_rid_looks_like_a_sample(keyed_server, pool):
-    """"job-1" sent by a client with n = 1 is not a sample of "job": aborting "job" leaves it running."""
-    waiter = pool.submit(generate, keyed_server, {"text": "Hello", "rid": "job-1", "sampling_params":
-                                                  SEEN_RUNNING})
+    """ "job-1" sent by a client with n = 1 is not a sample of "job": aborting "job" leaves it running."""
+    waiter = pool.submit(generate, keyed_server, {"text": "Hello", "rid": "job-1", "sampling_params": SEEN_RUNNING})
     wait_for(keyed_server, running=1)
     answer = abort(keyed_server, {"rid": "job"})
     assert answer.status_code == 200 and answer.content == b"", answer.text
@@ -204,8 +208,12 @@ def test_retrieve_model_of_another_name_is_openais_404(keyed_server):
     client = openai.OpenAI(base_url=f"{keyed_server.base_url}/v1", api_key=API_KEY, max_retries=0)
     with pytest.raises(openai.NotFoundError) as raised:
         client.models.retrieve("gpt-4o")
-    assert raised.value.body == {"message": "The model 'gpt-4o' does not exist", "type": "invalid_request_error",
-                                 "param": "model", "code": "model_not_found"}
+    assert raised.value.body == {
+        "message": "The model 'gpt-4o' does not exist",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
     unkeyed = httpx.get(f"{keyed_server.base_url}/v1/models/gpt-4o", timeout=10)
     assert unkeyed.status_code == 401
 
@@ -214,8 +222,11 @@ def test_retrieve_model_of_another_name_is_openais_404(keyed_server):
 
 
 def test_a_browser_preflight_is_answered_without_the_key(keyed_server):
-    headers = {"origin": ORIGIN, "access-control-request-method": "POST",
-               "access-control-request-headers": "authorization, content-type"}
+    headers = {
+        "origin": ORIGIN,
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "authorization, content-type",
+    }
     for route in ("/v1/chat/completions", "/generate", "/abort_request"):
         answer = httpx.options(f"{keyed_server.base_url}{route}", headers=headers, timeout=10)
         assert answer.status_code == 200, (route, answer.status_code, answer.text)
@@ -229,7 +240,8 @@ def test_cross_origin_requests_still_need_the_key_and_can_read_the_answer(keyed_
     refused = httpx.post(f"{keyed_server.base_url}/generate", json=body, headers={"origin": ORIGIN}, timeout=10)
     assert refused.status_code == 401
     assert refused.headers["access-control-allow-origin"] == ORIGIN  # the page can read why
-    accepted = httpx.post(f"{keyed_server.base_url}/generate", json=body, headers={"origin": ORIGIN, **AUTH},
-                          timeout=30)
+    accepted = httpx.post(
+        f"{keyed_server.base_url}/generate", json=body, headers={"origin": ORIGIN, **AUTH}, timeout=30
+    )
     assert accepted.status_code == 200, accepted.text
     assert accepted.headers["access-control-allow-origin"] == ORIGIN

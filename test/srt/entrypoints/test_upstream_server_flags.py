@@ -12,12 +12,12 @@ import pytest
 
 from sglang.test.server_fixture import ServerProcess
 
-CUSTOM_CONFIG = '''from transformers import LlamaConfig
+CUSTOM_CONFIG = """from transformers import LlamaConfig
 
 
 class TinyCustomConfig(LlamaConfig):
     model_type = "tiny_custom"
-'''
+"""
 
 
 def with_custom_config_code(src: str, dst) -> str:
@@ -34,9 +34,23 @@ def with_custom_config_code(src: str, dst) -> str:
 @pytest.fixture(scope="module")
 def server(tiny_model_paths, tmp_path_factory):
     path = with_custom_config_code(tiny_model_paths["llama"], tmp_path_factory.mktemp("remote_code") / "model")
-    srv = ServerProcess(path, "--trust-remote-code", "--tokenizer-mode", "auto", "--dtype", "float",
-                        "--kv-cache-dtype", "auto", "--max-prefill-tokens", "64", "--stream-interval", "4",
-                        "--log-requests", "--watchdog-timeout", "120")
+    srv = ServerProcess(
+        path,
+        "--trust-remote-code",
+        "--tokenizer-mode",
+        "auto",
+        "--dtype",
+        "float",
+        "--kv-cache-dtype",
+        "auto",
+        "--max-prefill-tokens",
+        "64",
+        "--stream-interval",
+        "4",
+        "--log-requests",
+        "--watchdog-timeout",
+        "120",
+    )
     yield srv
     srv.stop()
 
@@ -44,8 +58,11 @@ def server(tiny_model_paths, tmp_path_factory):
 def test_the_server_serves_a_model_whose_config_is_its_own_code_with_trust_remote_code(server):
     info = httpx.get(f"{server.base_url}/get_server_info", timeout=10).json()
     assert info["trust_remote_code"] is True and info["dtype"] == "float" and info["max_prefill_tokens"] == 64
-    response = httpx.post(f"{server.base_url}/generate", timeout=60,
-                          json={"text": "def add(a, b):", "sampling_params": {"max_new_tokens": 3, "temperature": 0}})
+    response = httpx.post(
+        f"{server.base_url}/generate",
+        timeout=60,
+        json={"text": "def add(a, b):", "sampling_params": {"max_new_tokens": 3, "temperature": 0}},
+    )
     assert response.status_code == 200, response.text
 
 
@@ -64,15 +81,17 @@ def stream_chunks(server: ServerProcess, body: dict) -> list[dict]:
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.startswith("data: ") and line != "data: [DONE]":
-                chunks.append(json.loads(line[len("data: "):]))
+                chunks.append(json.loads(line[len("data: ") :]))
     return chunks
 
 
 def test_a_streaming_client_gets_a_chunk_every_stream_interval_tokens_and_the_last(server):
     """Chunks end at multiples of 4 tokens but the last: 4, 8, ..., 30. A stream that falls behind
     gets the chunks it missed as one (the tiny model's steps take microseconds), never more chunks."""
-    chunks = stream_chunks(server, {"text": "def add(a, b):",
-                                    "sampling_params": {"max_new_tokens": 30, "ignore_eos": True, "temperature": 0}})
+    chunks = stream_chunks(
+        server,
+        {"text": "def add(a, b):", "sampling_params": {"max_new_tokens": 30, "ignore_eos": True, "temperature": 0}},
+    )
     ends = [len(chunk["output_ids"]) for chunk in chunks]
     assert ends[-1] == 30 and chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert all(end % 4 == 0 for end in ends[:-1]) and ends == sorted(set(ends)), ends
@@ -81,8 +100,7 @@ def test_a_streaming_client_gets_a_chunk_every_stream_interval_tokens_and_the_la
 
 def test_log_requests_logs_each_requests_input_and_output_whatever_the_log_level(server):
     # The server runs with --log-level warning (ServerProcess): the request lines show anyway.
-    body = {"text": "class Stack:", "rid": "logged-request",
-            "sampling_params": {"max_new_tokens": 5, "temperature": 0}}
+    body = {"text": "class Stack:", "rid": "logged-request", "sampling_params": {"max_new_tokens": 5, "temperature": 0}}
     result = httpx.post(f"{server.base_url}/generate", json=body, timeout=60).json()
     log = server.output()
     received = next(line for line in log.splitlines() if "Receive: rid='logged-request'" in line)

@@ -18,8 +18,17 @@ def run_both(prefix_lens, extend_lens, group, head_dim, dtype, device):
     q = q.to(dtype).to(device)
     extend_seq_lens = torch.tensor(extend_lens, device=device)
     extend_start_loc = torch.cumsum(extend_seq_lens, 0) - extend_seq_lens
-    args = (kv.k_buffer, kv.v_buffer, kv.req_to_token, kv.req_pool_indices, kv.seq_lens,
-            extend_seq_lens, extend_start_loc, max(extend_lens), head_dim**-0.5)
+    args = (
+        kv.k_buffer,
+        kv.v_buffer,
+        kv.req_to_token,
+        kv.req_pool_indices,
+        kv.seq_lens,
+        extend_seq_lens,
+        extend_start_loc,
+        max(extend_lens),
+        head_dim**-0.5,
+    )
     out = extend_attention_fwd(q, torch.full_like(q, 7.0), *args)
     want = extend_attention_ref(q, torch.full_like(q, 7.0), *args)
     return out, want
@@ -27,8 +36,13 @@ def run_both(prefix_lens, extend_lens, group, head_dim, dtype, device):
 
 @pytest.mark.parametrize(
     "dtype, group, head_dim",
-    [(torch.float32, 1, 32), (torch.float32, 4, 16), (torch.float32, 3, 16), (torch.bfloat16, 8, 32),
-     (torch.float16, 2, 16)],
+    [
+        (torch.float32, 1, 32),
+        (torch.float32, 4, 16),
+        (torch.float32, 3, 16),
+        (torch.bfloat16, 8, 32),
+        (torch.float16, 2, 16),
+    ],
 )
 def test_extend_matches_reference_over_cached_prefixes(dtype, group, head_dim, device):
     # group 3 leaves rows of each (tokens x heads) tile empty; group 8 tiles 8 tokens at a time.

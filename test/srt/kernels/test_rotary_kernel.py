@@ -4,14 +4,24 @@
 import pytest
 import torch
 
-from sgl_kernel.rotary import (apply_rotary_and_store_kv_, apply_rotary_and_store_kv_ref, apply_rotary_embedding_,
-                               apply_rotary_embedding_ref)
+from sgl_kernel.rotary import (
+    apply_rotary_and_store_kv_,
+    apply_rotary_and_store_kv_ref,
+    apply_rotary_embedding_,
+    apply_rotary_embedding_ref,
+)
 from sgl_kernel.testing import TOLERANCE, relative_error
 from sglang.srt.layers.rotary_embedding import RotaryEmbedding
 
 HEADS, KV_HEADS, HEAD_DIM, TOKENS = 6, 2, 32, 5
-LLAMA3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+LLAMA3 = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
 
 
 def fused_qkv(dtype, device):
@@ -37,8 +47,10 @@ def test_rotary_rotates_q_and_k_views_in_place(dtype, device):
     assert relative_error(k, layer_k) < TOLERANCE[dtype]
 
 
-@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
-                                               (torch.float32, torch.bfloat16)])
+@pytest.mark.parametrize(
+    "dtype,cache_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.bfloat16)],
+)
 def test_rotary_and_kv_store_rotates_in_place_and_fills_exactly_the_given_slots(dtype, cache_dtype, device):
     rope = RotaryEmbedding(HEAD_DIM, 256, LLAMA3).to(device)
     positions = torch.tensor([0, 1, 63, 200, 255], device=device)
@@ -62,10 +74,17 @@ def test_rotary_and_kv_store_rotates_in_place_and_fills_exactly_the_given_slots(
     untouched[loc.cpu()] = False
     assert (k_cache[untouched.to(device)] == 7.0).all() and (v_cache[untouched.to(device)] == 7.0).all()
     # The cache holds the rotated k and the untouched v of each token.
-    assert torch.equal(k_cache[loc].float(), qkv[:, HEADS * HEAD_DIM:(HEADS + KV_HEADS) * HEAD_DIM]
-                       .view(TOKENS, KV_HEADS, HEAD_DIM).to(cache_dtype).float())
-    assert torch.equal(v_cache[loc].float(), qkv[:, (HEADS + KV_HEADS) * HEAD_DIM:]
-                       .view(TOKENS, KV_HEADS, HEAD_DIM).to(cache_dtype).float())
+    assert torch.equal(
+        k_cache[loc].float(),
+        qkv[:, HEADS * HEAD_DIM : (HEADS + KV_HEADS) * HEAD_DIM]
+        .view(TOKENS, KV_HEADS, HEAD_DIM)
+        .to(cache_dtype)
+        .float(),
+    )
+    assert torch.equal(
+        v_cache[loc].float(),
+        qkv[:, (HEADS + KV_HEADS) * HEAD_DIM :].view(TOKENS, KV_HEADS, HEAD_DIM).to(cache_dtype).float(),
+    )
 
 
 def test_rotary_and_kv_store_rejects_a_cache_that_does_not_fit(device):
@@ -98,8 +117,9 @@ def test_the_model_path_through_the_fused_kernel_decodes_the_same_tokens(spec, m
     outputs = {}
     for fused in (False, True):
         monkeypatch.setattr(llama, "fuses_rope_and_kv_store", lambda q, fused=fused: fused)
-        scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=True,
-                                         max_total_tokens=512, **spec_args))
+        scheduler = Scheduler(
+            ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=True, max_total_tokens=512, **spec_args)
+        )
         for i, ids in enumerate([[5, 17, 300, 41, 9, 77], [12, 13, 14, 15, 16, 17, 18, 19, 20]]):
             params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
             scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))

@@ -25,9 +25,7 @@ def make_batch(temperatures, vocab_size, seed_base=0):
 
 
 def kernel_tokens(logits, info, offsets, **layout):
-    return gumbel_max_sample(
-        logits, info.temperatures, info.seeds, offsets, info.greedy_mask, **layout
-    )
+    return gumbel_max_sample(logits, info.temperatures, info.seeds, offsets, info.greedy_mask, **layout)
 
 
 def random_logits(batch_size, vocab_size, seed, scale=3.0):
@@ -183,4 +181,3 @@ def test_compile_classes_name_one_batch_size_per_compiled_form(vocab_size, max_b
     assert {form(bs) for bs in range(1, max_batch_size + 1)} == set(forms)
     if vocab_size == 128256:
         assert len(sizes) > 4, "a Llama-3 vocabulary takes several forms up to 512 requests"
-

@@ -88,9 +88,18 @@ def test_the_models_decode_the_same_tokens_through_the_skinny_kernel(tiny_model_
     outputs = {}
     for skinny in (False, True):
         monkeypatch.setattr(linear, "uses_skinny_gemm", route if skinny else (lambda x, weight: False))
-        scheduler = Scheduler(ServerArgs(model_path=target, dtype="float32", device="cpu", disable_overlap_schedule=True,
-                                         max_total_tokens=512, speculative_algorithm="EAGLE3",
-                                         speculative_draft_model_path=draft, speculative_num_steps=2))
+        scheduler = Scheduler(
+            ServerArgs(
+                model_path=target,
+                dtype="float32",
+                device="cpu",
+                disable_overlap_schedule=True,
+                max_total_tokens=512,
+                speculative_algorithm="EAGLE3",
+                speculative_draft_model_path=draft,
+                speculative_num_steps=2,
+            )
+        )
         # r1 decodes alone once r0 is done: products of one row as well as of several.
         for i, (ids, max_new) in enumerate([([5, 17, 300, 41, 9, 77], 4), ([12, 13, 14, 15, 16, 17, 18, 19, 20], 12)]):
             params = SamplingParams(max_new_tokens=max_new, temperature=0, ignore_eos=True)

@@ -198,9 +198,7 @@ def test_filters_match_numpy_reference():
     top_ps = (torch.rand(batch, generator=generator, dtype=torch.float64) * 0.9 + 0.1).tolist()
     min_ps = (torch.rand(batch, generator=generator, dtype=torch.float64) * 0.2).tolist()
     top_ps[:5], min_ps[5:10], top_ks[10:15] = [1.0] * 5, [0.0] * 5, [vocab] * 5
-    params = [
-        SamplingParams(top_k=k, top_p=p, min_p=m) for k, p, m in zip(top_ks, top_ps, min_ps)
-    ]
+    params = [SamplingParams(top_k=k, top_p=p, min_p=m) for k, p, m in zip(top_ks, top_ps, min_ps)]
     filtered = apply_top_k_top_p_min_p(logits, make_info(params, vocab_size=vocab))
     for i in range(batch):
         want = filter_reference(logits[i].numpy(), top_ks[i], top_ps[i], min_ps[i])

@@ -12,8 +12,12 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 
 def make_req(rng: random.Random) -> Req:
-    params = SamplingParams(max_new_tokens=rng.randint(1, 12), min_new_tokens=rng.choice([0, 0, 2, 5]),
-                            stop_token_ids=rng.sample(range(8), rng.randint(0, 3)), ignore_eos=rng.random() < 0.5)
+    params = SamplingParams(
+        max_new_tokens=rng.randint(1, 12),
+        min_new_tokens=rng.choice([0, 0, 2, 5]),
+        stop_token_ids=rng.sample(range(8), rng.randint(0, 3)),
+        ignore_eos=rng.random() < 0.5,
+    )
     prompt = [rng.randrange(20) for _ in range(rng.randint(1, 6))]
     return Req("r", prompt, params, 0, False, eos_token_ids={0}, context_len=len(prompt) + rng.randint(1, 14))
 

@@ -19,9 +19,13 @@ def tokenizer():
 
 def one_token_message(rid, token_id, finished=None, stop_strs=(), no_stop_trim=False, skip_special=True):
     return BatchTokenIDOut(
-        rids=[rid], new_token_ids=[[token_id]], finished_reasons=[finished],
+        rids=[rid],
+        new_token_ids=[[token_id]],
+        finished_reasons=[finished],
         constants=[RequestConstants(skip_special, no_stop_trim, tuple(stop_strs), prompt_tokens=1)],
-        completion_tokens=[1], new_token_logprobs=[None], new_top_logprobs=[None],
+        completion_tokens=[1],
+        new_token_logprobs=[None],
+        new_top_logprobs=[None],
     )
 
 
@@ -30,8 +34,9 @@ def stream(tokenizer, ids, final_reason, stop_strs=(), no_stop_trim=False, skip_
     chunks = []
     for i, token_id in enumerate(ids):
         reason = final_reason if i == len(ids) - 1 else None
-        chunks.append(manager.handle(one_token_message("r", token_id, reason, stop_strs, no_stop_trim,
-                                                       skip_special)).new_texts[0])
+        chunks.append(
+            manager.handle(one_token_message("r", token_id, reason, stop_strs, no_stop_trim, skip_special)).new_texts[0]
+        )
     assert manager.states == {}  # a finished request leaves no state behind
     return chunks
 
@@ -72,8 +77,10 @@ def test_a_stop_token_ends_the_text_without_being_part_of_it(tokenizer):
     eos = tokenizer.eos_token_id
     for skip in (True, False):
         assert "".join(stream(tokenizer, ids + [eos], finish_matched(eos), skip_special=skip)) == "alpha beta"
-    assert "".join(stream(tokenizer, ids + [eos], finish_matched(eos), no_stop_trim=True, skip_special=False)) \
+    assert (
+        "".join(stream(tokenizer, ids + [eos], finish_matched(eos), no_stop_trim=True, skip_special=False))
         == "alpha beta" + tokenizer.eos_token
+    )
     comma = tokenizer.encode(",")[0]  # an ordinary token given in stop_token_ids
     assert "".join(stream(tokenizer, ids + [comma], finish_matched(comma))) == "alpha beta"
     assert "".join(stream(tokenizer, ids + [comma], finish_matched(comma), no_stop_trim=True)) == "alpha beta,"
@@ -102,14 +109,16 @@ def test_steps_merged_while_the_detokenizer_was_busy_give_the_same_stream(tokeni
         rids = ["a"] * (k < 9) + ["b"] * (2 <= k < 8)
         token = {"a": ids_a[k] if k < 9 else None, "b": ids_b[k - 2] if 2 <= k < 8 else None}
         return BatchTokenIDOut(
-            rids=rids, new_token_ids=[[token[r]] for r in rids],
+            rids=rids,
+            new_token_ids=[[token[r]] for r in rids],
             finished_reasons=[finish_length(9) if r == "a" and k == 8 else None for r in rids],
             # The constants travel with a request's first step only.
             constants=[RequestConstants(prompt_tokens=3) if k == {"a": 0, "b": 2}[r] else None for r in rids],
             completion_tokens=[k + 1 if r == "a" else k - 1 for r in rids],
             new_token_logprobs=[[(-0.5 * k, token[r])] if r == "a" else None for r in rids],
             new_top_logprobs=[None] * len(rids),
-            spec_verify_ct=[k] * len(rids))
+            spec_verify_ct=[k] * len(rids),
+        )
 
     steps = [step(k) for k in range(9)]
     one_by_one, merged = DetokenizerManager(tokenizer), DetokenizerManager(tokenizer)
@@ -138,16 +147,23 @@ def test_prompt_logprobs_survive_merged_steps_and_reach_the_tokenizer_manager(to
 
     def step(k, with_prompt: bool):  # b's prompt logprobs come with one step only
         return BatchTokenIDOut(
-            rids=["a", "b"], new_token_ids=[[ids[k]], [ids[k]]], finished_reasons=[None, None],
-            constants=[None, None], completion_tokens=[k + 1] * 2, new_token_logprobs=[None, None],
+            rids=["a", "b"],
+            new_token_ids=[[ids[k]], [ids[k]]],
+            finished_reasons=[None, None],
+            constants=[None, None],
+            completion_tokens=[k + 1] * 2,
+            new_token_logprobs=[None, None],
             new_top_logprobs=[None, None],
             input_token_logprobs=[None, [(None, 7), (-0.5, 8)]] if with_prompt else None,
-            input_top_logprobs=[None, [None, [(-0.5, 8)]]] if with_prompt else None)
+            input_top_logprobs=[None, [None, [(-0.5, 8)]]] if with_prompt else None,
+        )
 
     merged = merge_token_outputs([step(0, False), step(1, True), step(2, False)])
     assert merged.input_token_logprobs == [None, [(None, 7), (-0.5, 8)]]
     assert merged.input_top_logprobs == [None, [None, [(-0.5, 8)]]]
     assert merge_token_outputs([step(0, False), step(2, False)]).input_token_logprobs is None
     out = DetokenizerManager(tokenizer).handle(merged)
-    assert (out.input_token_logprobs, out.input_top_logprobs) == (merged.input_token_logprobs,
-                                                                  merged.input_top_logprobs)
+    assert (out.input_token_logprobs, out.input_top_logprobs) == (
+        merged.input_token_logprobs,
+        merged.input_top_logprobs,
+    )

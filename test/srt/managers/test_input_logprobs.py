@@ -20,8 +20,9 @@ def make_scheduler(path: str, **kwargs) -> Scheduler:
 
 def request(rid: str, input_ids: list[int], start: int, top: int = 0, max_new_tokens: int = 2):
     params = SamplingParams(temperature=0, max_new_tokens=max_new_tokens, ignore_eos=True)
-    return TokenizedGenerateReqInput(rid, input_ids, params, stream=False, return_logprob=True,
-                                     top_logprobs_num=top, logprob_start_len=start)
+    return TokenizedGenerateReqInput(
+        rid, input_ids, params, stream=False, return_logprob=True, top_logprobs_num=top, logprob_start_len=start
+    )
 
 
 def prompt(length: int, salt: int = 0) -> list[int]:

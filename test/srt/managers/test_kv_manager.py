@@ -14,11 +14,14 @@ def test_an_allocation_short_of_free_slots_evicts_a_slice_of_the_pool_at_once():
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 
     size = 64 * 40
-    manager = KVManager(ReqToTokenPool(size=4, max_context_len=64, device="cpu"), TokenToKVPoolAllocator(size),
-                        disable_radix_cache=False)
+    manager = KVManager(
+        ReqToTokenPool(size=4, max_context_len=64, device="cpu"),
+        TokenToKVPoolAllocator(size),
+        disable_radix_cache=False,
+    )
     slots = manager.alloc_host(size)  # the whole pool, then into the cache as 80 entries of 32 tokens
     for i in range(size // 32):
-        manager.tree_cache.insert([10_000 + i] + list(range(31)), slots[32 * i:32 * (i + 1)])
+        manager.tree_cache.insert([10_000 + i] + list(range(31)), slots[32 * i : 32 * (i + 1)])
     assert manager.allocator.available_size() == 0 and manager.tree_cache.evictable_size() == size
     evictions = []
     evict = manager.tree_cache.evict

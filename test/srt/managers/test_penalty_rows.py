@@ -26,8 +26,9 @@ def make_scheduler(path: str, **kwargs) -> Scheduler:
 
 
 def add(scheduler: Scheduler, rid: str, input_ids: list[int], max_new_tokens: int = 40, **params) -> None:
-    sampling = SamplingParams.from_dict({"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True,
-                                         **params})
+    sampling = SamplingParams.from_dict(
+        {"temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": True, **params}
+    )
     sampling.verify(scheduler.model_config.vocab_size)
     scheduler.add_request(TokenizedGenerateReqInput(rid, input_ids, sampling, stream=False))
 

@@ -10,13 +10,23 @@ from collections import deque
 from types import SimpleNamespace
 
 from sglang.srt.managers import schedule_policy
-from sglang.srt.managers.schedule_policy import (DECODE_RESERVE_MAX, AdmissionBatcher, PrefillAdder, decode_reserve,
-                                                 running_decode_reserve)
+from sglang.srt.managers.schedule_policy import (
+    DECODE_RESERVE_MAX,
+    AdmissionBatcher,
+    PrefillAdder,
+    decode_reserve,
+    running_decode_reserve,
+)
 
 
 def fake_req(rng: random.Random, prompt: int, max_new: int, out: int = 0):
-    return SimpleNamespace(seq_len=prompt + out, kv_len=0, output_ids=[0] * out, extend_len=0,
-                           sampling_params=SimpleNamespace(max_new_tokens=max_new))
+    return SimpleNamespace(
+        seq_len=prompt + out,
+        kv_len=0,
+        output_ids=[0] * out,
+        extend_len=0,
+        sampling_params=SimpleNamespace(max_new_tokens=max_new),
+    )
 
 
 def admitted(waiting, available_kv, budget, free_running, reserve) -> int:
@@ -33,7 +43,10 @@ def test_the_bound_admits_what_the_exact_reserve_admits_and_short_memory_takes_t
     rng = random.Random(0)
     used_bound = used_exact = 0
     for trial in range(400):
-        running = [fake_req(rng, rng.randint(1, 600), rng.randint(1, 900), rng.randint(0, 300)) for _ in range(rng.randint(0, 64))]
+        running = [
+            fake_req(rng, rng.randint(1, 600), rng.randint(1, 900), rng.randint(0, 300))
+            for _ in range(rng.randint(0, 64))
+        ]
         waiting = [fake_req(rng, rng.randint(1, 700), rng.randint(1, 900)) for _ in range(rng.randint(1, 20))]
         budget, free_running = rng.choice([512, 2048, 8192]), rng.randint(0, 24)
         free_slots = rng.randint(0, 40000)
@@ -121,8 +134,15 @@ def test_fair_order_lets_each_client_request_take_turns():
     big, small, other = reqs("big", 4), reqs("small", 1), reqs("other", 2)
     names = lambda order: [r.name for r in order]  # noqa: E731
     # Two of big's sequences already run: the later arrivals go first, then turns by count.
-    assert names(schedule_policy.fair_order(big + small + other, reqs("big", 2))) == ["small0", "other0", "other1", "big0",
-                                                                      "big1", "big2", "big3"]
+    assert names(schedule_policy.fair_order(big + small + other, reqs("big", 2))) == [
+        "small0",
+        "other0",
+        "other1",
+        "big0",
+        "big1",
+        "big2",
+        "big3",
+    ]
     assert names(schedule_policy.fair_order(big + small, [])) == ["big0", "small0", "big1", "big2", "big3"]
     unique = reqs("a", 1) + reqs("b", 1) + reqs("c", 1)
     assert schedule_policy.fair_order(unique, []) == unique  # nobody fans out: arrival order

@@ -225,8 +225,9 @@ def test_flush_cache_is_refused_while_requests_run(tiny_model_paths):
 def _mixed_workload(scheduler: Scheduler) -> None:
     ids = prompts(8, 12)
     for i, prompt in enumerate(ids):
-        params = SamplingParams(max_new_tokens=6 + 5 * i, temperature=0 if i % 2 else 0.9, sampling_seed=i,
-                                ignore_eos=True)
+        params = SamplingParams(
+            max_new_tokens=6 + 5 * i, temperature=0 if i % 2 else 0.9, sampling_seed=i, ignore_eos=True
+        )
         if i == 3:
             params.stop_token_ids = [prompt[0]]  # may or may not be produced: either way both runs agree
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", prompt, params, stream=i % 3 == 0))
@@ -269,14 +270,18 @@ def test_each_request_samples_with_its_own_parameters_as_the_batch_changes(tiny_
     different steps; each one's tokens must be those it gets alone (its seed and position fix
     its noise), so no step may sample a request with another's parameters or offsets."""
     path = tiny_model_paths["llama"]
-    specs = [("hot", dict(temperature=1.5, sampling_seed=1), 30), ("greedy", dict(temperature=0), 12),
-             ("warm", dict(temperature=0.8, top_k=20, sampling_seed=2), 20),
-             ("late", dict(temperature=1.2, top_p=0.9, sampling_seed=3), 16)]
+    specs = [
+        ("hot", dict(temperature=1.5, sampling_seed=1), 30),
+        ("greedy", dict(temperature=0), 12),
+        ("warm", dict(temperature=0.8, top_k=20, sampling_seed=2), 20),
+        ("late", dict(temperature=1.2, top_p=0.9, sampling_seed=3), 16),
+    ]
 
     def request(i):
         rid, params, n = specs[i]
-        return TokenizedGenerateReqInput(rid, prompts(4)[i], SamplingParams(max_new_tokens=n, ignore_eos=True, **params),
-                                         stream=False)
+        return TokenizedGenerateReqInput(
+            rid, prompts(4)[i], SamplingParams(max_new_tokens=n, ignore_eos=True, **params), stream=False
+        )
 
     alone = {}
     for i in range(len(specs)):
@@ -464,8 +469,7 @@ def test_an_arrival_held_for_company_can_be_aborted(tiny_model_paths):
     assert_accounting(scheduler)
 
 
-def test_decode_log_line_reads_the_throughput_of_its_window_without_idle_time(tiny_model_paths, caplog,
-                                                                               monkeypatch):
+def test_decode_log_line_reads_the_throughput_of_its_window_without_idle_time(tiny_model_paths, caplog, monkeypatch):
     """The log line's gen throughput is the tokens of the steps since the last line over the time
     they took (a last step slowed by anything no longer sets it), and time the server sat idle
     does not count."""
@@ -509,8 +513,9 @@ def test_max_prefill_tokens_caps_the_prompt_tokens_of_one_prefill_step(tiny_mode
     under a cap of 40 no step takes more (the third prompt is chunked) and the outputs are the same."""
     outputs, steps = {}, {}
     for cap in (None, 40):
-        scheduler = make_scheduler(tiny_model_paths["llama"], admission_batch_steps=0,
-                                   **({"max_prefill_tokens": cap} if cap else {}))
+        scheduler = make_scheduler(
+            tiny_model_paths["llama"], admission_batch_steps=0, **({"max_prefill_tokens": cap} if cap else {})
+        )
         steps[cap] = _prefill_token_counts(scheduler)
         for i, ids in enumerate(prompts(4)):
             scheduler.add_request(greedy_req(f"r{i}", ids, max_new_tokens=6))
@@ -522,12 +527,12 @@ def test_max_prefill_tokens_caps_the_prompt_tokens_of_one_prefill_step(tiny_mode
 
 
 @pytest.mark.parametrize("overlap", [True, False])
-def test_stream_interval_sends_a_streaming_requests_tokens_n_at_a_time_and_the_last_ones(tiny_model_paths,
-                                                                                          overlap):
+def test_stream_interval_sends_a_streaming_requests_tokens_n_at_a_time_and_the_last_ones(tiny_model_paths, overlap):
     chunks = {}
     for interval in (1, 4):
-        scheduler = make_scheduler(tiny_model_paths["llama"], stream_interval=interval,
-                                   disable_overlap_schedule=not overlap)
+        scheduler = make_scheduler(
+            tiny_model_paths["llama"], stream_interval=interval, disable_overlap_schedule=not overlap
+        )
         request = greedy_req("streamed", prompts(1)[0], max_new_tokens=10)
         scheduler.add_request(dataclasses.replace(request, stream=True))
         sizes = []

@@ -50,8 +50,14 @@ def test_size_bucket():
 def test_phases_are_summed_per_group_and_the_device_wait_is_split_out(tmp_path, fake_time):
     clock = StepClock(str(tmp_path / "steps"))
     for batch_size in (3, 4):  # one bucket
-        one_pass(clock, fake_time, "spec_k3", batch_size, {"receive": 10, "launch": 200, "process": 500,
-                                                           "send": 30}, waited_us=300)
+        one_pass(
+            clock,
+            fake_time,
+            "spec_k3",
+            batch_size,
+            {"receive": 10, "launch": 200, "process": 500, "send": 30},
+            waited_us=300,
+        )
     one_pass(clock, fake_time, "decode", 4, {"launch": 100, "process": 60})
     one_pass(clock, fake_time, "prefill", 2, {"schedule": 50, "launch": 1000, "process": 80})
     summary = clock.summary()
@@ -110,13 +116,19 @@ def test_a_served_load_is_timed_by_the_scheduler_process(tmp_path, tiny_model_pa
     prefix = tmp_path / "sched"
     monkeypatch.setenv(step_times.ENV, str(prefix))
     # Without overlap, so that no step is launched past the requests' last tokens.
-    engine = sglang.Engine(model_path=tiny_model_paths["llama"], dtype="float32", device="cpu", log_level="warning",
-                           disable_overlap_schedule=True)
+    engine = sglang.Engine(
+        model_path=tiny_model_paths["llama"],
+        dtype="float32",
+        device="cpu",
+        log_level="warning",
+        disable_overlap_schedule=True,
+    )
     try:
         # One request: two could reach the scheduler in separate passes, one decoding a step
         # alone before the other joins (the step count would then depend on timing).
-        out = engine.generate(input_ids=[5, 6, 7, 8],
-                              sampling_params={"temperature": 0, "max_new_tokens": 12, "ignore_eos": True})
+        out = engine.generate(
+            input_ids=[5, 6, 7, 8], sampling_params={"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+        )
         assert len(out["output_ids"]) == 12
         path = prefix.with_name("sched.0.json")
         deadline = time.time() + 30

@@ -20,8 +20,9 @@ def _first_match(text: str, stops: list[str]):
 
 
 def _held(text: str, stops: list[str]) -> int:
-    return max((k for stop in stops for k in range(1, min(len(stop), len(text)) + 1) if text.endswith(stop[:k])),
-               default=0)
+    return max(
+        (k for stop in stops for k in range(1, min(len(stop), len(text)) + 1) if text.endswith(stop[:k])), default=0
+    )
 
 
 def test_the_automaton_finds_the_first_stop_and_holds_back_possible_starts_like_brute_force():

@@ -17,10 +17,16 @@ VOCAB = 384
 
 
 def _step(rid: str, token: int, done: bool = False) -> BatchStrOut:
-    return BatchStrOut(rids=[rid], new_texts=[f"<{token}>"], new_token_ids=[[token]],
-                       finished_reasons=[{"type": "length", "length": 1} if done else None],
-                       constants=[RequestConstants(prompt_tokens=3) if token == 1 else None],
-                       completion_tokens=[token], new_token_logprobs=[None], new_top_logprobs=[None])
+    return BatchStrOut(
+        rids=[rid],
+        new_texts=[f"<{token}>"],
+        new_token_ids=[[token]],
+        finished_reasons=[{"type": "length", "length": 1} if done else None],
+        constants=[RequestConstants(prompt_tokens=3) if token == 1 else None],
+        completion_tokens=[token],
+        new_token_logprobs=[None],
+        new_top_logprobs=[None],
+    )
 
 
 async def _stream_while_steps_arrive_in_bursts(model_path: str, bursts: list[int]) -> list[dict]:
@@ -28,15 +34,17 @@ async def _stream_while_steps_arrive_in_bursts(model_path: str, bursts: list[int
     (all queued before the server's event loop runs again), then waits for the chunk."""
     port_args = PortArgs.create()
     args = ServerArgs(model_path=model_path, device="cpu")
-    tm = TokenizerManager(args, port_args, {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8},
-                          lambda: None)
+    tm = TokenizerManager(
+        args, port_args, {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8}, lambda: None
+    )
     ctx = zmq.Context()
     detok = ctx.socket(zmq.PUSH)
     detok.connect(port_args.tokenizer_ipc)
     chunks = []
     try:
-        agen = tm.generate_request(GenerateReqInput(input_ids=[1, 2, 3], rid="r", stream=True,
-                                                    sampling_params={"max_new_tokens": 64}))
+        agen = tm.generate_request(
+            GenerateReqInput(input_ids=[1, 2, 3], rid="r", stream=True, sampling_params={"max_new_tokens": 64})
+        )
         reader = asyncio.ensure_future(agen.__anext__())
         await asyncio.sleep(0.05)  # the request is sent; the reader waits for output
         token = 0
@@ -69,17 +77,20 @@ def test_a_finish_that_arrives_while_a_chunk_is_on_its_way_is_still_streamed(tin
     """The caller takes a chunk; the request's last step arrives and is handled before the caller
     asks for the next one (a busy server's HTTP process writing the chunk out): the stream must
     still send the final chunk, with the finish reason and every token, before it ends."""
+
     async def run():
         port_args = PortArgs.create()
         args = ServerArgs(model_path=tiny_model_paths["llama"], device="cpu")
-        tm = TokenizerManager(args, port_args, {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8},
-                              lambda: None)
+        tm = TokenizerManager(
+            args, port_args, {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8}, lambda: None
+        )
         ctx = zmq.Context()
         detok = ctx.socket(zmq.PUSH)
         detok.connect(port_args.tokenizer_ipc)
         try:
-            agen = tm.generate_request(GenerateReqInput(input_ids=[1, 2, 3], rid="r", stream=True,
-                                                        sampling_params={"max_new_tokens": 64}))
+            agen = tm.generate_request(
+                GenerateReqInput(input_ids=[1, 2, 3], rid="r", stream=True, sampling_params={"max_new_tokens": 64})
+            )
             reader = asyncio.ensure_future(agen.__anext__())
             await asyncio.sleep(0.05)
             detok.send_pyobj(_step("r", 1))
@@ -125,14 +136,21 @@ def test_a_chat_template_file_serves_chat_for_a_tokenizer_without_one(tiny_model
 
     assert not get_tokenizer(str(model)).chat_template
     template = tmp_path / "chat.jinja"
-    template.write_text("{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
-                        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}")
+    template.write_text(
+        "{% for t in tools or [] %}[{{ t.function.name }}]{% endfor %}"
+        "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
+    )
     port_args = PortArgs.create()
-    tm = TokenizerManager(ServerArgs(model_path=str(model), device="cpu", chat_template=str(template)), port_args,
-                          {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8}, lambda: None)
+    tm = TokenizerManager(
+        ServerArgs(model_path=str(model), device="cpu", chat_template=str(template)),
+        port_args,
+        {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8},
+        lambda: None,
+    )
     try:
-        request = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}],
-                                        tools=[{"type": "function", "function": {"name": "add"}}])
+        request = ChatCompletionRequest(
+            messages=[{"role": "user", "content": "hi"}], tools=[{"type": "function", "function": {"name": "add"}}]
+        )
         prompt = OpenAIServingChat(tm).build_prompts(request).values[0]
         assert tm.tokenizer.decode(prompt) == "[add]user: hi\n"
     finally:
@@ -149,8 +167,12 @@ def grammar_check_manager(tiny_model_paths, monkeypatch) -> tuple[TokenizerManag
 
     monkeypatch.setattr(tokenizer_manager, "CONSTRAINT_CHECK_TIMEOUT_S", 0.3)
     port_args = PortArgs.create()
-    return TokenizerManager(ServerArgs(model_path=tiny_model_paths["llama"], device="cpu"), port_args,
-                            {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8}, lambda: None), port_args
+    return TokenizerManager(
+        ServerArgs(model_path=tiny_model_paths["llama"], device="cpu"),
+        port_args,
+        {"context_len": 512, "vocab_size": VOCAB, "max_running_requests": 8},
+        lambda: None,
+    ), port_args
 
 
 def test_a_grammar_slow_to_parse_is_refused_by_name_while_the_event_loop_keeps_running(tiny_model_paths, monkeypatch):
@@ -176,11 +198,15 @@ def test_a_grammar_slow_to_parse_is_refused_by_name_while_the_event_loop_keeps_r
         try:
             started = time.perf_counter()
             with pytest.raises(InvalidRequest) as excinfo:
-                await tm.tokenize_request(GenerateReqInput(input_ids=[[1, 2], [3, 4]], sampling_params=[
-                    {"json_schema": slow}, {"json_schema": slow}]))  # one check for the two
+                await tm.tokenize_request(
+                    GenerateReqInput(
+                        input_ids=[[1, 2], [3, 4]], sampling_params=[{"json_schema": slow}, {"json_schema": slow}]
+                    )
+                )  # one check for the two
             took = time.perf_counter() - started
-            quick = await tm.tokenize_request(GenerateReqInput(input_ids=[1, 2], sampling_params={
-                "regex": "[a-z]+", "max_new_tokens": 4}))
+            quick = await tm.tokenize_request(
+                GenerateReqInput(input_ids=[1, 2], sampling_params={"regex": "[a-z]+", "max_new_tokens": 4})
+            )
         finally:
             task.cancel()
             await tm.close()
@@ -203,11 +229,19 @@ def test_requests_repeating_a_grammar_being_parsed_share_its_check(tiny_model_pa
     async def run():
         tm, port_args = grammar_check_manager(tiny_model_paths, monkeypatch)
         try:
-            refused = await asyncio.gather(*[tm.tokenize_request(GenerateReqInput(
-                input_ids=[1, 2], sampling_params={"json_schema": SLOW_SCHEMA})) for _ in range(3)], return_exceptions=True)
+            refused = await asyncio.gather(
+                *[
+                    tm.tokenize_request(
+                        GenerateReqInput(input_ids=[1, 2], sampling_params={"json_schema": SLOW_SCHEMA})
+                    )
+                    for _ in range(3)
+                ],
+                return_exceptions=True,
+            )
             checks_running = len(tm.constraint_checks)
-            quick = await tm.tokenize_request(GenerateReqInput(input_ids=[1, 2], sampling_params={
-                "regex": "[a-z]+", "max_new_tokens": 4}))
+            quick = await tm.tokenize_request(
+                GenerateReqInput(input_ids=[1, 2], sampling_params={"regex": "[a-z]+", "max_new_tokens": 4})
+            )
         finally:
             await tm.close()
             shutil.rmtree(port_args.ipc_dir, ignore_errors=True)

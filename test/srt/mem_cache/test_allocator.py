@@ -34,7 +34,7 @@ def test_many_small_frees_keep_every_slot_exactly_once():
     alloc = TokenToKVPoolAllocator(1000)
     held = alloc.alloc(1000)
     for i in range(0, 1000, 3):
-        alloc.free(held[i:i + 3])
+        alloc.free(held[i : i + 3])
     assert alloc.available_size() == 1000
     assert sorted(alloc.alloc(1000).tolist()) == list(range(1, 1001))
     alloc.clear()

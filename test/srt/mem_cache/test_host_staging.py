@@ -51,12 +51,16 @@ def test_a_prefill_table_write_lands_in_each_row_after_its_cached_prefix():
     manager = KVManager(pool, TokenToKVPoolAllocator(512), disable_radix_cache=True)
     expected = torch.zeros_like(pool.req_to_token)
     for step, layout in enumerate([[(0, 3), (5, 2), (0, 1)], [(2, 30), (0, 20)], [(9, 1)], [(1, 4), (0, 7)]]):
-        reqs = [SimpleNamespace(req_pool_idx=(step + i) % 4, kv_len=kv_len, extend_len=new)
-                for i, (kv_len, new) in enumerate(layout)]
+        reqs = [
+            SimpleNamespace(req_pool_idx=(step + i) % 4, kv_len=kv_len, extend_len=new)
+            for i, (kv_len, new) in enumerate(layout)
+        ]
         device_slots, host_slots = manager.alloc_for_step(reqs)
         assert device_slots.tolist() == host_slots.tolist() and len(host_slots) == sum(n for _, n in layout)
         at = 0
         for req in reqs:
-            expected[req.req_pool_idx, req.kv_len:req.kv_len + req.extend_len] = host_slots[at:at + req.extend_len].int()
+            expected[req.req_pool_idx, req.kv_len : req.kv_len + req.extend_len] = host_slots[
+                at : at + req.extend_len
+            ].int()
             at += req.extend_len
         assert torch.equal(pool.req_to_token, expected), f"step {step}"

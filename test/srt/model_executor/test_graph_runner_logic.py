@@ -57,15 +57,38 @@ def rerun_graphs(monkeypatch):
     return replays
 
 
-def generate(spec: bool, choose=None, num_reqs: int = 3, step_graph: bool = False, sampled: bool = False,
-             without_draft: tuple = (), overlap: bool = False, **spec_kwargs) -> dict:
+def generate(
+    spec: bool,
+    choose=None,
+    num_reqs: int = 3,
+    step_graph: bool = False,
+    sampled: bool = False,
+    without_draft: tuple = (),
+    overlap: bool = False,
+    **spec_kwargs,
+) -> dict:
     """`without_draft`: rids admitted as if speculation did not pay (the draft skips them).
     `overlap`: each decode step is launched from the tokens the last one left on the device."""
-    kwargs = dict(speculative_algorithm="EAGLE3", speculative_num_steps=3,
-                  disable_speculative_step_graph=not step_graph, **spec_kwargs) if spec else {}
-    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=not overlap,
-                                     prefill_cuda_graph_max_tokens=PREFILL_GRAPH_TOKENS,
-                                     max_total_tokens=MAX_TOTAL_TOKENS, **kwargs))
+    kwargs = (
+        dict(
+            speculative_algorithm="EAGLE3",
+            speculative_num_steps=3,
+            disable_speculative_step_graph=not step_graph,
+            **spec_kwargs,
+        )
+        if spec
+        else {}
+    )
+    scheduler = Scheduler(
+        ServerArgs(
+            dtype="float32",
+            device="cpu",
+            disable_overlap_schedule=not overlap,
+            prefill_cuda_graph_max_tokens=PREFILL_GRAPH_TOKENS,
+            max_total_tokens=MAX_TOTAL_TOKENS,
+            **kwargs,
+        )
+    )
     if without_draft:
         scheduler.draft_reads_prompt = lambda req, joining: req.rid not in without_draft
     if choose is not None:
@@ -73,8 +96,9 @@ def generate(spec: bool, choose=None, num_reqs: int = 3, step_graph: bool = Fals
         scheduler.spec_steps_for = lambda bs: steps.append(choose(len(steps))) or steps[-1]
     prompts = [[5, 17, 300, 41, 9, 77], [12, 13, 14, 15], list(range(100, 130)), [2000, 7, 7]][:num_reqs]
     for i, ids in enumerate(prompts):
-        params = SamplingParams(max_new_tokens=[9, 30, 22, 5][i], temperature=0.7 if sampled else 0,
-                                ignore_eos=True, sampling_seed=i)
+        params = SamplingParams(
+            max_new_tokens=[9, 30, 22, 5][i], temperature=0.7 if sampled else 0, ignore_eos=True, sampling_seed=i
+        )
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
     return {rid: out["ids"] for rid, out in run_to_completion(scheduler).items()}
 
@@ -114,8 +138,10 @@ def test_whole_step_graphs_serve_batches_with_requests_the_draft_does_not_follow
     """r1 (and r2) are admitted without the draft: the speculative steps they share still replay
     the whole-step graph (they take plain decoding's token through its row mask); plain steps of
     a batch the draft follows not at all (r1 alone at the end) replay the target-only step graph."""
-    assert generate(True, choose=lambda i: 3 * (i % 2), step_graph=True,
-                    without_draft=("r1", "r2")) == eager_outputs["plain"]
+    assert (
+        generate(True, choose=lambda i: 3 * (i % 2), step_graph=True, without_draft=("r1", "r2"))
+        == eager_outputs["plain"]
+    )
     assert ("STEP", 4) in {shape[:2] for shape in rerun_graphs}
     assert ("TARGET_STEP", 1, 1) in rerun_graphs  # r1's last plain steps (r0 and r2 are done)
     assert ("STEP", 1, 1) not in rerun_graphs  # the plain step with the draft: never for r1 alone
@@ -133,14 +159,24 @@ def test_every_batch_size_of_a_runner_writes_into_one_set_of_outputs(rerun_graph
     """A graph's outputs stay allocated as long as the graph: one set per runner, not one per
     batch size (on an 8B-shaped EAGLE-3 server the per-size float32 logits took about 11 GB).
     The tokens stay plain decoding's."""
-    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
-                                     speculative_num_steps=3, prefill_cuda_graph_max_tokens=PREFILL_GRAPH_TOKENS,
-                                     max_total_tokens=MAX_TOTAL_TOKENS))
+    scheduler = Scheduler(
+        ServerArgs(
+            dtype="float32",
+            device="cpu",
+            speculative_algorithm="EAGLE3",
+            speculative_num_steps=3,
+            prefill_cuda_graph_max_tokens=PREFILL_GRAPH_TOKENS,
+            max_total_tokens=MAX_TOTAL_TOKENS,
+        )
+    )
     worker = scheduler.tp_worker
     runners = [r for runner in (worker.model_runner, worker.draft_runner) for r in runner.graph_runners]
     decode = [r for r in runners if isinstance(r, CudaGraphRunner)]
-    assert {(r.forward_mode.name, r.tokens_per_req) for r in decode} >= {("TARGET_VERIFY", 4), ("DECODE", 1),
-                                                                         ("DRAFT_EXTEND", 4)}
+    assert {(r.forward_mode.name, r.tokens_per_req) for r in decode} >= {
+        ("TARGET_VERIFY", 4),
+        ("DECODE", 1),
+        ("DRAFT_EXTEND", 4),
+    }
     assert {r.forward_mode.name for r in runners if isinstance(r, PrefillGraphRunner)} == {"EXTEND", "DRAFT_EXTEND"}
     for runner in runners:
         if isinstance(runner, CudaGraphRunner):
@@ -152,8 +188,10 @@ def test_every_batch_size_of_a_runner_writes_into_one_set_of_outputs(rerun_graph
         for bs, out in runner.outputs.items():
             assert out.next_token_logits.untyped_storage().data_ptr() == shared, (runner.forward_mode, bs)
             if out.aux_hidden_states is not None:
-                assert out.aux_hidden_states.untyped_storage().data_ptr() == \
-                    runner.aux_hidden_out.untyped_storage().data_ptr()
+                assert (
+                    out.aux_hidden_states.untyped_storage().data_ptr()
+                    == runner.aux_hidden_out.untyped_storage().data_ptr()
+                )
     assert any(r.aux_hidden_out is not None for r in runners)  # the verify's aux states for the draft
     assert generate(True) == eager_outputs["plain"]
 
@@ -172,8 +210,10 @@ def test_every_k_the_policy_can_reach_has_its_graphs(rerun_graphs, eager_outputs
     spec = dict(speculative_policy="cost", speculative_candidate_steps=[0, 1, 3])
     for sync in ("warm", "catch-up"):
         rerun_graphs.clear()
-        assert generate(True, choose=choose, step_graph=True, speculative_draft_sync=sync,
-                        **spec) == eager_outputs["plain"], sync
+        assert (
+            generate(True, choose=choose, step_graph=True, speculative_draft_sync=sync, **spec)
+            == eager_outputs["plain"]
+        ), sync
         shapes = {shape[:2] for shape in rerun_graphs}
         assert {("STEP", 1), ("STEP", 2), ("STEP", 4)} <= shapes, sync
     rerun_graphs.clear()

@@ -44,10 +44,15 @@ def test_install_hooks_triton_and_keeps_hooks_already_there(monkeypatch):
     watch.install()
     watch.install()  # once only: a second install must not wrap the watch's own hooks
     watch.mark_serving()
-    assert knobs.runtime.jit_cache_hook(key=1, repr="k", fn=None, compile={}, is_manual_warmup=False,
-                                        already_compiled=False) is None, "a true value would skip the compile"
-    knobs.runtime.jit_post_compile_hook(key=1, repr="k", fn=None, compile={}, is_manual_warmup=False,
-                                        already_compiled=False)
+    assert (
+        knobs.runtime.jit_cache_hook(
+            key=1, repr="k", fn=None, compile={}, is_manual_warmup=False, already_compiled=False
+        )
+        is None
+    ), "a true value would skip the compile"
+    knobs.runtime.jit_post_compile_hook(
+        key=1, repr="k", fn=None, compile={}, is_manual_warmup=False, already_compiled=False
+    )
     assert calls == [("cache", "k"), ("done", "k")]
     assert watch.summary()["kernels_compiled_while_serving"] == ["k"]
 

@@ -49,8 +49,9 @@ def triton_runner(tiny_model_paths):
     return _captured_runner(tiny_model_paths["llama"], "triton")
 
 
-def make_batch(model_runner, layout: list[tuple[int, int]], seed: int, aux: bool = True,
-               host_rows: bool = False) -> ForwardBatch:
+def make_batch(
+    model_runner, layout: list[tuple[int, int]], seed: int, aux: bool = True, host_rows: bool = False
+) -> ForwardBatch:
     """Requests with (cached prefix, new tokens) each, in fresh table rows and KV slots; the
     prefix KV is random (both paths read the same). `host_rows`: the batch also carries host
     copies of its token rows and table rows, as a scheduler's prefill does (the graph stages
@@ -71,10 +72,17 @@ def make_batch(model_runner, layout: list[tuple[int, int]], seed: int, aux: bool
         slots.append(row_slots[prefix:])
         seq_lens.append(prefix + new)
     fb = ForwardBatch(
-        forward_mode=ForwardMode.EXTEND, batch_size=len(layout), input_ids=torch.tensor(ids),
-        positions=torch.tensor(positions), req_pool_indices=torch.tensor(rows), seq_lens=torch.tensor(seq_lens),
-        out_cache_loc=torch.cat(slots), seq_lens_cpu=seq_lens, extend_seq_lens_cpu=[new for _, new in layout],
-        extend_prefix_lens_cpu=[prefix for prefix, _ in layout], capture_aux_hidden_states=aux,
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=len(layout),
+        input_ids=torch.tensor(ids),
+        positions=torch.tensor(positions),
+        req_pool_indices=torch.tensor(rows),
+        seq_lens=torch.tensor(seq_lens),
+        out_cache_loc=torch.cat(slots),
+        seq_lens_cpu=seq_lens,
+        extend_seq_lens_cpu=[new for _, new in layout],
+        extend_prefix_lens_cpu=[prefix for prefix, _ in layout],
+        capture_aux_hidden_states=aux,
     )
     if host_rows:
         fb.input_ids_host, fb.positions_host, fb.req_pool_indices_host = ids, positions, rows
@@ -120,8 +128,9 @@ def test_one_runner_serves_batches_without_aux_and_a_padded_replay_after_a_large
     assert prefill.can_run(small)
     graphed = prefill.replay(small)
     assert graphed.aux_hidden_states is None
-    torch.testing.assert_close(graphed.next_token_logits, model_runner.forward_eager(small).next_token_logits,
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        graphed.next_token_logits, model_runner.forward_eager(small).next_token_logits, rtol=1e-4, atol=1e-5
+    )
 
 
 def test_batches_no_graph_fits_run_eagerly(runner):
@@ -164,8 +173,9 @@ def test_a_pass_scoring_prompt_tokens_runs_eagerly_and_scores_every_row(runner):
     finally:
         model_runner.graph_runners.remove(prefill)
     expected = torch.log_softmax(every[batch.input_logprob_rows], dim=-1)
-    torch.testing.assert_close(out.input_token_logprobs,
-                               expected.gather(1, batch.input_logprob_targets[:, None]).squeeze(1))
+    torch.testing.assert_close(
+        out.input_token_logprobs, expected.gather(1, batch.input_logprob_targets[:, None]).squeeze(1)
+    )
     torch.testing.assert_close(out.input_top_logprobs, expected.topk(2, dim=-1).values)
     torch.testing.assert_close(out.next_token_logits, every[[5, 10]])
 
@@ -220,5 +230,9 @@ def test_the_flag_is_checked_and_documented():
     parser = __import__("argparse").ArgumentParser()
     ServerArgs.add_cli_args(parser)
     assert "--prefill-cuda-graph-max-tokens" in parser.format_help()
-    assert ServerArgs.from_cli_args(parser.parse_args(["--prefill-cuda-graph-max-tokens", "0"])) \
-        .prefill_cuda_graph_max_tokens == 0
+    assert (
+        ServerArgs.from_cli_args(
+            parser.parse_args(["--prefill-cuda-graph-max-tokens", "0"])
+        ).prefill_cuda_graph_max_tokens
+        == 0
+    )

@@ -14,8 +14,13 @@ from safetensors.torch import load_file, save_file
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.model_loader.eagle3_formats import (LAYOUT_OURS, LAYOUT_RELEASE, LAYOUT_SPECULATORS,
-                                                    draft_model_config, read_draft_layout)
+from sglang.srt.model_loader.eagle3_formats import (
+    LAYOUT_OURS,
+    LAYOUT_RELEASE,
+    LAYOUT_SPECULATORS,
+    draft_model_config,
+    read_draft_layout,
+)
 from sglang.srt.model_paths import check_model_paths
 from sglang.srt.server_args import ServerArgs
 from sglang.test.eagle3_layouts import CASES, DraftFeatures, draft_tensors, reference_draft_step, write_draft
@@ -31,8 +36,9 @@ EXPECTED_LAYOUT = {"specforge": LAYOUT_OURS, "release": LAYOUT_RELEASE, "specula
 @pytest.fixture(scope="module")
 def target_path(tmp_path_factory):
     # Default rope: the reference implements no rope scaling.
-    return make_tiny_model(str(tmp_path_factory.mktemp("target")), "llama", num_hidden_layers=NUM_TARGET_LAYERS,
-                           rope_scaling=None)
+    return make_tiny_model(
+        str(tmp_path_factory.mktemp("target")), "llama", num_hidden_layers=NUM_TARGET_LAYERS, rope_scaling=None
+    )
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +52,15 @@ def write_case(root, case: str, target_runner, **overrides):
     config = target_runner.model_config.hf_config
     tensors = draft_tensors(config, DRAFT_VOCAB, features, seed=len(case))
     aux = None if layout == "release" else AUX_LAYER_IDS
-    path = write_draft(str(root / case), layout, tensors, target_runner.model_config.path, overrides.get("aux", aux),
-                       features, embed=target_runner.model.model.embed_tokens.weight.detach().clone())
+    path = write_draft(
+        str(root / case),
+        layout,
+        tensors,
+        target_runner.model_config.path,
+        overrides.get("aux", aux),
+        features,
+        embed=target_runner.model.model.embed_tokens.weight.detach().clone(),
+    )
     if layout == "release":  # stored in float16: the reference computes with the same values
         tensors = {name: t.half().float() if t.is_floating_point() else t for name, t in tensors.items()}
     return path, tensors, features
@@ -82,10 +95,19 @@ class OneSequence:
         row = self.runner.req_to_token_pool.alloc()
         self.runner.req_to_token_pool.write(row, 0, slots)
         batch = ForwardBatch(
-            forward_mode=ForwardMode.DRAFT_EXTEND, batch_size=1, input_ids=tokens, positions=torch.arange(n),
-            req_pool_indices=torch.tensor([row]), seq_lens=torch.tensor([n]), out_cache_loc=slots,
-            seq_lens_cpu=[n], extend_seq_lens_cpu=[n], extend_prefix_lens_cpu=[0], return_all_logits=True,
-            spec_hidden_states=hidden_in)
+            forward_mode=ForwardMode.DRAFT_EXTEND,
+            batch_size=1,
+            input_ids=tokens,
+            positions=torch.arange(n),
+            req_pool_indices=torch.tensor([row]),
+            seq_lens=torch.tensor([n]),
+            out_cache_loc=slots,
+            seq_lens_cpu=[n],
+            extend_seq_lens_cpu=[n],
+            extend_prefix_lens_cpu=[0],
+            return_all_logits=True,
+            spec_hidden_states=hidden_in,
+        )
         try:
             return self.runner.forward(batch)
         finally:
@@ -107,8 +129,10 @@ def test_layout_loads_and_computes_the_reference_draft(case, target_runner, tmp_
     eps = target.hf_config.rms_norm_eps
     forward = OneSequence(runner)
     # From the target's aux states (fc path), and from the draft's own outputs (a chain step's input).
-    for hidden_in, from_aux in ((2 * torch.randn(9, 3 * target.hidden_size, generator=gen), True),
-                                (torch.randn(9, target.hidden_size, generator=gen), False)):
+    for hidden_in, from_aux in (
+        (2 * torch.randn(9, 3 * target.hidden_size, generator=gen), True),
+        (torch.randn(9, target.hidden_size, generator=gen), False),
+    ):
         out = forward(tokens, hidden_in)
         logits, hidden = reference_draft_step(tensors, features, shape, embeds, hidden_in, from_aux, eps)
         torch.testing.assert_close(out.next_token_logits, logits, atol=1e-4, rtol=1e-4)
@@ -121,8 +145,14 @@ def test_layout_loads_and_computes_the_reference_draft(case, target_runner, tmp_
 
 def launch_check(target_path: str, draft_path: str, **kwargs) -> None:
     """What the launch path runs before starting a process (Engine, launch_server, replicas)."""
-    args = ServerArgs(model_path=target_path, dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
-                      speculative_draft_model_path=draft_path, **kwargs)
+    args = ServerArgs(
+        model_path=target_path,
+        dtype="float32",
+        device="cpu",
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft_path,
+        **kwargs,
+    )
     check_model_paths(args)
 
 
@@ -150,21 +180,36 @@ def test_every_served_layout_passes_the_launch_check(target_runner, tmp_path):
 
 REFUSALS = {
     "fc_norm": (lambda c: c.update(fc_norm=True), None, "fc_norm"),
-    "a second decoder layer": (None, lambda t: t.update({"layers.1.mlp.up_proj.weight": t["layers.0.mlp.up_proj.weight"].clone()}),
-                               "2 decoder layers"),
-    "aux id 0 (the embedding output)": (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 3, 6]), None,
-                                        "embedding"),
-    "aux id past the target": (lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 4, 9]), None,
-                               "must be 3 layers of the target's 8"),
+    "a second decoder layer": (
+        None,
+        lambda t: t.update({"layers.1.mlp.up_proj.weight": t["layers.0.mlp.up_proj.weight"].clone()}),
+        "2 decoder layers",
+    ),
+    "aux id 0 (the embedding output)": (
+        lambda c: c.update(eagle_aux_hidden_state_layer_ids=[0, 3, 6]),
+        None,
+        "embedding",
+    ),
+    "aux id past the target": (
+        lambda c: c.update(eagle_aux_hidden_state_layer_ids=[2, 4, 9]),
+        None,
+        "must be 3 layers of the target's 8",
+    ),
     "another speculators type": (lambda c: c.update(speculators_model_type="eagle"), None, "'eagle'"),
     "another layer type": (lambda c: c["transformer_layer_config"].update(model_type="mistral"), None, "'mistral'"),
     "norm_before_fc without input_norm": (lambda c: c.update(norm_before_fc=True), None, "input_norm.weight"),
     "an MLP bias": (None, lambda t: t.update({"layers.0.mlp.up_proj.bias": torch.zeros(128)}), "mlp.up_proj.bias"),
-    "attention_bias without biases": (lambda c: c["transformer_layer_config"].update(attention_bias=True), None,
-                                      "attention_bias"),
+    "attention_bias without biases": (
+        lambda c: c["transformer_layer_config"].update(attention_bias=True),
+        None,
+        "attention_bias",
+    ),
     "another activation": (lambda c: c["transformer_layer_config"].update(hidden_act="gelu"), None, "gelu"),
-    "another target's vocabulary": (lambda c: c["transformer_layer_config"].update(vocab_size=1000), None,
-                                    "vocab_size (1000)"),
+    "another target's vocabulary": (
+        lambda c: c["transformer_layer_config"].update(vocab_size=1000),
+        None,
+        "vocab_size (1000)",
+    ),
 }
 
 
@@ -205,8 +250,16 @@ def test_refusal_comes_from_the_launch_arguments_check(target_runner, tmp_path):
 
     path, _, _ = write_case(tmp_path, "speculators", target_runner)
     edit_config(path, lambda c: c.update(fc_norm=True))
-    argv = ["--model-path", target_runner.model_config.path, "--device", "cpu", "--speculative-algorithm", "EAGLE3",
-            "--speculative-draft-model-path", path]
+    argv = [
+        "--model-path",
+        target_runner.model_config.path,
+        "--device",
+        "cpu",
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-draft-model-path",
+        path,
+    ]
     with pytest.raises(SystemExit):
         prepare_server_args(argv)
 
@@ -216,8 +269,14 @@ def test_features_listed_by_name(target_runner, tmp_path):
     assert read_draft_layout(path).features == ("attention_bias",)
     features = DraftFeatures(fc_bias=True, norm_before_fc=True, norm_before_residual=True)
     config = target_runner.model_config.hf_config
-    both = write_draft(str(tmp_path / "both"), "speculators", draft_tensors(config, DRAFT_VOCAB, features),
-                       target_runner.model_config.path, AUX_LAYER_IDS, features)
+    both = write_draft(
+        str(tmp_path / "both"),
+        "speculators",
+        draft_tensors(config, DRAFT_VOCAB, features),
+        target_runner.model_config.path,
+        AUX_LAYER_IDS,
+        features,
+    )
     assert set(read_draft_layout(both).features) == {"fc.bias", "norm_before_fc", "norm_before_residual"}
 
 
@@ -229,8 +288,11 @@ def test_config_alone_is_read_the_same_under_dummy_weights(case, target_runner, 
     config_only.mkdir()
     (config_only / "config.json").write_text(open(os.path.join(path, "config.json")).read())
     with_tensors, dummy = read_draft_layout(path), read_draft_layout(str(config_only), "dummy")
-    assert (dummy.layout, dummy.features, dummy.aux_layer_ids) == (with_tensors.layout, with_tensors.features,
-                                                                    with_tensors.aux_layer_ids)
+    assert (dummy.layout, dummy.features, dummy.aux_layer_ids) == (
+        with_tensors.layout,
+        with_tensors.features,
+        with_tensors.aux_layer_ids,
+    )
     launch_check(target_runner.model_config.path, str(config_only), load_format="dummy")
 
 

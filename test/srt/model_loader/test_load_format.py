@@ -89,9 +89,19 @@ def test_a_dummy_pair_speculates_and_gives_plain_decodings_tokens(pair):
     _, target, draft = pair
     plain = greedy(ServerArgs(model_path=target, device="cpu", dtype="float32", load_format="dummy"), [9, 10, 11])
     verifies = []
-    spec = greedy(ServerArgs(model_path=target, device="cpu", dtype="float32", load_format="dummy",
-                             speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                             speculative_num_steps=3), [9, 10, 11], verifies=verifies)
+    spec = greedy(
+        ServerArgs(
+            model_path=target,
+            device="cpu",
+            dtype="float32",
+            load_format="dummy",
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=draft,
+            speculative_num_steps=3,
+        ),
+        [9, 10, 11],
+        verifies=verifies,
+    )
     assert spec == plain
     assert verifies and max(verifies) > 0, "the draft ran and its tokens were verified"
 

@@ -24,8 +24,7 @@ def tiny_llama(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def sharded_llama(tmp_path_factory):
-    return make_tiny_model(str(tmp_path_factory.mktemp("llama-sharded")), "llama", seed=0,
-                           max_shard_size="100KB")
+    return make_tiny_model(str(tmp_path_factory.mktemp("llama-sharded")), "llama", seed=0, max_shard_size="100KB")
 
 
 @pytest.fixture
@@ -142,11 +141,14 @@ def test_extra_unknown_tensor_fails_naming_it(model_copy):
         load(model_copy)
 
 
-@pytest.mark.parametrize("dropped", [
-    "model.norm.weight",
-    "model.layers.2.mlp.up_proj.weight",
-    "model.layers.1.self_attn.v_proj.weight",
-])
+@pytest.mark.parametrize(
+    "dropped",
+    [
+        "model.norm.weight",
+        "model.layers.2.mlp.up_proj.weight",
+        "model.layers.1.self_attn.v_proj.weight",
+    ],
+)
 def test_checkpoint_missing_a_tensor_fails_naming_it(model_copy, dropped):
     edit_checkpoint(model_copy, lambda tensors: tensors.pop(dropped))
     with pytest.raises(ValueError, match="missing") as exc:

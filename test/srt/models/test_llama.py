@@ -29,8 +29,10 @@ LONG_PROMPT = random_prompt(300, seed=2)
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory):
-    return {arch: make_tiny_model(str(tmp_path_factory.mktemp(arch)), arch, seed=i, num_hidden_layers=NUM_LAYERS)
-            for i, arch in enumerate(ARCHS)}
+    return {
+        arch: make_tiny_model(str(tmp_path_factory.mktemp(arch)), arch, seed=i, num_hidden_layers=NUM_LAYERS)
+        for i, arch in enumerate(ARCHS)
+    }
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +42,10 @@ def runners(model_dirs):
 
 @pytest.fixture(scope="module")
 def hf_models(model_dirs):
-    return {arch: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-            for arch, path in model_dirs.items()}
+    return {
+        arch: AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        for arch, path in model_dirs.items()
+    }
 
 
 def make_runner(path):
@@ -140,10 +144,14 @@ def test_llama3_rope_scaling_changes_logits_past_original_context(model_dirs, hf
     assert (scaled_logits - unscaled_logits).abs().max() > 100 * ATOL
 
 
-@pytest.mark.parametrize("shape", [
-    {},  # Mistral-7B-v0.3: head_dim is hidden_size / heads
-    {"head_dim": 32},  # Mistral-Nemo: an explicit head_dim (128 there, with hidden 5120 over 32 heads)
-], ids=["v0.3", "explicit-head-dim"])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {},  # Mistral-7B-v0.3: head_dim is hidden_size / heads
+        {"head_dim": 32},  # Mistral-Nemo: an explicit head_dim (128 there, with hidden 5120 over 32 heads)
+    ],
+    ids=["v0.3", "explicit-head-dim"],
+)
 def test_mistral_greedy_tokens_through_the_scheduler_match_transformers(shape, tmp_path):
     path = make_tiny_model(str(tmp_path / "mistral"), "mistral", seed=5, **shape)
     config = AutoConfig.from_pretrained(path)
@@ -155,6 +163,12 @@ def test_mistral_greedy_tokens_through_the_scheduler_match_transformers(shape, t
     ids = engine.tokenizer.encode(prompt)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     with torch.no_grad():
-        expected = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                  max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0)
-    assert got == expected[0, len(ids):].tolist()
+        expected = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            max_new_tokens=24,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    assert got == expected[0, len(ids) :].tolist()

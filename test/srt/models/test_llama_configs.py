@@ -16,8 +16,15 @@ YARN = {
     # Qwen3's recommended long-context setting, shrunk: factor 4 over the pre-training length.
     "qwen3": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
     # DeepSeek-style mscale pair and custom betas.
-    "llama": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 128,
-              "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 16, "beta_slow": 2},
+    "llama": {
+        "rope_type": "yarn",
+        "factor": 8.0,
+        "original_max_position_embeddings": 128,
+        "mscale": 1.0,
+        "mscale_all_dim": 0.5,
+        "beta_fast": 16,
+        "beta_slow": 2,
+    },
 }
 
 
@@ -32,34 +39,44 @@ def test_yarn_rope_scaling_matches_transformers_past_original_context(arch, tmp_
     assert torch.equal(got.argmax(-1), expected.argmax(-1))
 
 
-@pytest.mark.parametrize("arch, setting, message", [
-    ("llama", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope type 'dynamic'"),
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 1}, "sliding_attention"),
-    # Mistral-7B-v0.1's 4096-token window on a 32k context, shrunk: every layer slides, with no flag.
-    ("mistral", {"sliding_window": 32}, r"layers \[0, 1, 2\] sliding_attention \(sliding_window 32,"),
-])
+@pytest.mark.parametrize(
+    "arch, setting, message",
+    [
+        ("llama", {"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        ("llama", {"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, "rope type 'dynamic'"),
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 1}, "sliding_attention"),
+        # Mistral-7B-v0.1's 4096-token window on a 32k context, shrunk: every layer slides, with no flag.
+        ("mistral", {"sliding_window": 32}, r"layers \[0, 1, 2\] sliding_attention \(sliding_window 32,"),
+    ],
+)
 def test_unsupported_setting_fails_at_load_naming_it(arch, setting, message, tmp_path):
     path = make_tiny_model(str(tmp_path / "model"), arch, **setting)
     with pytest.raises(ValueError, match=message):
         load_model(ModelConfig.from_path(path, dtype="float32", device="cpu"), "cpu")
 
 
-@pytest.mark.parametrize("arch, setting", [
-    # Qwen2.5 checkpoints name a window as long as their context: full attention, so no refusal.
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 1024, "max_window_layers": 1}),
-    ("mistral", {"sliding_window": 1024}),
-    ("mistral", {"sliding_window": None}),  # Mistral-7B-v0.3 and later
-], ids=["qwen2.5-window-of-the-context", "mistral-window-of-the-context", "mistral-no-window"])
+@pytest.mark.parametrize(
+    "arch, setting",
+    [
+        # Qwen2.5 checkpoints name a window as long as their context: full attention, so no refusal.
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 1024, "max_window_layers": 1}),
+        ("mistral", {"sliding_window": 1024}),
+        ("mistral", {"sliding_window": None}),  # Mistral-7B-v0.3 and later
+    ],
+    ids=["qwen2.5-window-of-the-context", "mistral-window-of-the-context", "mistral-no-window"],
+)
 def test_sliding_window_none_or_as_wide_as_the_context_loads(arch, setting, tmp_path):
     path = make_tiny_model(str(tmp_path / "model"), arch, **setting)
     load_model(ModelConfig.from_path(path, dtype="float32", device="cpu"), "cpu")
 
 
-@pytest.mark.parametrize("arch, setting", [
-    ("mistral", {"sliding_window": 32}),  # Mistral-7B-v0.1's window, shrunk
-    ("qwen2", {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 1}),
-])
+@pytest.mark.parametrize(
+    "arch, setting",
+    [
+        ("mistral", {"sliding_window": 32}),  # Mistral-7B-v0.1's window, shrunk
+        ("qwen2", {"use_sliding_window": True, "sliding_window": 32, "max_window_layers": 1}),
+    ],
+)
 def test_a_window_shorter_than_the_model_is_served_with_a_context_that_fits_in_it(arch, setting, tmp_path):
     """--context-length at most the window: no sequence outgrows the window, so full attention
     computes what transformers' windowed attention does; one token more is refused, saying so."""
@@ -82,8 +99,14 @@ def test_a_sliding_window_is_refused_also_where_transformers_gives_no_layer_type
 
     from sglang.srt.models.llama import check_supported
 
-    config = SimpleNamespace(hidden_act="silu", use_sliding_window=True, sliding_window=32, max_window_layers=1,
-                             num_hidden_layers=3, max_position_embeddings=1024)
+    config = SimpleNamespace(
+        hidden_act="silu",
+        use_sliding_window=True,
+        sliding_window=32,
+        max_window_layers=1,
+        num_hidden_layers=3,
+        max_position_embeddings=1024,
+    )
     with pytest.raises(ValueError, match=r"layers \[1, 2\] sliding_attention"):
         check_supported(config)
     check_supported(SimpleNamespace(**{**vars(config), "sliding_window": 1024}))  # as wide as the context

@@ -48,8 +48,9 @@ ATOL = 1e-4
 @pytest.fixture(scope="module")
 def target_runner(tmp_path_factory):
     # Default rope: the reference draft implements no rope scaling.
-    path = make_tiny_model(str(tmp_path_factory.mktemp("target")), "llama", num_hidden_layers=NUM_TARGET_LAYERS,
-                           rope_scaling=None)
+    path = make_tiny_model(
+        str(tmp_path_factory.mktemp("target")), "llama", num_hidden_layers=NUM_TARGET_LAYERS, rope_scaling=None
+    )
     return make_cpu_runner(path)
 
 
@@ -77,10 +78,8 @@ def draft_dir(reference_draft, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def draft_runner(draft_dir, target_runner):
-    args = ServerArgs(model_path=target_runner.model_config.path, dtype="float32", device="cpu",
-                      max_total_tokens=1024)
-    runner = ModelRunner(ModelConfig.from_path(draft_dir, dtype="float32", device="cpu"), args,
-                         target=target_runner)
+    args = ServerArgs(model_path=target_runner.model_config.path, dtype="float32", device="cpu", max_total_tokens=1024)
+    runner = ModelRunner(ModelConfig.from_path(draft_dir, dtype="float32", device="cpu"), args, target=target_runner)
     return runner
 
 
@@ -110,8 +109,9 @@ class DraftDriver:
         for row, start, new_slots in zip(self.rows, self.kv_lens, slots.split(lens)):
             self.runner.req_to_token_pool.write(row, start, new_slots)
         positions = torch.cat([torch.arange(start, start + n) for start, n in zip(self.kv_lens, lens)])
-        return self._forward(ForwardMode.DRAFT_EXTEND, torch.cat(next_tokens), positions, slots, lens,
-                             torch.cat(aux), return_all_logits)
+        return self._forward(
+            ForwardMode.DRAFT_EXTEND, torch.cat(next_tokens), positions, slots, lens, torch.cat(aux), return_all_logits
+        )
 
     def chain_step(self, tokens: torch.Tensor, hidden: torch.Tensor):
         """Each request's chain entry goes to the next column; its RoPE position is that column."""
@@ -124,10 +124,18 @@ class DraftDriver:
         prefix_lens = self.kv_lens
         self.kv_lens = [kv + n for kv, n in zip(prefix_lens, lens)]
         batch = ForwardBatch(
-            forward_mode=mode, batch_size=len(self.rows), input_ids=input_ids, positions=positions,
-            req_pool_indices=torch.tensor(self.rows), seq_lens=torch.tensor(self.kv_lens), out_cache_loc=slots,
-            seq_lens_cpu=list(self.kv_lens), extend_seq_lens_cpu=lens, extend_prefix_lens_cpu=list(prefix_lens),
-            return_all_logits=return_all_logits, spec_hidden_states=spec_hidden_states,
+            forward_mode=mode,
+            batch_size=len(self.rows),
+            input_ids=input_ids,
+            positions=positions,
+            req_pool_indices=torch.tensor(self.rows),
+            seq_lens=torch.tensor(self.kv_lens),
+            out_cache_loc=slots,
+            seq_lens_cpu=list(self.kv_lens),
+            extend_seq_lens_cpu=lens,
+            extend_prefix_lens_cpu=list(prefix_lens),
+            return_all_logits=return_all_logits,
+            spec_hidden_states=spec_hidden_states,
         )
         return self.runner.forward(batch)
 
@@ -181,8 +189,9 @@ def sequences(target_runner, reference_draft):
 def test_reference_unroll_copy_matches_draft_model_unroll(target_runner, reference_draft, sequences):
     tokens, aux, steps = sequences[0]
     with torch.no_grad():
-        expected = reference.unroll(reference_draft, target_runner.model.model.embed_tokens, aux[None], tokens[None],
-                                    num_steps=len(steps))
+        expected = reference.unroll(
+            reference_draft, target_runner.model.model.embed_tokens, aux[None], tokens[None], num_steps=len(steps)
+        )
     for (logits, _), want in zip(steps, expected):
         assert torch.equal(logits, want[0])
 
@@ -246,8 +255,10 @@ def test_vocab_map_and_aux_layers_come_from_the_checkpoint(draft_runner, referen
     model = draft_runner.model
     assert model.draft_vocab_size == DRAFT_VOCAB_SIZE
     assert torch.equal(model.d2t, reference_draft.d2t)
-    assert torch.equal(model.to_target_ids(torch.arange(DRAFT_VOCAB_SIZE)),
-                       reference_draft.to_target_ids(torch.arange(DRAFT_VOCAB_SIZE)))
+    assert torch.equal(
+        model.to_target_ids(torch.arange(DRAFT_VOCAB_SIZE)),
+        reference_draft.to_target_ids(torch.arange(DRAFT_VOCAB_SIZE)),
+    )
     assert model.aux_layer_ids == AUX_LAYER_IDS
 
 
@@ -283,12 +294,15 @@ def test_layers_0_prefix_loads_the_same_model(draft_dir):
         assert torch.equal(value, other_state[name]), name
 
 
-@pytest.mark.parametrize("name, bad_shape", [
-    ("midlayer.self_attn.k_proj.weight", (32, 64)),
-    ("fc.weight", (64, 64)),
-    ("lm_head.weight", (100, 64)),
-    ("d2t", (DRAFT_VOCAB_SIZE + 1,)),
-])
+@pytest.mark.parametrize(
+    "name, bad_shape",
+    [
+        ("midlayer.self_attn.k_proj.weight", (32, 64)),
+        ("fc.weight", (64, 64)),
+        ("lm_head.weight", (100, 64)),
+        ("d2t", (DRAFT_VOCAB_SIZE + 1,)),
+    ],
+)
 def test_weight_with_wrong_shape_fails_naming_it(draft_dir, name, bad_shape):
     tensors = load_file(os.path.join(draft_dir, "model.safetensors"))
     tensors[name] = torch.zeros(bad_shape, dtype=tensors[name].dtype)
@@ -322,9 +336,16 @@ def test_running_before_sharing_the_embedding_fails_clearly(draft_dir):
     tensors = load_file(os.path.join(draft_dir, "model.safetensors"))
     model = load_draft(draft_config(draft_dir), tensors)
     batch = ForwardBatch(
-        forward_mode=ForwardMode.DRAFT_EXTEND, batch_size=1, input_ids=torch.tensor([1, 2]),
-        positions=torch.arange(2), req_pool_indices=torch.tensor([0]), seq_lens=torch.tensor([2]),
-        out_cache_loc=torch.tensor([1, 2]), seq_lens_cpu=[2], extend_seq_lens_cpu=[2], extend_prefix_lens_cpu=[0],
+        forward_mode=ForwardMode.DRAFT_EXTEND,
+        batch_size=1,
+        input_ids=torch.tensor([1, 2]),
+        positions=torch.arange(2),
+        req_pool_indices=torch.tensor([0]),
+        seq_lens=torch.tensor([2]),
+        out_cache_loc=torch.tensor([1, 2]),
+        seq_lens_cpu=[2],
+        extend_seq_lens_cpu=[2],
+        extend_prefix_lens_cpu=[0],
         spec_hidden_states=torch.randn(2, model.fc.in_features),
     )
     with pytest.raises(RuntimeError, match="share_target_weights"):

@@ -28,8 +28,9 @@ def reference(logits: list[float], output: list[int], params: SamplingParams) ->
 
 
 def test_batch_without_penalties_builds_and_launches_nothing():
-    info = SamplingBatchInfo.from_params([SamplingParams(temperature=0), SamplingParams(repetition_penalty=1.0)],
-                                         [0, 0], VOCAB, "cpu", penalty_rows=None)
+    info = SamplingBatchInfo.from_params(
+        [SamplingParams(temperature=0), SamplingParams(repetition_penalty=1.0)], [0, 0], VOCAB, "cpu", penalty_rows=None
+    )
     assert info.penalties is None
     pool = PenaltyCounts(VOCAB, "cpu")
     logits = torch.randn(2, VOCAB)
@@ -42,16 +43,22 @@ def test_batch_without_penalties_builds_and_launches_nothing():
 
 def test_penalized_all_greedy_batch_does_not_take_the_shared_neutral_tensors():
     plain = SamplingBatchInfo.from_params([SamplingParams(temperature=0)], [0], VOCAB, "cpu")
-    penalized = SamplingBatchInfo.from_params([SamplingParams(temperature=0, presence_penalty=1)], [0], VOCAB, "cpu",
-                                              penalty_rows=[0])
+    penalized = SamplingBatchInfo.from_params(
+        [SamplingParams(temperature=0, presence_penalty=1)], [0], VOCAB, "cpu", penalty_rows=[0]
+    )
     assert penalized is not plain and penalized.penalties is not None and plain.penalties is None
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(frequency_penalty=0.7), SamplingParams(presence_penalty=-1.5),
-    SamplingParams(repetition_penalty=1.8), SamplingParams(repetition_penalty=0.4),
-    SamplingParams(frequency_penalty=-2, presence_penalty=2, repetition_penalty=1.3),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(frequency_penalty=0.7),
+        SamplingParams(presence_penalty=-1.5),
+        SamplingParams(repetition_penalty=1.8),
+        SamplingParams(repetition_penalty=0.4),
+        SamplingParams(frequency_penalty=-2, presence_penalty=2, repetition_penalty=1.3),
+    ],
+)
 def test_penalties_match_the_per_token_reference(params):
     outputs = [[3, 3, 5, 0], [], [7, 1, 3]]  # rows 0 and 2 penalized, row 1 not
     pool = PenaltyCounts(VOCAB, "cpu")
@@ -89,8 +96,12 @@ def test_rows_are_rebuilt_reset_grown_and_dropped():
     assert pool.summary() == {"penalty_rows": MIN_ROWS + 1, "penalty_rows_capacity": 2 * MIN_ROWS}
     assert pool.counts[first[0]].tolist() == [0, 2, 0, 0, 1, 0, 0, 0]
     assert len(set(first + more)) == MIN_ROWS + 1
-    pool.count(torch.tensor([3]), SamplingBatchInfo.from_params(
-        [SamplingParams(presence_penalty=1)], [0], VOCAB, "cpu", penalty_rows=[more[0]]).penalties)
+    pool.count(
+        torch.tensor([3]),
+        SamplingBatchInfo.from_params(
+            [SamplingParams(presence_penalty=1)], [0], VOCAB, "cpu", penalty_rows=[more[0]]
+        ).penalties,
+    )
     pool.give_back(more[0])
     again = pool.take([[]])  # a reused row starts from zero
     assert again == [more[0]] and pool.counts[again[0]].sum() == 0
@@ -99,10 +110,14 @@ def test_rows_are_rebuilt_reset_grown_and_dropped():
     assert pool.counts is None and pool.summary() == {"penalty_rows": 0, "penalty_rows_capacity": 0}
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(frequency_penalty=0.7, presence_penalty=0.3), SamplingParams(repetition_penalty=1.8),
-    SamplingParams(frequency_penalty=-2, presence_penalty=2, repetition_penalty=0.6),
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(frequency_penalty=0.7, presence_penalty=0.3),
+        SamplingParams(repetition_penalty=1.8),
+        SamplingParams(frequency_penalty=-2, presence_penalty=2, repetition_penalty=0.6),
+    ],
+)
 @pytest.mark.parametrize("chunk", [None, 4 * VOCAB], ids=["one-piece", "row-by-row"])
 def test_verify_positions_are_penalized_as_plain_decoding_after_the_drafts_before_them(params, chunk, monkeypatch):
     """Position j of a verify scores the token after drafts d_1 .. d_j: its penalties count them
@@ -114,8 +129,9 @@ def test_verify_positions_are_penalized_as_plain_decoding_after_the_drafts_befor
     drafts = torch.tensor([[5, 2, 5], [1, 1, 1], [1, 1, 6]])  # k = 3, target ids
     pool = PenaltyCounts(VOCAB, "cpu")
     rows = pool.take([outputs[0], outputs[2]])
-    info = SamplingBatchInfo.from_params([params, SamplingParams(), params], [0] * 3, VOCAB, "cpu",
-                                         penalty_rows=[rows[0], None, rows[1]])
+    info = SamplingBatchInfo.from_params(
+        [params, SamplingParams(), params], [0] * 3, VOCAB, "cpu", penalty_rows=[rows[0], None, rows[1]]
+    )
     logits = torch.randn(3, 4, VOCAB) * 3
     raw = logits.clone()
     penalized = pool.apply_verify(logits, drafts, info.penalties)
@@ -130,8 +146,9 @@ def test_a_speculative_steps_kept_tokens_are_counted():
     params = SamplingParams(presence_penalty=1.0)
     pool = PenaltyCounts(VOCAB, "cpu")
     rows = pool.take([[0], []])
-    info = SamplingBatchInfo.from_params([SamplingParams(), params, params], [0] * 3, VOCAB, "cpu",
-                                         penalty_rows=[None, *rows])
+    info = SamplingBatchInfo.from_params(
+        [SamplingParams(), params, params], [0] * 3, VOCAB, "cpu", penalty_rows=[None, *rows]
+    )
     tokens = torch.tensor([[7, 7, 7, 7], [2, 2, 4, 6], [3, 5, 5, 1]])
     pool.count_accepted(tokens, torch.tensor([4, 3, 1]), info.penalties)  # row 1 keeps 3, row 2 keeps 1
     assert pool.counts[rows[0]].tolist() == [1, 0, 2, 0, 1, 0, 0, 0]

@@ -58,8 +58,13 @@ def test_reference_matches_published_murmur3_vectors(data, seed, expected):
 
 def expected_uniform(seed: int, offset: int, stream: int, column: int) -> float:
     words = struct.pack(
-        "<6I", seed & MASK32, (seed >> 32) & MASK32, offset & MASK32, (offset >> 32) & MASK32,
-        stream, column,
+        "<6I",
+        seed & MASK32,
+        (seed >> 32) & MASK32,
+        offset & MASK32,
+        (offset >> 32) & MASK32,
+        stream,
+        column,
     )
     bits = murmur3_32_reference(words, sampling_random._HASH_SEED) >> 9
     return (2 * bits + 1) / 2**24
@@ -70,9 +75,7 @@ def test_uniform_is_bit_exact_against_reference():
     offsets = [0, 7, 2**31, 2**32 + 5, 2**40, 3, 2**62]
     for stream in (0, 1, 0xFFFFFFFF):
         u = uniform(torch.tensor(seeds), torch.tensor(offsets), 5, stream)
-        want = [
-            [expected_uniform(s, o, stream, c) for c in range(5)] for s, o in zip(seeds, offsets)
-        ]
+        want = [[expected_uniform(s, o, stream, c) for c in range(5)] for s, o in zip(seeds, offsets)]
         assert torch.equal(u, torch.tensor(want, dtype=torch.float32))
 
 
@@ -109,9 +112,7 @@ def test_width_prefix_is_stable():
     assert torch.equal(uniform(seeds, offsets, 50), uniform(seeds, offsets, 80)[:, :50])
 
 
-@pytest.mark.parametrize(
-    "other", [dict(seed=8), dict(offset=1), dict(stream=1)], ids=["seed", "offset", "stream"]
-)
+@pytest.mark.parametrize("other", [dict(seed=8), dict(offset=1), dict(stream=1)], ids=["seed", "offset", "stream"])
 def test_changing_seed_offset_or_stream_changes_values(other):
     base = dict(seed=7, offset=0, stream=0)
     changed = {**base, **other}

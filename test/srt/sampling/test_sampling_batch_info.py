@@ -20,8 +20,11 @@ def test_batch_without_bias_adds_nothing():
 
 
 def test_bias_lands_on_its_rows_tokens_at_every_position():
-    info = info_of(SamplingParams(temperature=0, logit_bias={"3": 5.0, "1": -100}), SamplingParams(temperature=0),
-                   SamplingParams(temperature=0.7, logit_bias={6: 2}))
+    info = info_of(
+        SamplingParams(temperature=0, logit_bias={"3": 5.0, "1": -100}),
+        SamplingParams(temperature=0),
+        SamplingParams(temperature=0.7, logit_bias={6: 2}),
+    )
     expected_bias = torch.zeros(3, VOCAB)
     expected_bias[0, 3], expected_bias[0, 1], expected_bias[2, 6] = 5.0, -100.0, 2.0
     logits = torch.randn(3, VOCAB)

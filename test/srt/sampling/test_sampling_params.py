@@ -45,8 +45,17 @@ def test_defaults_pass_verify():
 
 def test_from_dict_reads_every_field():
     params = SamplingParams.from_dict(
-        {"max_new_tokens": 7, "temperature": 0, "top_p": 0.5, "top_k": 3, "min_p": 0.1,
-         "stop": ["a", "b"], "stop_token_ids": [2], "ignore_eos": True, "sampling_seed": 9}
+        {
+            "max_new_tokens": 7,
+            "temperature": 0,
+            "top_p": 0.5,
+            "top_k": 3,
+            "min_p": 0.1,
+            "stop": ["a", "b"],
+            "stop_token_ids": [2],
+            "ignore_eos": True,
+            "sampling_seed": 9,
+        }
     )
     assert params.max_new_tokens == 7 and params.top_k == 3 and params.sampling_seed == 9
     assert params.temperature == 0.0 and isinstance(params.temperature, float)
@@ -147,8 +156,9 @@ def test_a_request_is_penalized_only_by_a_non_neutral_penalty():
     assert not SamplingParams().penalized
     for penalty in ({"frequency_penalty": 0.1}, {"presence_penalty": -0.1}, {"repetition_penalty": 1.05}):
         assert SamplingParams(**penalty).penalized
-    assert not SamplingParams.from_dict({"frequency_penalty": 0, "presence_penalty": None,
-                                         "repetition_penalty": 1.0}).penalized
+    assert not SamplingParams.from_dict(
+        {"frequency_penalty": 0, "presence_penalty": None, "repetition_penalty": 1.0}
+    ).penalized
 
 
 def test_logit_bias_takes_string_or_integer_token_ids():

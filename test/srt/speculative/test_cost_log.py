@@ -23,9 +23,17 @@ def serve(tmp_path, monkeypatch, explore_every: str | None) -> tuple[dict, str]:
     monkeypatch.setenv(spec_scheduling.COST_LOG_ENV, str(tmp_path / "server"))
     if explore_every is not None:
         monkeypatch.setenv(spec_scheduling.EXPLORE_EVERY_ENV, explore_every)
-    scheduler = Scheduler(ServerArgs(model_path=demo.TARGET_PATH, dtype="float32", device="cpu",
-                                     speculative_algorithm="EAGLE3", speculative_draft_model_path=demo.DRAFT_PATH,
-                                     speculative_num_steps=3, speculative_adaptive=True))
+    scheduler = Scheduler(
+        ServerArgs(
+            model_path=demo.TARGET_PATH,
+            dtype="float32",
+            device="cpu",
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=demo.DRAFT_PATH,
+            speculative_num_steps=3,
+            speculative_adaptive=True,
+        )
+    )
     for i in range(3):
         params = SamplingParams(max_new_tokens=160, temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", [100 + i, 17, 300, 41, 9], params, stream=False))
@@ -45,10 +53,13 @@ def test_the_log_holds_every_decode_launch_and_cost_sample_and_dense_exploration
     policy = state["spec_policy"]
     assert len(steps) == 3, f"exploring every 2 steps runs k = 0, 1 and 3: {steps}"
     assert rep["exploration_steps"] == policy["exploration"]["steps"] > 0
-    assert len(log["samples"]) == sum(sum(by_bucket.values()) for by_bucket in policy["cost"]["samples"].values()), \
+    assert len(log["samples"]) == sum(sum(by_bucket.values()) for by_bucket in policy["cost"]["samples"].values()), (
         "one S line per cost sample the policy learned from"
+    )
     assert rep["paired"], "runs of one k between runs of another are paired"
-    assert set(rep["tokens_per_verify"]) == {0, 1, 3} and rep["tokens_per_verify"][3] >= rep["tokens_per_verify"][1] >= 1
+    assert (
+        set(rep["tokens_per_verify"]) == {0, 1, 3} and rep["tokens_per_verify"][3] >= rep["tokens_per_verify"][1] >= 1
+    )
 
 
 def test_bad_settings_fail_at_start_naming_the_variable(tmp_path, monkeypatch):
@@ -108,13 +119,17 @@ def test_pauses_between_launches_are_counted_by_what_stood_still():
     """A gap of 0.1-1 s between launches inside a play is a pause: with requests running (the
     scheduler stood still), after the batch drained to one (no new request came) or after a
     prefill; longer gaps are the server idle between plays."""
-    lines = ["L 0.000 20 3 4000 0", "L 0.001 20 3 4000 0",
-             "L 0.301 20 3 4000 0",  # 300 ms with 20 requests running
-             "L 0.302 1 3 300 0",
-             "P 0.502",  # 200 ms after the batch drained to one
-             "L 0.503 2 3 600 0", "P 0.504",
-             "L 0.654 2 3 600 0",  # 150 ms after a prefill
-             "L 3.000 16 3 4000 0"]  # the next play, 2.3 s later: not a pause
+    lines = [
+        "L 0.000 20 3 4000 0",
+        "L 0.001 20 3 4000 0",
+        "L 0.301 20 3 4000 0",  # 300 ms with 20 requests running
+        "L 0.302 1 3 300 0",
+        "P 0.502",  # 200 ms after the batch drained to one
+        "L 0.503 2 3 600 0",
+        "P 0.504",
+        "L 0.654 2 3 600 0",  # 150 ms after a prefill
+        "L 3.000 16 3 4000 0",
+    ]  # the next play, 2.3 s later: not a pause
     rep = cost_log_report.report(cost_log_report.parse(lines))
     assert (rep["pauses"], rep["with_running"], rep["drained"], rep["after_prefill"]) == (3, 1, 1, 1)
     assert rep["pause_s"] == pytest.approx(0.65) and rep["busy_s"] == pytest.approx(0.654)

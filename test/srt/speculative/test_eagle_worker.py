@@ -19,8 +19,13 @@ from sglang.test.tiny_models import make_tiny_eagle3_draft
 
 from sglang.test.server_fixture import assert_engine_kv_accounting as assert_kv_accounting
 
-CODE_PROMPTS = ["def fibonacci(n):", "class Stack:\n    def __init__(self):", "import os\nimport sys\n",
-                "for i in range(10):\n    print(", "x = [1, 2, 3]\ny = "]
+CODE_PROMPTS = [
+    "def fibonacci(n):",
+    "class Stack:\n    def __init__(self):",
+    "import os\nimport sys\n",
+    "for i in range(10):\n    print(",
+    "x = [1, 2, 3]\ny = ",
+]
 
 
 def engine(**kwargs):
@@ -38,8 +43,14 @@ def plain_reference(prompts, params, **kwargs) -> list[list[int]]:
     several tests compare against the same plain decoding."""
     key = repr((prompts, params, sorted(kwargs.items())))
     if key not in _plain_outputs:
-        args = {"model_path": demo.TARGET_PATH, "dtype": "float32", "device": "cpu", "log_level": "warning",
-                "disable_overlap_schedule": True, **kwargs}
+        args = {
+            "model_path": demo.TARGET_PATH,
+            "dtype": "float32",
+            "device": "cpu",
+            "log_level": "warning",
+            "disable_overlap_schedule": True,
+            **kwargs,
+        }
         _plain_outputs[key] = OneRank(**args).generate(prompts, params)
         gc.collect()  # the scheduler's KV pool goes with the reference cycles around it
     return _plain_outputs[key]
@@ -53,12 +64,19 @@ def tiny_pair(tiny_model_paths, tmp_path_factory):
     target = tiny_model_paths["llama"]
     draft = make_tiny_eagle3_draft(str(tmp_path_factory.mktemp("tiny_draft")), target, draft_vocab_size=200)
     # Plain decoding: the plain engine's Scheduler, in this process.
-    plain = OneRank(model_path=target, dtype="float32", device="cpu", log_level="warning",
-                    disable_overlap_schedule=True)
-    spec = engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                  speculative_num_steps=3)
-    spec_serial = engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                         speculative_num_steps=3, disable_overlap_schedule=True)
+    plain = OneRank(
+        model_path=target, dtype="float32", device="cpu", log_level="warning", disable_overlap_schedule=True
+    )
+    spec = engine(
+        model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=3
+    )
+    spec_serial = engine(
+        model_path=target,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft,
+        speculative_num_steps=3,
+        disable_overlap_schedule=True,
+    )
     yield plain, spec, spec_serial
     for e in (spec, spec_serial):
         e.shutdown()
@@ -156,8 +174,9 @@ def test_logprobs_of_speculative_tokens_match_plain(demo_pair):
     want = plain.generate(CODE_PROMPTS[1], params, return_logprob=True, top_logprobs_num=2)
     got = spec.generate(CODE_PROMPTS[1], params, return_logprob=True, top_logprobs_num=2)
     assert got["output_ids"] == want["output_ids"]
-    for (a, ta, _), (b, tb, _) in zip(got["meta_info"]["output_token_logprobs"],
-                                      want["meta_info"]["output_token_logprobs"]):
+    for (a, ta, _), (b, tb, _) in zip(
+        got["meta_info"]["output_token_logprobs"], want["meta_info"]["output_token_logprobs"]
+    ):
         assert ta == tb and a == pytest.approx(b, abs=1e-4)
     assert len(got["meta_info"]["output_top_logprobs"]) == 12
 
@@ -170,20 +189,25 @@ def test_prompt_logprobs_come_from_the_target_prefill(tiny_pair, hf_reference):
     expected = hf_reference.prompt_logprobs("llama", ids)
     spec.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 4})
     for start in (0, 9):  # recomputed past the cached prefix: from the start, or from position 8
-        meta = spec.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 4},
-                             return_logprob=True, logprob_start_len=start, top_logprobs_num=2)["meta_info"]
+        meta = spec.generate(
+            input_ids=ids,
+            sampling_params={"temperature": 0, "max_new_tokens": 4},
+            return_logprob=True,
+            logprob_start_len=start,
+            top_logprobs_num=2,
+        )["meta_info"]
         assert [t for _, t, _ in meta["input_token_logprobs"]] == ids[start:]
         for position, (logprob, token, _) in enumerate(meta["input_token_logprobs"][1:], start + 1):
             assert logprob == pytest.approx(expected[position - 1, token].item(), abs=1e-4)
-        assert [[t for _, t, _ in top] for top in meta["input_top_logprobs"][1:]] \
-            == [expected[p - 1].topk(2).indices.tolist() for p in range(start + 1, len(ids))]
+        assert [[t for _, t, _ in top] for top in meta["input_top_logprobs"][1:]] == [
+            expected[p - 1].topk(2).indices.tolist() for p in range(start + 1, len(ids))
+        ]
     assert_kv_accounting(spec)
 
 
 def test_abort_during_speculative_decoding_frees_everything(demo_pair):
     _, spec = demo_pair
-    stream = spec.generate("def main():", {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True},
-                           stream=True)
+    stream = spec.generate("def main():", {"temperature": 0, "max_new_tokens": 400, "ignore_eos": True}, stream=True)
     chunks = [next(stream) for _ in range(3)]
     stream.close()  # the client goes away mid-generation: the request is aborted
     assert 0 < len(chunks[-1]["output_ids"]) < 400
@@ -203,8 +227,10 @@ def test_sampled_tokens_follow_the_target_distribution():
     spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=2, disable_radix_cache=True)
     try:
         prompt_ids = spec.tokenizer_manager.tokenizer.encode(prompt) if hasattr(spec, "tokenizer_manager") else None
-        params = [{"temperature": 1.0, "top_k": top_k, "max_new_tokens": 3, "ignore_eos": True,
-                   "sampling_seed": seed} for seed in range(num_samples)]
+        params = [
+            {"temperature": 1.0, "top_k": top_k, "max_new_tokens": 3, "ignore_eos": True, "sampling_seed": seed}
+            for seed in range(num_samples)
+        ]
         outputs = spec.generate([prompt] * num_samples, params)
         state = spec.get_server_info()["internal_state"]
         assert_kv_accounting(spec)
@@ -223,28 +249,49 @@ def test_sampled_tokens_follow_the_target_distribution():
 
 # Switching with the catch-up draft: plain steps while more than 2 requests decode, then speculation
 # that first catches the draft up, through retractions (released KV keeps only draft-covered positions).
-CATCH_UP_SWITCHING = {"speculative_policy": "threshold", "speculative_threshold": 2,
-                      "speculative_draft_sync": "catch-up"}
+CATCH_UP_SWITCHING = {
+    "speculative_policy": "threshold",
+    "speculative_threshold": 2,
+    "speculative_draft_sync": "catch-up",
+}
 
 
-@pytest.mark.parametrize("extra, spec_extra, lengths", [
-    ({"chunked_prefill_size": 7}, {}, (40,) * 4),  # the draft extends chunk by chunk, fed the next chunk's first token
-    ({"max_total_tokens": 160, "max_running_requests": 8}, {}, (40,) * 4),  # KV pressure: retraction, re-prefill
-    ({"context_length": 48}, {}, None),  # requests run into the context limit inside a chain
-    # Retractions shrink the batch below the threshold; so do requests of different lengths.
-    ({"max_total_tokens": 160, "max_running_requests": 8}, CATCH_UP_SWITCHING, (40,) * 4),
-    ({"chunked_prefill_size": 7}, CATCH_UP_SWITCHING, (40, 25, 12, 33)),
-], ids=["chunked_prefill", "retraction", "context_limit", "retraction_catch_up", "chunked_catch_up"])
+@pytest.mark.parametrize(
+    "extra, spec_extra, lengths",
+    [
+        (
+            {"chunked_prefill_size": 7},
+            {},
+            (40,) * 4,
+        ),  # the draft extends chunk by chunk, fed the next chunk's first token
+        ({"max_total_tokens": 160, "max_running_requests": 8}, {}, (40,) * 4),  # KV pressure: retraction, re-prefill
+        ({"context_length": 48}, {}, None),  # requests run into the context limit inside a chain
+        # Retractions shrink the batch below the threshold; so do requests of different lengths.
+        ({"max_total_tokens": 160, "max_running_requests": 8}, CATCH_UP_SWITCHING, (40,) * 4),
+        ({"chunked_prefill_size": 7}, CATCH_UP_SWITCHING, (40, 25, 12, 33)),
+    ],
+    ids=["chunked_prefill", "retraction", "context_limit", "retraction_catch_up", "chunked_catch_up"],
+)
 def test_speculation_under_chunking_memory_pressure_and_context_limit(extra, spec_extra, lengths):
-    prompts = ["def fibonacci(n):\n    if n < 2:\n        return n\n", "class Stack:\n    def push(self, x):",
-               "import os\nimport sys\nimport json\n", "x = 1\ny = 2\nz = x + y\nprint(z)\n"]
+    prompts = [
+        "def fibonacci(n):\n    if n < 2:\n        return n\n",
+        "class Stack:\n    def push(self, x):",
+        "import os\nimport sys\nimport json\n",
+        "x = 1\ny = 2\nz = x + y\nprint(z)\n",
+    ]
     params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in lengths or ()]
     if "context_length" in extra:  # each request fills the context exactly: its last chains overhang it
         from transformers import AutoTokenizer
 
         tokenizer = AutoTokenizer.from_pretrained(demo.TARGET_PATH)
-        params = [{"temperature": 0, "ignore_eos": True,
-                   "max_new_tokens": extra["context_length"] - len(tokenizer(p).input_ids)} for p in prompts]
+        params = [
+            {
+                "temperature": 0,
+                "ignore_eos": True,
+                "max_new_tokens": extra["context_length"] - len(tokenizer(p).input_ids),
+            }
+            for p in prompts
+        ]
     expected = plain_reference(prompts, params, **extra)
     spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=4, **extra, **spec_extra)
     try:
@@ -269,8 +316,9 @@ def test_other_target_architectures_speculate_losslessly(tiny_model_paths, tmp_p
     prompts = ["Hello", "The quick brown fox", "def add(a, b):"]
     params = [{"temperature": 0, "max_new_tokens": n, "ignore_eos": True} for n in (3, 12, 25)]
     expected = plain_reference(prompts, params, model_path=target)
-    spec = engine(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                  speculative_num_steps=2)
+    spec = engine(
+        model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=2
+    )
     try:
         assert ids(spec.generate(prompts, params)) == expected
         assert_kv_accounting(spec)

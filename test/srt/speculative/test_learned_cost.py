@@ -21,8 +21,9 @@ K_MAX = 3
 BUCKETS = (1, 8, 32, 64, 128, 256)
 
 
-def table(plain_ms: dict[int, float], spec_ms: dict[int, dict[int, float]],
-          context_ns: dict[int, float] | None = None) -> CostTable:
+def table(
+    plain_ms: dict[int, float], spec_ms: dict[int, dict[int, float]], context_ns: dict[int, float] | None = None
+) -> CostTable:
     plain = {bs: ms / 1e3 for bs, ms in plain_ms.items()}
     spec = {(bs, k): ms / 1e3 for k, by_bs in spec_ms.items() for bs, ms in by_bs.items()}
     return CostTable(plain, spec, {k: ns / 1e9 for k, ns in (context_ns or {}).items()})
@@ -30,20 +31,22 @@ def table(plain_ms: dict[int, float], spec_ms: dict[int, dict[int, float]],
 
 def issue_prior() -> CostTable:
     """The start-up table of 8B shapes on an H200, at batch 128-256 (ms per step)."""
-    return table({bs: 10.9 * bs / 256 + 4.0 for bs in BUCKETS},
-                 {1: {bs: 14.7 * bs / 256 + 4.5 for bs in BUCKETS}, K_MAX: {bs: 17.5 * bs / 256 + 5.0 for bs in BUCKETS}})
+    return table(
+        {bs: 10.9 * bs / 256 + 4.0 for bs in BUCKETS},
+        {1: {bs: 14.7 * bs / 256 + 4.5 for bs in BUCKETS}, K_MAX: {bs: 17.5 * bs / 256 + 5.0 for bs in BUCKETS}},
+    )
 
 
 def rate_for(accept_length: float, k: int = K_MAX) -> float:
     low, high = 0.0, 1.0
     for _ in range(60):
         mid = (low + high) / 2
-        low, high = (mid, high) if sum(mid ** i for i in range(k + 1)) < accept_length else (low, mid)
+        low, high = (mid, high) if sum(mid**i for i in range(k + 1)) < accept_length else (low, mid)
     return low
 
 
 def tokens_per_verify(rate: float, k: int) -> float:
-    return sum(rate ** i for i in range(k + 1))
+    return sum(rate**i for i in range(k + 1))
 
 
 class Server:
@@ -126,16 +129,21 @@ def test_learned_cost_keeps_the_priors_context_dependence_and_borrows_between_bu
     for _ in range(LEARN_FIRST_SAMPLES):  # at 100K tokens of context, steps cost 1.5x the prior
         learned.observe(256, 0, 100_000, 1.5 * prior.seconds(256, 0, 100_000))
     assert learned.seconds(256, 0, 100_000) == pytest.approx(1.5 * prior.seconds(256, 0, 100_000))
-    assert learned.seconds(256, 0, 120_000) == pytest.approx(1.5 * prior.seconds(256, 0, 120_000)), \
+    assert learned.seconds(256, 0, 120_000) == pytest.approx(1.5 * prior.seconds(256, 0, 120_000)), (
         "a longer context in the same class (mean < 512 tokens) costs more by the prior's per-token term"
-    assert learned.seconds(256, 0, 180_000) == pytest.approx(1.5 * prior.seconds(256, 0, 180_000)), \
+    )
+    assert learned.seconds(256, 0, 180_000) == pytest.approx(1.5 * prior.seconds(256, 0, 180_000)), (
         "the next class up (mean 703 tokens) borrows the ratio"
-    assert not learned.known(64, 0) and learned.seconds(64, 0) == pytest.approx(1.5 * prior.seconds(64, 0)), \
+    )
+    assert not learned.known(64, 0) and learned.seconds(64, 0) == pytest.approx(1.5 * prior.seconds(64, 0)), (
         "an unmeasured bucket borrows the nearest measured one's ratio"
-    assert learned.seconds(256, 0, 400_000) == prior.seconds(256, 0, 400_000), \
+    )
+    assert learned.seconds(256, 0, 400_000) == prior.seconds(256, 0, 400_000), (
         "two classes away (mean 1,562 tokens) the ratio is not trusted: the prior"
-    assert learned.seconds(256, 1) == pytest.approx(1.5 * prior.seconds(256, 1)), \
+    )
+    assert learned.seconds(256, 1) == pytest.approx(1.5 * prior.seconds(256, 1)), (
         "no k = 1 sample anywhere: the prior's cost relative to plain, at what steps cost here now"
+    )
 
 
 def test_a_k_measured_beside_the_chosen_one_keeps_its_price_relative_to_it():
@@ -181,8 +189,9 @@ def test_costs_learned_at_long_contexts_do_not_price_short_ones():
     request was admitted without the draft. Learned per context class, the short contexts are
     priced by the prior until they have steps of their own, then by those: speculation wins there
     throughout, and the long contexts keep their own costs."""
-    prior = CostTable({4: 6.55e-3}, {(4, 1): 5.58e-3, (4, K_MAX): 7.51e-3},
-                      context_seconds={0: 280e-9, 1: 288e-9, K_MAX: 305e-9})
+    prior = CostTable(
+        {4: 6.55e-3}, {(4, 1): 5.58e-3, (4, K_MAX): 7.51e-3}, context_seconds={0: 280e-9, 1: 288e-9, K_MAX: 305e-9}
+    )
     long_ms = {0: 4.5, 1: 6.8, K_MAX: 8.0}  # a step's true cost at batch 4, 2.2K tokens each
     short_ms = {0: 4.0, 1: 4.6, K_MAX: 5.4}  # the same at 300 tokens each: speculation pays
     policy = CostPolicy([0, 1, K_MAX], prior, AcceptanceEstimator(K_MAX, prior=rate_for(1.5)))
@@ -194,7 +203,8 @@ def test_costs_learned_at_long_contexts_do_not_price_short_ones():
     assert not policy.would_speculate(rids, long_context)
     assert policy.would_speculate(rids, short_context)
     assert {k: policy.seconds(4, k, short_context) for k in short_ms} == {
-        k: prior.seconds(4, k, short_context) for k in short_ms}, "the prior until short contexts have samples"
+        k: prior.seconds(4, k, short_context) for k in short_ms
+    }, "the prior until short contexts have samples"
     for k, ms in short_ms.items():
         for _ in range(LEARN_FIRST_SAMPLES):
             policy.cost.observe(4, k, short_context, ms / 1e3, chosen=k == 0)
@@ -231,9 +241,11 @@ def test_long_contexts_where_the_table_favours_k1_but_k_max_is_faster():
     """The other measured error: 2048-token prompts at batch 128, where the replays on an empty
     cache priced k = 1 best and k = 3 was faster served (each verify shares the KV reads of a
     long context over more tokens). Learned at the real contexts, the choice is k_max."""
-    prior = table({bs: 10.9 * bs / 256 + 4.0 for bs in BUCKETS},
-                  {1: {bs: 14.7 * bs / 256 + 4.5 for bs in BUCKETS}, K_MAX: {bs: 17.5 * bs / 256 + 5.0 for bs in BUCKETS}},
-                  context_ns={0: 10.0, 1: 12.0, K_MAX: 40.0})
+    prior = table(
+        {bs: 10.9 * bs / 256 + 4.0 for bs in BUCKETS},
+        {1: {bs: 14.7 * bs / 256 + 4.5 for bs in BUCKETS}, K_MAX: {bs: 17.5 * bs / 256 + 5.0 for bs in BUCKETS}},
+        context_ns={0: 10.0, 1: 12.0, K_MAX: 40.0},
+    )
     rate, bs, context = rate_for(2.5), 128, 128 * 2300
     value = {k: tokens_per_verify(rate, k) / prior.seconds(bs, k, context) for k in (0, 1, K_MAX)}
     assert max(value, key=value.get) == 1
@@ -301,8 +313,11 @@ def test_a_load_step_is_followed_within_the_bound_and_switches_stay_few():
     for bs in (1, 256, 1, 256):
         ks = server.run(600, bs, rate)
         best_k, _ = best_static(true_ms, bs, rate)
-        settled = next(i for i in range(len(ks)) if all(k == best_k or not ks[i:][j:j + EXPLORE_STEPS].count(k) == 0
-                                                         for j, k in enumerate(ks[i:i + 50])))
+        settled = next(
+            i
+            for i in range(len(ks))
+            if all(k == best_k or not ks[i:][j : j + EXPLORE_STEPS].count(k) == 0 for j, k in enumerate(ks[i : i + 50]))
+        )
         assert ks[REACT_STEPS:].count(best_k) / len(ks[REACT_STEPS:]) > 0.97, (bs, best_k, ks[:REACT_STEPS])
         assert settled <= REACT_STEPS
     policy = server.policy
@@ -333,7 +348,9 @@ def test_summary_shows_prior_learned_and_exploration():
     cost = summary["cost"]
     assert cost["prior"] == prior.summary()
     bucket = LearnedCost(prior).bucket(64)
-    assert cost["learned_ms"][summary["k"]][bucket] == pytest.approx(1.1e3 * prior.seconds(bucket, summary["k"]), rel=0.05)
+    assert cost["learned_ms"][summary["k"]][bucket] == pytest.approx(
+        1.1e3 * prior.seconds(bucket, summary["k"]), rel=0.05
+    )
     assert set(cost["samples"]) == {0, 1, K_MAX}, "every candidate was measured at this bucket"
     assert set(summary["exploration"]) == {"steps", "bursts", "share", "cost_share"}
     assert math.isfinite(summary["exploration"]["cost_share"])

@@ -14,8 +14,15 @@ import os
 import pytest
 import torch
 
-from sglang.test.eagle3_layouts import (CASES, DraftFeatures, draft_tensors, reference_draft_step, rms, vocab_map,
-                                        write_draft)
+from sglang.test.eagle3_layouts import (
+    CASES,
+    DraftFeatures,
+    draft_tensors,
+    reference_draft_step,
+    rms,
+    vocab_map,
+    write_draft,
+)
 from sglang.test.runner_utils import OneRank
 from sglang.test.tiny_models import build_tokenizer, make_tiny_model, tiny_config
 
@@ -52,8 +59,14 @@ def _target_state(target_path: str) -> dict:
 
 
 def speculative(target: str, draft: str, **policy) -> OneRank:
-    return OneRank(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                   speculative_num_steps=K, **ARGS, **policy)
+    return OneRank(
+        model_path=target,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft,
+        speculative_num_steps=K,
+        **ARGS,
+        **policy,
+    )
 
 
 # --- lossless: each layout, speculation on every step and adaptive ---
@@ -73,8 +86,9 @@ def plain_output(random_target):
     return out
 
 
-@pytest.mark.parametrize("policy", [dict(speculative_policy="always"), dict(speculative_adaptive=True)],
-                         ids=["always", "adaptive"])
+@pytest.mark.parametrize(
+    "policy", [dict(speculative_policy="always"), dict(speculative_adaptive=True)], ids=["always", "adaptive"]
+)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_layout_serves_greedy_output_of_the_target_alone(case, policy, random_target, plain_output, tmp_path):
     from transformers import AutoConfig
@@ -97,8 +111,9 @@ def rigged_target(tmp_path_factory):
     lm_head row RIGGED_TOKEN points along that output. Returns (path, embedding, layer outputs)."""
     from transformers import AutoModelForCausalLM
 
-    path = make_tiny_model(str(tmp_path_factory.mktemp("rigged")), "llama", num_hidden_layers=NUM_TARGET_LAYERS,
-                           rope_scaling=None)
+    path = make_tiny_model(
+        str(tmp_path_factory.mktemp("rigged")), "llama", num_hidden_layers=NUM_TARGET_LAYERS, rope_scaling=None
+    )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     with torch.no_grad():
         embed = model.model.embed_tokens.weight
@@ -190,8 +205,9 @@ def test_draft_read_where_its_tensors_belong_is_accepted_in_full(case, rigged_ta
         assert picks != [chosen] * K, f"the rig does not tell a read {read} from the right one"
 
     assert accept_length(target, write_case(str(tmp_path / "right"), case, target, tensors)) == K + 1
-    broken = dict(tensors, **vocab_map([ELSEWHERE if i == chosen else i + 1 for i in range(DRAFT_VOCAB)],
-                                       TINY.vocab_size))
+    broken = dict(
+        tensors, **vocab_map([ELSEWHERE if i == chosen else i + 1 for i in range(DRAFT_VOCAB)], TINY.vocab_size)
+    )
     assert accept_length(target, write_case(str(tmp_path / "broken"), case, target, broken)) < 1.3
 
 
@@ -213,8 +229,15 @@ def test_float16_draft_serves_in_the_bfloat16_targets_dtype(random_target, tmp_p
         json.dump(config, f)
     tensors = draft_tensors(AutoConfig.from_pretrained(random_target), DRAFT_VOCAB, DraftFeatures(), seed=5)
     draft = write_case(str(tmp_path / "release"), "release", target, tensors)  # float16 .bin, torch_dtype float16
-    spec = OneRank(model_path=target, speculative_algorithm="EAGLE3", speculative_draft_model_path=draft,
-                   speculative_num_steps=K, device=DEVICE, log_level="warning", max_total_tokens=2048)
+    spec = OneRank(
+        model_path=target,
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft,
+        speculative_num_steps=K,
+        device=DEVICE,
+        log_level="warning",
+        max_total_tokens=2048,
+    )
     worker = spec.scheduler.tp_worker
     assert worker.model_runner.model_config.dtype == worker.draft_runner.model_config.dtype == torch.bfloat16
     assert worker.draft_model.fc.weight.dtype == torch.bfloat16

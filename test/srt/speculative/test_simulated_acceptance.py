@@ -14,7 +14,7 @@ from sglang.srt.speculative.spec_sampling import simulate_acceptance, simulated_
 @pytest.mark.parametrize("accept_length, k", [(2.0, 3), (3.0, 3), (1.5, 1), (4.0, 5)])
 def test_the_rate_gives_the_asked_accept_length(accept_length, k):
     rate = simulated_accept_rate(accept_length, k)
-    assert sum(rate ** i for i in range(k + 1)) == pytest.approx(accept_length, rel=1e-9)
+    assert sum(rate**i for i in range(k + 1)) == pytest.approx(accept_length, rel=1e-9)
     positions = torch.arange(20000) * 7 + 3
     drafts = torch.randint(0, 50, (positions.numel(), k))
     logits = torch.randn(positions.numel(), k + 1, 50)
@@ -23,7 +23,7 @@ def test_the_rate_gives_the_asked_accept_length(accept_length, k):
     # Accepted drafts are output as drafted, then the target's greedy token at the first rejection.
     row = int(torch.nonzero(verdict.num_out > 1)[0])
     n = int(verdict.num_out[row])
-    assert verdict.tokens[row, :n - 1].tolist() == drafts[row, :n - 1].tolist()
+    assert verdict.tokens[row, : n - 1].tolist() == drafts[row, : n - 1].tolist()
     assert int(verdict.tokens[row, n - 1]) == int(logits[row, n - 1].argmax())
 
 
@@ -38,9 +38,9 @@ def test_plain_probes_hit_at_the_simulated_rate_and_match_the_first_draft():
     hits = simulated_probe_hits(positions, rate)
     assert hits.float().mean().item() == pytest.approx(rate, abs=0.015)
     # The probe at a position is the verdict of a speculative step's first draft there.
-    verdict = simulate_acceptance(torch.randn(positions.numel(), 4, 8), torch.zeros(positions.numel(), 3,
-                                                                                     dtype=torch.long),
-                                  positions, rate)
+    verdict = simulate_acceptance(
+        torch.randn(positions.numel(), 4, 8), torch.zeros(positions.numel(), 3, dtype=torch.long), positions, rate
+    )
     assert torch.equal(hits, verdict.num_out > 1)
 
 

@@ -23,8 +23,15 @@ from sglang.test.server_fixture import ServerProcess
 def simulating_server():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("SGLANG_SIMULATE_ACC_LEN", "2.0")
-        server = ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-                               "--max-total-tokens", "4096")
+        server = ServerProcess(
+            demo.TARGET_PATH,
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-num-steps",
+            "3",
+            "--max-total-tokens",
+            "4096",
+        )
     yield server
     server.stop()
 
@@ -33,8 +40,7 @@ def generate(server, accept_length, max_new=48, text="def f(x):"):
     params = {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True}
     if accept_length is not None:
         params["simulated_accept_length"] = accept_length
-    response = httpx.post(f"{server.base_url}/generate", json={"text": text, "sampling_params": params},
-                          timeout=120)
+    response = httpx.post(f"{server.base_url}/generate", json={"text": text, "sampling_params": params}, timeout=120)
     assert response.status_code == 200, response.text
     return response.json()["meta_info"]
 
@@ -56,15 +62,21 @@ def test_a_request_accepts_alike_whichever_row_it_runs_in(simulating_server):
     prompts = ["def f(x):", "import os\n", "class Point:", "for i in range(10):"]
     alone = [generate(simulating_server, 2.0, max_new=96, text=text)["spec_accept_length"] for text in prompts]
     with ThreadPoolExecutor(len(prompts)) as pool:
-        together = list(pool.map(lambda text: generate(simulating_server, 2.0, max_new=96, text=text)
-                                 ["spec_accept_length"], prompts))
+        together = list(
+            pool.map(
+                lambda text: generate(simulating_server, 2.0, max_new=96, text=text)["spec_accept_length"], prompts
+            )
+        )
     assert together == alone
     assert len(set(alone)) > 1, "different prompts draw differently"
 
 
 def test_a_bad_simulated_accept_length_is_refused(simulating_server):
-    response = httpx.post(f"{simulating_server.base_url}/generate",
-                          json={"text": "x", "sampling_params": {"simulated_accept_length": 0.5}}, timeout=60)
+    response = httpx.post(
+        f"{simulating_server.base_url}/generate",
+        json={"text": "x", "sampling_params": {"simulated_accept_length": 0.5}},
+        timeout=60,
+    )
     assert response.status_code == 400 and "simulated_accept_length" in response.text
 
 
@@ -82,14 +94,34 @@ def test_only_a_simulating_speculative_server_takes_it(monkeypatch):
 
 def test_bench_serving_plays_a_trace_with_a_shifting_mix(simulating_server, tmp_path):
     trace = tmp_path / "trace.json"
-    trace.write_text(json.dumps({"phases": [
-        {"seconds": 3, "concurrency": 1, "accept_mix": {"4.0": 1}},
-        {"seconds": 3, "concurrency": [1, 4], "accept_mix": {"4.0": 1, "1.0": 3}},
-    ]}))
+    trace.write_text(
+        json.dumps(
+            {
+                "phases": [
+                    {"seconds": 3, "concurrency": 1, "accept_mix": {"4.0": 1}},
+                    {"seconds": 3, "concurrency": [1, 4], "accept_mix": {"4.0": 1, "1.0": 3}},
+                ]
+            }
+        )
+    )
     out = tmp_path / "trace.jsonl"
-    rc = bench_serving.main(["--base-url", simulating_server.base_url, "--trace", str(trace), "--random-input-len",
-                             "16", "--random-output-len", "16", "--disable-tqdm", "--warmup-requests", "0",
-                             "--output-file", str(out)])
+    rc = bench_serving.main(
+        [
+            "--base-url",
+            simulating_server.base_url,
+            "--trace",
+            str(trace),
+            "--random-input-len",
+            "16",
+            "--random-output-len",
+            "16",
+            "--disable-tqdm",
+            "--warmup-requests",
+            "0",
+            "--output-file",
+            str(out),
+        ]
+    )
     line = json.loads(out.read_text().splitlines()[-1])
     assert rc == 0 and line["failed"] == 0 and line["completed"] >= 4, line
     first, second = line["phases"]
@@ -113,8 +145,9 @@ def test_a_phase_counts_the_tokens_delivered_during_it_whoever_started_them():
     phases = [Phase(10, 1, 1), Phase(10, 4, 4)]
 
     def result(*chunks):
-        return RequestResult(success=True, latency=1.0, ttft=0.1, output_tokens=sum(n for _, n in chunks),
-                             chunks=list(chunks))
+        return RequestResult(
+            success=True, latency=1.0, ttft=0.1, output_tokens=sum(n for _, n in chunks), chunks=list(chunks)
+        )
 
     spanning = result((start + 9.0, 1), (start + 9.99, 2), (start + 10.0, 3), (start + 12.0, 4))
     late = result((start + 19.5, 5), (start + 21.0, 6))
@@ -133,8 +166,13 @@ def test_trace_files_and_mixes_are_checked(tmp_path):
     for bad in ["x:1", "3.0:0", "0.5:1", ""]:
         with pytest.raises(TraceError):
             parse_mix(bad)
-    for phases in [[], [{"seconds": 0, "concurrency": 1}], [{"seconds": 1, "concurrency": 0}],
-                   [{"seconds": 1, "concurrency": [1, 2, 3]}], [{"seconds": 1, "concurrency": 1, "speed": 2}]]:
+    for phases in [
+        [],
+        [{"seconds": 0, "concurrency": 1}],
+        [{"seconds": 1, "concurrency": 0}],
+        [{"seconds": 1, "concurrency": [1, 2, 3]}],
+        [{"seconds": 1, "concurrency": 1, "speed": 2}],
+    ]:
         path = tmp_path / "bad.json"
         path.write_text(json.dumps({"phases": phases}))
         with pytest.raises(TraceError, match="--trace"):

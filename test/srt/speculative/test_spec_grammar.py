@@ -51,8 +51,7 @@ def mask_of(matcher, vocab_size):
 def test_lookahead_masks_follow_the_drafts_and_roll_back(backend):
     tokenizer, grammar = backend
     vocab = len(tokenizer)
-    key = ("json_schema", json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}},
-                                      "required": ["ok"]}))
+    key = ("json_schema", json.dumps({"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}))
     text = tokenizer.encode('{"ok": true}', add_special_tokens=False)
     constrained = matcher_after(backend, key, text[:1])
     lookahead = GrammarLookahead([constrained, None], vocab, "cpu")
@@ -80,8 +79,10 @@ def test_sampling_under_a_regex_keeps_the_constrained_distribution(backend):
     top_k, num_samples = 6, 1200
     spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=2)
     try:
-        params = [{"temperature": 1.0, "top_k": top_k, "max_new_tokens": 3, "regex": REGEX, "sampling_seed": seed}
-                  for seed in range(num_samples)]
+        params = [
+            {"temperature": 1.0, "top_k": top_k, "max_new_tokens": 3, "regex": REGEX, "sampling_seed": seed}
+            for seed in range(num_samples)
+        ]
         outputs = spec.generate([PROMPT] * num_samples, params)
         state = spec.get_server_info()["internal_state"]
         assert_engine_kv_accounting(spec)
@@ -90,8 +91,12 @@ def test_sampling_under_a_regex_keeps_the_constrained_distribution(backend):
     assert 0 < state["spec_accept_rate"] < 1, state  # drafts were accepted and rejected
     tokenizer, _ = backend
     vocab = len(tokenizer)
-    exact = exact_token_distributions(demo.TARGET_PATH, tokenizer.encode(PROMPT), top_k,
-                                      allowed=lambda out: mask_of(matcher_after(backend, ("regex", REGEX), out), vocab))
+    exact = exact_token_distributions(
+        demo.TARGET_PATH,
+        tokenizer.encode(PROMPT),
+        top_k,
+        allowed=lambda out: mask_of(matcher_after(backend, ("regex", REGEX), out), vocab),
+    )
     for position in (1, 2):
         samples = [o["output_ids"][position] for o in outputs]
         assert len(set(samples)) > 1, position  # a distribution worth testing
@@ -99,16 +104,35 @@ def test_sampling_under_a_regex_keeps_the_constrained_distribution(backend):
 
 
 def test_greedy_constrained_speculation_is_plain_constrained_decoding():
-    schema = json.dumps({"type": "object", "properties": {"name": {"type": "string", "maxLength": 10},
-                                                          "n": {"type": "integer", "minimum": 0, "maximum": 999}},
-                         "required": ["name", "n"]})
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "maxLength": 10},
+                "n": {"type": "integer", "minimum": 0, "maximum": 999},
+            },
+            "required": ["name", "n"],
+        }
+    )
     prompts = ["def add(a, b):\n", "import os\n", "class Stack:\n", "x = "]
-    params = [{"temperature": 0, "max_new_tokens": 48, key: value} for key, value in
-              [("json_schema", schema), ("regex", REGEX), ("ebnf", 'root ::= "[" [0-9]+ ("," [0-9]+)* "]"'),
-               ("regex", r"(True|False|None)")]]
+    params = [
+        {"temperature": 0, "max_new_tokens": 48, key: value}
+        for key, value in [
+            ("json_schema", schema),
+            ("regex", REGEX),
+            ("ebnf", 'root ::= "[" [0-9]+ ("," [0-9]+)* "]"'),
+            ("regex", r"(True|False|None)"),
+        ]
+    ]
     # Plain constrained decoding: the plain engine's Scheduler, in this process.
-    plain = OneRank(model_path=demo.TARGET_PATH, dtype="float32", device="cpu", log_level="warning",
-                    disable_radix_cache=True, disable_overlap_schedule=True)
+    plain = OneRank(
+        model_path=demo.TARGET_PATH,
+        dtype="float32",
+        device="cpu",
+        log_level="warning",
+        disable_radix_cache=True,
+        disable_overlap_schedule=True,
+    )
     spec = engine(speculative_algorithm="EAGLE3", speculative_num_steps=4)
     try:
         expected = plain.generate(prompts, params)
@@ -121,7 +145,7 @@ def test_greedy_constrained_speculation_is_plain_constrained_decoding():
         free = [{"temperature": 0, "max_new_tokens": 32}] * len(prompts)
         got = spec.generate(prompts * 2, params + free)
         assert [o["output_ids"] for o in got[: len(prompts)]] == expected
-        assert [o["output_ids"] for o in got[len(prompts):]] == plain.generate(prompts, free)
+        assert [o["output_ids"] for o in got[len(prompts) :]] == plain.generate(prompts, free)
         assert spec.get_server_info()["internal_state"]["spec_verifies"] > 0
         assert_engine_kv_accounting(spec)
     finally:

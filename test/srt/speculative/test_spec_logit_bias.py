@@ -22,11 +22,17 @@ MAX_NEW = 24
 def run(spec: dict | None, biases: dict[int, dict], temperature: float = 0.0) -> dict[str, list[int]]:
     """Each prompt as one request (seeded), request i with logit_bias biases.get(i); {rid: ids}."""
     kwargs = dict(SPEC, **spec) if spec is not None else {}
-    scheduler = Scheduler(ServerArgs(model_path=demo.TARGET_PATH, dtype="float32", device="cpu",
-                                     max_total_tokens=4096, **kwargs))
+    scheduler = Scheduler(
+        ServerArgs(model_path=demo.TARGET_PATH, dtype="float32", device="cpu", max_total_tokens=4096, **kwargs)
+    )
     for i, ids in enumerate(PROMPTS):
-        params = SamplingParams(max_new_tokens=MAX_NEW, temperature=temperature, ignore_eos=True,
-                                sampling_seed=100 + i, logit_bias=biases.get(i))
+        params = SamplingParams(
+            max_new_tokens=MAX_NEW,
+            temperature=temperature,
+            ignore_eos=True,
+            sampling_seed=100 + i,
+            logit_bias=biases.get(i),
+        )
         params.verify(scheduler.model_config.vocab_size)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
     tokens = {}

@@ -29,11 +29,18 @@ def run(spec: dict | None, opted: set[int], temperature: float = 0.0, policy: st
     kwargs = dict(SPEC, speculative_policy=policy, **(spec or {})) if spec is not None else {}
     # The requests hold under 200 tokens of KV: a pool of 4096 (the CPU default, 65536, takes ~2 s to
     # allocate per scheduler on the demo pair).
-    scheduler = Scheduler(ServerArgs(model_path=demo.TARGET_PATH, dtype="float32", device="cpu",
-                                     max_total_tokens=4096, **kwargs))
+    scheduler = Scheduler(
+        ServerArgs(model_path=demo.TARGET_PATH, dtype="float32", device="cpu", max_total_tokens=4096, **kwargs)
+    )
     for i, ids in enumerate(PROMPTS):
-        params = SamplingParams(max_new_tokens=40, temperature=temperature, top_k=8, ignore_eos=True,
-                                sampling_seed=100 + i, disable_speculative_decoding=i in opted)
+        params = SamplingParams(
+            max_new_tokens=40,
+            temperature=temperature,
+            top_k=8,
+            ignore_eos=True,
+            sampling_seed=100 + i,
+            disable_speculative_decoding=i in opted,
+        )
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
     tokens, verifies = run_counting_verifies(scheduler)
     state = scheduler.get_internal_state()
@@ -71,30 +78,50 @@ def test_policies_count_opted_out_requests_as_one_token_a_step():
     policy = CostPolicy([0, 3], cost, AcceptanceEstimator(3, prior=0.9))
     # One request at a = 0.9 gains 3.4 tokens for 20% more time alone; beside 7 opted-out
     # requests the step costs 8 rows' time (2.7x plain) for 2.4 more tokens out of 8.
-    assert policy.objective(["a"], [0, 3]) [3] > policy.objective(["a"], [0, 3])[0]
+    assert policy.objective(["a"], [0, 3])[3] > policy.objective(["a"], [0, 3])[0]
     assert policy.objective(["a"], [0, 3], num_plain_only=7)[3] < policy.objective(["a"], [0, 3], num_plain_only=7)[0]
 
 
 @pytest.fixture(scope="module")
 def server():
-    server = ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-                           "--skip-server-warmup")
+    server = ServerProcess(
+        demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3", "--skip-server-warmup"
+    )
     yield server
     server.stop()
 
 
 def test_generate_and_openai_routes_take_the_opt_out(server):
-    body = {"text": "def fibonacci(n):", "sampling_params": {"temperature": 0, "max_new_tokens": 32,
-                                                              "ignore_eos": True, "disable_speculative_decoding": True}}
+    body = {
+        "text": "def fibonacci(n):",
+        "sampling_params": {
+            "temperature": 0,
+            "max_new_tokens": 32,
+            "ignore_eos": True,
+            "disable_speculative_decoding": True,
+        },
+    }
     out = httpx.post(f"{server.base_url}/generate", json=body, timeout=120).json()
     assert out["meta_info"]["completion_tokens"] == 32 and out["meta_info"]["spec_verify_ct"] == 0
     body["sampling_params"]["disable_speculative_decoding"] = False
     assert httpx.post(f"{server.base_url}/generate", json=body, timeout=120).json()["text"] == out["text"]
-    completion = httpx.post(f"{server.base_url}/v1/completions", timeout=120, json={
-        "model": demo.TARGET_PATH, "prompt": "def fibonacci(n):", "max_tokens": 32, "temperature": 0, "ignore_eos": True,
-        "disable_speculative_decoding": True}).json()
+    completion = httpx.post(
+        f"{server.base_url}/v1/completions",
+        timeout=120,
+        json={
+            "model": demo.TARGET_PATH,
+            "prompt": "def fibonacci(n):",
+            "max_tokens": 32,
+            "temperature": 0,
+            "ignore_eos": True,
+            "disable_speculative_decoding": True,
+        },
+    ).json()
     assert "choices" in completion, completion
     assert completion["choices"][0]["text"] == out["text"]
-    bad = httpx.post(f"{server.base_url}/generate", timeout=30, json={
-        "text": "x", "sampling_params": {"disable_speculative_decoding": "yes"}})
+    bad = httpx.post(
+        f"{server.base_url}/generate",
+        timeout=30,
+        json={"text": "x", "sampling_params": {"disable_speculative_decoding": "yes"}},
+    )
     assert bad.status_code == 400 and "disable_speculative_decoding" in bad.text

@@ -24,8 +24,14 @@ MAX_TOTAL_TOKENS = 4096
 
 
 def run(overlap: bool, abort_at_step: int | None = None):
-    args = ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3", speculative_num_steps=3,
-                      disable_overlap_schedule=not overlap, max_total_tokens=MAX_TOTAL_TOKENS)
+    args = ServerArgs(
+        dtype="float32",
+        device="cpu",
+        speculative_algorithm="EAGLE3",
+        speculative_num_steps=3,
+        disable_overlap_schedule=not overlap,
+        max_total_tokens=MAX_TOTAL_TOKENS,
+    )
     scheduler = Scheduler(args)
     events = []
     launch = scheduler.tp_worker.forward_batch_generation
@@ -39,6 +45,7 @@ def run(overlap: bool, abort_at_step: int | None = None):
     for i, ids in enumerate(PROMPTS):
         params = SamplingParams(max_new_tokens=[7, 30, 45, 2][i], temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
+
     def abort(step):
         if step == abort_at_step:
             scheduler.abort_request(AbortReq("r2"))
@@ -69,8 +76,14 @@ def test_abort_while_a_speculative_step_is_in_flight_keeps_the_accounting():
 
 def run_switching(overlap: bool, choose):
     """Like `run`, with the scheduler's per-step choice of draft tokens replaced by `choose`."""
-    args = ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3", speculative_num_steps=3,
-                      disable_overlap_schedule=not overlap, max_total_tokens=MAX_TOTAL_TOKENS)
+    args = ServerArgs(
+        dtype="float32",
+        device="cpu",
+        speculative_algorithm="EAGLE3",
+        speculative_num_steps=3,
+        disable_overlap_schedule=not overlap,
+        max_total_tokens=MAX_TOTAL_TOKENS,
+    )
     scheduler = Scheduler(args)
     steps = []
 
@@ -94,8 +107,11 @@ def test_switching_between_plain_and_speculative_steps_keeps_the_output():
     decoding's whatever the sequence of choices."""
     reference, _ = run(overlap=False)
     expected = {rid: out["ids"] for rid, out in reference.items()}
-    patterns = {"alternate": lambda i: 3 * (i % 2), "plain_runs": lambda i: 0 if i % 5 < 3 else 3,
-                "every_k": lambda i: [0, 1, 2, 3][i % 4]}
+    patterns = {
+        "alternate": lambda i: 3 * (i % 2),
+        "plain_runs": lambda i: 0 if i % 5 < 3 else 3,
+        "every_k": lambda i: [0, 1, 2, 3][i % 4],
+    }
     states = {}
     for name, choose in patterns.items():
         for overlap in (False, True):
@@ -119,7 +135,12 @@ def test_a_draft_that_does_not_fit_the_target_is_refused_clearly(tiny_model_path
         (target, "LlamaForCausalLMEagle3"),  # not a draft at all
     ]
     for draft, message in cases:
-        args = ServerArgs(model_path=target, dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
-                          speculative_draft_model_path=draft)
+        args = ServerArgs(
+            model_path=target,
+            dtype="float32",
+            device="cpu",
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=draft,
+        )
         with pytest.raises(ValueError, match=message):
             Scheduler(args)

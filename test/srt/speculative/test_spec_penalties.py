@@ -26,11 +26,17 @@ def run(spec: dict | None, penalties: dict[int, dict], temperature: float = 0.0)
     """Each prompt as one request (seeded), request i with the penalties penalties.get(i).
     Returns ({rid: ids}, {rid: its verify steps}, the scheduler's final state)."""
     kwargs = dict(SPEC, **spec) if spec is not None else {}
-    scheduler = Scheduler(ServerArgs(model_path=demo.TARGET_PATH, dtype="float32", device="cpu",
-                                     max_total_tokens=4096, **kwargs))
+    scheduler = Scheduler(
+        ServerArgs(model_path=demo.TARGET_PATH, dtype="float32", device="cpu", max_total_tokens=4096, **kwargs)
+    )
     for i, ids in enumerate(PROMPTS):
-        params = SamplingParams(max_new_tokens=MAX_NEW, temperature=temperature, ignore_eos=True,
-                                sampling_seed=100 + i, **penalties.get(i, {}))
+        params = SamplingParams(
+            max_new_tokens=MAX_NEW,
+            temperature=temperature,
+            ignore_eos=True,
+            sampling_seed=100 + i,
+            **penalties.get(i, {}),
+        )
         params.verify(scheduler.model_config.vocab_size)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
     tokens, verifies = run_counting_verifies(scheduler)
@@ -39,8 +45,14 @@ def run(spec: dict | None, penalties: dict[int, dict], temperature: float = 0.0)
     return tokens, verifies, state
 
 
-@pytest.mark.parametrize("spec", [dict(speculative_policy="always"), dict(speculative_policy="never"),
-                                  dict(speculative_policy="always", speculative_draft_sync="catch-up")])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        dict(speculative_policy="always"),
+        dict(speculative_policy="never"),
+        dict(speculative_policy="always", speculative_draft_sync="catch-up"),
+    ],
+)
 def test_penalized_greedy_requests_speculate_and_give_plain_decodings_tokens(spec):
     """The verify penalizes each position as plain decoding would after the drafts before it, and
     the kept tokens are counted: greedy output equals a server without a draft, penalized, while

@@ -40,8 +40,7 @@ def make_cost(k_max: int = K_MAX) -> CostTable:
     """Plain grows with the batch; a spec step costs spec_factor(bs) times plain for k = 1 and a
     little more per extra draft."""
     plain = {bs: 0.010 + 0.0002 * bs for bs in BUCKETS}
-    spec = {(bs, k): plain[bs] * spec_factor(bs) * (1 + 0.05 * (k - 1))
-            for bs in BUCKETS for k in range(1, k_max + 1)}
+    spec = {(bs, k): plain[bs] * spec_factor(bs) * (1 + 0.05 * (k - 1)) for bs in BUCKETS for k in range(1, k_max + 1)}
     return CostTable(plain, spec)
 
 
@@ -157,6 +156,7 @@ def test_small_batches_update_the_estimates_exactly_as_large_ones(monkeypatch):
     ones with array operations: the same random history (batches of 1 to 2 x SMALL_BATCH, new
     and finished requests, every k) leaves the same pooled, long-run and per-request rates
     either way."""
+
     def history(small_batch: int) -> AcceptanceEstimator:
         monkeypatch.setattr(acceptance, "SMALL_BATCH", small_batch)
         rng = np.random.default_rng(7)
@@ -186,6 +186,7 @@ def test_queued_request_updates_fold_in_exactly_as_updates_made_at_once(monkeypa
     scatter: requests finishing meanwhile (their rows reused by new requests only after the fold),
     probes, small batches between large ones, stretches of one batch and reads at random points
     leave every rate as updating at once does."""
+
     def history(max_pending: int) -> tuple[AcceptanceEstimator, list[str], list]:
         monkeypatch.setattr(acceptance, "MAX_PENDING_STEPS", max_pending)
         rng = np.random.default_rng(11)
@@ -254,8 +255,11 @@ def test_cost_table_buckets_and_extrapolation():
     assert cost.seconds(96, 3) == pytest.approx(0.150)
     with pytest.raises(ValueError, match="k=2"):
         cost.seconds(1, 2)
-    assert cost.summary() == {"plain_ms": {1: 10.0, 8: 20.0, 64: 50.0},
-                              "spec_ms": {3: {1: 12.0, 8: 30.0, 64: 100.0}}, "context_ns_per_token": {}}
+    assert cost.summary() == {
+        "plain_ms": {1: 10.0, 8: 20.0, 64: 50.0},
+        "spec_ms": {3: {1: 12.0, 8: 30.0, 64: 100.0}},
+        "context_ns_per_token": {},
+    }
     json.dumps(cost.summary())
 
 
@@ -373,8 +377,9 @@ def test_no_flapping_when_load_steps_up_and_down(rate, seed):
     assert ks[199] == K_MAX and ks[399] == 0 and ks[599] == K_MAX, "it still follows the load"
 
 
-def run_with_rates(policy, rates: tuple[float, ...], steps: int, seed: int = 0,
-                   rejected_at: int | None = None) -> list[int]:
+def run_with_rates(
+    policy, rates: tuple[float, ...], steps: int, seed: int = 0, rejected_at: int | None = None
+) -> list[int]:
     """Batch-1 steps where draft i is accepted with rates[i - 1] given the earlier ones were
     (rejected_at: that 1-based position is always rejected, an unlucky stretch); the chosen ks."""
     rng = random.Random(seed)
@@ -407,8 +412,9 @@ def test_an_unobserved_position_drifts_back_up_toward_its_long_run_rate():
     assert low + 0.5 * (long_run - low) < est.rates()[1] <= long_run
     assert low + 0.5 * (long_run - low) < est.rates("a")[1] <= long_run, "the request's own row too"
     long_run_now = est.summary()["acceptance_rates_long_run"][1]
-    assert est.rates("new")[1] == pytest.approx(max(est.rates()[1], long_run_now), abs=1e-4), \
+    assert est.rates("new")[1] == pytest.approx(max(est.rates()[1], long_run_now), abs=1e-4), (
         "a new request starts from the recovered rate, or the long-run one where that is higher"
+    )
     high = est.rates()[2]  # position 3, last observed while every draft was accepted
     assert high > est.summary()["acceptance_rates_long_run"][2]
     for _ in range(300):  # an estimate above its target stays where it is
@@ -468,8 +474,9 @@ def test_an_unchanged_bucket_is_re_evaluated_every_few_steps_and_a_new_one_at_on
     policy = make_policy("cost", K_MAX, cost=make_cost(), exploration=no_exploration())
     evaluated = []
     real = policy._priced_objective
-    monkeypatch.setattr(policy, "_priced_objective",
-                        lambda rids, *a, **kw: evaluated.append(len(rids)) or real(rids, *a, **kw))
+    monkeypatch.setattr(
+        policy, "_priced_objective", lambda rids, *a, **kw: evaluated.append(len(rids)) or real(rids, *a, **kw)
+    )
     rids = ["r"]
     for _ in range(policy.min_dwell + 4 * spec_policy.REEVALUATE_EVERY):
         policy.choose(rids)
@@ -487,8 +494,9 @@ def count_evaluations(policy, monkeypatch) -> list[int]:
     """The batch sizes the policy evaluated its objective for, in order."""
     evaluated = []
     real = policy._priced_objective
-    monkeypatch.setattr(policy, "_priced_objective",
-                        lambda rids, *a, **kw: evaluated.append(len(rids)) or real(rids, *a, **kw))
+    monkeypatch.setattr(
+        policy, "_priced_objective", lambda rids, *a, **kw: evaluated.append(len(rids)) or real(rids, *a, **kw)
+    )
     return evaluated
 
 
@@ -589,8 +597,9 @@ def play_load(seed: int) -> tuple[list[int], dict, int]:
         rate = 0.9 if (step // 300) % 2 == 0 else 0.3
         if rids:
             feed(policy, rids, k, rate, rng)
-        policy.observe_step_seconds(len(live), k, context, make_cost().seconds(len(live), k, context)
-                                    * rng.uniform(0.9, 1.3))
+        policy.observe_step_seconds(
+            len(live), k, context, make_cost().seconds(len(live), k, context) * rng.uniform(0.9, 1.3)
+        )
         for rid in live:
             live[rid] += 1 + k
     return ks, policy.summary(), len(full_path)
@@ -618,8 +627,14 @@ def test_an_admission_where_every_candidate_speculates_is_not_evaluated(monkeypa
     hard = [f"r{i}" for i in range(256)]
     only_k3.estimator.record_verify(hard, [1] * 256, K_MAX)
     assert only_k3.would_speculate(hard) and evaluated == []
-    by_bs = make_policy("cost", K_MAX, cost=make_cost(), candidates=[0, K_MAX],
-                        candidates_by_bs={1: [1, K_MAX], 64: [0, K_MAX]}, exploration=no_exploration())
+    by_bs = make_policy(
+        "cost",
+        K_MAX,
+        cost=make_cost(),
+        candidates=[0, K_MAX],
+        candidates_by_bs={1: [1, K_MAX], 64: [0, K_MAX]},
+        exploration=no_exploration(),
+    )
     evaluated = count_evaluations(by_bs, monkeypatch)
     assert by_bs.would_speculate(hard[:8]) and evaluated == []
     assert not by_bs.would_speculate(hard) and evaluated == [256]
@@ -630,8 +645,11 @@ def test_a_switch_is_logged_with_every_candidate_priced_as_the_policy_priced_it(
     context read included (what the decision used, not the table's empty-row time) and whether
     that price was learned here, borrowed (from a nearby bucket, or this one's level with the
     table's relative cost) or the table's."""
-    cost = CostTable({1: 1.0e-3, 64: 2.0e-3}, {(1, 1): 1.26e-3, (64, 1): 3.0e-3, (1, K_MAX): 1.8e-3,
-                                               (64, K_MAX): 5.0e-3}, context_seconds={0: 1e-8, 1: 1e-8, K_MAX: 1e-8})
+    cost = CostTable(
+        {1: 1.0e-3, 64: 2.0e-3},
+        {(1, 1): 1.26e-3, (64, 1): 3.0e-3, (1, K_MAX): 1.8e-3, (64, K_MAX): 5.0e-3},
+        context_seconds={0: 1e-8, 1: 1e-8, K_MAX: 1e-8},
+    )
     policy = CostPolicy([0, 1, K_MAX], cost, AcceptanceEstimator(K_MAX, prior=0.5))
     rids = [f"r{i}" for i in range(40)]
     context = 40 * 300
@@ -649,7 +667,9 @@ def test_a_switch_is_logged_with_every_candidate_priced_as_the_policy_priced_it(
     assert f"0: {policy.last_objective[0]:.0f} tok/s, {plain_ms:.3f} ms, borrowed" in line, line
     assert policy.cost.source(40, 0, 40 * 5000) == "table", "nothing learned within a context class of it"
     assert f"1: {policy.last_objective[1]:.0f} tok/s, {1e3 * policy.seconds(40, 1, context):.3f} ms, borrowed" in line
-    assert f"3: {policy.last_objective[3]:.0f} tok/s, {1e3 * policy.seconds(40, K_MAX, context):.3f} ms, learned" in line
+    assert (
+        f"3: {policy.last_objective[3]:.0f} tok/s, {1e3 * policy.seconds(40, K_MAX, context):.3f} ms, learned" in line
+    )
 
 
 def test_the_choice_follows_the_learned_cost_not_the_table(caplog):
@@ -695,11 +715,15 @@ def alternating_cost() -> CostTable:
 
 def test_hysteresis_ignores_small_alternating_gains():
     batches = [["a"], ["a", "b"]] * 50
-    held = CostPolicy([0, 1], alternating_cost(), AcceptanceEstimator(1), hysteresis=0.05, min_dwell=1, exploration=no_exploration())
+    held = CostPolicy(
+        [0, 1], alternating_cost(), AcceptanceEstimator(1), hysteresis=0.05, min_dwell=1, exploration=no_exploration()
+    )
     assert [held.choose(b) for b in batches] == [1] * 100
     assert held.num_switches == 0
     # Control: without hysteresis the same load flips every step.
-    eager = CostPolicy([0, 1], alternating_cost(), AcceptanceEstimator(1), hysteresis=0.0, min_dwell=1, exploration=no_exploration())
+    eager = CostPolicy(
+        [0, 1], alternating_cost(), AcceptanceEstimator(1), hysteresis=0.0, min_dwell=1, exploration=no_exploration()
+    )
     assert [eager.choose(b) for b in batches] == [1, 0] * 50
 
 
@@ -707,11 +731,25 @@ def test_hysteresis_by_direction_and_bucket():
     """An "up" margin blocks only moves to a larger k, a "down" margin only moves to a smaller one
     (here for the bucket starting at batch 1, so for batches 1 and 2)."""
     batches = [["a", "b"], ["a"]] * 20  # batch 2 favours k = 0, batch 1 favours k = 1, by 0.5%
-    up = CostPolicy([0, 1], alternating_cost(), AcceptanceEstimator(1), hysteresis=0.0, min_dwell=1, exploration=no_exploration(),
-                    hysteresis_by_bs={1: {"up": 0.05}})
+    up = CostPolicy(
+        [0, 1],
+        alternating_cost(),
+        AcceptanceEstimator(1),
+        hysteresis=0.0,
+        min_dwell=1,
+        exploration=no_exploration(),
+        hysteresis_by_bs={1: {"up": 0.05}},
+    )
     assert [up.choose(b) for b in batches] == [0] * 40
-    down = CostPolicy([0, 1], alternating_cost(), AcceptanceEstimator(1), hysteresis=0.0, min_dwell=1, exploration=no_exploration(),
-                      hysteresis_by_bs={1: {"down": 0.05}})
+    down = CostPolicy(
+        [0, 1],
+        alternating_cost(),
+        AcceptanceEstimator(1),
+        hysteresis=0.0,
+        min_dwell=1,
+        exploration=no_exploration(),
+        hysteresis_by_bs={1: {"down": 0.05}},
+    )
     assert [down.choose(b) for b in batches] == [0] + [1] * 39
 
 
@@ -725,8 +763,13 @@ def test_min_dwell_holds_a_new_choice():
 
 
 def test_candidates_by_batch_size():
-    policy = CostPolicy([0, 1, K_MAX], make_cost(), AcceptanceEstimator(K_MAX, prior=0.8), min_dwell=100,
-                        candidates_by_bs={4: [0, 1], 64: [0]})
+    policy = CostPolicy(
+        [0, 1, K_MAX],
+        make_cost(),
+        AcceptanceEstimator(K_MAX, prior=0.8),
+        min_dwell=100,
+        candidates_by_bs={4: [0, 1], 64: [0]},
+    )
     assert policy.candidates_for(1) == [0, 1, K_MAX], "below the smallest key: the default candidates"
     assert policy.candidates_for(4) == [0, 1] and policy.candidates_for(63) == [0, 1]
     assert policy.candidates_for(1000) == [0]
@@ -743,11 +786,25 @@ def test_candidates_by_batch_size():
 
 def test_parse_adaptive_config_good(tmp_path):
     path = tmp_path / "adaptive.json"
-    path.write_text(json.dumps({"1": [3, 1, 1], "8": {"candidate_steps": [0, 1], "up_hysteresis": 0.1},
-                                "64": [0], "ema_alpha": 0.1, "warmup_batches": 5}))
+    path.write_text(
+        json.dumps(
+            {
+                "1": [3, 1, 1],
+                "8": {"candidate_steps": [0, 1], "up_hysteresis": 0.1},
+                "64": [0],
+                "ema_alpha": 0.1,
+                "warmup_batches": 5,
+            }
+        )
+    )
     config = parse_adaptive_config(str(path))
-    assert config == {"candidates_by_bs": {1: [1, 3], 8: [0, 1], 64: [0]}, "hysteresis_by_bs": {8: {"up": 0.1}},
-                      "ema_alpha": 0.1, "warmup_batches": 5, "update_interval": None}
+    assert config == {
+        "candidates_by_bs": {1: [1, 3], 8: [0, 1], 64: [0]},
+        "hysteresis_by_bs": {8: {"up": 0.1}},
+        "ema_alpha": 0.1,
+        "warmup_batches": 5,
+        "update_interval": None,
+    }
     default = tmp_path / "default.json"
     default.write_text(json.dumps(DEFAULT_ADAPTIVE_CONFIG))
     parsed = parse_adaptive_config(str(default))["candidates_by_bs"]
@@ -756,34 +813,44 @@ def test_parse_adaptive_config_good(tmp_path):
 
 def test_adaptive_config_drives_cost_policy(tmp_path):
     path = tmp_path / "adaptive.json"
-    path.write_text(json.dumps({"1": [1, 3], "32": {"candidate_steps": [0, 1], "down_hysteresis": 0.2},
-                                "ema_alpha": 0.2}))
+    path.write_text(
+        json.dumps({"1": [1, 3], "32": {"candidate_steps": [0, 1], "down_hysteresis": 0.2}, "ema_alpha": 0.2})
+    )
     config = parse_adaptive_config(str(path))
-    policy = make_policy("cost", K_MAX, cost=make_cost(), candidates_by_bs=config["candidates_by_bs"],
-                         hysteresis_by_bs=config["hysteresis_by_bs"], ema_alpha=config["ema_alpha"])
+    policy = make_policy(
+        "cost",
+        K_MAX,
+        cost=make_cost(),
+        candidates_by_bs=config["candidates_by_bs"],
+        hysteresis_by_bs=config["hysteresis_by_bs"],
+        ema_alpha=config["ema_alpha"],
+    )
     assert policy.estimator.alpha == 0.2
     assert policy.candidates_for(1) == [1, 3] and policy.candidates_for(100) == [0, 1]
     assert policy.hysteresis_by_bs == {32: {"down": 0.2}}
 
 
-@pytest.mark.parametrize("text, problem", [
-    ("{not json", "invalid JSON"),
-    ("[1, 2]", "expected a JSON object"),
-    ('{"1": [0, -1]}', "candidate step -1 is not a non-negative integer"),
-    ('{"1": [0, 1.5]}', "candidate step 1.5"),
-    ('{"1": [true]}', "candidate step True"),
-    ('{"1": []}', "candidate step list is empty"),
-    ('{"1": 3}', "must be a list"),
-    ('{"0": [0]}', "key '0' is not a positive integer"),
-    ('{"-4": [0]}', "key '-4' is not a positive integer"),
-    ('{"2.5": [0]}', "key '2.5' is not a positive integer"),
-    ('{"1": [0], "speed": 2}', "unknown key 'speed'"),
-    ('{"1": [0], "ema_alpha": 2}', "ema_alpha must be a number in (0, 1]"),
-    ('{"1": [0], "update_interval": 0}', "update_interval must be an integer >= 1"),
-    ('{"1": {"steps": [1]}}', "unknown key(s) ['steps']"),
-    ('{"1": {"candidate_steps": [1], "down_hysteresis": -1}}', "down_hysteresis must be a number >= 0"),
-    ('{"ema_alpha": 0.1}', "no batch-size keys"),
-])
+@pytest.mark.parametrize(
+    "text, problem",
+    [
+        ("{not json", "invalid JSON"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"1": [0, -1]}', "candidate step -1 is not a non-negative integer"),
+        ('{"1": [0, 1.5]}', "candidate step 1.5"),
+        ('{"1": [true]}', "candidate step True"),
+        ('{"1": []}', "candidate step list is empty"),
+        ('{"1": 3}', "must be a list"),
+        ('{"0": [0]}', "key '0' is not a positive integer"),
+        ('{"-4": [0]}', "key '-4' is not a positive integer"),
+        ('{"2.5": [0]}', "key '2.5' is not a positive integer"),
+        ('{"1": [0], "speed": 2}', "unknown key 'speed'"),
+        ('{"1": [0], "ema_alpha": 2}', "ema_alpha must be a number in (0, 1]"),
+        ('{"1": [0], "update_interval": 0}', "update_interval must be an integer >= 1"),
+        ('{"1": {"steps": [1]}}', "unknown key(s) ['steps']"),
+        ('{"1": {"candidate_steps": [1], "down_hysteresis": -1}}', "down_hysteresis must be a number >= 0"),
+        ('{"ema_alpha": 0.1}', "no batch-size keys"),
+    ],
+)
 def test_parse_adaptive_config_errors(tmp_path, text, problem):
     path = tmp_path / "bad.json"
     path.write_text(text)
@@ -802,19 +869,24 @@ def test_parse_adaptive_config_missing_file(tmp_path):
 # --- make_policy -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kwargs, names", [
-    (dict(name="greedy"), ["--speculative-policy", "'greedy'", "cost"]),
-    (dict(name="threshold"), ["--speculative-threshold", "None"]),
-    (dict(name="threshold", threshold=-1), ["--speculative-threshold", "-1"]),
-    (dict(name="cost"), ["--speculative-policy cost", "cost table"]),
-    (dict(name="cost", cost=make_cost(), candidates=[0, 5]), ["--speculative-candidate-steps", "5", f"0..{K_MAX}"]),
-    (dict(name="cost", cost=make_cost(), candidates=[]), ["--speculative-candidate-steps", "empty"]),
-    (dict(name="cost", cost=make_cost(), candidates_by_bs={8: [0, 4]}),
-     ["--speculative-adaptive-config", "batch size 8", "4"]),
-    (dict(name="cost", cost=make_cost(), ema_alpha=0.0), ["ema_alpha", "0.0"]),
-    (dict(name="cost", cost=make_cost(k_max=1)), ["cost table has no step time for k in [3]"]),
-    (dict(name="always", k_max=0), ["--speculative-num-steps", "0"]),
-])
+@pytest.mark.parametrize(
+    "kwargs, names",
+    [
+        (dict(name="greedy"), ["--speculative-policy", "'greedy'", "cost"]),
+        (dict(name="threshold"), ["--speculative-threshold", "None"]),
+        (dict(name="threshold", threshold=-1), ["--speculative-threshold", "-1"]),
+        (dict(name="cost"), ["--speculative-policy cost", "cost table"]),
+        (dict(name="cost", cost=make_cost(), candidates=[0, 5]), ["--speculative-candidate-steps", "5", f"0..{K_MAX}"]),
+        (dict(name="cost", cost=make_cost(), candidates=[]), ["--speculative-candidate-steps", "empty"]),
+        (
+            dict(name="cost", cost=make_cost(), candidates_by_bs={8: [0, 4]}),
+            ["--speculative-adaptive-config", "batch size 8", "4"],
+        ),
+        (dict(name="cost", cost=make_cost(), ema_alpha=0.0), ["ema_alpha", "0.0"]),
+        (dict(name="cost", cost=make_cost(k_max=1)), ["cost table has no step time for k in [3]"]),
+        (dict(name="always", k_max=0), ["--speculative-num-steps", "0"]),
+    ],
+)
 def test_make_policy_errors(kwargs, names):
     kwargs = {"k_max": K_MAX, **kwargs}
     with pytest.raises(ValueError) as info:
@@ -848,8 +920,13 @@ def test_summary_counts_steps_and_switches():
     summary = cost_policy.summary()
     assert summary["steps_per_k"] == {K_MAX: 50} and summary["switches"] == 0
     assert summary["acceptance_rates"][0] > 0.8
-    assert summary["cost"] == {"prior": make_cost().summary(), "learned_ms": {}, "window_mean_ms": {}, "samples": {},
-                               "learned_ms_by_context": {}}
+    assert summary["cost"] == {
+        "prior": make_cost().summary(),
+        "learned_ms": {},
+        "window_mean_ms": {},
+        "samples": {},
+        "learned_ms_by_context": {},
+    }
     assert summary["exploration"] == {"steps": 0, "bursts": 0, "share": 0.0, "cost_share": 0.0}
     json.dumps(summary)
 

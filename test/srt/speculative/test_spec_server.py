@@ -15,15 +15,26 @@ from sglang.test.server_fixture import ServerProcess, assert_server_kv_accountin
 
 @pytest.fixture(scope="module")
 def spec_server():
-    server = ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-                           "--enable-metrics", "--log-level", "info", "--skip-server-warmup")
+    server = ServerProcess(
+        demo.TARGET_PATH,
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-num-steps",
+        "3",
+        "--enable-metrics",
+        "--log-level",
+        "info",
+        "--skip-server-warmup",
+    )
     yield server
     server.stop()
 
 
 def test_generate_reports_verify_steps_and_stats_are_exposed(spec_server):
-    body = {"text": "def fibonacci(n):", "sampling_params": {"temperature": 0, "max_new_tokens": 160,
-                                                              "ignore_eos": True}}
+    body = {
+        "text": "def fibonacci(n):",
+        "sampling_params": {"temperature": 0, "max_new_tokens": 160, "ignore_eos": True},
+    }
     out = httpx.post(f"{spec_server.base_url}/generate", json=body, timeout=120).json()
     meta = out["meta_info"]
     assert meta["completion_tokens"] == 160
@@ -43,9 +54,10 @@ def test_generate_reports_verify_steps_and_stats_are_exposed(spec_server):
 
 
 def test_bad_speculative_flags_fail_naming_the_flag():
-    for args, flag in ((["--speculative-eagle-topk", "2"], "--speculative-eagle-topk"),
-                       (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "9"],
-                        "--speculative-num-draft-tokens")):
+    for args, flag in (
+        (["--speculative-eagle-topk", "2"], "--speculative-eagle-topk"),
+        (["--speculative-num-steps", "3", "--speculative-num-draft-tokens", "9"], "--speculative-num-draft-tokens"),
+    ):
         with pytest.raises(RuntimeError, match=flag):
             ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", *args, startup_timeout=60)
 
@@ -58,10 +70,27 @@ def test_bench_serving_reports_the_accept_length(spec_server, tmp_path, backend)
     from sglang import bench_serving
 
     out = tmp_path / "spec.jsonl"
-    rc = bench_serving.main([
-        "--base-url", spec_server.base_url, "--backend", backend, "--num-prompts", "6", "--random-input-len", "24",
-        "--random-output-len", "24", "--max-concurrency", "3", "--disable-tqdm", "--warmup-requests", "0",
-        "--output-file", str(out)])
+    rc = bench_serving.main(
+        [
+            "--base-url",
+            spec_server.base_url,
+            "--backend",
+            backend,
+            "--num-prompts",
+            "6",
+            "--random-input-len",
+            "24",
+            "--random-output-len",
+            "24",
+            "--max-concurrency",
+            "3",
+            "--disable-tqdm",
+            "--warmup-requests",
+            "0",
+            "--output-file",
+            str(out),
+        ]
+    )
     line = json.loads(out.read_text().splitlines()[-1])
     assert rc == 0 and line["completed"] == 6
     assert 1 <= line["accept_length"] <= 4  # tokens per verify with k = 3
@@ -88,13 +117,28 @@ def test_threshold_server_reports_its_modes_in_metrics_and_logs():
     names the policy."""
     import concurrent.futures
 
-    server = ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-                           "--speculative-policy", "threshold", "--speculative-threshold", "1",
-                           "--enable-metrics", "--log-level", "info", "--skip-server-warmup")
+    server = ServerProcess(
+        demo.TARGET_PATH,
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-num-steps",
+        "3",
+        "--speculative-policy",
+        "threshold",
+        "--speculative-threshold",
+        "1",
+        "--enable-metrics",
+        "--log-level",
+        "info",
+        "--skip-server-warmup",
+    )
     try:
+
         def generate(max_new):
-            body = {"text": "import os\n", "sampling_params": {"temperature": 0, "max_new_tokens": max_new,
-                                                               "ignore_eos": True}}
+            body = {
+                "text": "import os\n",
+                "sampling_params": {"temperature": 0, "max_new_tokens": max_new, "ignore_eos": True},
+            }
             return httpx.post(f"{server.base_url}/generate", json=body, timeout=120).json()
 
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
@@ -110,15 +154,23 @@ def test_threshold_server_reports_its_modes_in_metrics_and_logs():
         state = server_state(server)
         assert state["spec_policy"]["name"] == "threshold" and state["spec_policy"]["switches"] >= 1
         metrics = httpx.get(f"{server.base_url}/metrics", timeout=10).text
-        steps = {line.split('k="')[1].split('"')[0]: float(line.split()[-1])
-                 for line in metrics.splitlines() if line.startswith("sglang:spec_decode_steps{")}
+        steps = {
+            line.split('k="')[1].split('"')[0]: float(line.split()[-1])
+            for line in metrics.splitlines()
+            if line.startswith("sglang:spec_decode_steps{")
+        }
         assert steps.get("0", 0) > 0 and steps.get("3", 0) > 0, metrics
         switches = next(line for line in metrics.splitlines() if line.startswith("sglang:spec_mode_switches{"))
         assert float(switches.split()[-1]) == state["spec_policy"]["switches"]
+
         # The policy's acceptance estimate per draft position and its expected tokens per k.
         def labelled(name, label):
-            return {line.split(f'{label}="')[1].split('"')[0]: float(line.split()[-1])
-                    for line in metrics.splitlines() if line.startswith(f"sglang:{name}{{")}
+            return {
+                line.split(f'{label}="')[1].split('"')[0]: float(line.split()[-1])
+                for line in metrics.splitlines()
+                if line.startswith(f"sglang:{name}{{")
+            }
+
         rates = labelled("spec_position_acceptance", "position")
         assert rates == {str(i + 1): pytest.approx(a) for i, a in enumerate(state["spec_policy"]["acceptance_rates"])}
         assert len(rates) == 3 and all(0 <= a <= 1 for a in rates.values())
@@ -140,12 +192,22 @@ def test_cost_server_shows_learned_costs_and_exploration_in_metrics_and_server_i
     # start-up table can price speculation at batch 1 as a loss, and a request admitted without the
     # draft decodes plainly with no evaluation of the policy (so no expected tokens per second).
     monkeypatch.setenv("SGLANG_DRAFT_FOLLOWS_ALL", "1")
-    server = ServerProcess(demo.TARGET_PATH, "--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
-                           "--enable-metrics", "--log-level", "info", "--skip-server-warmup")
+    server = ServerProcess(
+        demo.TARGET_PATH,
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-adaptive",
+        "--enable-metrics",
+        "--log-level",
+        "info",
+        "--skip-server-warmup",
+    )
     try:
         # Long enough for a decode log line (every 40 decode steps; up to 4 tokens a step).
-        body = {"text": "def parse(line):", "sampling_params": {"temperature": 0, "max_new_tokens": 192,
-                                                                "ignore_eos": True}}
+        body = {
+            "text": "def parse(line):",
+            "sampling_params": {"temperature": 0, "max_new_tokens": 192, "ignore_eos": True},
+        }
         assert httpx.post(f"{server.base_url}/generate", json=body, timeout=120).status_code == 200
         policy = server_state(server)["spec_policy"]
         cost = policy["cost"]
@@ -157,8 +219,11 @@ def test_cost_server_shows_learned_costs_and_exploration_in_metrics_and_server_i
         assert any('source="prior"' in line for line in costs) and any('source="learned"' in line for line in costs)
         for k, by_bucket in cost["learned_ms"].items():
             for bucket, ms in by_bucket.items():
-                line = next(line for line in costs if f'k="{k}"' in line and f'bucket="{bucket}"' in line
-                            and 'source="learned"' in line)
+                line = next(
+                    line
+                    for line in costs
+                    if f'k="{k}"' in line and f'bucket="{bucket}"' in line and 'source="learned"' in line
+                )
                 assert float(line.split()[-1]) == pytest.approx(ms)
         share = next(line for line in metrics.splitlines() if line.startswith("sglang:spec_exploration_share{"))
         assert float(share.split()[-1]) == pytest.approx(policy["exploration"]["share"])

@@ -48,9 +48,12 @@ POLICIES = {
 
 # A fixed start-up table (seconds per step at batch buckets 1, 8, 64), so that what the cost policy
 # decides does not depend on how fast this machine happens to be while the test runs.
-FIXED_PRIOR = CostTable(plain={1: 1.0e-3, 8: 1.2e-3, 64: 2.0e-3},
-                        spec={(bs, k): seconds * (1 + 0.3 * k) for bs, seconds in
-                              ((1, 1.0e-3), (8, 1.2e-3), (64, 2.0e-3)) for k in (1, 2, 3)})
+FIXED_PRIOR = CostTable(
+    plain={1: 1.0e-3, 8: 1.2e-3, 64: 2.0e-3},
+    spec={
+        (bs, k): seconds * (1 + 0.3 * k) for bs, seconds in ((1, 1.0e-3), (8, 1.2e-3), (64, 2.0e-3)) for k in (1, 2, 3)
+    },
+)
 
 
 def learned_ratio(k: int) -> float:
@@ -70,8 +73,9 @@ def explore_often(scheduler) -> None:
     policy.cost = LearnedCost(FIXED_PRIOR)
 
     def observe(batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
-        policy.cost.observe(batch_size, k, context_tokens,
-                            FIXED_PRIOR.seconds(batch_size, k, context_tokens) * learned_ratio(k))
+        policy.cost.observe(
+            batch_size, k, context_tokens, FIXED_PRIOR.seconds(batch_size, k, context_tokens) * learned_ratio(k)
+        )
 
     policy.observe_step_seconds = observe
 
@@ -92,10 +96,14 @@ def record_cached_tokens(scheduler) -> dict[str, int]:
 def run(pair: tuple[str, str], overlap: bool, spec: dict | None, choose=None) -> tuple[dict, dict]:
     """Four requests; r2 is aborted at step 5; r4 (r0's prompt: a radix hit) arrives once r0 is done."""
     target, draft = pair
-    kwargs = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=3,
-                  **spec) if spec is not None else {}
-    scheduler = Scheduler(ServerArgs(model_path=target, dtype="float32", device="cpu",
-                                     disable_overlap_schedule=not overlap, **kwargs))
+    kwargs = (
+        dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=3, **spec)
+        if spec is not None
+        else {}
+    )
+    scheduler = Scheduler(
+        ServerArgs(model_path=target, dtype="float32", device="cpu", disable_overlap_schedule=not overlap, **kwargs)
+    )
     if choose is not None:
         steps = []
         scheduler.spec_steps_for = lambda bs: steps.append(choose(len(steps))) or steps[-1]
@@ -133,8 +141,7 @@ def demo_paths():
 @pytest.fixture(scope="module")
 def tiny_paths(tiny_model_paths, tmp_path_factory):
     target = tiny_model_paths["llama"]
-    return target, make_tiny_eagle3_draft(str(tmp_path_factory.mktemp("switch_draft")), target,
-                                          draft_vocab_size=200)
+    return target, make_tiny_eagle3_draft(str(tmp_path_factory.mktemp("switch_draft")), target, draft_vocab_size=200)
 
 
 def check_against_plain(pair, overlap: bool, policy: str) -> dict:
@@ -161,8 +168,9 @@ def assert_radix_hit(state: dict, policy: str) -> None:
 def test_every_policy_gives_plain_decodings_output_on_the_demo_pair(demo_paths, policy, overlap):
     state = check_against_plain(demo_paths, overlap, policy)
     steps = {int(k): n for k, n in state["spec_steps_by_k"].items()}
-    assert state["spec_policy"]["name"] == ("always" if policy == "alternating" else
-                                            "cost" if policy == "cost" else policy)
+    assert state["spec_policy"]["name"] == (
+        "always" if policy == "alternating" else "cost" if policy == "cost" else policy
+    )
     if policy == "never":
         assert set(steps) == {0}
     elif policy == "threshold":  # 4 running requests decode plainly, 2 or fewer speculate
@@ -198,9 +206,17 @@ def test_sampling_stays_exact_under_switching(sync):
     cost policy's exploration and learned costs switch every few steps)."""
     prompt_ids, top_k, num_samples = [205, 300, 1100, 52, 9], 6, 1200
     policy = dict(speculative_adaptive=True) if sync == "exploring" else dict(speculative_draft_sync=sync)
-    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
-                                     speculative_num_steps=2, disable_radix_cache=True,
-                                     max_running_requests=64, **policy))
+    scheduler = Scheduler(
+        ServerArgs(
+            dtype="float32",
+            device="cpu",
+            speculative_algorithm="EAGLE3",
+            speculative_num_steps=2,
+            disable_radix_cache=True,
+            max_running_requests=64,
+            **policy,
+        )
+    )
     choices = []
     if sync == "exploring":
         explore_often(scheduler)
@@ -250,13 +266,16 @@ def test_cost_policy_measures_its_table_and_reports_its_choices(demo_paths):
     json.dumps(state)  # /get_server_info serves it as JSON
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--speculative-policy", "sometimes"], "--speculative-policy"),
-    (["--speculative-policy", "threshold"], "--speculative-threshold"),
-    (["--speculative-threshold", "4"], "--speculative-threshold applies to --speculative-policy threshold"),
-    (["--speculative-adaptive", "--speculative-candidate-steps", "0,5"], "--speculative-candidate-steps"),
-    (["--speculative-adaptive", "--speculative-candidate-steps", "0,x"], "--speculative-candidate-steps"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--speculative-policy", "sometimes"], "--speculative-policy"),
+        (["--speculative-policy", "threshold"], "--speculative-threshold"),
+        (["--speculative-threshold", "4"], "--speculative-threshold applies to --speculative-policy threshold"),
+        (["--speculative-adaptive", "--speculative-candidate-steps", "0,5"], "--speculative-candidate-steps"),
+        (["--speculative-adaptive", "--speculative-candidate-steps", "0,x"], "--speculative-candidate-steps"),
+    ],
+)
 def test_bad_switch_flags_are_refused_naming_the_flag(argv, message, capsys):
     with pytest.raises(SystemExit) as exc:
         prepare_server_args(["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"] + argv)
@@ -273,15 +292,31 @@ def test_switch_flags_need_a_draft(capsys):
 def test_adaptive_config_file_sets_the_candidates(tmp_path, capsys):
     good = tmp_path / "adaptive.json"
     good.write_text(json.dumps({"1": [0, 1, 3], "16": {"candidate_steps": [0, 1]}, "64": [0], "ema_alpha": 0.1}))
-    args = prepare_server_args(["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-                                "--speculative-adaptive-config", str(good)])
+    args = prepare_server_args(
+        [
+            "--speculative-algorithm",
+            "EAGLE3",
+            "--speculative-num-steps",
+            "3",
+            "--speculative-adaptive-config",
+            str(good),
+        ]
+    )
     assert args.speculative_policy == "cost"
     assert args.speculative_reachable_steps() == [1, 3]
     too_many = tmp_path / "too_many.json"
     too_many.write_text(json.dumps({"1": [0, 5]}))
     with pytest.raises(SystemExit):
-        prepare_server_args(["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3",
-                             "--speculative-adaptive-config", str(too_many)])
+        prepare_server_args(
+            [
+                "--speculative-algorithm",
+                "EAGLE3",
+                "--speculative-num-steps",
+                "3",
+                "--speculative-adaptive-config",
+                str(too_many),
+            ]
+        )
     assert "too_many.json" in capsys.readouterr().err
 
 
@@ -289,8 +324,13 @@ def test_help_documents_the_switch_flags(capsys):
     with pytest.raises(SystemExit):
         prepare_server_args(["--help"])
     text = capsys.readouterr().out
-    for flag in ("--speculative-adaptive", "--speculative-adaptive-config", "--speculative-policy",
-                 "--speculative-threshold", "--speculative-candidate-steps"):
+    for flag in (
+        "--speculative-adaptive",
+        "--speculative-adaptive-config",
+        "--speculative-policy",
+        "--speculative-threshold",
+        "--speculative-candidate-steps",
+    ):
         assert flag in text
 
 
@@ -302,9 +342,16 @@ def test_the_draft_state_after_plain_steps_is_the_state_after_speculative_ones(d
     prompt = [205, 300, 1100, 52, 9, 77, 1500, 12]
 
     def states(policy: str) -> dict[int, tuple[int, "torch.Tensor"]]:
-        scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
-                                         speculative_num_steps=3, speculative_policy="always",
-                                         disable_overlap_schedule=True))
+        scheduler = Scheduler(
+            ServerArgs(
+                dtype="float32",
+                device="cpu",
+                speculative_algorithm="EAGLE3",
+                speculative_num_steps=3,
+                speculative_policy="always",
+                disable_overlap_schedule=True,
+            )
+        )
         if policy == "plain":
             scheduler.spec_steps_for = lambda bs: 0
         worker = scheduler.tp_worker
@@ -332,8 +379,16 @@ def test_simulated_acceptance_gives_the_asked_accept_length(tiny_paths, monkeypa
     yet the engine verifies as if the draft were this good, with consistent KV accounting."""
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", str(accept_length))
     target, draft = tiny_paths
-    scheduler = Scheduler(ServerArgs(model_path=target, dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
-                                     speculative_draft_model_path=draft, speculative_num_steps=3))
+    scheduler = Scheduler(
+        ServerArgs(
+            model_path=target,
+            dtype="float32",
+            device="cpu",
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=draft,
+            speculative_num_steps=3,
+        )
+    )
     for i in range(8):
         params = SamplingParams(max_new_tokens=100, temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", [10 + i, 20, 30 + 2 * i], params, stream=False))
@@ -350,9 +405,17 @@ def test_plain_steps_probe_at_the_simulated_rate(tiny_paths, monkeypatch):
     again when the load drops."""
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3.0")
     target, draft = tiny_paths
-    scheduler = Scheduler(ServerArgs(model_path=target, dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
-                                     speculative_draft_model_path=draft, speculative_num_steps=3,
-                                     speculative_policy="always"))
+    scheduler = Scheduler(
+        ServerArgs(
+            model_path=target,
+            dtype="float32",
+            device="cpu",
+            speculative_algorithm="EAGLE3",
+            speculative_draft_model_path=draft,
+            speculative_num_steps=3,
+            speculative_policy="always",
+        )
+    )
     scheduler.spec_steps_for = lambda bs: 0  # plain steps of requests the draft follows
     for i in range(4):
         params = SamplingParams(max_new_tokens=80, temperature=0, ignore_eos=True)
@@ -380,10 +443,15 @@ def test_catch_up_strategy_gives_plain_decodings_output(demo_paths, policy, over
         assert state["spec_steps_by_k"].get("0", 0) > 0 and len(state["spec_steps_by_k"]) > 1
 
 
-@pytest.mark.parametrize("plain_run, catch_up_tokens", [
-    (5, None), (80, None),  # 80 > CATCH_UP_BUFFER: the aux states are recomputed
-    (5, 3), (80, 7),  # catch-ups split into forwards of at most 3 / 7 positions
-])
+@pytest.mark.parametrize(
+    "plain_run, catch_up_tokens",
+    [
+        (5, None),
+        (80, None),  # 80 > CATCH_UP_BUFFER: the aux states are recomputed
+        (5, 3),
+        (80, 7),  # catch-ups split into forwards of at most 3 / 7 positions
+    ],
+)
 def test_catch_up_leaves_the_draft_as_warm_plain_steps_do(demo_paths, plain_run, catch_up_tokens):
     """After a run of plain steps, the first speculative step of a catch-up draft proposes what a
     warm draft proposes: the same accept counts step by step, and the same output; also when
@@ -391,18 +459,27 @@ def test_catch_up_leaves_the_draft_as_warm_plain_steps_do(demo_paths, plain_run,
     prompt = [205, 300, 1100, 52, 9, 77, 1500, 12]
 
     def accepts(sync: str, overlap: bool):
-        scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
-                                         speculative_num_steps=3, speculative_draft_sync=sync,
-                                         disable_overlap_schedule=not overlap))
+        scheduler = Scheduler(
+            ServerArgs(
+                dtype="float32",
+                device="cpu",
+                speculative_algorithm="EAGLE3",
+                speculative_num_steps=3,
+                speculative_draft_sync=sync,
+                disable_overlap_schedule=not overlap,
+            )
+        )
         if catch_up_tokens is not None:
             scheduler.tp_worker.catch_up_tokens = catch_up_tokens
         steps = []
-        scheduler.spec_steps_for = lambda bs: steps.append(0 if len(steps) % (plain_run + 2) < plain_run else 3) \
-            or steps[-1]
+        scheduler.spec_steps_for = lambda bs: (
+            steps.append(0 if len(steps) % (plain_run + 2) < plain_run else 3) or steps[-1]
+        )
         record = scheduler.tp_worker.stats.record_step
         counts = []
-        scheduler.tp_worker.stats.record_step = lambda num_out, phases, k: counts.append(list(num_out)) or \
-            record(num_out, phases, k)
+        scheduler.tp_worker.stats.record_step = lambda num_out, phases, k: (
+            counts.append(list(num_out)) or record(num_out, phases, k)
+        )
         for i in range(2):
             params = SamplingParams(max_new_tokens=3 * plain_run + 30, temperature=0, ignore_eos=True)
             scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", prompt[i:], params, stream=False))
@@ -421,9 +498,17 @@ def test_catch_up_leaves_the_draft_as_warm_plain_steps_do(demo_paths, plain_run,
 def test_positions_without_draft_kv_are_not_cached(demo_paths, sync, cached_beyond_prompt):
     """A request that ends after plain steps the draft never caught up on leaves those positions
     out of the radix cache (a later hit would draft from missing KV); a warm draft caches them."""
-    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
-                                     speculative_num_steps=3, speculative_policy="always",
-                                     speculative_draft_sync=sync, disable_overlap_schedule=True))
+    scheduler = Scheduler(
+        ServerArgs(
+            dtype="float32",
+            device="cpu",
+            speculative_algorithm="EAGLE3",
+            speculative_num_steps=3,
+            speculative_policy="always",
+            speculative_draft_sync=sync,
+            disable_overlap_schedule=True,
+        )
+    )
     scheduler.spec_steps_for = lambda bs: 0  # plain steps of requests the draft follows
     prompt = [205, 300, 1100, 52, 9, 77, 1500, 12]
     params = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
@@ -438,10 +523,18 @@ def test_positions_without_draft_kv_are_not_cached(demo_paths, sync, cached_beyo
 
 def test_the_adaptive_config_reaches_the_running_policy(demo_paths, tmp_path):
     config = tmp_path / "adaptive.json"
-    config.write_text(json.dumps({"1": {"candidate_steps": [0, 3], "up_hysteresis": 0.2}, "8": [0, 1],
-                                  "ema_alpha": 0.1}))
-    scheduler = Scheduler(ServerArgs(dtype="float32", device="cpu", speculative_algorithm="EAGLE3",
-                                     speculative_num_steps=3, speculative_adaptive_config=str(config)))
+    config.write_text(
+        json.dumps({"1": {"candidate_steps": [0, 3], "up_hysteresis": 0.2}, "8": [0, 1], "ema_alpha": 0.1})
+    )
+    scheduler = Scheduler(
+        ServerArgs(
+            dtype="float32",
+            device="cpu",
+            speculative_algorithm="EAGLE3",
+            speculative_num_steps=3,
+            speculative_adaptive_config=str(config),
+        )
+    )
     policy = scheduler.spec_policy
     assert policy.name == "cost" and policy.candidates_for(1) == [0, 3] and policy.candidates_for(16) == [0, 1]
     assert policy.hysteresis_by_bs[1]["up"] == 0.2
@@ -458,9 +551,16 @@ def test_batched_admissions_under_switching_give_plain_decodings_output(tiny_pat
     prompts = [[(11 * i + 7 * j) % 400 + 1 for j in range(6 + i % 5)] for i in range(56)]
 
     def serve(spec: dict, batch_steps: int) -> tuple[dict, dict]:
-        scheduler = Scheduler(ServerArgs(model_path=target, dtype="float32", device="cpu",
-                                         disable_overlap_schedule=not overlap, admission_batch_steps=batch_steps,
-                                         **spec))
+        scheduler = Scheduler(
+            ServerArgs(
+                model_path=target,
+                dtype="float32",
+                device="cpu",
+                disable_overlap_schedule=not overlap,
+                admission_batch_steps=batch_steps,
+                **spec,
+            )
+        )
         # A prefill pass far dearer than a step (not left to this CPU's timings): arrivals wait.
         batcher = scheduler.admission
         batcher.EMA, batcher.step_seconds, batcher.pass_seconds = 0.0, 1e-3, 10.0
@@ -487,8 +587,12 @@ def test_batched_admissions_under_switching_give_plain_decodings_output(tiny_pat
         return outputs, state
 
     reference, plain_state = serve({}, 0)
-    spec = dict(speculative_algorithm="EAGLE3", speculative_draft_model_path=draft, speculative_num_steps=3,
-                speculative_policy="always")
+    spec = dict(
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft,
+        speculative_num_steps=3,
+        speculative_policy="always",
+    )
     outputs, state = serve(spec, 4)
     assert len(outputs) == 56 and outputs == reference
     assert state["num_prefill_passes"] < plain_state["num_prefill_passes"]

@@ -26,8 +26,16 @@ MAX_TOTAL_TOKENS = 4096
 
 def make_scheduler(overlap: bool = False, **spec) -> Scheduler:
     kwargs = {**SPEC, **spec} if spec else {}
-    return Scheduler(ServerArgs(model_path=demo.TARGET_PATH, dtype="float32", device="cpu",
-                                disable_overlap_schedule=not overlap, max_total_tokens=MAX_TOTAL_TOKENS, **kwargs))
+    return Scheduler(
+        ServerArgs(
+            model_path=demo.TARGET_PATH,
+            dtype="float32",
+            device="cpu",
+            disable_overlap_schedule=not overlap,
+            max_total_tokens=MAX_TOTAL_TOKENS,
+            **kwargs,
+        )
+    )
 
 
 def count_draft_forwards(scheduler: Scheduler) -> list[int]:
@@ -241,7 +249,10 @@ def test_an_estimate_gone_low_is_refreshed_by_an_exploring_request(monkeypatch, 
     assert_idle_kv_accounting(state)
     assert verify_ct[:EXPLORE_EVERY] == [0] * EXPLORE_EVERY  # admitted without the draft
     assert state["spec_draft_explorations"] == 1  # then one explorer refreshed the estimate...
-    assert all(n > 0 for n in verify_ct[EXPLORE_EVERY + 1:]), (verify_ct, state["spec_policy"])  # ...and the later requests speculate
+    assert all(n > 0 for n in verify_ct[EXPLORE_EVERY + 1 :]), (
+        verify_ct,
+        state["spec_policy"],
+    )  # ...and the later requests speculate
     assert state["spec_prompts_without_draft"] == EXPLORE_EVERY
 
 
@@ -270,8 +281,9 @@ def test_a_request_admitted_without_the_draft_speculates_once_the_load_drops(ove
     max_new = [3, 3, 3, 120]
 
     plain_out = run_prompts(make_scheduler(overlap), max_new)
-    scheduler = make_scheduler(overlap, speculative_policy="threshold", speculative_threshold=2,
-                               speculative_draft_sync=sync)
+    scheduler = make_scheduler(
+        overlap, speculative_policy="threshold", speculative_threshold=2, speculative_draft_sync=sync
+    )
     out = run_prompts(scheduler, max_new)
     assert all(out[f"r{i}"] == plain_out[f"r{i}"] for i in range(4))
     state = scheduler.get_internal_state()
@@ -284,8 +296,10 @@ def test_a_request_admitted_without_the_draft_speculates_once_the_load_drops(ove
 def test_adoption_waits_for_enough_tokens_left_and_is_never_under_a_policy_that_cannot_pay():
     from sglang.srt.managers.spec_scheduling import ADOPT_MIN_REMAINING
 
-    for spec, max_new in ((dict(speculative_policy="never"), 200),
-                          (dict(speculative_policy="threshold", speculative_threshold=2), ADOPT_MIN_REMAINING - 10)):
+    for spec, max_new in (
+        (dict(speculative_policy="never"), 200),
+        (dict(speculative_policy="threshold", speculative_threshold=2), ADOPT_MIN_REMAINING - 10),
+    ):
         scheduler = make_scheduler(**spec)
         for i, ids in enumerate(PROMPTS):
             submit(scheduler, f"r{i}", ids, [3, 3, 3, max_new][i])
@@ -300,8 +314,7 @@ def test_adoption_waits_for_enough_tokens_left_and_is_never_under_a_policy_that_
 
 @pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("sync", ["warm", "catch-up"])
-def test_adoption_gives_the_draft_the_kv_it_would_have_had_following_the_request_all_along(monkeypatch, sync,
-                                                                                           overlap):
+def test_adoption_gives_the_draft_the_kv_it_would_have_had_following_the_request_all_along(monkeypatch, sync, overlap):
     """The draft's KV at every position of an adopted request (r3, as above) is what it is for
     the same request followed from its admission: adoption leaves no position uncovered."""
     import torch
@@ -321,16 +334,17 @@ def test_adoption_gives_the_draft_the_kv_it_would_have_had_following_the_request
         reqs = [req for req in batch.reqs if req.draft_adopting]
         adopt(self, batch, rows)
         for req in reqs:
-            adopted[req.rid] = (req.kv_len, req.all_ids[:req.kv_len], draft_kv(scheduler, req, req.kv_len))
+            adopted[req.rid] = (req.kv_len, req.all_ids[: req.kv_len], draft_kv(scheduler, req, req.kv_len))
 
     monkeypatch.setattr(eagle_worker_v2, "adopt", recording_adopt)
-    scheduler = make_scheduler(overlap, speculative_policy="threshold", speculative_threshold=2,
-                               speculative_draft_sync=sync)
+    scheduler = make_scheduler(
+        overlap, speculative_policy="threshold", speculative_threshold=2, speculative_draft_sync=sync
+    )
     for i, ids in enumerate(PROMPTS):
         submit(scheduler, f"r{i}", ids, [3, 3, 3, 120][i])
     while scheduler.has_work():
         scheduler.step()
-    (upto, ids, kv), = adopted.values()
+    ((upto, ids, kv),) = adopted.values()
     assert upto > len(PROMPTS[3]) + 10  # adopted after plain steps of its own
 
     reference = make_scheduler(speculative_policy="always")
@@ -403,13 +417,16 @@ def test_the_draft_stops_following_while_plain_decoding_holds_and_adopts_when_th
 
     max_new = [60, 60, 200, 200]
     plain_out = run_prompts(make_scheduler(True), max_new)
-    scheduler = make_scheduler(True, speculative_policy="threshold", speculative_threshold=2,
-                               speculative_draft_sync=sync)
+    scheduler = make_scheduler(
+        True, speculative_policy="threshold", speculative_threshold=2, speculative_draft_sync=sync
+    )
     calls = count_draft_forwards(scheduler)
     for i, ids in enumerate(PROMPTS):
         submit(scheduler, f"r{i}", ids, max_new[i])
     out, calls_while_dropped, finish = {}, [], scheduler._finish
-    scheduler._finish = lambda req, reason: out.setdefault(req.rid + ".all_ids", list(req.all_ids)) and finish(req, reason)
+    scheduler._finish = lambda req, reason: (
+        out.setdefault(req.rid + ".all_ids", list(req.all_ids)) and finish(req, reason)
+    )
     while scheduler.has_work():
         result = scheduler.step()
         for j, rid in enumerate(result.rids if result else ()):

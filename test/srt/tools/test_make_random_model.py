@@ -24,9 +24,18 @@ def test_tokenizer_has_exactly_the_vocabulary_size_and_round_trips():
 
 
 def test_written_model_loads_and_generates(tmp_path, monkeypatch):
-    tiny = dict(maker.CONFIGS["llama-3.2-1b"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=1024,
-                max_position_embeddings=512, rope_scaling=None)
+    tiny = dict(
+        maker.CONFIGS["llama-3.2-1b"],
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=1024,
+        max_position_embeddings=512,
+        rope_scaling=None,
+    )
     monkeypatch.setitem(maker.CONFIGS, "tiny", tiny)
     path = maker.make_random_model(str(tmp_path / "m"), "tiny", device="cpu")
 
@@ -51,9 +60,18 @@ def test_written_model_loads_and_generates(tmp_path, monkeypatch):
 
 def test_a_model_without_weights_serves_with_dummy_weights(tmp_path, monkeypatch):
     """--no-weights writes config.json and the tokenizer only; --load-format dummy serves it."""
-    tiny = dict(maker.CONFIGS["llama-3.2-1b"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                num_attention_heads=4, num_key_value_heads=2, head_dim=16, vocab_size=1024,
-                max_position_embeddings=512, rope_scaling=None)
+    tiny = dict(
+        maker.CONFIGS["llama-3.2-1b"],
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        vocab_size=1024,
+        max_position_embeddings=512,
+        rope_scaling=None,
+    )
     monkeypatch.setitem(maker.CONFIGS, "tiny", tiny)
     path = maker.make_random_model(str(tmp_path / "m"), "tiny", device="cpu", weights=False)
     assert "config.json" in os.listdir(path) and "tokenizer.json" in os.listdir(path)
@@ -65,8 +83,11 @@ def test_a_model_without_weights_serves_with_dummy_weights(tmp_path, monkeypatch
     from sglang.srt.server_args import ServerArgs
 
     scheduler = Scheduler(ServerArgs(model_path=path, device="cpu", dtype="bfloat16", load_format="dummy"))
-    scheduler.add_request(TokenizedGenerateReqInput("r", [1, 2, 3], SamplingParams(max_new_tokens=3, temperature=0,
-                                                                                    ignore_eos=True), stream=False))
+    scheduler.add_request(
+        TokenizedGenerateReqInput(
+            "r", [1, 2, 3], SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True), stream=False
+        )
+    )
     tokens = []
     while scheduler.has_work():
         out = scheduler.step()

@@ -9,8 +9,13 @@ from typing import Any, Optional
 import torch
 
 # --dtype's names; "half" and "float" are upstream's aliases.
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
-           "half": torch.float16, "float": torch.float32}
+_DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "float": torch.float32,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,15 +34,20 @@ class ModelConfig:
 
     @classmethod
     def from_path(
-        cls, path: str, dtype: str = "auto", device: str = "cpu", context_length: Optional[int] = None,
+        cls,
+        path: str,
+        dtype: str = "auto",
+        device: str = "cpu",
+        context_length: Optional[int] = None,
         trust_remote_code: bool = False,
     ) -> "ModelConfig":
         hf_config = load_hf_config(path, trust_remote_code)
         return cls.from_hf_config(path, hf_config, resolve_dtype(dtype, hf_config, device), context_length)
 
     @classmethod
-    def from_hf_config(cls, path: str, hf_config, dtype: torch.dtype,
-                       context_length: Optional[int] = None) -> "ModelConfig":
+    def from_hf_config(
+        cls, path: str, hf_config, dtype: torch.dtype, context_length: Optional[int] = None
+    ) -> "ModelConfig":
         """From a config already read (an EAGLE-3 draft's is normalised from its published layout)."""
         architectures = getattr(hf_config, "architectures", None) or []
         if not architectures:
@@ -45,8 +55,7 @@ class ModelConfig:
         max_pos = getattr(hf_config, "max_position_embeddings", None) or 4096
         if context_length is not None and context_length > max_pos:
             raise ValueError(
-                f"--context-length {context_length} is longer than the model's "
-                f"max_position_embeddings ({max_pos})"
+                f"--context-length {context_length} is longer than the model's max_position_embeddings ({max_pos})"
             )
         num_heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads

@@ -41,7 +41,7 @@ def _parse_bucket(path: str, key: str, value) -> tuple[list[int], dict[str, floa
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown} (allowed: {list(_BUCKET_OBJECT_KEYS)})")
     if "candidate_steps" not in value:
-        raise ValueError(f"{where}: the object needs \"candidate_steps\"")
+        raise ValueError(f'{where}: the object needs "candidate_steps"')
     margins = {}
     for name in ("up_hysteresis", "down_hysteresis"):
         if name in value:
@@ -87,10 +87,8 @@ def parse_adaptive_config(path: str) -> dict:
     except json.JSONDecodeError as e:
         raise ValueError(f"--speculative-adaptive-config {path}: invalid JSON ({e})") from None
     if not isinstance(raw, dict):
-        raise ValueError(f"--speculative-adaptive-config {path}: expected a JSON object, got "
-                         f"{type(raw).__name__}")
-    out: dict = {"candidates_by_bs": {}, "hysteresis_by_bs": {},
-                 **{key: None for key in _GLOBAL_KEYS}}
+        raise ValueError(f"--speculative-adaptive-config {path}: expected a JSON object, got {type(raw).__name__}")
+    out: dict = {"candidates_by_bs": {}, "hysteresis_by_bs": {}, **{key: None for key in _GLOBAL_KEYS}}
     for key, value in raw.items():
         if key in _GLOBAL_KEYS:
             out[key] = _parse_global(path, key, value)
@@ -101,17 +99,18 @@ def parse_adaptive_config(path: str) -> dict:
             try:
                 float(key)
             except ValueError:
-                raise ValueError(f"--speculative-adaptive-config {path}: unknown key {key!r} (batch-size "
-                                 f"keys are positive integers; global keys: {list(_GLOBAL_KEYS)})") from None
+                raise ValueError(
+                    f"--speculative-adaptive-config {path}: unknown key {key!r} (batch-size "
+                    f"keys are positive integers; global keys: {list(_GLOBAL_KEYS)})"
+                ) from None
             bs = None
         if bs is None or bs < 1:
-            raise ValueError(f"--speculative-adaptive-config {path}: batch-size key {key!r} is not a "
-                             "positive integer")
+            raise ValueError(f"--speculative-adaptive-config {path}: batch-size key {key!r} is not a positive integer")
         steps, margins = _parse_bucket(path, key, value)
         out["candidates_by_bs"][bs] = steps
         if margins:
             out["hysteresis_by_bs"][bs] = margins
     if not out["candidates_by_bs"]:
-        raise ValueError(f"--speculative-adaptive-config {path}: no batch-size keys (e.g. \"1\": [0, 1, 3])")
+        raise ValueError(f'--speculative-adaptive-config {path}: no batch-size keys (e.g. "1": [0, 1, 3])')
     out["candidates_by_bs"] = dict(sorted(out["candidates_by_bs"].items()))
     return out

@@ -16,8 +16,10 @@ _BATCH_FILLER = None  # xgrammar.BatchGrammarMatcher, made on first use
 
 def allowed_tokens(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """bool[..., vocab_size] from an int32[..., ceil(vocab / 32)] bitmask (on its device)."""
-    bits = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int32, device=bitmask.device),
-                                    torch.arange(32, dtype=torch.int32, device=bitmask.device))
+    bits = torch.bitwise_left_shift(
+        torch.ones(32, dtype=torch.int32, device=bitmask.device),
+        torch.arange(32, dtype=torch.int32, device=bitmask.device),
+    )
     words = bitmask[..., None] & bits
     return (words != 0).flatten(-2)[..., :vocab_size]
 
@@ -47,8 +49,9 @@ def fill_masks(matchers: Sequence, vocab_size: int) -> Optional[torch.Tensor]:
     if _BATCH_FILLER is None:
         _BATCH_FILLER = xgrammar.BatchGrammarMatcher(max_threads=min(8, os.cpu_count() or 1))
     # A wrapper (JsonMatcher, ReasoningGrammar) holds the xgrammar matcher and finishes its row afterwards.
-    _BATCH_FILLER.batch_fill_next_token_bitmask([getattr(matchers[r], "matcher", matchers[r]) for r in rows],
-                                                bitmask, indices=rows)
+    _BATCH_FILLER.batch_fill_next_token_bitmask(
+        [getattr(matchers[r], "matcher", matchers[r]) for r in rows], bitmask, indices=rows
+    )
     for row in rows:
         finish = getattr(matchers[row], "finish_row", None)
         if finish is not None:

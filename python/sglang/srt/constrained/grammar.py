@@ -27,8 +27,9 @@ def check_constraint(params) -> None:
     """Raises InvalidRequest naming the field when the constraint does not parse."""
     given = [field for field in CONSTRAINT_FIELDS if getattr(params, field, None) is not None]
     if len(given) > 1:
-        raise InvalidRequest(f"at most one of json_schema, regex and ebnf may be given, got {', '.join(given)}",
-                             given[1])
+        raise InvalidRequest(
+            f"at most one of json_schema, regex and ebnf may be given, got {', '.join(given)}", given[1]
+        )
     if not given:
         return
     field = given[0]
@@ -37,8 +38,11 @@ def check_constraint(params) -> None:
         _check_json(value)
     import xgrammar
 
-    parse = {"json_schema": xgrammar.Grammar.from_json_schema, "regex": xgrammar.Grammar.from_regex,
-             "ebnf": xgrammar.Grammar.from_ebnf}[field]
+    parse = {
+        "json_schema": xgrammar.Grammar.from_json_schema,
+        "regex": xgrammar.Grammar.from_regex,
+        "ebnf": xgrammar.Grammar.from_ebnf,
+    }[field]
     try:
         parse(value)
     except Exception as err:  # xgrammar raises RuntimeError with its C++ location first

@@ -24,13 +24,20 @@ class GrammarError(ValueError):
 
 
 class GrammarBackend:
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: set[int], threads: int = 2,
-                 reasoning_parser: Optional[str] = None):
+    def __init__(
+        self,
+        tokenizer,
+        vocab_size: int,
+        stop_token_ids: set[int],
+        threads: int = 2,
+        reasoning_parser: Optional[str] = None,
+    ):
         import xgrammar
 
         self._xgrammar = xgrammar
-        info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size,
-                                                       stop_token_ids=sorted(stop_token_ids) or None)
+        info = xgrammar.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids) or None
+        )
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(stop_token_ids)
         self.json_text_mask = _json_text_mask(info, vocab_size)
@@ -82,7 +89,7 @@ class GrammarBackend:
 
         bitmask = self._xgrammar.allocate_token_bitmask(1, self.vocab_size)
         self.matcher(compiled, field).fill_next_token_bitmask(bitmask, 0)
-        allowed = (bitmask[0].long().unsqueeze(-1) >> torch.arange(32)).bitwise_and(1).flatten()[:self.vocab_size]
+        allowed = (bitmask[0].long().unsqueeze(-1) >> torch.arange(32)).bitwise_and(1).flatten()[: self.vocab_size]
         if field == "json_schema":
             allowed[[t for t in self.stop_token_ids if t < self.vocab_size]] = 0
         return bool(allowed.any())
@@ -138,9 +145,15 @@ def _json_text_mask(info, vocab_size: int):
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
-def make_grammar_backend(name: str, tokenizer_path: str, vocab_size: int, stop_token_ids: set[int],
-                         reasoning_parser: Optional[str] = None, tokenizer_mode: str = "auto",
-                         trust_remote_code: bool = False) -> Optional[GrammarBackend]:
+def make_grammar_backend(
+    name: str,
+    tokenizer_path: str,
+    vocab_size: int,
+    stop_token_ids: set[int],
+    reasoning_parser: Optional[str] = None,
+    tokenizer_mode: str = "auto",
+    trust_remote_code: bool = False,
+) -> Optional[GrammarBackend]:
     """The tokenizer is loaded as the server loads it (--tokenizer-mode, --trust-remote-code), so
     the grammar's token strings are those of the tokens the model writes."""
     if name == "none":

@@ -35,9 +35,11 @@ class ThinkTokens:
         start = tokenizer.encode(fmt.start, add_special_tokens=False)
         # An output may open a block only through a one-token start tag; with a longer one the
         # request is taken to think, as if the template had opened the block.
-        return cls(tuple(tokenizer.encode(fmt.end, add_special_tokens=False)),
-                   start[0] if len(start) == 1 and not fmt.starts_inside else None,
-                   fmt.starts_inside or len(start) != 1)
+        return cls(
+            tuple(tokenizer.encode(fmt.end, add_special_tokens=False)),
+            start[0] if len(start) == 1 and not fmt.starts_inside else None,
+            fmt.starts_inside or len(start) != 1,
+        )
 
 
 class ReasoningGrammar:
@@ -46,7 +48,9 @@ class ReasoningGrammar:
         self.tokens = tokens
         self.phase = ReasoningPhase.THINKING if tokens.starts_inside else ReasoningPhase.OPENING
         self.matched = 0  # tokens of the end tag at the end of the block so far
-        self.history: list[tuple[ReasoningPhase, int]] = []  # (phase, matched) before each token the grammar did not take
+        self.history: list[
+            tuple[ReasoningPhase, int]
+        ] = []  # (phase, matched) before each token the grammar did not take
         self.num_grammar_tokens = 0  # tokens the grammar took
         self.answer_from: Optional[ReasoningPhase] = None  # OPENING when the first token began the answer
 

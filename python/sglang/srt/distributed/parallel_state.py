@@ -37,8 +37,9 @@ def init_tensor_parallel(rank: int, size: int, init_address: str, device: str) -
     backend = "nccl" if device == "cuda" else "gloo"
     timeout = datetime.timedelta(seconds=TP_TIMEOUT_S)
     kwargs = {"device_id": torch.device("cuda", torch.cuda.current_device())} if device == "cuda" else {}
-    dist.init_process_group(backend, init_method=f"tcp://{init_address}", rank=rank, world_size=size,
-                            timeout=timeout, **kwargs)
+    dist.init_process_group(
+        backend, init_method=f"tcp://{init_address}", rank=rank, world_size=size, timeout=timeout, **kwargs
+    )
     group = dist.group.WORLD
     command_group = dist.new_group(backend="gloo", timeout=timeout) if backend == "nccl" else group
     _state = TensorParallel(rank=rank, size=size, group=group, command_group=command_group)

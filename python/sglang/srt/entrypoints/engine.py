@@ -36,10 +36,15 @@ class Subprocesses:
         self.watchdog_timeout = server_args.watchdog_timeout
         ctx = mp.get_context("spawn")
         reader, writer = ctx.Pipe(duplex=False)
-        self.scheduler = ctx.Process(target=run_scheduler_process, name="sglang-scheduler",
-                                     args=(server_args, self.port_args, writer), daemon=True)
-        self.detokenizer = ctx.Process(target=run_detokenizer_process, name="sglang-detokenizer",
-                                       args=(server_args, self.port_args), daemon=True)
+        self.scheduler = ctx.Process(
+            target=run_scheduler_process,
+            name="sglang-scheduler",
+            args=(server_args, self.port_args, writer),
+            daemon=True,
+        )
+        self.detokenizer = ctx.Process(
+            target=run_detokenizer_process, name="sglang-detokenizer", args=(server_args, self.port_args), daemon=True
+        )
         self.scheduler.start()
         self.tp_followers = start_tp_followers(server_args, self.port_args.tp_init_address)
         self.detokenizer.start()
@@ -56,15 +61,18 @@ class Subprocesses:
             # Rank 0 would wait for a dead rank in a collective until its timeout.
             for proc in self.tp_followers:
                 if not proc.is_alive():
-                    raise RuntimeError(f"tensor-parallel rank {proc.name.removeprefix('sglang-tp')} exited during "
-                                       f"start-up (exit code {proc.exitcode}); see its log above")
+                    raise RuntimeError(
+                        f"tensor-parallel rank {proc.name.removeprefix('sglang-tp')} exited during "
+                        f"start-up (exit code {proc.exitcode}); see its log above"
+                    )
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the scheduler did not start within {STARTUP_TIMEOUT_S} s")
         try:
             msg = reader.recv()
         except EOFError:
-            raise RuntimeError(f"the scheduler process exited during start-up "
-                               f"(exit code {self.scheduler.exitcode}); see its log above") from None
+            raise RuntimeError(
+                f"the scheduler process exited during start-up (exit code {self.scheduler.exitcode}); see its log above"
+            ) from None
         if msg.pop("status") != "ready":
             raise RuntimeError(f"the scheduler failed to start: {msg['message']}")
         return msg
@@ -77,8 +85,10 @@ class Subprocesses:
         for proc in self.processes:
             if not proc.is_alive():
                 if proc is self.scheduler and proc.exitcode == WATCHDOG_EXIT_CODE:
-                    return ("the scheduler's watchdog stopped it: a step ran longer than --watchdog-timeout "
-                            f"{self.watchdog_timeout:g} s")
+                    return (
+                        "the scheduler's watchdog stopped it: a step ran longer than --watchdog-timeout "
+                        f"{self.watchdog_timeout:g} s"
+                    )
                 return f"the {proc.name} process died (exit code {proc.exitcode})"
         return None
 
@@ -108,8 +118,10 @@ UPSTREAM_ONLY_PARAMS = {
     "custom_logit_processor": "custom logit processors",
     "return_hidden_states": "returning hidden states",
     **dict.fromkeys(("return_routed_experts", "routed_experts_start_len"), "returning routed experts"),
-    **dict.fromkeys(("bootstrap_host", "bootstrap_port", "bootstrap_room", "disagg_prefill_dp_rank"),
-                    "prefill-decode disaggregation"),
+    **dict.fromkeys(
+        ("bootstrap_host", "bootstrap_port", "bootstrap_room", "disagg_prefill_dp_rank"),
+        "prefill-decode disaggregation",
+    ),
     **dict.fromkeys(("routed_dp_rank", "data_parallel_rank"), "data-parallel routing (an Engine is one replica)"),
     **dict.fromkeys(("session_id", "session_params"), "sessions"),
     "priority": "priority scheduling",
@@ -132,14 +144,21 @@ def _refuse_upstream_only(params: dict) -> None:
         if name not in UPSTREAM_ONLY_PARAMS:
             raise TypeError(f"got an unexpected keyword argument {name!r}")
         if not _asks_nothing(value):
-            raise NotImplementedError(f"{name}: {UPSTREAM_ONLY_PARAMS[name]} is not supported by this engine; "
-                                      f"leave it out (upstream SGLang's Engine takes it)")
+            raise NotImplementedError(
+                f"{name}: {UPSTREAM_ONLY_PARAMS[name]} is not supported by this engine; "
+                f"leave it out (upstream SGLang's Engine takes it)"
+            )
 
 
 def model_info(server_args: ServerArgs, subprocesses: Subprocesses) -> dict:
     """What a server or Engine serves (GET /get_model_info, Engine.get_model_info)."""
-    return {"model_path": server_args.model_path, "tokenizer_path": server_args.tokenizer_path,
-            "is_generation": True, "served_model_name": server_args.served_model_name, **subprocesses.model_info}
+    return {
+        "model_path": server_args.model_path,
+        "tokenizer_path": server_args.tokenizer_path,
+        "is_generation": True,
+        "served_model_name": server_args.served_model_name,
+        **subprocesses.model_info,
+    }
 
 
 async def _call(fn, *args):
@@ -184,8 +203,10 @@ class Engine:
         kwargs.setdefault("max_sequences_per_request", ENGINE_MAX_SEQUENCES_PER_REQUEST)
         self.server_args = ServerArgs.from_kwargs(**kwargs)
         if self.server_args.dp_size > 1:
-            raise ValueError("dp_size > 1 runs replicas behind sglang-router, which an Engine is not: start them "
-                             "with python -m sglang.launch_server --dp-size N (docs/scaling_out.md)")
+            raise ValueError(
+                "dp_size > 1 runs replicas behind sglang-router, which an Engine is not: start them "
+                "with python -m sglang.launch_server --dp-size N (docs/scaling_out.md)"
+            )
         check_model_paths(self.server_args)
         configure_logger(self.server_args.log_level)
         self._closed = False
@@ -195,7 +216,9 @@ class Engine:
         self._loop_thread.start()
         try:
             self.tokenizer_manager = TokenizerManager(
-                self.server_args, self.subprocesses.port_args, self.subprocesses.model_info,
+                self.server_args,
+                self.subprocesses.port_args,
+                self.subprocesses.model_info,
                 self.subprocesses.why_dead,
             )
         except BaseException:
@@ -226,8 +249,18 @@ class Engine:
         `top_logprobs_num`); `require_reasoning` (under --reasoning-parser): the output starts with a
         reasoning block, and a json_schema / regex / ebnf constrains what follows it; the upstream
         parameters in UPSTREAM_ONLY_PARAMS raise NotImplementedError unless they ask for nothing."""
-        obj = self._request_input(prompt, sampling_params, input_ids, stream, rid, return_logprob,
-                                  logprob_start_len, top_logprobs_num, upstream_only, require_reasoning)
+        obj = self._request_input(
+            prompt,
+            sampling_params,
+            input_ids,
+            stream,
+            rid,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            upstream_only,
+            require_reasoning,
+        )
         agen = self.tokenizer_manager.generate_request(obj)
         if stream:
             return self._iterate(agen)
@@ -250,23 +283,50 @@ class Engine:
         """`generate` for asyncio callers, on any event loop: awaits the result, or with
         `stream=True` returns an async iterator of growing results. Cancelling the awaiting task
         aborts the request."""
-        obj = self._request_input(prompt, sampling_params, input_ids, stream, rid, return_logprob,
-                                  logprob_start_len, top_logprobs_num, upstream_only, require_reasoning)
+        obj = self._request_input(
+            prompt,
+            sampling_params,
+            input_ids,
+            stream,
+            rid,
+            return_logprob,
+            logprob_start_len,
+            top_logprobs_num,
+            upstream_only,
+            require_reasoning,
+        )
         agen = self.tokenizer_manager.generate_request(obj)
         if stream:
             return self._aiterate(agen)
         return await self._await(_first(agen))
 
-    def _request_input(self, prompt, sampling_params, input_ids, stream, rid, return_logprob, logprob_start_len,
-                       top_logprobs_num, upstream_only: dict, require_reasoning: bool = False) -> GenerateReqInput:
+    def _request_input(
+        self,
+        prompt,
+        sampling_params,
+        input_ids,
+        stream,
+        rid,
+        return_logprob,
+        logprob_start_len,
+        top_logprobs_num,
+        upstream_only: dict,
+        require_reasoning: bool = False,
+    ) -> GenerateReqInput:
         self._check_open()
         _refuse_upstream_only(upstream_only)
         # None is upstream's default for these; ours are the values it stands for.
-        return GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
-                                stream=stream, return_logprob=False if return_logprob is None else return_logprob,
-                                logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
-                                top_logprobs_num=0 if top_logprobs_num is None else top_logprobs_num,
-                                require_reasoning=bool(require_reasoning))
+        return GenerateReqInput(
+            text=prompt,
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            rid=rid,
+            stream=stream,
+            return_logprob=False if return_logprob is None else return_logprob,
+            logprob_start_len=-1 if logprob_start_len is None else logprob_start_len,
+            top_logprobs_num=0 if top_logprobs_num is None else top_logprobs_num,
+            require_reasoning=bool(require_reasoning),
+        )
 
     def _iterate(self, agen) -> Iterator[dict]:
         try:
@@ -328,8 +388,12 @@ class Engine:
         the same state as a one-element list, the shape upstream's Engine returns."""
         self._check_open()
         state = self._run(self.tokenizer_manager.control("get_internal_state"))
-        return {**vars(self.server_args), **self.subprocesses.model_info, "internal_state": state,
-                "internal_states": [state]}
+        return {
+            **vars(self.server_args),
+            **self.subprocesses.model_info,
+            "internal_state": state,
+            "internal_states": [state],
+        }
 
     def get_model_info(self) -> dict:
         """What the engine serves: the fields GET /get_model_info answers with."""

@@ -21,8 +21,9 @@ def add_auth(app: FastAPI, api_key: Optional[str]) -> None:
 def add_cors(app: FastAPI) -> None:
     # As upstream: browsers may call from any origin. Preflights are answered here, and every
     # answer (a 401 included) carries the headers that let the page read it.
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"],
-                       allow_headers=["*"])
+    app.add_middleware(
+        CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"]
+    )
 
 
 class ApiKeyMiddleware:

@@ -27,7 +27,12 @@ import sglang
 from sglang.srt.entrypoints.engine import Subprocesses, model_info
 from sglang.srt.entrypoints.http_middleware import add_auth, add_cors
 from sglang.srt.entrypoints.http_utils import (
-    ClientDisconnected, cancel_on_disconnect, error_response, invalid_request_response, redact_query_strings, sse,
+    ClientDisconnected,
+    cancel_on_disconnect,
+    error_response,
+    invalid_request_response,
+    redact_query_strings,
+    sse,
 )
 from sglang.srt.entrypoints.not_implemented import reject_native_sampling_fields, reject_openai_fields
 from sglang.srt.entrypoints.request_body import parse_json_body
@@ -101,8 +106,9 @@ def _lifespan(state: ServerState):
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         args = state.server_args
-        state.tokenizer_manager = TokenizerManager(args, state.subprocesses.port_args,
-                                                   state.subprocesses.model_info, state.subprocesses.why_dead)
+        state.tokenizer_manager = TokenizerManager(
+            args, state.subprocesses.port_args, state.subprocesses.model_info, state.subprocesses.why_dead
+        )
         state.tokenizer_manager.start()
         tasks = [asyncio.create_task(_watchdog(state)), asyncio.create_task(_warm_up_then_ready(state))]
         yield
@@ -164,8 +170,9 @@ def _add_error_handlers(app: FastAPI) -> None:
     async def validation_error(request: Request, exc: RequestValidationError):
         err = exc.errors()[0] if exc.errors() else {}
         loc = [str(part) for part in err.get("loc", ()) if part != "body"]
-        return error_response(f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid value')}", 400,
-                              loc[0] if loc else None)
+        return error_response(
+            f"{'.'.join(loc) or 'body'}: {err.get('msg', 'invalid value')}", 400, loc[0] if loc else None
+        )
 
     @app.exception_handler(InvalidRequest)
     async def invalid_request(request: Request, exc: InvalidRequest):
@@ -213,10 +220,15 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
         internal = await state.tokenizer_manager.control("get_internal_state")
         args = dataclasses.asdict(state.server_args)
         args["api_key"] = None if args["api_key"] is None else "<redacted>"
-        return {**args, **state.subprocesses.model_info, "internal_states": [internal],
-                "scheduler_pid": state.subprocesses.scheduler.pid,
-                "detokenizer_pid": state.subprocesses.detokenizer.pid, "version": sglang.__version__,
-                "http_gc": state.gc_watch.summary() if state.gc_watch is not None else None}
+        return {
+            **args,
+            **state.subprocesses.model_info,
+            "internal_states": [internal],
+            "scheduler_pid": state.subprocesses.scheduler.pid,
+            "detokenizer_pid": state.subprocesses.detokenizer.pid,
+            "version": sglang.__version__,
+            "http_gc": state.gc_watch.summary() if state.gc_watch is not None else None,
+        }
 
     @app.get("/get_load")
     async def get_load():
@@ -239,8 +251,12 @@ def _add_native_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/generate")
     async def generate(raw_request: Request):
-        body = await parse_json_body(raw_request, GenerateRequest, state.server_args.max_payload_size,
-                                     lambda data: reject_native_sampling_fields(data.get("sampling_params")))
+        body = await parse_json_body(
+            raw_request,
+            GenerateRequest,
+            state.server_args.max_payload_size,
+            lambda data: reject_native_sampling_fields(data.get("sampling_params")),
+        )
         obj = GenerateReqInput(**body.model_dump())
         agen = state.tokenizer_manager.generate_request(obj)
         try:
@@ -322,14 +338,16 @@ def _add_openai_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/completions")
     async def completions(raw_request: Request):
-        request = await parse_json_body(raw_request, CompletionRequest, state.server_args.max_payload_size,
-                                        reject_openai_fields)
+        request = await parse_json_body(
+            raw_request, CompletionRequest, state.server_args.max_payload_size, reject_openai_fields
+        )
         return await handler(OpenAIServingCompletion).handle_request(request, raw_request)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(raw_request: Request):
-        request = await parse_json_body(raw_request, ChatCompletionRequest, state.server_args.max_payload_size,
-                                        reject_openai_fields)
+        request = await parse_json_body(
+            raw_request, ChatCompletionRequest, state.server_args.max_payload_size, reject_openai_fields
+        )
         return await handler(OpenAIServingChat).handle_request(request, raw_request)
 
 
@@ -345,8 +363,12 @@ def launch_server(server_args: ServerArgs, announce_ready: bool = True) -> int:
     state = ServerState(server_args, subprocesses, announce_ready=announce_ready)
     try:
         config = uvicorn.Config(
-            create_app(state), host=server_args.host, port=server_args.port, loop=_event_loop(),
-            log_level=server_args.log_level, timeout_keep_alive=SERVER_KEEPALIVE_S,
+            create_app(state),
+            host=server_args.host,
+            port=server_args.port,
+            loop=_event_loop(),
+            log_level=server_args.log_level,
+            timeout_keep_alive=SERVER_KEEPALIVE_S,
             timeout_graceful_shutdown=SHUTDOWN_TIMEOUT_S,
         )
         logging.getLogger("uvicorn.access").addFilter(redact_query_strings)

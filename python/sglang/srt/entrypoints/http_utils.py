@@ -16,14 +16,26 @@ from sglang.srt.errors import InvalidRequest
 
 DISCONNECT_POLL_S = 0.5
 
-_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-                405: "method_not_allowed", 413: "request_too_large", 503: "service_unavailable",
-                500: "internal_server_error"}
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "not_found_error",
+    405: "method_not_allowed",
+    413: "request_too_large",
+    503: "service_unavailable",
+    500: "internal_server_error",
+}
 
 
 def error_response(message: str, status_code: int = 400, param: Optional[str] = None) -> JSONResponse:
-    body = {"error": {"message": message, "type": _ERROR_TYPES.get(status_code, "error"),
-                      "param": param, "code": status_code}}
+    body = {
+        "error": {
+            "message": message,
+            "type": _ERROR_TYPES.get(status_code, "error"),
+            "param": param,
+            "code": status_code,
+        }
+    }
     return JSONResponse(body, status_code=status_code)
 
 

@@ -38,5 +38,6 @@ def reject_native_sampling_fields(sampling_params: Any) -> None:
 def _reject(body: dict, fields: dict[str, Callable[[Any], bool]]) -> None:
     for name, asks_nothing in fields.items():
         if name in body and not asks_nothing(body[name]):
-            raise InvalidRequest(f"'{name}' is not supported by this server yet; leave it out "
-                                 f"(the answer would not follow it)", name)
+            raise InvalidRequest(
+                f"'{name}' is not supported by this server yet; leave it out (the answer would not follow it)", name
+            )

@@ -42,8 +42,11 @@ PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 def parse_launch_args(argv: list[str]):
     """The server's flags, plus the router's (`--router-*`, as `sglang_router.launch_server` takes
     them) when sglang-router is installed and the command asks for replicas or the router."""
-    parser = LaunchArgumentParser(prog=PROG, formatter_class=DefaultsHelpFormatter,
-                                  description="Serve a model over HTTP with SGLang's native and OpenAI-compatible APIs.")
+    parser = LaunchArgumentParser(
+        prog=PROG,
+        formatter_class=DefaultsHelpFormatter,
+        description="Serve a model over HTTP with SGLang's native and OpenAI-compatible APIs.",
+    )
     ServerArgs.add_cli_args(parser)
     router_args_cls = _router_args_class() if any(a.startswith(ROUTER_FLAG_PREFIXES) for a in argv) else None
     if router_args_cls is not None:
@@ -65,8 +68,10 @@ def parse_launch_args(argv: list[str]):
             parser.error(f"{given[0]} configures the router in front of replicas; it needs --dp-size > 1")
         return server_args, None
     if router_args_cls is None:
-        parser.error(f"--dp-size {server_args.dp_size} runs {server_args.dp_size} replicas behind sglang-router, "
-                     f"which is not installed: {INSTALL_HINT}")
+        parser.error(
+            f"--dp-size {server_args.dp_size} runs {server_args.dp_size} replicas behind sglang-router, "
+            f"which is not installed: {INSTALL_HINT}"
+        )
     router_args = router_args_cls.from_cli_args(args, use_router_prefix=True)
     if not any(a.startswith("--router-log-level") for a in argv):
         # The router's info level logs every step of every registration; follow --log-level, a notch quieter.
@@ -84,8 +89,9 @@ def _router_args_class():
 
 def replica_args(server_args: ServerArgs, rank: int, port: int) -> ServerArgs:
     """Replica `rank`'s args: its port, the next GPU (the replica's tensor-parallel group), dp_size 1."""
-    return dataclasses.replace(server_args, port=port, dp_size=1,
-                               base_gpu_id=server_args.base_gpu_id + rank * server_args.tp_size)
+    return dataclasses.replace(
+        server_args, port=port, dp_size=1, base_gpu_id=server_args.base_gpu_id + rank * server_args.tp_size
+    )
 
 
 def run_replica(server_args: ServerArgs, rank: int, launcher_pid: int) -> None:
@@ -165,8 +171,9 @@ class ReplicaSet:
         while pending and time.monotonic() < deadline:
             for rank in sorted(pending):
                 if not self.replicas[rank].is_alive():
-                    logger.error("replica %d exited during start-up (code %s); stopping", rank,
-                                 self.replicas[rank].exitcode)
+                    logger.error(
+                        "replica %d exited during start-up (code %s); stopping", rank, self.replicas[rank].exitcode
+                    )
                     return False
                 if _healthy(self.urls[rank]):
                     pending.discard(rank)
@@ -180,8 +187,13 @@ class ReplicaSet:
         self.router_args.host, self.router_args.port = self.server_args.host, self.server_args.port
         if self.router_args.api_key is None:  # the replicas ask for the key: the router must send it
             self.router_args.api_key = self.server_args.api_key
-        logger.info("starting sglang-router on %s:%d (policy %s) over %s", self.server_args.host,
-                    self.server_args.port, self.router_args.policy, ", ".join(self.urls))
+        logger.info(
+            "starting sglang-router on %s:%d (policy %s) over %s",
+            self.server_args.host,
+            self.server_args.port,
+            self.router_args.policy,
+            ", ".join(self.urls),
+        )
         self.router = self.ctx.Process(target=run_router, args=(self.router_args, os.getpid()), name="sglang-router")
         self.router.start()
 
@@ -217,8 +229,13 @@ class ReplicaSet:
     def _take_out(self, rank: int, exitcode) -> None:
         """A dead replica leaves the router now, not after its failed health checks."""
         self.removed.add(rank)
-        logger.error("replica %d (%s) exited with code %s; the router stops sending it requests, the "
-                     "other replicas keep serving", rank, self.urls[rank], exitcode)
+        logger.error(
+            "replica %d (%s) exited with code %s; the router stops sending it requests, the "
+            "other replicas keep serving",
+            rank,
+            self.urls[rank],
+            exitcode,
+        )
         router = f"http://{_loopback(self.server_args.host)}:{self.server_args.port}"
         try:
             worker_id = _worker_id(router, self.urls[rank], self.server_args.api_key)

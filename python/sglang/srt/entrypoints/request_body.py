@@ -25,8 +25,9 @@ from sglang.srt.errors import InvalidRequest
 MAX_JSON_CONTAINERS = 4_000_000
 
 
-async def parse_json_body(raw_request: Request, model_cls: type[BaseModel], max_bytes: int,
-                          check: Optional[Callable[[dict], None]] = None) -> BaseModel:
+async def parse_json_body(
+    raw_request: Request, model_cls: type[BaseModel], max_bytes: int, check: Optional[Callable[[dict], None]] = None
+) -> BaseModel:
     """The body as `model_cls`; raises InvalidRequest naming the field at fault (413 past
     `max_bytes`). `check` sees the parsed object first."""
     data = await read_json_object(raw_request, max_bytes)
@@ -79,8 +80,11 @@ async def read_body(raw_request: Request, max_bytes: int) -> bytes:
     to its end (and dropped), so that the client gets the 413 instead of a broken connection."""
     declared = raw_request.headers.get("content-length", "")
     too_large = declared.isdigit() and int(declared) > max_bytes
-    error = InvalidRequest(f"the request body is larger than the server takes ({max_bytes} bytes, "
-                           f"--max-payload-size)", "body", status_code=413)
+    error = InvalidRequest(
+        f"the request body is larger than the server takes ({max_bytes} bytes, --max-payload-size)",
+        "body",
+        status_code=413,
+    )
     if too_large and raw_request.headers.get("expect", "").lower() == "100-continue":
         raise error  # the client waits for "100 Continue" before it sends the body: refused unsent
     chunks, size = [], 0
@@ -109,8 +113,10 @@ def check_no_lone_surrogates(data: Any) -> None:
         if isinstance(value, str):
             if _SURROGATE.search(value):
                 where = ".".join(map(str, path)) or "body"
-                raise InvalidRequest(f"{where} holds a lone surrogate code point, which is not valid Unicode",
-                                     str(path[0]) if path else "body")
+                raise InvalidRequest(
+                    f"{where} holds a lone surrogate code point, which is not valid Unicode",
+                    str(path[0]) if path else "body",
+                )
         elif isinstance(value, dict):
             stack.extend((key, path) for key in value if isinstance(key, str))
             stack.extend((item, path + (key,)) for key, item in value.items() if isinstance(item, (str, list, dict)))

@@ -23,7 +23,6 @@ class RMSNorm(nn.Module):
         out = rms_norm(x, self.weight, self.variance_epsilon)
         return out if residual is None else (out, residual)
 
-
     def _forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None):
         from sgl_kernel import norm
 

@@ -20,8 +20,11 @@ import os
 import torch
 from torch import nn
 
-from sglang.srt.distributed.parallel_state import (tensor_model_parallel_all_gather,
-                                                   tensor_model_parallel_all_reduce, tensor_parallel)
+from sglang.srt.distributed.parallel_state import (
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+    tensor_parallel,
+)
 
 SKINNY_GEMM_ENV = "SGLANG_DISABLE_SKINNY_GEMM"
 skinny_gemm_enabled = os.environ.get(SKINNY_GEMM_ENV, "0").lower() not in ("1", "true", "yes", "on")
@@ -41,8 +44,15 @@ def _skinny():
 
 
 def uses_skinny_gemm(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    if not (skinny_gemm_enabled and x.is_cuda and x.dtype in (torch.bfloat16, torch.float16)
-            and weight.dtype == x.dtype and weight.dim() == 2 and weight.stride(-1) == 1 and x.shape[-1] > 0):
+    if not (
+        skinny_gemm_enabled
+        and x.is_cuda
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+        and weight.dim() == 2
+        and weight.stride(-1) == 1
+        and x.shape[-1] > 0
+    ):
         return False
     return _skinny().faster_than_cublas(x.numel() // x.shape[-1], *weight.shape)  # rows <= MAX_ROWS included
 
@@ -79,8 +89,9 @@ class RowParallelLinear(Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool = False):
         tp = tensor_parallel()
         if in_features % tp.size:
-            raise ValueError(f"--tp-size {tp.size} does not divide the {in_features} input features of a "
-                             "row-parallel layer")
+            raise ValueError(
+                f"--tp-size {tp.size} does not divide the {in_features} input features of a row-parallel layer"
+            )
         per_rank = in_features // tp.size
         super().__init__(per_rank, out_features, bias=bias)
         self.tp_size = tp.size

@@ -38,26 +38,36 @@ class LogitsProcessorOutput:
 
 
 class LogitsProcessor(nn.Module):
-    def forward(self, hidden: torch.Tensor, lm_head: nn.Module, forward_batch: ForwardBatch,
-                aux_hidden_states: list[torch.Tensor]) -> LogitsProcessorOutput:
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        lm_head: nn.Module,
+        forward_batch: ForwardBatch,
+        aux_hidden_states: list[torch.Tensor],
+    ) -> LogitsProcessorOutput:
         """`lm_head`: a module with `weight` [vocab, hidden]; a vocabulary-parallel one's logits are
         gathered over the ranks."""
         scored = None
         if forward_batch.input_logprob_rows is not None:
-            scored = score_tokens(hidden, lm_head, forward_batch.input_logprob_rows,
-                                  forward_batch.input_logprob_targets, forward_batch.input_top_logprobs_num)
+            scored = score_tokens(
+                hidden,
+                lm_head,
+                forward_batch.input_logprob_rows,
+                forward_batch.input_logprob_targets,
+                forward_batch.input_top_logprobs_num,
+            )
         if forward_batch.forward_mode.is_extend() and not forward_batch.return_all_logits:
             hidden = hidden[forward_batch.last_token_indices()]
         logits = _logits(hidden, lm_head)
         out = forward_batch.logits_out
-        logits = logits.float() if out is None else out[:logits.shape[0]].copy_(logits)
+        logits = logits.float() if out is None else out[: logits.shape[0]].copy_(logits)
         aux = None
         if aux_hidden_states:
             out = forward_batch.aux_hidden_out
             if out is None:
                 aux = torch.cat(aux_hidden_states, dim=-1)
             else:
-                aux = torch.cat(aux_hidden_states, dim=-1, out=out[:aux_hidden_states[0].shape[0]])
+                aux = torch.cat(aux_hidden_states, dim=-1, out=out[: aux_hidden_states[0].shape[0]])
         result = LogitsProcessorOutput(next_token_logits=logits, aux_hidden_states=aux)
         if scored is not None:
             result.input_token_logprobs, result.input_top_logprobs, result.input_top_logprob_ids = scored
@@ -69,8 +79,9 @@ def _logits(hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
     return lm_head.gather_logits(logits) if hasattr(lm_head, "gather_logits") else logits
 
 
-def score_tokens(hidden: torch.Tensor, lm_head: nn.Module, rows: torch.Tensor, targets: torch.Tensor,
-                 top_n: int) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+def score_tokens(
+    hidden: torch.Tensor, lm_head: nn.Module, rows: torch.Tensor, targets: torch.Tensor, top_n: int
+) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
     """Log-softmax of the raw logits at `rows` of `hidden`, as output logprobs are: of each row's
     target token [M], and (top_n > 0) its top_n best [M, top_n] with their ids. Only those rows go
     through the lm_head, a piece at a time (SCORE_MAX_ELEMENTS), so no [M, vocab] tensor is made."""
@@ -78,9 +89,9 @@ def score_tokens(hidden: torch.Tensor, lm_head: nn.Module, rows: torch.Tensor, t
     step = max(1, min(SCORE_MAX_ROWS, SCORE_MAX_ELEMENTS // vocab))
     token, top, top_ids = [], [], []
     for begin in range(0, rows.shape[0], step):
-        logits = _logits(hidden[rows[begin:begin + step]], lm_head).float()
+        logits = _logits(hidden[rows[begin : begin + step]], lm_head).float()
         norm = torch.logsumexp(logits, dim=-1, keepdim=True)
-        token.append(logits.gather(1, targets[begin:begin + step, None]).sub_(norm).squeeze(1))
+        token.append(logits.gather(1, targets[begin : begin + step, None]).sub_(norm).squeeze(1))
         if top_n > 0:
             values, ids = logits.topk(top_n, dim=-1)
             top.append(values.sub_(norm))

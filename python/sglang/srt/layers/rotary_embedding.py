@@ -20,8 +20,7 @@ class RotaryEmbedding(nn.Module):
         # YaRN's attention factor multiplies cos and sin, hence both rotated q and k.
         scale = attention_scaling(rope_params)
         # [max_position, head_dim]: cos | sin halves, kept in float32 for accuracy.
-        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1) * scale,
-                             persistent=False)
+        self.register_buffer("cos_sin_cache", torch.cat((freqs.cos(), freqs.sin()), dim=-1) * scale, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]; returns rotated (q, k), in
@@ -29,14 +28,23 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
-    def rotate_and_store(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                         k_cache: torch.Tensor, v_cache: torch.Tensor, loc: torch.Tensor) -> None:
+    def rotate_and_store(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        loc: torch.Tensor,
+    ) -> None:
         """CUDA only: q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] rotated in
         place (views into the projection output are fine), then k and v written to the cache's
         slots `loc`, in one kernel."""
         from sgl_kernel import rotary
 
         rotary.apply_rotary_and_store_kv_(positions, q, k, v, self.cos_sin_cache, k_cache, v_cache, loc)
+
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     x1, x2 = x.float().chunk(2, dim=-1)

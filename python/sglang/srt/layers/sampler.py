@@ -19,16 +19,16 @@ class Sampler:
         from sgl_kernel.sampling import compile_classes, gumbel_max_sample
 
         for bs in compile_classes(vocab_size, max_batch_size):
-            gumbel_max_sample(torch.zeros(bs, vocab_size, dtype=torch.float32, device=device),
-                              torch.ones(bs, dtype=torch.float32, device=device),
-                              torch.zeros(bs, dtype=torch.int64, device=device),
-                              torch.zeros(bs, dtype=torch.int64, device=device),
-                              torch.zeros(bs, dtype=torch.bool, device=device))
+            gumbel_max_sample(
+                torch.zeros(bs, vocab_size, dtype=torch.float32, device=device),
+                torch.ones(bs, dtype=torch.float32, device=device),
+                torch.zeros(bs, dtype=torch.int64, device=device),
+                torch.zeros(bs, dtype=torch.int64, device=device),
+                torch.zeros(bs, dtype=torch.bool, device=device),
+            )
         torch.cuda.synchronize(device)
 
-    def __call__(
-        self, logits: torch.Tensor, info: SamplingBatchInfo, offsets: torch.Tensor
-    ) -> torch.Tensor:
+    def __call__(self, logits: torch.Tensor, info: SamplingBatchInfo, offsets: torch.Tensor) -> torch.Tensor:
         """int64[bs] next tokens for float[bs, vocab] logits.
 
         offsets[i] is the number of tokens request i has generated so far; together with
@@ -50,9 +50,7 @@ class Sampler:
         return torch.where(info.greedy_mask, greedy_tokens, sampled_tokens)
 
 
-def gumbel_noise(
-    seeds: torch.Tensor, offsets: torch.Tensor, width: int, stream: int = 0
-) -> torch.Tensor:
+def gumbel_noise(seeds: torch.Tensor, offsets: torch.Tensor, width: int, stream: int = 0) -> torch.Tensor:
     """float32[bs, width] standard Gumbel noise: argmax(logits + noise) draws from
     softmax(logits) without normalising or a cumulative sum."""
     return -torch.log(-torch.log(uniform(seeds, offsets, width, stream)))

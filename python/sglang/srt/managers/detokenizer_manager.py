@@ -55,11 +55,16 @@ class DetokenizerManager:
                 new_texts.append(self._final_text(state, reason))
                 del self.states[rid]
         return BatchStrOut(
-            rids=out.rids, new_texts=new_texts, new_token_ids=out.new_token_ids,
-            finished_reasons=out.finished_reasons, constants=out.constants,
+            rids=out.rids,
+            new_texts=new_texts,
+            new_token_ids=out.new_token_ids,
+            finished_reasons=out.finished_reasons,
+            constants=out.constants,
             completion_tokens=out.completion_tokens,
-            new_token_logprobs=out.new_token_logprobs, new_top_logprobs=out.new_top_logprobs,
-            spec_verify_ct=out.spec_verify_ct, input_token_logprobs=out.input_token_logprobs,
+            new_token_logprobs=out.new_token_logprobs,
+            new_top_logprobs=out.new_top_logprobs,
+            spec_verify_ct=out.spec_verify_ct,
+            input_token_logprobs=out.input_token_logprobs,
             input_top_logprobs=out.input_top_logprobs,
         )
 
@@ -121,13 +126,26 @@ def merge_token_outputs(outs: list[BatchTokenIDOut]) -> BatchTokenIDOut:
     def first_given(field: str) -> Optional[list]:  # None for a field no message carries
         if all(getattr(out, field) is None for out in outs):
             return None
-        return [next((getattr(out, field)[i] for out, i in parts[rid] if getattr(out, field) is not None
-                      and getattr(out, field)[i] is not None), None) for rid in rids]
+        return [
+            next(
+                (
+                    getattr(out, field)[i]
+                    for out, i in parts[rid]
+                    if getattr(out, field) is not None and getattr(out, field)[i] is not None
+                ),
+                None,
+            )
+            for rid in rids
+        ]
 
     return BatchTokenIDOut(
-        rids=rids, new_token_ids=joined("new_token_ids"), finished_reasons=latest("finished_reasons"),
-        constants=first_given("constants"), completion_tokens=latest("completion_tokens"),
-        new_token_logprobs=joined("new_token_logprobs"), new_top_logprobs=joined("new_top_logprobs"),
+        rids=rids,
+        new_token_ids=joined("new_token_ids"),
+        finished_reasons=latest("finished_reasons"),
+        constants=first_given("constants"),
+        completion_tokens=latest("completion_tokens"),
+        new_token_logprobs=joined("new_token_logprobs"),
+        new_top_logprobs=joined("new_top_logprobs"),
         spec_verify_ct=None if outs[-1].spec_verify_ct is None else latest("spec_verify_ct"),
         input_token_logprobs=first_given("input_token_logprobs"),
         input_top_logprobs=first_given("input_top_logprobs"),
@@ -146,8 +164,9 @@ def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> Non
     name_process("sglang-detok")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent_pid = os.getppid()
-    manager = DetokenizerManager(get_tokenizer(server_args.tokenizer_path, server_args.tokenizer_mode,
-                                                server_args.trust_remote_code))
+    manager = DetokenizerManager(
+        get_tokenizer(server_args.tokenizer_path, server_args.tokenizer_mode, server_args.trust_remote_code)
+    )
     ctx = zmq.Context(2)
     recv = ctx.socket(zmq.PULL)
     recv.bind(port_args.detokenizer_ipc)

@@ -41,8 +41,11 @@ class GrammarQueue:
         """(request, error or None) for every request whose compile has ended; a request without
         error has its matcher. `idle`: nothing else to do, so wait a moment for one."""
         if idle and self.reqs:
-            concurrent.futures.wait([req.grammar_future for req in self.reqs], timeout=IDLE_WAIT_S,
-                                    return_when=concurrent.futures.FIRST_COMPLETED)
+            concurrent.futures.wait(
+                [req.grammar_future for req in self.reqs],
+                timeout=IDLE_WAIT_S,
+                return_when=concurrent.futures.FIRST_COMPLETED,
+            )
         ready = [req for req in self.reqs if req.grammar_future.done()]
         out = []
         for req in ready:
@@ -50,7 +53,8 @@ class GrammarQueue:
             future, req.grammar_future = req.grammar_future, None
             error = future.exception()
             if error is None:
-                req.grammar = self.backend.matcher(future.result(), constraint_key(req.sampling_params)[0],
-                                                   thinks=req.require_reasoning)
+                req.grammar = self.backend.matcher(
+                    future.result(), constraint_key(req.sampling_params)[0], thinks=req.require_reasoning
+                )
             out.append((req, None if error is None else str(error)))
         return out

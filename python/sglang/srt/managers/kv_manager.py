@@ -24,8 +24,13 @@ EVICT_SHARE = 64
 
 
 class KVManager:
-    def __init__(self, req_to_token_pool: ReqToTokenPool, allocator: TokenToKVPoolAllocator,
-                 disable_radix_cache: bool, speculative: bool = False):
+    def __init__(
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        allocator: TokenToKVPoolAllocator,
+        disable_radix_cache: bool,
+        speculative: bool = False,
+    ):
         # With an EAGLE-3 draft, a position's draft KV depends on the token after it, so the last
         # position of a cached prefix is recomputed (its next token may differ for this request)
         # for requests the draft follows.

@@ -30,19 +30,25 @@ MAX_TOP_LOGPROBS = 20
 def check_logprob_args(return_logprob, top_logprobs_num, logprob_start_len=-1) -> None:
     if not isinstance(return_logprob, bool):
         raise InvalidRequest("return_logprob must be a boolean", "return_logprob")
-    if isinstance(top_logprobs_num, bool) or not isinstance(top_logprobs_num, int) \
-            or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS:
+    if (
+        isinstance(top_logprobs_num, bool)
+        or not isinstance(top_logprobs_num, int)
+        or not 0 <= top_logprobs_num <= MAX_TOP_LOGPROBS
+    ):
         raise InvalidRequest(f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}]", "top_logprobs_num")
     if isinstance(logprob_start_len, bool) or not isinstance(logprob_start_len, int) or logprob_start_len < -1:
-        raise InvalidRequest("logprob_start_len must be an integer >= 0, or -1 for no prompt logprobs",
-                             "logprob_start_len")
+        raise InvalidRequest(
+            "logprob_start_len must be an integer >= 0, or -1 for no prompt logprobs", "logprob_start_len"
+        )
 
 
 def check_logprob_start(logprob_start_len: int, prompt_len: int) -> None:
     """Prompt logprobs start inside the prompt (checked once it is tokenized)."""
     if logprob_start_len >= prompt_len:
-        raise InvalidRequest(f"logprob_start_len ({logprob_start_len}) must be smaller than the prompt's length "
-                             f"({prompt_len} tokens)", "logprob_start_len")
+        raise InvalidRequest(
+            f"logprob_start_len ({logprob_start_len}) must be smaller than the prompt's length ({prompt_len} tokens)",
+            "logprob_start_len",
+        )
 
 
 def input_logprobs_meta(token_logprobs: list, top_logprobs) -> dict:
@@ -51,8 +57,9 @@ def input_logprobs_meta(token_logprobs: list, top_logprobs) -> dict:
     position 0, else N such triples)."""
     meta = {"input_token_logprobs": [(logprob, token_id, None) for logprob, token_id in token_logprobs]}
     if top_logprobs is not None:
-        meta["input_top_logprobs"] = [None if top is None else [(logprob, token_id, None) for logprob, token_id in top]
-                                      for top in top_logprobs]
+        meta["input_top_logprobs"] = [
+            None if top is None else [(logprob, token_id, None) for logprob, token_id in top] for top in top_logprobs
+        ]
     return meta
 
 

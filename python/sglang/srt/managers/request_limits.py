@@ -19,8 +19,7 @@ def longest_token_chars(tokenizer) -> int:
 
 
 class RequestLimits:
-    def __init__(self, server_args: ServerArgs, context_len: int, max_running_requests: int,
-                 token_chars: int):
+    def __init__(self, server_args: ServerArgs, context_len: int, max_running_requests: int, token_chars: int):
         self.max_sequences = server_args.max_sequences_per_request
         self.max_sequences_flag = "--max-sequences-per-request"
         if server_args.max_queued_requests is not None:  # what the server can hold at once
@@ -39,20 +38,31 @@ class RequestLimits:
         if total <= self.max_sequences:
             return
         field = "n" if n > 1 else "text"
-        raise InvalidRequest(f"this request asks for {total} sequences ({num_prompts} prompt(s) x n); the server "
-                             f"takes at most {self.max_sequences} per request ({self.max_sequences_flag})", field)
+        raise InvalidRequest(
+            f"this request asks for {total} sequences ({num_prompts} prompt(s) x n); the server "
+            f"takes at most {self.max_sequences} per request ({self.max_sequences_flag})",
+            field,
+        )
 
     def check_stop(self, params: SamplingParams) -> None:
         stops = params.stop or []
         if len(stops) > self.max_stop_strings:
-            raise InvalidRequest(f"stop has {len(stops)} strings; the server takes at most {self.max_stop_strings} "
-                                 f"(--max-stop-strings)", "stop")
+            raise InvalidRequest(
+                f"stop has {len(stops)} strings; the server takes at most {self.max_stop_strings} (--max-stop-strings)",
+                "stop",
+            )
         for stop in stops:
             if len(stop) > self.max_stop_str_len:
-                raise InvalidRequest(f"a stop string has {len(stop)} characters; the server takes at most "
-                                     f"{self.max_stop_str_len} (--max-stop-str-len)", "stop")
+                raise InvalidRequest(
+                    f"a stop string has {len(stop)} characters; the server takes at most "
+                    f"{self.max_stop_str_len} (--max-stop-str-len)",
+                    "stop",
+                )
 
     def check_prompt_chars(self, num_chars: int, field: str = "text") -> None:
         if num_chars > self.max_prompt_chars:
-            raise InvalidRequest(f"the prompt has {num_chars} characters, more tokens than the context length "
-                                 f"({self.context_len}) allows", field)
+            raise InvalidRequest(
+                f"the prompt has {num_chars} characters, more tokens than the context length "
+                f"({self.context_len}) allows",
+                field,
+            )

@@ -31,8 +31,10 @@ class RequestLogger:
         logger.info(line)
 
     def finished(self, rid: str, text: str, meta: dict) -> None:
-        line = (f"Finish: rid={rid!r}, finish_reason={meta.get('finish_reason')}, "
-                f"prompt_tokens={meta.get('prompt_tokens')}, completion_tokens={meta.get('completion_tokens')}")
+        line = (
+            f"Finish: rid={rid!r}, finish_reason={meta.get('finish_reason')}, "
+            f"prompt_tokens={meta.get('prompt_tokens')}, completion_tokens={meta.get('completion_tokens')}"
+        )
         if self.level >= 2:
             line += f", output={self._cut(repr(text))}"
         logger.info(line)

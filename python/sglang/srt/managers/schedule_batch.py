@@ -19,10 +19,20 @@ from sglang.srt.utils import host_to_device_rows
 
 
 class Req:
-    def __init__(self, rid: str, input_ids: list[int], sampling_params: SamplingParams, seed: int,
-                 stream: bool, eos_token_ids: set[int], context_len: int,
-                 return_logprob: bool = False, top_logprobs_num: int = 0, group: str = "",
-                 logprob_start_len: int = -1):
+    def __init__(
+        self,
+        rid: str,
+        input_ids: list[int],
+        sampling_params: SamplingParams,
+        seed: int,
+        stream: bool,
+        eos_token_ids: set[int],
+        context_len: int,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        group: str = "",
+        logprob_start_len: int = -1,
+    ):
         self.rid = rid  # set by the tokenizer manager
         self.group = group or rid  # the client request it belongs to (admission is fair between them)
         self.origin_input_ids = list(input_ids)
@@ -191,9 +201,15 @@ class Req:
             return None
         self.constants_sent = True
         params = self.sampling_params
-        return RequestConstants(params.skip_special_tokens, params.no_stop_trim, tuple(self.stop_strs),
-                                len(self.origin_input_ids), self.cached_tokens, self.admit_time,
-                                self.first_token_time)
+        return RequestConstants(
+            params.skip_special_tokens,
+            params.no_stop_trim,
+            tuple(self.stop_strs),
+            len(self.origin_input_ids),
+            self.cached_tokens,
+            self.admit_time,
+            self.first_token_time,
+        )
 
     def check_stop_strings(self, decode) -> None:
         """Finish if the output's text now contains a stop string (one that ends past
@@ -203,7 +219,7 @@ class Req:
             return
         if self.stop_state is None:
             self.stop_state, self.stop_text = StopState(self.stop_strs), IncrementalText()
-        new_text = self.stop_text.extend(self.output_ids[len(self.stop_text.ids):], decode)
+        new_text = self.stop_text.extend(self.output_ids[len(self.stop_text.ids) :], decode)
         matched = self.stop_state.feed(new_text)
         if matched is not None and len(self.output_ids) > self.sampling_params.min_new_tokens:
             self.finished_reason = finish_matched(matched)

@@ -104,8 +104,9 @@ class AdmissionBatcher:
             return False
         return sum(req.seq_len for req in waiting) < self.token_budget
 
-    def launched(self, batch_reqs: int, is_decode: bool, num_waiting: int, num_running: int,
-                 now: Optional[float] = None) -> None:
+    def launched(
+        self, batch_reqs: int, is_decode: bool, num_waiting: int, num_running: int, now: Optional[float] = None
+    ) -> None:
         """Counts a launched step (decode steps while requests wait, prefill passes) and times
         both: a decode step from the previous one's launch, passes by what they add to that."""
         now = self.clock() if now is None else now
@@ -128,9 +129,12 @@ class AdmissionBatcher:
         self._last_decode_at, self._passes_since_decode = now, 0
 
     def summary(self) -> dict:
-        return {"num_prefill_passes": self.num_passes,
-                "mean_reqs_per_prefill_pass": self.num_pass_reqs / self.num_passes if self.num_passes else 0.0,
-                "admission_step_ms": self.step_seconds * 1e3, "admission_pass_ms": self.pass_seconds * 1e3}
+        return {
+            "num_prefill_passes": self.num_passes,
+            "mean_reqs_per_prefill_pass": self.num_pass_reqs / self.num_passes if self.num_passes else 0.0,
+            "admission_step_ms": self.step_seconds * 1e3,
+            "admission_pass_ms": self.pass_seconds * 1e3,
+        }
 
 
 # No request's decode_reserve exceeds this.
@@ -168,8 +172,14 @@ class PrefillAdder:
     for 10-38 requests, against 2-7 ms for up to 9 in a graph); the first request is taken
     whatever its size, as before."""
 
-    def __init__(self, token_budget: int, available_kv: int, free_running_slots: int, running_reserve: int = 0,
-                 pass_fits: Optional[Callable[[int, int], Optional[bool]]] = None):
+    def __init__(
+        self,
+        token_budget: int,
+        available_kv: int,
+        free_running_slots: int,
+        running_reserve: int = 0,
+        pass_fits: Optional[Callable[[int, int], Optional[bool]]] = None,
+    ):
         self.pass_fits = pass_fits
         self.token_budget = token_budget
         self.available_kv = available_kv
@@ -188,8 +198,11 @@ class PrefillAdder:
         reserve = decode_reserve(req) if extend_len == remaining else 0
         if extend_len + reserve > self.available_kv:
             return False
-        if self.reqs and self.pass_fits is not None and self.pass_fits(len(self.reqs) + 1,
-                                                                       self.planned + extend_len) is False:
+        if (
+            self.reqs
+            and self.pass_fits is not None
+            and self.pass_fits(len(self.reqs) + 1, self.planned + extend_len) is False
+        ):
             return False
         req.extend_len = extend_len
         self.token_budget -= extend_len

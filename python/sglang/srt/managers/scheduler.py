@@ -25,8 +25,7 @@ from sglang.srt.managers import input_logprobs, spec_scheduling
 from sglang.srt.managers.grammar_queue import GrammarQueue
 from sglang.srt.managers.kv_manager import KVManager
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
-from sglang.srt.managers.schedule_policy import (AdmissionBatcher, PrefillAdder, SchedulePolicy,
-                                                running_decode_reserve)
+from sglang.srt.managers.schedule_policy import AdmissionBatcher, PrefillAdder, SchedulePolicy, running_decode_reserve
 from sglang.srt.managers.step_times import NullStepClock
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -44,7 +43,10 @@ class Scheduler:
     def __init__(self, server_args: ServerArgs):
         self.server_args = server_args
         self.model_config = ModelConfig.from_path(
-            server_args.model_path, server_args.dtype, server_args.device, server_args.context_length,
+            server_args.model_path,
+            server_args.dtype,
+            server_args.device,
+            server_args.context_length,
             server_args.trust_remote_code,
         )
         self.spec_k = server_args.speculative_num_steps if server_args.speculative_enabled else 0
@@ -61,16 +63,28 @@ class Scheduler:
         self.spec_policy = spec_scheduling.make_spec_policy(self, server_args) if self.spec_k else None
         runner = self.tp_worker.model_runner
         self.memory = runner.memory
-        self.kv_manager = KVManager(runner.req_to_token_pool, runner.token_to_kv_pool_allocator,
-                                    server_args.disable_radix_cache, speculative=bool(self.spec_k))
+        self.kv_manager = KVManager(
+            runner.req_to_token_pool,
+            runner.token_to_kv_pool_allocator,
+            server_args.disable_radix_cache,
+            speculative=bool(self.spec_k),
+        )
         self.policy = SchedulePolicy(server_args.schedule_policy, self.kv_manager)
         self.admission = AdmissionBatcher(server_args.admission_batch_steps, server_args.prefill_pass_tokens)
         self.eos_token_ids = eos_token_ids(server_args.model_path, server_args.tokenizer_path)
         self.seed_rng = np.random.default_rng(server_args.random_seed)
         self.waiting_queue: deque[Req] = deque()
-        self.grammar_queue = GrammarQueue(make_grammar_backend(
-            server_args.grammar_backend, server_args.tokenizer_path, self.model_config.vocab_size, self.eos_token_ids,
-            server_args.reasoning_parser, server_args.tokenizer_mode, server_args.trust_remote_code))
+        self.grammar_queue = GrammarQueue(
+            make_grammar_backend(
+                server_args.grammar_backend,
+                server_args.tokenizer_path,
+                self.model_config.vocab_size,
+                self.eos_token_ids,
+                server_args.reasoning_parser,
+                server_args.tokenizer_mode,
+                server_args.trust_remote_code,
+            )
+        )
         self.running_reqs: list[Req] = []
         self.chunked_req: Optional[Req] = None
         self.pending_outputs: list[Req] = []
@@ -116,9 +130,19 @@ class Scheduler:
     def add_request(self, recv: TokenizedGenerateReqInput) -> None:
         params = recv.sampling_params
         seed = params.sampling_seed if params.sampling_seed is not None else int(self.seed_rng.integers(2**62))
-        req = Req(recv.rid, recv.input_ids, params, seed, recv.stream, self.eos_token_ids, self.memory.context_len,
-                  recv.return_logprob, recv.top_logprobs_num, group=recv.group,
-                  logprob_start_len=recv.logprob_start_len)
+        req = Req(
+            recv.rid,
+            recv.input_ids,
+            params,
+            seed,
+            recv.stream,
+            self.eos_token_ids,
+            self.memory.context_len,
+            recv.return_logprob,
+            recv.top_logprobs_num,
+            group=recv.group,
+            logprob_start_len=recv.logprob_start_len,
+        )
         req.require_reasoning = recv.require_reasoning
         error, field = self._validate(req), None
         if not error and params.constrained:  # it waits for its grammar beside the queue
@@ -145,11 +169,15 @@ class Scheduler:
         if prompt_len == 0:
             return "the prompt is empty"
         if prompt_len + max_new > self.memory.context_len:
-            return (f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new}) exceeds the context "
-                    f"length ({self.memory.context_len})")
+            return (
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new}) exceeds the context "
+                f"length ({self.memory.context_len})"
+            )
         if prompt_len + max_new > self.memory.max_total_num_tokens:
-            return (f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new}) needs more KV slots than "
-                    f"the pool holds ({self.memory.max_total_num_tokens}); raise --max-total-tokens")
+            return (
+                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new}) needs more KV slots than "
+                f"the pool holds ({self.memory.max_total_num_tokens}); raise --max-total-tokens"
+            )
         if max(req.origin_input_ids) >= self.model_config.vocab_size or min(req.origin_input_ids) < 0:
             return f"input_ids must be in [0, {self.model_config.vocab_size})"
         if req.logprob_start_len >= prompt_len:
@@ -172,8 +200,14 @@ class Scheduler:
     # ---- one step ----------------------------------------------------------------------
 
     def has_work(self) -> bool:
-        return bool(self.waiting_queue or self.running_reqs or self.chunked_req or self.pending_outputs
-                    or self.in_flight or self.grammar_queue)
+        return bool(
+            self.waiting_queue
+            or self.running_reqs
+            or self.chunked_req
+            or self.pending_outputs
+            or self.in_flight
+            or self.grammar_queue
+        )
 
     def step(self) -> Optional[BatchTokenIDOut]:
         """Launch at most one forward and process what has finished; return the outputs.
@@ -240,8 +274,12 @@ class Scheduler:
         the speculation policy chooses (--speculative-policy)."""
         rids = [req.rid for req in self.running_reqs if req.speculates]
         self._decode_context = sum(req.kv_len for req in self.running_reqs)
-        return self.spec_policy.choose(rids, self._decode_context,
-                                       num_plain_only=len(self.running_reqs) - len(rids), explore=spec_scheduling.explore_now(self))
+        return self.spec_policy.choose(
+            rids,
+            self._decode_context,
+            num_plain_only=len(self.running_reqs) - len(rids),
+            explore=spec_scheduling.explore_now(self),
+        )
 
     def draft_reads_prompt(self, req: Req, joining: list[Req]) -> bool:
         """Whether the draft reads this request's prompt as it is admitted (spec_scheduling)."""
@@ -251,14 +289,17 @@ class Scheduler:
         spec_scheduling.adopt_cold_requests(self)
 
     def _any_abort(self) -> bool:
-        return any(r.to_abort for r in self.running_reqs) or (self.chunked_req is not None and self.chunked_req.to_abort)
+        return any(r.to_abort for r in self.running_reqs) or (
+            self.chunked_req is not None and self.chunked_req.to_abort
+        )
 
     def _can_overlap_decode(self) -> bool:
         if not self.overlap or self.in_flight is None or not self.in_flight[0].forward_mode.is_decode():
             return False
         # Prefill has priority: a request that could be admitted now needs exact state first.
         could_prefill = self.chunked_req is not None or (
-            self.waiting_queue and self._free_running_slots() > 0 and not self._defer_admission())
+            self.waiting_queue and self._free_running_slots() > 0 and not self._defer_admission()
+        )
         return not could_prefill
 
     def _defer_admission(self) -> bool:
@@ -275,11 +316,16 @@ class Scheduler:
         if not self.waiting_queue and self.chunked_req is None:
             return None
         budget, free_running = self.server_args.prefill_token_budget, self._free_running_slots()
-        reserve = running_decode_reserve(self.running_reqs, self.kv_manager.allocator.available_size(), budget,
-                                         free_running)
-        adder = PrefillAdder(budget, self.kv_manager.available_tokens() - reserve, free_running,
-                             running_reserve=reserve,
-                             pass_fits=self.tp_worker.prefill_pass_fits if self._shape_passes() else None)
+        reserve = running_decode_reserve(
+            self.running_reqs, self.kv_manager.allocator.available_size(), budget, free_running
+        )
+        adder = PrefillAdder(
+            budget,
+            self.kv_manager.available_tokens() - reserve,
+            free_running,
+            running_reserve=reserve,
+            pass_fits=self.tp_worker.prefill_pass_fits if self._shape_passes() else None,
+        )
         # A chunk in progress goes first; while it waits for memory nobody else is admitted, since
         # another prompt's first chunk would take its place as `chunked_req` and drop it, KV and all.
         if self.chunked_req is not None and not adder.try_add(self.chunked_req, continuing_chunk=True):
@@ -389,15 +435,17 @@ class Scheduler:
         self.tp_worker.release_request(req)
         self.waiting_queue.appendleft(req)
         self.num_retractions += 1
-        logger.warning("KV cache is full: request %s goes back to the queue (%d retractions so far)",
-                       req.rid, self.num_retractions)
+        logger.warning(
+            "KV cache is full: request %s goes back to the queue (%d retractions so far)", req.rid, self.num_retractions
+        )
 
     def _launch(self, batch: ScheduleBatch):
         """Start the step on the device. The KV of its tokens is being written from now on, so
         kv_len counts them; a request gets a pending token unless this is a prefill chunk."""
         result = self.tp_worker.forward_batch_generation(batch)
-        self.admission.launched(batch.batch_size, batch.forward_mode.is_decode(), len(self.waiting_queue),
-                                len(self.running_reqs))
+        self.admission.launched(
+            batch.batch_size, batch.forward_mode.is_decode(), len(self.waiting_queue), len(self.running_reqs)
+        )
         if not batch.forward_mode.is_decode():
             self.clock.launched("prefill", batch.batch_size)
         elif self.spec_k and batch.spec_steps:
@@ -456,9 +504,11 @@ class Scheduler:
         served throughput) and the tokens per second generated since the last such line, over
         the time the scheduler was busy."""
         state = self.kv_manager.accounting(0)
-        line = (f"Decode batch. #running-req: {len(self.running_reqs)}, "
-                f"#token: {state['total_slots'] - state['free_slots']}, "
-                f"token usage: {1 - state['free_slots'] / state['total_slots']:.2f}, ")
+        line = (
+            f"Decode batch. #running-req: {len(self.running_reqs)}, "
+            f"#token: {state['total_slots'] - state['free_slots']}, "
+            f"token usage: {1 - state['free_slots'] / state['total_slots']:.2f}, "
+        )
         if self.spec_k:
             k = self.spec_policy.current_k
             line += f"accept len: {self.tp_worker.stats.take_window_accept_length():.2f}, spec k: {k}, "
@@ -524,10 +574,12 @@ class Scheduler:
             finished_reasons=[req.finished_reason for req in reqs],
             constants=[req.take_constants() for req in reqs],
             completion_tokens=[len(req.output_ids) for req in reqs],
-            new_token_logprobs=[req.output_token_logprobs[req.sent_len :] if req.return_logprob else None
-                                for req in reqs],
-            new_top_logprobs=[req.output_top_logprobs[req.sent_len :] if req.top_logprobs_num else None
-                              for req in reqs],
+            new_token_logprobs=[
+                req.output_token_logprobs[req.sent_len :] if req.return_logprob else None for req in reqs
+            ],
+            new_top_logprobs=[
+                req.output_top_logprobs[req.sent_len :] if req.top_logprobs_num else None for req in reqs
+            ],
             spec_verify_ct=[req.spec_verify_ct for req in reqs] if self.spec_k else None,
         )
         prompt_scores = [req.take_input_logprobs() for req in reqs]

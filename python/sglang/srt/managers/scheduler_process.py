@@ -57,8 +57,11 @@ class StepWatchdog:
             time.sleep(min(1.0, self.timeout_s / 4))
             started = self.started
             if started is not None and time.monotonic() - started > self.timeout_s:
-                logger.error("scheduler watchdog: a step has run for more than %s s (--watchdog-timeout); "
-                             "dumping the stack and exiting", self.timeout_s)
+                logger.error(
+                    "scheduler watchdog: a step has run for more than %s s (--watchdog-timeout); "
+                    "dumping the stack and exiting",
+                    self.timeout_s,
+                )
                 faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
                 os._exit(WATCHDOG_EXIT_CODE)
 
@@ -92,9 +95,13 @@ class BusyProfiler:
         for key in ("tottime", "cumulative"):
             stats.sort_stats(key).print_stats(PROFILE_TOP)
         report = text.getvalue()
-        if not write_period_files(PROFILE_ENV, path, {".prof": self.profile.dump_stats,
-                                                      ".txt": lambda p: write_text(p, report)}, "scheduler profiles",
-                                  logger):
+        if not write_period_files(
+            PROFILE_ENV,
+            path,
+            {".prof": self.profile.dump_stats, ".txt": lambda p: write_text(p, report)},
+            "scheduler profiles",
+            logger,
+        ):
             self.stopped = True
             return
         self.periods += 1
@@ -110,8 +117,11 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_pi
     if server_args.device == "cpu":
         threads = cpu_intra_op_threads()
         torch.set_num_threads(threads)
-        logger.info("torch intra-op threads: %d (%s)", threads,
-                    "OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "usable CPUs - 2, at most 16")
+        logger.info(
+            "torch intra-op threads: %d (%s)",
+            threads,
+            "OMP_NUM_THREADS" if os.environ.get("OMP_NUM_THREADS") else "usable CPUs - 2, at most 16",
+        )
     try:
         select_gpu(server_args)
         # Rank 0 of tensor parallelism runs the scheduler; the other ranks (tp_follower_process)
@@ -164,8 +174,11 @@ def load_report(scheduler: Scheduler) -> dict:
     waiting = list(scheduler.waiting_queue) + ([scheduler.chunked_req] if scheduler.chunked_req else [])
     num_tokens = kv["total_slots"] - kv["free_slots"] - kv["evictable_slots"]
     num_tokens += sum(len(req.origin_input_ids) for req in scheduler.waiting_queue)
-    return {"num_reqs": len(scheduler.running_reqs) + len(waiting), "num_waiting_reqs": len(waiting),
-            "num_tokens": num_tokens}
+    return {
+        "num_reqs": len(scheduler.running_reqs) + len(waiting),
+        "num_waiting_reqs": len(waiting),
+        "num_tokens": num_tokens,
+    }
 
 
 class SchedulerLoop:
@@ -184,8 +197,12 @@ class SchedulerLoop:
         prefix = os.environ.get(PROFILE_ENV)
         self.profiler = BusyProfiler(prefix) if prefix else None
         if self.profiler:
-            logger.warning("%s is set: the scheduler runs under cProfile (slow; diagnosis only), "
-                           "writing %s.N.{prof,txt} after each busy period", PROFILE_ENV, prefix)
+            logger.warning(
+                "%s is set: the scheduler runs under cProfile (slow; diagnosis only), "
+                "writing %s.N.{prof,txt} after each busy period",
+                PROFILE_ENV,
+                prefix,
+            )
         self.clock = scheduler.clock = make_step_clock(os.environ.get(STEP_TIMES_ENV))
 
     def run(self) -> None:

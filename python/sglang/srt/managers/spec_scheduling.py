@@ -78,8 +78,10 @@ def observe_decode_launch(scheduler, start: float, batch: Optional[ScheduleBatch
     log = scheduler.spec_cost_log
     if log is not None:
         exploration = getattr(scheduler.spec_policy, "exploration", None)
-        log.write(f"L {start:.6f} {batch.batch_size} {k} {scheduler._decode_context} "
-                        f"{exploration.steps if exploration is not None else 0}\n")
+        log.write(
+            f"L {start:.6f} {batch.batch_size} {k} {scheduler._decode_context} "
+            f"{exploration.steps if exploration is not None else 0}\n"
+        )
     if previous is not None and previous[4]:
         _, batch_size, previous_k, context, _ = previous
         scheduler.spec_policy.observe_step_seconds(batch_size, previous_k, context, start - previous[0])
@@ -115,9 +117,11 @@ def draft_reads_prompt(scheduler, req: Req, joining: list[Req]) -> bool:
     batch_size = len(scheduler.running_reqs) + len(joining)
     if scheduler.spec_policy.would_speculate(rids, context, batch_size - len(rids)):
         return True
-    if (scheduler.admissions_without_draft >= EXPLORE_EVERY
-            and scheduler._decode_steps_since_explorer >= EXPLORE_MIN_DECODE_STEPS
-            and scheduler.spec_policy.would_speculate_at_prior(batch_size, context)):
+    if (
+        scheduler.admissions_without_draft >= EXPLORE_EVERY
+        and scheduler._decode_steps_since_explorer >= EXPLORE_MIN_DECODE_STEPS
+        and scheduler.spec_policy.would_speculate_at_prior(batch_size, context)
+    ):
         scheduler._explorer = req
         return True
     return False
@@ -206,8 +210,12 @@ def drop_draft_while_plain(scheduler) -> None:
     for req in followed:
         req.draft_cold, req.draft_behind, req.draft_explorer = True, 0, False
     scheduler.num_draft_drops += len(followed)
-    logger.info("the draft stops following %d running request(s) after %d plain steps at batch %d (speculation "
-                "would not pay)", len(followed), streak, len(scheduler.running_reqs))
+    logger.info(
+        "the draft stops following %d running request(s) after %d plain steps at batch %d (speculation would not pay)",
+        len(followed),
+        streak,
+        len(scheduler.running_reqs),
+    )
 
 
 def _speculative_step_in_flight(scheduler) -> bool:
@@ -226,8 +234,11 @@ def explore_now(scheduler) -> bool:
     """Under --speculative-draft-sync catch-up plain steps give no probe: while an explorer
     decodes, the policy is asked for a speculative step, so that its verifies refresh the
     estimate (warm plain steps probe by themselves)."""
-    return scheduler.server_args.speculative_draft_sync == "catch-up" and scheduler.num_draft_explorations > 0 and any(
-        req.draft_explorer for req in scheduler.running_reqs)
+    return (
+        scheduler.server_args.speculative_draft_sync == "catch-up"
+        and scheduler.num_draft_explorations > 0
+        and any(req.draft_explorer for req in scheduler.running_reqs)
+    )
 
 
 def make_spec_policy(scheduler, args: ServerArgs):
@@ -237,8 +248,11 @@ def make_spec_policy(scheduler, args: ServerArgs):
 
     config = parse_adaptive_config(args.speculative_adaptive_config) if args.speculative_adaptive_config else {}
     if DRAFT_FOLLOWS_ALL:
-        logger.warning("%s=1: the draft reads every prompt whatever the policy says (for benchmarks only: "
-                       "a plain-deciding server pays for a draft it does not use)", DRAFT_FOLLOWS_ALL_ENV)
+        logger.warning(
+            "%s=1: the draft reads every prompt whatever the policy says (for benchmarks only: "
+            "a plain-deciding server pays for a draft it does not use)",
+            DRAFT_FOLLOWS_ALL_ENV,
+        )
     scheduler.spec_cost_log = open_cost_log(os.environ.get(COST_LOG_ENV))
     exploration = dense_exploration(os.environ.get(EXPLORE_EVERY_ENV))
     cost = None
@@ -246,11 +260,17 @@ def make_spec_policy(scheduler, args: ServerArgs):
         measured = scheduler.tp_worker.measure_step_costs()
         cost = CostTable(measured["plain"], measured["spec"], measured.get("context"))
         logger.info("speculation cost table (ms per decode step, measured at start-up): %s", cost.summary())
-    return make_policy(args.speculative_policy, scheduler.spec_k, threshold=args.speculative_threshold,
-                       candidates=args.speculative_candidate_steps,
-                       candidates_by_bs=config.get("candidates_by_bs"),
-                       hysteresis_by_bs=config.get("hysteresis_by_bs"), cost=cost,
-                       ema_alpha=config.get("ema_alpha"), exploration=exploration)
+    return make_policy(
+        args.speculative_policy,
+        scheduler.spec_k,
+        threshold=args.speculative_threshold,
+        candidates=args.speculative_candidate_steps,
+        candidates_by_bs=config.get("candidates_by_bs"),
+        hysteresis_by_bs=config.get("hysteresis_by_bs"),
+        cost=cost,
+        ema_alpha=config.get("ema_alpha"),
+        exploration=exploration,
+    )
 
 
 def dense_exploration(every: Optional[str]):
@@ -261,8 +281,13 @@ def dense_exploration(every: Optional[str]):
         return None
     if not every.isdigit() or int(every) < 1:
         raise ValueError(f"{EXPLORE_EVERY_ENV}={every!r}: need a whole number of decode steps >= 1")
-    logger.warning("%s=%s: every candidate k runs %s decode steps after it last ran at a bucket, up to half of all "
-                   "steps (for benchmarks only: the server runs worse k's on purpose)", EXPLORE_EVERY_ENV, every, every)
+    logger.warning(
+        "%s=%s: every candidate k runs %s decode steps after it last ran at a bucket, up to half of all "
+        "steps (for benchmarks only: the server runs worse k's on purpose)",
+        EXPLORE_EVERY_ENV,
+        every,
+        every,
+    )
     return Exploration(max_share=0.5, intervals=((math.inf, int(every)),))
 
 
@@ -276,8 +301,12 @@ def open_cost_log(prefix: Optional[str]):
         log = open(path, "w", buffering=1)  # line-buffered: a killed server loses nothing
     except OSError as e:
         raise ValueError(f"{COST_LOG_ENV}={prefix}: cannot write {path}: {e}") from e
-    logger.warning("%s: every decode launch and cost sample is written to %s (for benchmarks only: about a "
-                   "microsecond of host time per step)", COST_LOG_ENV, path)
+    logger.warning(
+        "%s: every decode launch and cost sample is written to %s (for benchmarks only: about a "
+        "microsecond of host time per step)",
+        COST_LOG_ENV,
+        path,
+    )
     return log
 
 
@@ -308,8 +337,9 @@ def process_spec(scheduler, batch: ScheduleBatch, result) -> None:
         verified = [i for i in live_rows if batch.speculating[i]]
         phases = result.timer.seconds() if result.timer is not None else None  # timed steps only
         scheduler.tp_worker.stats.record_step([num_out[i] for i in verified], phases, width - 1)
-        scheduler.spec_policy.observe_verify([batch.reqs[i].rid for i in verified], [num_out[i] for i in verified],
-                                        width - 1)
+        scheduler.spec_policy.observe_verify(
+            [batch.reqs[i].rid for i in verified], [num_out[i] for i in verified], width - 1
+        )
         if scheduler.spec_cost_log is not None:
             scheduler.spec_cost_log.write(f"V {width - 1} {len(verified)} {sum(num_out[i] for i in verified)}\n")
     else:

@@ -138,8 +138,13 @@ class StepClock(NullStepClock):
         summary = self.summary()
         path = f"{self.prefix}.{self.periods}"
         table = self.table(summary) + "\n"
-        if not write_period_files(ENV, path, {".json": lambda p: write_text(p, json.dumps(summary, indent=1)),
-                                              ".txt": lambda p: write_text(p, table)}, "step times", logger):
+        if not write_period_files(
+            ENV,
+            path,
+            {".json": lambda p: write_text(p, json.dumps(summary, indent=1)), ".txt": lambda p: write_text(p, table)},
+            "step times",
+            logger,
+        ):
             self.stopped = True
             return
         self.periods += 1
@@ -170,6 +175,7 @@ def write_period_files(env: str, path: str, writers: dict, what: str, log: loggi
 def make_step_clock(prefix: Optional[str]) -> NullStepClock:
     if not prefix:
         return NullStepClock()
-    logger.warning("%s is set: the scheduler times each step's phases, writing %s.N.{json,txt} after each "
-                   "busy period", ENV, prefix)
+    logger.warning(
+        "%s is set: the scheduler times each step's phases, writing %s.N.{json,txt} after each busy period", ENV, prefix
+    )
     return StepClock(prefix)

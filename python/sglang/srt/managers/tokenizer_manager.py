@@ -23,7 +23,13 @@ from sglang.srt.errors import InvalidRequest, short_repr
 from sglang.srt.hf_transformers_utils import get_tokenizer, load_chat_template
 from sglang.srt.managers import request_input
 from sglang.srt.managers.io_struct import (
-    AbortReq, BatchStrOut, ControlReply, ControlReq, GenerateReqInput, RequestConstants, TokenizedGenerateReqInput,
+    AbortReq,
+    BatchStrOut,
+    ControlReply,
+    ControlReq,
+    GenerateReqInput,
+    RequestConstants,
+    TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.request_limits import RequestLimits, longest_token_chars
 from sglang.srt.managers.request_logger import RequestLogger
@@ -65,14 +71,20 @@ class ReqState:
 
 
 class TokenizerManager:
-    def __init__(self, server_args: ServerArgs, port_args: PortArgs, model_info: dict,
-                 children_alive: Callable[[], Optional[str]]):
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        port_args: PortArgs,
+        model_info: dict,
+        children_alive: Callable[[], Optional[str]],
+    ):
         self.server_args = server_args
         self.model_info = model_info
         self.context_len = model_info["context_len"]
         self.vocab_size = model_info["vocab_size"]
-        self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.tokenizer_mode,
-                                       server_args.trust_remote_code)
+        self.tokenizer = get_tokenizer(
+            server_args.tokenizer_path, server_args.tokenizer_mode, server_args.trust_remote_code
+        )
         if server_args.chat_template:  # --chat-template: used for chat whether or not the tokenizer has one
             self.tokenizer.chat_template = load_chat_template(server_args.chat_template)
         self.children_alive = children_alive  # returns why a child died, or None
@@ -88,15 +100,17 @@ class TokenizerManager:
         self.samples_in_flight: dict[str, int] = {}
         self.messages_per_wake = MAX_MESSAGES_PER_WAKE
         if os.environ.get(STREAM_EVERY_STEP_ENV) == "1":
-            logger.warning("%s=1: streams send every step on its own, even when behind (diagnosis only)",
-                           STREAM_EVERY_STEP_ENV)
+            logger.warning(
+                "%s=1: streams send every step on its own, even when behind (diagnosis only)", STREAM_EVERY_STEP_ENV
+            )
             self.messages_per_wake = 1
         self.control_waiters: dict[int, asyncio.Future] = {}
         self.control_ids = itertools.count()
         self.dead_reason: Optional[str] = None
         self.handle_loop_task: Optional[asyncio.Task] = None
-        self.limits = RequestLimits(server_args, self.context_len, model_info["max_running_requests"],
-                                    longest_token_chars(self.tokenizer))
+        self.limits = RequestLimits(
+            server_args, self.context_len, model_info["max_running_requests"], longest_token_chars(self.tokenizer)
+        )
         self.tokenize_pool = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="sglang-tokenize")
         self.constraint_pool = ThreadPoolExecutor(CONSTRAINT_CHECK_THREADS, thread_name_prefix="sglang-grammar-check")
         # Grammar -> its check while it runs: requests repeating a grammar being parsed wait for that
@@ -141,9 +155,17 @@ class TokenizerManager:
             self._check_lengths(ids_list[i], params[i])
             start = starts[i] if return_logprobs[i] else -1
             request_input.check_logprob_start(start, len(ids_list[i]))
-            req = TokenizedGenerateReqInput(rids[i], ids_list[i], params[i], obj.stream,
-                                            bool(return_logprobs[i]), top_nums[i], group=group,
-                                            logprob_start_len=start, require_reasoning=obj.require_reasoning)
+            req = TokenizedGenerateReqInput(
+                rids[i],
+                ids_list[i],
+                params[i],
+                obj.stream,
+                bool(return_logprobs[i]),
+                top_nums[i],
+                group=group,
+                logprob_start_len=start,
+                require_reasoning=obj.require_reasoning,
+            )
             out.extend(request_input.expand_n(req))
         return out
 
@@ -157,8 +179,9 @@ class TokenizerManager:
         if params.constrained:
             if self.server_args.grammar_backend == "none":
                 field = constraint_key(params)[0]
-                raise InvalidRequest(f"{field} needs a grammar backend; this server runs with --grammar-backend none",
-                                     field)
+                raise InvalidRequest(
+                    f"{field} needs a grammar backend; this server runs with --grammar-backend none", field
+                )
         return params
 
     async def _check_constraints(self, params: list[SamplingParams]) -> None:
@@ -177,10 +200,12 @@ class TokenizerManager:
                 await asyncio.wait_for(asyncio.shield(check), CONSTRAINT_CHECK_TIMEOUT_S)
             except asyncio.TimeoutError:
                 logger.warning("refused a %s not parsed within %.0f s", field, time.perf_counter() - started)
-                raise InvalidRequest(f"{field} was not parsed within {CONSTRAINT_CHECK_TIMEOUT_S:.0f} s: simplify it "
-                                     f"(large repetition counts such as {{1,10000}} and deep nesting expand into "
-                                     f"many grammar rules), or retry if the server is parsing other large grammars",
-                                     field) from None
+                raise InvalidRequest(
+                    f"{field} was not parsed within {CONSTRAINT_CHECK_TIMEOUT_S:.0f} s: simplify it "
+                    f"(large repetition counts such as {{1,10000}} and deep nesting expand into "
+                    f"many grammar rules), or retry if the server is parsing other large grammars",
+                    field,
+                ) from None
 
     def _constraint_checked(self, key: tuple, check: asyncio.Future) -> None:
         self.constraint_checks.pop(key, None)
@@ -212,20 +237,28 @@ class TokenizerManager:
             return
         capacity = self.model_info["max_running_requests"] + limit
         if len(self.rid_to_state) + num_new > capacity:
-            raise InvalidRequest(f"the server is overloaded: {len(self.rid_to_state)} requests are in flight "
-                                 f"and at most {limit} may wait in the queue; retry later", status_code=503)
+            raise InvalidRequest(
+                f"the server is overloaded: {len(self.rid_to_state)} requests are in flight "
+                f"and at most {limit} may wait in the queue; retry later",
+                status_code=503,
+            )
 
     def _check_lengths(self, input_ids: list[int], params: SamplingParams) -> None:
         if not input_ids:
             raise InvalidRequest("the prompt is empty", "text")
         if len(input_ids) >= self.context_len:  # before the per-token check: a long list costs it seconds
-            raise InvalidRequest(f"the prompt has {len(input_ids)} tokens, more than the context length "
-                                 f"({self.context_len}) allows", "text")
+            raise InvalidRequest(
+                f"the prompt has {len(input_ids)} tokens, more than the context length ({self.context_len}) allows",
+                "text",
+            )
         if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.vocab_size for t in input_ids):
             raise InvalidRequest(f"input_ids must be integers in [0, {self.vocab_size})", "input_ids")
         if len(input_ids) + params.max_new_tokens > self.context_len:
-            raise InvalidRequest(f"the prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
-                                 f"is longer than the context length ({self.context_len})", "max_new_tokens")
+            raise InvalidRequest(
+                f"the prompt ({len(input_ids)} tokens) + max_new_tokens ({params.max_new_tokens}) "
+                f"is longer than the context length ({self.context_len})",
+                "max_new_tokens",
+            )
 
     async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator:
         """Yields the result dict (a list of them for a batch); several times when streaming."""
@@ -259,8 +292,12 @@ class TokenizerManager:
         sent running with nobody to collect or abort it, and its rid taken for good."""
         seen, parents = set(), set()
         for req in reqs:
-            if req.rid in seen or req.rid in parents or req.rid in self.rid_to_state \
-                    or req.rid in self.samples_in_flight:
+            if (
+                req.rid in seen
+                or req.rid in parents
+                or req.rid in self.rid_to_state
+                or req.rid in self.samples_in_flight
+            ):
                 raise InvalidRequest(f"rid {short_repr(req.rid)} is already in use", "rid")
             # An n > 1 request's own rid names its samples (POST /abort_request aborts them all).
             if req.sample_of and (req.sample_of in seen or req.sample_of in self.rid_to_state):
@@ -326,8 +363,9 @@ class TokenizerManager:
         if abort_all:
             rids = list(self.rid_to_state)
         else:  # the samples of an n > 1 request by what they are, not by name: "job-1" may be another's
-            rids = [known for known, state in self.rid_to_state.items()
-                    if rid and (known == rid or state.sample_of == rid)]
+            rids = [
+                known for known, state in self.rid_to_state.items() if rid and (known == rid or state.sample_of == rid)
+            ]
         if not self.dead_reason:
             for known in rids:
                 self.send_to_scheduler.send_pyobj(AbortReq(known))
@@ -401,8 +439,12 @@ class TokenizerManager:
             constants = out.constants[i]  # the request's first message carries them
             if constants is not None:
                 state.constants = constants
-                state.meta.update(finish_reason=None, prompt_tokens=constants.prompt_tokens,
-                                  completion_tokens=0, cached_tokens=constants.cached_tokens)
+                state.meta.update(
+                    finish_reason=None,
+                    prompt_tokens=constants.prompt_tokens,
+                    completion_tokens=0,
+                    cached_tokens=constants.cached_tokens,
+                )
             state.meta.update(finish_reason=out.finished_reasons[i], completion_tokens=out.completion_tokens[i])
             if out.spec_verify_ct is not None:
                 verifies = out.spec_verify_ct[i]
@@ -411,13 +453,16 @@ class TokenizerManager:
                     state.meta["spec_accept_length"] = out.completion_tokens[i] / verifies
             if out.new_token_logprobs[i] is not None:
                 state.meta.setdefault("output_token_logprobs", []).extend(
-                    (logprob, token_id, None) for logprob, token_id in out.new_token_logprobs[i])
+                    (logprob, token_id, None) for logprob, token_id in out.new_token_logprobs[i]
+                )
             if out.new_top_logprobs[i] is not None:
                 state.meta.setdefault("output_top_logprobs", []).extend(
-                    [(logprob, token_id, None) for logprob, token_id in top] for top in out.new_top_logprobs[i])
+                    [(logprob, token_id, None) for logprob, token_id in top] for top in out.new_top_logprobs[i]
+                )
             if out.input_token_logprobs is not None and out.input_token_logprobs[i] is not None:
-                state.meta.update(request_input.input_logprobs_meta(out.input_token_logprobs[i],
-                                                                    out.input_top_logprobs[i]))
+                state.meta.update(
+                    request_input.input_logprobs_meta(out.input_token_logprobs[i], out.input_top_logprobs[i])
+                )
             state.finished = out.finished_reasons[i] is not None
             if state.finished and self.metrics is not None:
                 self._observe(state)

@@ -39,9 +39,13 @@ def run_tp_follower_process(server_args: ServerArgs, tp_rank: int, init_address:
         logger.error("tensor-parallel rank %d failed to start:\n%s", tp_rank, traceback.format_exc())
         raise SystemExit(1)
     try:
-        tp_mirror.follow(server_args, _make_runner,
-                         ready=lambda: settle_after_startup(f"tensor-parallel rank {tp_rank}",
-                                                            server_args.gc_warning_threshold_secs))
+        tp_mirror.follow(
+            server_args,
+            _make_runner,
+            ready=lambda: settle_after_startup(
+                f"tensor-parallel rank {tp_rank}", server_args.gc_warning_threshold_secs
+            ),
+        )
     except tp_mirror.LeaderGone as e:
         logger.info("tensor-parallel rank %d stops: rank 0 is gone (%s)", tp_rank, e)
         os._exit(0)
@@ -54,9 +58,12 @@ def run_tp_follower_process(server_args: ServerArgs, tp_rank: int, init_address:
 def start_tp_followers(server_args: ServerArgs, init_address: str) -> list:
     """Starts ranks 1 .. tp_size - 1 (daemon processes, `spawn`), which meet rank 0 at init_address."""
     ctx = mp.get_context("spawn")
-    followers = [ctx.Process(target=run_tp_follower_process, name=f"sglang-tp{rank}",
-                             args=(server_args, rank, init_address), daemon=True)
-                 for rank in range(1, server_args.tp_size)]
+    followers = [
+        ctx.Process(
+            target=run_tp_follower_process, name=f"sglang-tp{rank}", args=(server_args, rank, init_address), daemon=True
+        )
+        for rank in range(1, server_args.tp_size)
+    ]
     for proc in followers:
         proc.start()
     return followers
@@ -69,6 +76,7 @@ def _make_runner(model_config, server_args, target, **kwargs) -> ModelRunner:
 def _exit_with_parent(parent_pid: int) -> None:
     """A rank blocked in a collective cannot poll: a thread ends the process once its parent (the
     server) is gone, e.g. killed outright."""
+
     def watch():
         while os.getppid() == parent_pid:
             time.sleep(PARENT_CHECK_S)

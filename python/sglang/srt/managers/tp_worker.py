@@ -66,8 +66,15 @@ class GenerationBatchResult(HostCopies):
     input_top_logprobs: Optional[torch.Tensor] = None
     input_top_logprob_ids: Optional[torch.Tensor] = None
 
-    _HOST_FIELDS = ("next_token_ids", "next_token_logprobs", "top_logprobs", "top_logprob_ids",
-                    "input_token_logprobs", "input_top_logprobs", "input_top_logprob_ids")
+    _HOST_FIELDS = (
+        "next_token_ids",
+        "next_token_logprobs",
+        "top_logprobs",
+        "top_logprob_ids",
+        "input_token_logprobs",
+        "input_top_logprobs",
+        "input_top_logprob_ids",
+    )
 
 
 class TpModelWorker:
@@ -138,9 +145,13 @@ class TpModelWorker:
         if same and not assigned:
             return cached
         rows = [r.penalty_row for r in reqs]
-        info = SamplingBatchInfo.from_params([r.sampling_params for r in reqs], [r.seed for r in reqs],
-                                             self.model_config.vocab_size, self.device,
-                                             penalty_rows=rows if any(row is not None for row in rows) else None)
+        info = SamplingBatchInfo.from_params(
+            [r.sampling_params for r in reqs],
+            [r.seed for r in reqs],
+            self.model_config.vocab_size,
+            self.device,
+            penalty_rows=rows if any(row is not None for row in rows) else None,
+        )
         self._sampling_cache = (tuple(reqs), info, unassigned)
         return info
 

@@ -43,11 +43,11 @@ class ReqToTokenPool:
         cap = self._capacity
         host = self._staging.fill()
         host[:n] = rows
-        host[cap:cap + n] = columns
-        host[2 * cap:2 * cap + n] = slots.numpy()
+        host[cap : cap + n] = columns
+        host[2 * cap : 2 * cap + n] = slots.numpy()
         sent = self._staging.send()
-        device_slots = sent[2 * cap:2 * cap + n]
-        self.req_to_token.index_put_((sent[:n], sent[cap:cap + n]), device_slots.to(torch.int32))
+        device_slots = sent[2 * cap : 2 * cap + n]
+        self.req_to_token.index_put_((sent[:n], sent[cap : cap + n]), device_slots.to(torch.int32))
         return device_slots
 
     def read(self, row: int, start: int, end: int) -> torch.Tensor:
@@ -57,8 +57,15 @@ class ReqToTokenPool:
 class MHATokenToKVPool:
     """Per-layer K and V buffers of shape [size + 1, num_kv_heads, head_dim]; row 0 is padding."""
 
-    def __init__(self, size: int, dtype: torch.dtype, num_kv_heads: int, head_dim: int,
-                 num_layers: int, device: str | torch.device):
+    def __init__(
+        self,
+        size: int,
+        dtype: torch.dtype,
+        num_kv_heads: int,
+        head_dim: int,
+        num_layers: int,
+        device: str | torch.device,
+    ):
         self.size = size
         self.dtype = dtype
         shape = (size + 1, num_kv_heads, head_dim)

@@ -30,8 +30,14 @@ class TreeNode:
 
     __slots__ = ("children", "key", "value", "parent", "lock_ref", "last_access_time", "id", "draft")
 
-    def __init__(self, key: list[int], value: torch.Tensor, parent: TreeNode | None, last_access_time: int = 0,
-                 draft: bool = True):
+    def __init__(
+        self,
+        key: list[int],
+        value: torch.Tensor,
+        parent: TreeNode | None,
+        last_access_time: int = 0,
+        draft: bool = True,
+    ):
         self.children: dict[int, TreeNode] = {}  # keyed by the first token id of the child's key
         self.key = key
         self.value = value  # int64 slot indices, one per token of `key`, on the allocator's device
@@ -125,15 +131,18 @@ class RadixCache:
         node, position = self.root_node, 0
         while position < len(tokens):
             child = node.children.get(tokens[position])
-            if child is None or position + len(child.key) > len(tokens) \
-                    or child.key != tokens[position:position + len(child.key)]:
+            if (
+                child is None
+                or position + len(child.key) > len(tokens)
+                or child.key != tokens[position : position + len(child.key)]
+            ):
                 break
             end = position + len(child.key)
             if not child.draft and child.lock_ref == 0 and position >= start:
                 self.allocator.free(child.value)
                 child.value = indices[position:end].to(device=self.device, dtype=torch.int64, copy=True)
                 child.draft = True
-                taken[position - start:end - start] = True
+                taken[position - start : end - start] = True
             node, position = child, end
         return taken
 

@@ -32,11 +32,9 @@ class MetricsCollector:
         self.generation_tokens = counter("generation_tokens", "Tokens generated.")
         self.num_requests = counter("num_requests", "Requests finished (any finish reason).")
         self.time_to_first_token = histogram("time_to_first_token_seconds", "Time to first token.", _LATENCY_BUCKETS)
-        self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between output tokens.",
-                                             _ITL_BUCKETS)
+        self.inter_token_latency = histogram("inter_token_latency_seconds", "Time between output tokens.", _ITL_BUCKETS)
         self.e2e_request_latency = histogram("e2e_request_latency_seconds", "Request latency.", _LATENCY_BUCKETS)
-        self.queue_time = histogram("queue_time_seconds", "Time waiting before the first prefill.",
-                                    _LATENCY_BUCKETS)
+        self.queue_time = histogram("queue_time_seconds", "Time waiting before the first prefill.", _LATENCY_BUCKETS)
         self.num_running_reqs = gauge("num_running_reqs", "Requests in the running batch.")
         self.num_queue_reqs = gauge("num_queue_reqs", "Requests waiting to be scheduled.")
         self.token_usage = gauge("token_usage", "Share of KV slots in use (requests and cache).")
@@ -46,46 +44,76 @@ class MetricsCollector:
         self.spec_accept_rate = gauge("spec_accept_rate", "Speculative decoding: accepted / proposed draft tokens.")
         self.spec_num_steps = gauge("spec_num_steps", "Speculative decoding: draft tokens per step (k).")
         self.spec_num_draft_tokens = gauge("spec_num_draft_tokens", "Speculative decoding: tokens verified per step.")
-        self.spec_phase_ms = {phase: gauge(f"spec_{phase}_ms", f"Speculative decoding: mean {what} time per step (ms).")
-                              for phase, what in (("draft", "draft chain"), ("verify", "target verify"),
-                                                  ("extend", "draft extend"))}
-        self.spec_current_k = gauge("spec_current_steps", "Speculative decoding: k the policy chose for the last "
-                                    "decode step (0 = plain).")
-        self.spec_switches = gauge("spec_mode_switches", "Speculative decoding: decode steps whose k differed from "
-                                   "the step before.")
+        self.spec_phase_ms = {
+            phase: gauge(f"spec_{phase}_ms", f"Speculative decoding: mean {what} time per step (ms).")
+            for phase, what in (("draft", "draft chain"), ("verify", "target verify"), ("extend", "draft extend"))
+        }
+        self.spec_current_k = gauge(
+            "spec_current_steps", "Speculative decoding: k the policy chose for the last decode step (0 = plain)."
+        )
+        self.spec_switches = gauge(
+            "spec_mode_switches", "Speculative decoding: decode steps whose k differed from the step before."
+        )
         self.spec_prompts_without_draft = gauge(
-            "spec_prompts_without_draft", "Speculative decoding: requests admitted without the draft's pass over "
-            "their prompt (speculation did not pay at the batch they joined, or they opted out); they decode plainly.")
+            "spec_prompts_without_draft",
+            "Speculative decoding: requests admitted without the draft's pass over "
+            "their prompt (speculation did not pay at the batch they joined, or they opted out); they decode plainly.",
+        )
         self.spec_draft_explorations = gauge(
-            "spec_draft_explorations", "Speculative decoding: requests given the draft although the acceptance "
-            "estimate said it would not pay, to refresh the estimate.")
+            "spec_draft_explorations",
+            "Speculative decoding: requests given the draft although the acceptance "
+            "estimate said it would not pay, to refresh the estimate.",
+        )
         self.spec_draft_adoptions = gauge(
-            "spec_draft_adoptions", "Speculative decoding: requests admitted without the draft that it adopted "
-            "mid-decode, once the load dropped (it ran over their context; they speculate from then on).")
+            "spec_draft_adoptions",
+            "Speculative decoding: requests admitted without the draft that it adopted "
+            "mid-decode, once the load dropped (it ran over their context; they speculate from then on).",
+        )
         self.spec_draft_drops = gauge(
-            "spec_draft_drops", "Speculative decoding: running requests the draft stopped following while plain "
-            "decoding held and speculation would not pay (their plain steps then run the target alone).")
-        self.spec_steps_by_k = Gauge("sglang:spec_decode_steps", "Speculative decoding: decode steps run with each k "
-                                     "(0 = plain).", labels + ["k"], registry=r)
+            "spec_draft_drops",
+            "Speculative decoding: running requests the draft stopped following while plain "
+            "decoding held and speculation would not pay (their plain steps then run the target alone).",
+        )
+        self.spec_steps_by_k = Gauge(
+            "sglang:spec_decode_steps",
+            "Speculative decoding: decode steps run with each k (0 = plain).",
+            labels + ["k"],
+            registry=r,
+        )
         self.spec_position_acceptance = Gauge(
-            "sglang:spec_position_acceptance", "Speculative decoding: the policy's current estimate of the chance that "
-            "draft i is accepted given drafts 1..i-1 were (pooled over requests).", labels + ["position"], registry=r)
+            "sglang:spec_position_acceptance",
+            "Speculative decoding: the policy's current estimate of the chance that "
+            "draft i is accepted given drafts 1..i-1 were (pooled over requests).",
+            labels + ["position"],
+            registry=r,
+        )
         self.spec_expected_tokens = Gauge(
-            "sglang:spec_expected_tokens", "Speculative decoding: the policy's current estimate of output tokens per "
-            "request in a step of k drafts (k = 0: 1).", labels + ["k"], registry=r)
+            "sglang:spec_expected_tokens",
+            "Speculative decoding: the policy's current estimate of output tokens per "
+            "request in a step of k drafts (k = 0: 1).",
+            labels + ["k"],
+            registry=r,
+        )
         self.spec_step_cost_ms = Gauge(
-            "sglang:spec_step_cost_ms", "Speculative decoding: milliseconds per decode step of k drafts at a batch "
+            "sglang:spec_step_cost_ms",
+            "Speculative decoding: milliseconds per decode step of k drafts at a batch "
             "bucket, as the cost policy prices it: source=prior (the start-up table) or learned (the server's own "
-            "steady steps).", labels + ["k", "bucket", "source"], registry=r)
+            "steady steps).",
+            labels + ["k", "bucket", "source"],
+            registry=r,
+        )
         self.spec_exploration_share = gauge(
-            "spec_exploration_share", "Speculative decoding: share of decode steps the cost policy spent exploring "
-            "other candidates.")
+            "spec_exploration_share",
+            "Speculative decoding: share of decode steps the cost policy spent exploring other candidates.",
+        )
         self.spec_exploration_cost_share = gauge(
-            "spec_exploration_cost_share", "Speculative decoding: estimated share of decode time exploration gave up "
-            "against the chosen k.")
+            "spec_exploration_cost_share",
+            "Speculative decoding: estimated share of decode time exploration gave up against the chosen k.",
+        )
         self.spec_decisions = gauge(
-            "spec_policy_decisions", "Speculative decoding: switches the cost policy decided (exploration's own "
-            "moves not counted).")
+            "spec_policy_decisions",
+            "Speculative decoding: switches the cost policy decided (exploration's own moves not counted).",
+        )
         self._prompt_total = 0
         self._cached_total = 0
 

@@ -78,8 +78,15 @@ class CudaGraphRunner:
     draft's `spec_hidden_states`); `capture_aux` makes the target write its aux hidden states
     into the graph's output (TARGET_VERIFY); extend-shaped modes return every token's logits."""
 
-    def __init__(self, model_runner, batch_sizes: list[int], forward_mode: ForwardMode = ForwardMode.DECODE,
-                 tokens_per_req: int = 1, spec_hidden_width: int = 0, capture_aux: bool = False):
+    def __init__(
+        self,
+        model_runner,
+        batch_sizes: list[int],
+        forward_mode: ForwardMode = ForwardMode.DECODE,
+        tokens_per_req: int = 1,
+        spec_hidden_width: int = 0,
+        capture_aux: bool = False,
+    ):
         self.model_runner = model_runner
         self.batch_sizes = sorted(batch_sizes)
         self.max_bs = self.batch_sizes[-1]
@@ -97,24 +104,29 @@ class CudaGraphRunner:
         # rows and sequence lengths), so that a batch with host rows fills them in one copy.
         mt, bs = self.max_bs * self.tokens_per_req, self.max_bs
         self.inputs = torch.zeros(3 * mt + 2 * bs, dtype=torch.int64, device=self.device)
-        self.tokens = self.inputs[:3 * mt].view(3, mt)
+        self.tokens = self.inputs[: 3 * mt].view(3, mt)
         self.input_ids, self.positions, self.out_cache_loc = self.tokens
-        self.req_pool_indices = self.inputs[3 * mt:3 * mt + bs]
-        self.seq_lens = self.inputs[3 * mt + bs:]
+        self.req_pool_indices = self.inputs[3 * mt : 3 * mt + bs]
+        self.seq_lens = self.inputs[3 * mt + bs :]
         self.seq_lens.fill_(self.tokens_per_req)
         self.staging = None  # made at the first replay of a batch with host rows
         self.spec_hidden = None
         self.logits_out = self.aux_hidden_out = None  # made by capture(), at the largest batch size's shapes
         if self.spec_hidden_width:
-            self.spec_hidden = torch.zeros(mt, self.spec_hidden_width, device=self.device,
-                                           dtype=self.model_runner.model_config.dtype)
+            self.spec_hidden = torch.zeros(
+                mt, self.spec_hidden_width, device=self.device, dtype=self.model_runner.model_config.dtype
+            )
 
     def can_run(self, fb: ForwardBatch) -> bool:
         hidden = fb.spec_hidden_states
-        return fb.forward_mode == self.forward_mode and fb.batch_size <= self.max_bs \
-            and fb.input_logprob_rows is None and fb.num_tokens == fb.batch_size * self.tokens_per_req \
-            and fb.capture_aux_hidden_states == self.capture_aux \
+        return (
+            fb.forward_mode == self.forward_mode
+            and fb.batch_size <= self.max_bs
+            and fb.input_logprob_rows is None
+            and fb.num_tokens == fb.batch_size * self.tokens_per_req
+            and fb.capture_aux_hidden_states == self.capture_aux
             and (hidden.shape[-1] if hidden is not None else 0) == self.spec_hidden_width
+        )
 
     def capture(self) -> None:
         start, held = time.perf_counter(), reserved_bytes(self.device)
@@ -123,8 +135,14 @@ class CudaGraphRunner:
         # Largest first: later, smaller graphs reuse the pool memory the first one reserved.
         for bs in reversed(self.batch_sizes):
             self._capture_one(bs)
-        logger.info("captured %d CUDA graphs (%s, bs %s) in %.1f s%s", len(self.graphs), self.forward_mode.name,
-                    self.batch_sizes, time.perf_counter() - start, memory_growth(self.device, held))
+        logger.info(
+            "captured %d CUDA graphs (%s, bs %s) in %.1f s%s",
+            len(self.graphs),
+            self.forward_mode.name,
+            self.batch_sizes,
+            time.perf_counter() - start,
+            memory_growth(self.device, held),
+        )
 
     def _alloc_outputs(self) -> None:
         """The logits and aux hidden states every graph of this runner writes into, shaped by one
@@ -133,25 +151,34 @@ class CudaGraphRunner:
         verify at k = 3 over a 128K vocabulary 4 x 2,311 rows (the 23 buckets up to 256), 4.7 GB,
         against 0.5 GB shared."""
         self.logits_out, self.aux_hidden_out = output_buffers(
-            self.model_runner.forward_eager(self._static_batch(self.max_bs)))
+            self.model_runner.forward_eager(self._static_batch(self.max_bs))
+        )
 
     def _static_batch(self, bs: int) -> ForwardBatch:
         n = bs * self.tokens_per_req
         return ForwardBatch(
-            forward_mode=self.forward_mode, batch_size=bs, input_ids=self.input_ids[:n],
-            positions=self.positions[:n], req_pool_indices=self.req_pool_indices[:bs],
-            seq_lens=self.seq_lens[:bs], out_cache_loc=self.out_cache_loc[:n],
+            forward_mode=self.forward_mode,
+            batch_size=bs,
+            input_ids=self.input_ids[:n],
+            positions=self.positions[:n],
+            req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[:bs],
+            out_cache_loc=self.out_cache_loc[:n],
             # Sequence lengths vary from replay to replay: only the device tensor holds them.
-            seq_lens_cpu=None, extend_seq_lens_cpu=[self.tokens_per_req] * bs,
-            extend_prefix_lens_cpu=None, return_all_logits=self.forward_mode.is_extend(),
+            seq_lens_cpu=None,
+            extend_seq_lens_cpu=[self.tokens_per_req] * bs,
+            extend_prefix_lens_cpu=None,
+            return_all_logits=self.forward_mode.is_extend(),
             capture_aux_hidden_states=self.capture_aux,
             spec_hidden_states=self.spec_hidden[:n] if self.spec_hidden is not None else None,
-            logits_out=self.logits_out, aux_hidden_out=self.aux_hidden_out,
+            logits_out=self.logits_out,
+            aux_hidden_out=self.aux_hidden_out,
         )
 
     def _capture_one(self, bs: int) -> None:
         self.graphs[bs], self.outputs[bs] = capture_graph(
-            lambda: self.model_runner.forward_eager(self._static_batch(bs)), self.model_runner.graph_memory_pool())
+            lambda: self.model_runner.forward_eager(self._static_batch(bs)), self.model_runner.graph_memory_pool()
+        )
 
     def replay(self, fb: ForwardBatch) -> LogitsProcessorOutput:
         bs = fb.batch_size
@@ -174,8 +201,9 @@ class CudaGraphRunner:
         self.graphs[graph_bs].replay()
         out = self.outputs[graph_bs]
         if self.forward_mode.is_extend() and not fb.return_all_logits:  # the graph scored every token
-            logits = out.next_token_logits[torch.arange(bs, device=self.device) * self.tokens_per_req
-                                           + self.tokens_per_req - 1]
+            logits = out.next_token_logits[
+                torch.arange(bs, device=self.device) * self.tokens_per_req + self.tokens_per_req - 1
+            ]
         else:
             logits = out.next_token_logits[:n]
         aux = out.aux_hidden_states[:n] if out.aux_hidden_states is not None else None
@@ -192,11 +220,11 @@ class CudaGraphRunner:
         host = self.staging.fill()
         late = _stage_token_rows(host, fb, self.tokens, mt, n, graph_n)  # padded rows: token 0, position 0, slot 0
         at = 3 * mt
-        host[at:at + bs] = fb.req_pool_indices_host
-        host[at + bs:at + graph_bs] = 0
+        host[at : at + bs] = fb.req_pool_indices_host
+        host[at + bs : at + graph_bs] = 0
         at += max_bs
-        host[at:at + bs] = fb.seq_lens_cpu
-        host[at + bs:at + graph_bs] = self.tokens_per_req  # a one-step sequence
+        host[at : at + bs] = fb.seq_lens_cpu
+        host[at + bs : at + graph_bs] = self.tokens_per_req  # a one-step sequence
         self.staging.send(self.inputs)
         for target, tensor in late:
             target.copy_(tensor, non_blocking=True)
@@ -214,14 +242,19 @@ def _stage_token_rows(host, fb: ForwardBatch, tokens: torch.Tensor, width: int, 
     from their host copies, zeros for the padding up to graph_n. Returns (target, device tensor)
     for each row the batch has only on the device: to copy once the staged copy is sent."""
     late = []
-    for row, (values, tensor) in enumerate(((fb.input_ids_host, fb.input_ids), (fb.positions_host, fb.positions),
-                                            (fb.out_cache_loc_host, fb.out_cache_loc))):
+    for row, (values, tensor) in enumerate(
+        (
+            (fb.input_ids_host, fb.input_ids),
+            (fb.positions_host, fb.positions),
+            (fb.out_cache_loc_host, fb.out_cache_loc),
+        )
+    ):
         at = row * width
         if values is not None:
-            host[at:at + n] = values
+            host[at : at + n] = values
         else:
             late.append((tokens[row, :n], tensor))
-        host[at + n:at + graph_n] = 0
+        host[at + n : at + graph_n] = 0
     return late
 
 
@@ -258,8 +291,15 @@ class PrefillGraphRunner:
     model bound by the device, where launches hide behind the work and padding only adds work)
     is dropped, and so is every larger one of its requests bucket."""
 
-    def __init__(self, model_runner, forward_mode: ForwardMode, max_tokens: int, spec_hidden_width: int = 0,
-                 capture_aux: bool = False, keep_if_faster: bool = True):
+    def __init__(
+        self,
+        model_runner,
+        forward_mode: ForwardMode,
+        max_tokens: int,
+        spec_hidden_width: int = 0,
+        capture_aux: bool = False,
+        keep_if_faster: bool = True,
+    ):
         self.model_runner = model_runner
         self.forward_mode = forward_mode
         self.spec_hidden_width = spec_hidden_width
@@ -268,8 +308,11 @@ class PrefillGraphRunner:
         self.device = model_runner.device
         self.row_width = model_runner.req_to_token_pool.req_to_token.shape[1]
         self.token_buckets = prefill_token_buckets(min(max_tokens, self.row_width))
-        self.request_buckets = [bs for bs in PREFILL_GRAPH_REQUEST_BUCKETS
-                                if bs <= min(model_runner.memory.max_running_requests, self.token_buckets[-1])]
+        self.request_buckets = [
+            bs
+            for bs in PREFILL_GRAPH_REQUEST_BUCKETS
+            if bs <= min(model_runner.memory.max_running_requests, self.token_buckets[-1])
+        ]
         self.max_tokens, self.max_reqs = self.token_buckets[-1], self.request_buckets[-1]
         # Per requests bucket, the token buckets with a graph (ascending).
         self.kept: dict[int, list[int]] = {}
@@ -284,19 +327,24 @@ class PrefillGraphRunner:
         # table rows, and per requests bucket its layout (new tokens, first token, KV length,
         # last token index per request).
         mt = self.max_tokens
-        self._layout_at = dict(zip(self.request_buckets, itertools.accumulate(
-            (4 * bs for bs in self.request_buckets), initial=3 * mt + self.max_reqs)))
+        self._layout_at = dict(
+            zip(
+                self.request_buckets,
+                itertools.accumulate((4 * bs for bs in self.request_buckets), initial=3 * mt + self.max_reqs),
+            )
+        )
         numel = 3 * mt + self.max_reqs + 4 * sum(self.request_buckets)
         self.inputs = torch.zeros(numel, dtype=torch.int64, device=self.device)
-        self.tokens = self.inputs[:3 * mt].view(3, mt)
+        self.tokens = self.inputs[: 3 * mt].view(3, mt)
         self.input_ids, self.positions, self.out_cache_loc = self.tokens
-        self.req_pool_indices = self.inputs[3 * mt:3 * mt + self.max_reqs]
-        self.layouts = {bs: self.inputs[at:at + 4 * bs].view(4, bs) for bs, at in self._layout_at.items()}
+        self.req_pool_indices = self.inputs[3 * mt : 3 * mt + self.max_reqs]
+        self.layouts = {bs: self.inputs[at : at + 4 * bs].view(4, bs) for bs, at in self._layout_at.items()}
         self.staging = HostStaging(numel, self.device)
         self.spec_hidden = None
         if spec_hidden_width:
-            self.spec_hidden = torch.zeros(self.max_tokens, spec_hidden_width, device=self.device,
-                                           dtype=model_runner.model_config.dtype)
+            self.spec_hidden = torch.zeros(
+                self.max_tokens, spec_hidden_width, device=self.device, dtype=model_runner.model_config.dtype
+            )
 
     def _key(self, fb: ForwardBatch) -> Optional[tuple[int, int]]:
         return self._bucket(fb.batch_size, fb.num_tokens)
@@ -319,16 +367,23 @@ class PrefillGraphRunner:
         or graphs not timed), an eager prefill of a small model costs many graph replays."""
         if self._bucket(num_reqs, num_tokens) is not None:
             return True
-        bs = self.request_buckets[min(bisect.bisect_left(self.request_buckets, num_reqs),
-                                      len(self.request_buckets) - 1)]
+        bs = self.request_buckets[
+            min(bisect.bisect_left(self.request_buckets, num_reqs), len(self.request_buckets) - 1)
+        ]
         return bs in self.eager_from
 
     def can_run(self, fb: ForwardBatch) -> bool:
         hidden = fb.spec_hidden_states
         # A pass that scores prompt tokens (input_logprob_rows) needs hidden rows a graph does not keep.
-        if fb.forward_mode != self.forward_mode or fb.return_all_logits or fb.seq_lens_cpu is None \
-                or fb.input_logprob_rows is not None or fb.capture_aux_hidden_states and not self.capture_aux \
-                or (hidden.shape[-1] if hidden is not None else 0) != self.spec_hidden_width:
+        if (
+            fb.forward_mode != self.forward_mode
+            or fb.return_all_logits
+            or fb.seq_lens_cpu is None
+            or fb.input_logprob_rows is not None
+            or fb.capture_aux_hidden_states
+            and not self.capture_aux
+            or (hidden.shape[-1] if hidden is not None else 0) != self.spec_hidden_width
+        ):
             return False
         key = self._key(fb)
         # The padding extends the last request: its table row must have room for it.
@@ -340,7 +395,8 @@ class PrefillGraphRunner:
         # hidden states per graph, ~50 graphs).
         self._valid_layout(self.max_reqs, self.max_tokens)
         self.logits_out, self.aux_hidden_out = output_buffers(
-            self.model_runner.forward_eager(self._static_batch(self.max_reqs, self.max_tokens)))
+            self.model_runner.forward_eager(self._static_batch(self.max_reqs, self.max_tokens))
+        )
         for bs in reversed(self.request_buckets):  # largest first, as CudaGraphRunner
             for n in reversed(self.token_buckets):
                 if n >= bs:
@@ -350,22 +406,38 @@ class PrefillGraphRunner:
         captured = len(self.graphs)
         if self.keep_if_faster and torch.device(self.device).type == "cuda":
             self._drop_slower_than_eager()
-        logger.info("captured %d prefill CUDA graphs (%s, up to %d requests and %d tokens) in %.1f s; kept %d: %s%s",
-                    captured, self.forward_mode.name, self.max_reqs, self.max_tokens, time.perf_counter() - start,
-                    len(self.graphs), {bs: kept[-1] if kept else 0 for bs, kept in self.kept.items()},
-                    memory_growth(self.device, held))
+        logger.info(
+            "captured %d prefill CUDA graphs (%s, up to %d requests and %d tokens) in %.1f s; kept %d: %s%s",
+            captured,
+            self.forward_mode.name,
+            self.max_reqs,
+            self.max_tokens,
+            time.perf_counter() - start,
+            len(self.graphs),
+            {bs: kept[-1] if kept else 0 for bs, kept in self.kept.items()},
+            memory_growth(self.device, held),
+        )
 
     def _static_batch(self, bs: int, n: int) -> ForwardBatch:
         lens, starts, seq_lens, last = self.layouts[bs]
         return ForwardBatch(
-            forward_mode=self.forward_mode, batch_size=bs, input_ids=self.input_ids[:n],
-            positions=self.positions[:n], req_pool_indices=self.req_pool_indices[:bs], seq_lens=seq_lens,
-            out_cache_loc=self.out_cache_loc[:n], seq_lens_cpu=None,
+            forward_mode=self.forward_mode,
+            batch_size=bs,
+            input_ids=self.input_ids[:n],
+            positions=self.positions[:n],
+            req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=seq_lens,
+            out_cache_loc=self.out_cache_loc[:n],
+            seq_lens_cpu=None,
             extend_seq_lens_cpu=[n] + [0] * (bs - 1),  # only bounds the longest request (the grid)
-            extend_prefix_lens_cpu=None, capture_aux_hidden_states=self.capture_aux,
+            extend_prefix_lens_cpu=None,
+            capture_aux_hidden_states=self.capture_aux,
             spec_hidden_states=self.spec_hidden[:n] if self.spec_hidden is not None else None,
-            extend_seq_lens=lens, extend_start_loc=starts, last_token_index=last,
-            logits_out=self.logits_out, aux_hidden_out=self.aux_hidden_out,
+            extend_seq_lens=lens,
+            extend_start_loc=starts,
+            last_token_index=last,
+            logits_out=self.logits_out,
+            aux_hidden_out=self.aux_hidden_out,
         )
 
     def _valid_layout(self, bs: int, n: int) -> None:
@@ -377,7 +449,8 @@ class PrefillGraphRunner:
     def _capture_one(self, bs: int, n: int) -> None:
         self._valid_layout(bs, n)
         self.graphs[bs, n], self.outputs[bs, n] = capture_graph(
-            lambda: self.model_runner.forward_eager(self._static_batch(bs, n)), self.model_runner.graph_memory_pool())
+            lambda: self.model_runner.forward_eager(self._static_batch(bs, n)), self.model_runner.graph_memory_pool()
+        )
 
     def _drop_slower_than_eager(self, repeats: int = 3) -> None:
         for bs, kept in self.kept.items():
@@ -413,12 +486,12 @@ class PrefillGraphRunner:
         late = _stage_token_rows(host, fb, self.tokens, mt, n, graph_n)
         at = 3 * mt
         if fb.req_pool_indices_host is not None:
-            host[at:at + bs] = fb.req_pool_indices_host
+            host[at : at + bs] = fb.req_pool_indices_host
         else:
             late.append((self.req_pool_indices[:bs], fb.req_pool_indices))
-        host[at + bs:at + graph_bs] = 0
+        host[at + bs : at + graph_bs] = 0
         # The layout; the padding tokens join the last request, padding requests have none.
-        layout = host[self._layout_at[graph_bs]:self._layout_at[graph_bs] + 4 * graph_bs].reshape(4, graph_bs)
+        layout = host[self._layout_at[graph_bs] : self._layout_at[graph_bs] + 4 * graph_bs].reshape(4, graph_bs)
         lens = layout[0]
         lens[:bs] = fb.extend_seq_lens_cpu
         lens[bs:] = 0
@@ -438,11 +511,11 @@ class PrefillGraphRunner:
             self.spec_hidden[:n].copy_(fb.spec_hidden_states, non_blocking=True)
         self.graphs[graph_bs, graph_n].replay()
         out = self.outputs[graph_bs, graph_n]
-        aux = out.aux_hidden_states[:n] if out.aux_hidden_states is not None and fb.capture_aux_hidden_states \
-            else None
+        aux = out.aux_hidden_states[:n] if out.aux_hidden_states is not None and fb.capture_aux_hidden_states else None
         hidden = out.hidden_states[:n] if out.hidden_states is not None else None
-        return LogitsProcessorOutput(next_token_logits=out.next_token_logits[:bs], aux_hidden_states=aux,
-                                     hidden_states=hidden)
+        return LogitsProcessorOutput(
+            next_token_logits=out.next_token_logits[:bs], aux_hidden_states=aux, hidden_states=hidden
+        )
 
 
 def graph_batch_sizes(model_runner) -> Optional[list[int]]:
@@ -457,8 +530,10 @@ def graph_batch_sizes(model_runner) -> Optional[list[int]]:
         # The other ranks mirror each forward with inputs sent from rank 0 (tp_mirror), which a
         # replay would not send.
         if model_runner.tp_rank == 0:
-            logger.info("--tp-size %d: CUDA graphs are not captured under tensor parallelism; every step "
-                        "runs eagerly", model_runner.tp_size)
+            logger.info(
+                "--tp-size %d: CUDA graphs are not captured under tensor parallelism; every step runs eagerly",
+                model_runner.tp_size,
+            )
         return None
     sizes = sorted(set(args.cuda_graph_bs)) if args.cuda_graph_bs else default_batch_sizes(args.cuda_graph_max_bs)
     return [bs for bs in sizes if bs <= model_runner.memory.max_running_requests] or [1]
@@ -474,8 +549,9 @@ def maybe_graph_runner(model_runner) -> Optional[CudaGraphRunner]:
     return runner
 
 
-def maybe_prefill_graph_runner(model_runner, forward_mode: ForwardMode = ForwardMode.EXTEND,
-                               spec_hidden_width: int = 0, capture_aux: bool = False) -> Optional[PrefillGraphRunner]:
+def maybe_prefill_graph_runner(
+    model_runner, forward_mode: ForwardMode = ForwardMode.EXTEND, spec_hidden_width: int = 0, capture_aux: bool = False
+) -> Optional[PrefillGraphRunner]:
     """Prefill graphs up to --prefill-cuda-graph-max-tokens (and the chunk size), captured; None
     when graphs are off or cannot be used here."""
     args = model_runner.server_args

@@ -107,5 +107,6 @@ class ForwardBatch:
         """Index of each request's last new token in the flattened token dimension."""
         if self.last_token_index is not None:
             return self.last_token_index
-        return host_to_device(list(itertools.accumulate(self.extend_seq_lens_cpu, initial=-1))[1:],
-                              self.input_ids.device)
+        return host_to_device(
+            list(itertools.accumulate(self.extend_seq_lens_cpu, initial=-1))[1:], self.input_ids.device
+        )

@@ -72,13 +72,17 @@ class KernelCompileWatch:
         if len(self.kernels_while_serving) < MAX_LISTED:
             self.kernels_while_serving.append(kernel)
         if seconds >= WARN_SECONDS:
-            logger.warning("Triton compiled a kernel while serving (%.2f s; running requests waited): %s",
-                           seconds, kernel)
+            logger.warning(
+                "Triton compiled a kernel while serving (%.2f s; running requests waited): %s", seconds, kernel
+            )
 
     def summary(self) -> dict:
-        return {"kernel_compiles": self.compiles, "kernel_compiles_while_serving": self.compiles_while_serving,
-                "kernel_compile_seconds_while_serving": round(self.seconds_while_serving, 3),
-                "kernels_compiled_while_serving": list(self.kernels_while_serving)}
+        return {
+            "kernel_compiles": self.compiles,
+            "kernel_compiles_while_serving": self.compiles_while_serving,
+            "kernel_compile_seconds_while_serving": round(self.seconds_while_serving, 3),
+            "kernels_compiled_while_serving": list(self.kernels_while_serving),
+        }
 
 
 WATCH = KernelCompileWatch()

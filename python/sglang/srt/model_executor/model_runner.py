@@ -15,8 +15,11 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from sglang.srt.model_executor.cuda_graph_runner import (PrefillGraphRunner, maybe_graph_runner,
-                                                         maybe_prefill_graph_runner)
+from sglang.srt.model_executor.cuda_graph_runner import (
+    PrefillGraphRunner,
+    maybe_graph_runner,
+    maybe_prefill_graph_runner,
+)
 from sglang.srt.model_executor import tp_mirror
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_loader.loader import load_model
@@ -47,10 +50,17 @@ class ModelRunner:
     table and slot allocator (one allocation serves both models) and owns a KV pool of its own
     layers indexed by the same slots. The speculative worker captures the draft's graphs."""
 
-    def __init__(self, model_config: ModelConfig, server_args: ServerArgs,
-                 target: Optional["ModelRunner"] = None, draft_kv_bytes_per_token: int = 0,
-                 extra_positions: int = 0, reserve_bytes: int = 0, extra_rows: int = 0,
-                 capture_prefill_graphs: bool = True):
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        server_args: ServerArgs,
+        target: Optional["ModelRunner"] = None,
+        draft_kv_bytes_per_token: int = 0,
+        extra_positions: int = 0,
+        reserve_bytes: int = 0,
+        extra_rows: int = 0,
+        capture_prefill_graphs: bool = True,
+    ):
         """draft_kv_bytes_per_token: KV memory a draft model will need per slot (planned here,
         since the pools share slots). extra_positions: table columns beyond the context length
         (a verify step writes up to k positions past a request's last kept token). reserve_bytes:
@@ -65,10 +75,17 @@ class ModelRunner:
         self.tp_rank, self.tp_size = tp.rank, tp.size
         self.tp_id = None  # this runner's id among those rank 0 announced (rank 0 only)
         if tp_mirror.drives():
-            self.tp_id = tp_mirror.announce_runner(model_config, dict(
-                draft_kv_bytes_per_token=draft_kv_bytes_per_token, extra_positions=extra_positions,
-                reserve_bytes=reserve_bytes, extra_rows=extra_rows, capture_prefill_graphs=capture_prefill_graphs),
-                target.tp_id if target is not None else None)
+            self.tp_id = tp_mirror.announce_runner(
+                model_config,
+                dict(
+                    draft_kv_bytes_per_token=draft_kv_bytes_per_token,
+                    extra_positions=extra_positions,
+                    reserve_bytes=reserve_bytes,
+                    extra_rows=extra_rows,
+                    capture_prefill_graphs=capture_prefill_graphs,
+                ),
+                target.tp_id if target is not None else None,
+            )
         self.num_heads = model_config.num_attention_heads // tp.size
         self.num_kv_heads = kv_heads_per_rank(model_config.num_key_value_heads, tp.size)
         self.model_config = model_config
@@ -116,9 +133,10 @@ class ModelRunner:
 
     def _plan_memory(self) -> MemoryConfig:
         cfg, args = self.model_config, self.server_args
-        per_token = MHATokenToKVPool.bytes_per_token(
-            cfg.dtype, self.num_kv_heads, cfg.head_dim, cfg.num_hidden_layers
-        ) + self.draft_kv_bytes_per_token
+        per_token = (
+            MHATokenToKVPool.bytes_per_token(cfg.dtype, self.num_kv_heads, cfg.head_dim, cfg.num_hidden_layers)
+            + self.draft_kv_bytes_per_token
+        )
         detail = ""
         if self.device == "cuda":
             free, total = torch.cuda.mem_get_info()
@@ -130,13 +148,17 @@ class ModelRunner:
                 budget = min(share - torch.cuda.memory_reserved(), free) - self.reserve_bytes
             tokens = int(budget // per_token)
             gib = 1 << 30
-            detail = (f": after loading the model {free / gib:.1f} GiB of {total / gib:.1f} GiB are free, and "
-                      f"--mem-fraction-static {args.mem_fraction_static} keeps {total * (1 - args.mem_fraction_static) / gib:.1f} "
-                      f"GiB back (is another process using the GPU?)")
+            detail = (
+                f": after loading the model {free / gib:.1f} GiB of {total / gib:.1f} GiB are free, and "
+                f"--mem-fraction-static {args.mem_fraction_static} keeps {total * (1 - args.mem_fraction_static) / gib:.1f} "
+                f"GiB back (is another process using the GPU?)"
+            )
             if args.replicas_per_gpu > 1:
-                detail = (f": {args.replicas_per_gpu} replicas share this GPU, so this one plans from 1/"
-                          f"{args.replicas_per_gpu} of --mem-fraction-static {args.mem_fraction_static} "
-                          f"({share / gib:.1f} GiB), of which it holds {torch.cuda.memory_reserved() / gib:.1f} GiB already")
+                detail = (
+                    f": {args.replicas_per_gpu} replicas share this GPU, so this one plans from 1/"
+                    f"{args.replicas_per_gpu} of --mem-fraction-static {args.mem_fraction_static} "
+                    f"({share / gib:.1f} GiB), of which it holds {torch.cuda.memory_reserved() / gib:.1f} GiB already"
+                )
         else:
             tokens = min(CPU_MAX_TOTAL_TOKENS, CPU_KV_BUDGET_BYTES // per_token)
         if args.max_total_tokens is not None:
@@ -155,26 +177,41 @@ class ModelRunner:
     def _init_pools(self) -> None:
         cfg, mem = self.model_config, self.memory
         # One spare row beyond the running limit for a request being chunk-prefilled.
-        self.req_to_token_pool = ReqToTokenPool(mem.max_running_requests + 1 + self.extra_rows,
-                                                mem.context_len + self.extra_positions, self.device)
+        self.req_to_token_pool = ReqToTokenPool(
+            mem.max_running_requests + 1 + self.extra_rows, mem.context_len + self.extra_positions, self.device
+        )
         self.token_to_kv_pool = MHATokenToKVPool(
-            mem.max_total_num_tokens, cfg.dtype, self.num_kv_heads, cfg.head_dim,
-            cfg.num_hidden_layers, self.device,
+            mem.max_total_num_tokens,
+            cfg.dtype,
+            self.num_kv_heads,
+            cfg.head_dim,
+            cfg.num_hidden_layers,
+            self.device,
         )
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(mem.max_total_num_tokens, self.device)
         if self.tp_rank == 0:
             kv_bytes = mem.max_total_num_tokens * MHATokenToKVPool.bytes_per_token(
-                cfg.dtype, self.num_kv_heads, cfg.head_dim, cfg.num_hidden_layers)
-            logger.info("KV cache: %d tokens (%.2f GiB); max running requests %d; context length %d",
-                        mem.max_total_num_tokens, kv_bytes / (1 << 30), mem.max_running_requests, mem.context_len)
+                cfg.dtype, self.num_kv_heads, cfg.head_dim, cfg.num_hidden_layers
+            )
+            logger.info(
+                "KV cache: %d tokens (%.2f GiB); max running requests %d; context length %d",
+                mem.max_total_num_tokens,
+                kv_bytes / (1 << 30),
+                mem.max_running_requests,
+                mem.context_len,
+            )
 
     def _init_draft_pools(self, target: "ModelRunner") -> None:
         cfg = self.model_config
         self.req_to_token_pool = target.req_to_token_pool
         self.token_to_kv_pool_allocator = target.token_to_kv_pool_allocator
         self.token_to_kv_pool = MHATokenToKVPool(
-            self.memory.max_total_num_tokens, cfg.dtype, self.num_kv_heads, cfg.head_dim,
-            cfg.num_hidden_layers, self.device,
+            self.memory.max_total_num_tokens,
+            cfg.dtype,
+            self.num_kv_heads,
+            cfg.head_dim,
+            cfg.num_hidden_layers,
+            self.device,
         )
 
     @torch.inference_mode()

@@ -108,8 +108,9 @@ def follow(server_args, make_runner, ready=None) -> None:
                 call()
             _, runner_id, host, specs, (rows_shape, rows_dtype) = command
             runner = runners[runner_id]
-            tensors = {name: broadcast_tensor(torch.empty(shape, dtype=dtype, device=device))
-                       for name, shape, dtype in specs}
+            tensors = {
+                name: broadcast_tensor(torch.empty(shape, dtype=dtype, device=device)) for name, shape, dtype in specs
+            }
             rows = broadcast_tensor(torch.empty(rows_shape, dtype=rows_dtype, device=device))
             batch = ForwardBatch(**host, **tensors)
             runner.req_to_token_pool.req_to_token[batch.req_pool_indices, : rows_shape[1]] = rows

@@ -25,18 +25,33 @@ from sglang.srt.utils import read_json_object
 LAYOUT_OURS = "LlamaForCausalLMEagle3"
 LAYOUT_RELEASE = "EAGLE-3 release (LlamaForCausalLM)"
 LAYOUT_SPECULATORS = "speculators Eagle3"
-SERVED_LAYOUTS = f"{LAYOUT_OURS}, {' / '.join(SPECULATORS_ARCHITECTURES)} (speculators) and the original EAGLE-3 " \
-                 "release (a LlamaForCausalLM config over midlayer.* tensors)"
+SERVED_LAYOUTS = (
+    f"{LAYOUT_OURS}, {' / '.join(SPECULATORS_ARCHITECTURES)} (speculators) and the original EAGLE-3 "
+    "release (a LlamaForCausalLM config over midlayer.* tensors)"
+)
 
 # Config flags of published drafts that change what the draft computes and that we do not compute.
 UNSERVED_FLAGS = {"fc_norm": "fc_norm (a norm after fc)"}
 LAYER_MODEL_TYPES = ("llama", "qwen3")  # speculators' transformer_layer_config.model_type
 _LAYER = "midlayer."
 _BASE_TENSORS = (
-    "fc.weight", "norm.weight",
-    *(f"{_LAYER}{name}.weight" for name in (
-        "input_layernorm", "hidden_norm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
-        "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")),
+    "fc.weight",
+    "norm.weight",
+    *(
+        f"{_LAYER}{name}.weight"
+        for name in (
+            "input_layernorm",
+            "hidden_norm",
+            "post_attention_layernorm",
+            "self_attn.q_proj",
+            "self_attn.k_proj",
+            "self_attn.v_proj",
+            "self_attn.o_proj",
+            "mlp.gate_proj",
+            "mlp.up_proj",
+            "mlp.down_proj",
+        )
+    ),
 )
 _OPTIONAL_TENSORS = ("lm_head.weight", "embed_tokens.weight", "d2t", "t2d")
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -60,8 +75,9 @@ def read_draft_layout(path: str, load_format: str = "auto") -> DraftLayout:
     """The draft at `path`, normalised; a ValueError naming the layout or feature we do not serve."""
     raw = read_json_object(os.path.join(path, "config.json"))
     stored = _implied_shapes(raw) if load_format == "dummy" else tensor_shapes(path, load_format)
-    shapes = {canonical_weight_name(name): shape for name, shape in stored.items()
-              if not name.endswith(_IGNORED_SUFFIXES)}
+    shapes = {
+        canonical_weight_name(name): shape for name, shape in stored.items() if not name.endswith(_IGNORED_SUFFIXES)
+    }
     where = f"--speculative-draft-model-path {path}"
     layout = _detect_layout(raw, set(stored), where)
     if layout == LAYOUT_SPECULATORS:
@@ -79,21 +95,29 @@ def check_draft_fits_target(draft: DraftLayout, num_layers: int, hidden_size: in
     three aux layer ids the target has (ours: the output of a layer, 0 .. num_layers - 1)."""
     config = draft.config
     if config.vocab_size != vocab_size:
-        raise ValueError(f"the draft's vocab_size ({config.vocab_size}) differs from the target's "
-                         f"({vocab_size}): it was made for another model")
+        raise ValueError(
+            f"the draft's vocab_size ({config.vocab_size}) differs from the target's "
+            f"({vocab_size}): it was made for another model"
+        )
     if config.target_hidden_size != hidden_size:
-        raise ValueError(f"the draft expects target hidden size {config.target_hidden_size}, the target has "
-                         f"{hidden_size}: it was made for another model")
+        raise ValueError(
+            f"the draft expects target hidden size {config.target_hidden_size}, the target has "
+            f"{hidden_size}: it was made for another model"
+        )
     aux_ids = draft.aux_layer_ids
     if aux_ids is not None and (len(aux_ids) != 3 or any(not 0 <= i < num_layers for i in aux_ids)):
-        counted = " (speculators' ids minus one: ours count a layer's output)" if draft.layout == LAYOUT_SPECULATORS \
-            else ""
-        raise ValueError(f"the draft's aux layer ids {list(aux_ids)}{counted} must be 3 layers of the target's "
-                         f"{num_layers} (eagle_aux_hidden_state_layer_ids)")
+        counted = (
+            " (speculators' ids minus one: ours count a layer's output)" if draft.layout == LAYOUT_SPECULATORS else ""
+        )
+        raise ValueError(
+            f"the draft's aux layer ids {list(aux_ids)}{counted} must be 3 layers of the target's "
+            f"{num_layers} (eagle_aux_hidden_state_layer_ids)"
+        )
 
 
-def draft_model_config(path: str, dtype: str, device: str, target: ModelConfig,
-                       load_format: str = "auto") -> ModelConfig:
+def draft_model_config(
+    path: str, dtype: str, device: str, target: ModelConfig, load_format: str = "auto"
+) -> ModelConfig:
     """The draft's ModelConfig, checked against its target. It runs in the target's dtype unless
     --dtype names one (then both run in it): a float16 release draft beside a bfloat16 target
     computes in bfloat16."""
@@ -150,19 +174,25 @@ def _detect_layout(raw: dict, names: set[str], where: str) -> str:
     kind = raw.get("speculators_model_type")
     if arch in SPECULATORS_ARCHITECTURES or kind is not None:
         if kind != "eagle3":
-            raise ValueError(f"{where}: a speculators draft of type {kind!r} ({arch}); only speculators_model_type "
-                             "'eagle3' is served")
+            raise ValueError(
+                f"{where}: a speculators draft of type {kind!r} ({arch}); only speculators_model_type "
+                "'eagle3' is served"
+            )
         return LAYOUT_SPECULATORS
     if arch == LAYOUT_OURS:
         return LAYOUT_OURS
     if arch == "LlamaForCausalLM":
         if "fc.weight" in names or any(name.startswith(_LAYER) for name in names):
             return LAYOUT_RELEASE
-        raise ValueError(f"{where}: config.json names 'LlamaForCausalLM' and its tensors are a full model's "
-                         "(no midlayer.* or fc.weight): it is not an EAGLE-3 draft. EAGLE-3 drafts served: "
-                         f"{SERVED_LAYOUTS}")
-    raise ValueError(f"{where}: config.json names architecture {arch!r}, which is not an EAGLE-3 draft layout "
-                     f"this engine serves ({SERVED_LAYOUTS})")
+        raise ValueError(
+            f"{where}: config.json names 'LlamaForCausalLM' and its tensors are a full model's "
+            "(no midlayer.* or fc.weight): it is not an EAGLE-3 draft. EAGLE-3 drafts served: "
+            f"{SERVED_LAYOUTS}"
+        )
+    raise ValueError(
+        f"{where}: config.json names architecture {arch!r}, which is not an EAGLE-3 draft layout "
+        f"this engine serves ({SERVED_LAYOUTS})"
+    )
 
 
 def _speculators_layer(raw: dict, where: str) -> dict:
@@ -171,10 +201,15 @@ def _speculators_layer(raw: dict, where: str) -> dict:
         raise ValueError(f"{where}: a speculators config needs transformer_layer_config (the draft layer's settings)")
     model_type = layer.get("model_type", "llama")
     if model_type not in LAYER_MODEL_TYPES:
-        raise ValueError(f"{where}: transformer_layer_config.model_type {model_type!r} is not served "
-                         f"(served: {', '.join(LAYER_MODEL_TYPES)})")
-    top_level = {key: raw[key] for key in ("draft_vocab_size", "target_hidden_size", "norm_before_residual",
-                                           "norm_before_fc", *UNSERVED_FLAGS) if key in raw}
+        raise ValueError(
+            f"{where}: transformer_layer_config.model_type {model_type!r} is not served "
+            f"(served: {', '.join(LAYER_MODEL_TYPES)})"
+        )
+    top_level = {
+        key: raw[key]
+        for key in ("draft_vocab_size", "target_hidden_size", "norm_before_residual", "norm_before_fc", *UNSERVED_FLAGS)
+        if key in raw
+    }
     return {**layer, **top_level}
 
 
@@ -185,8 +220,10 @@ def _speculators_aux_ids(raw: dict, where: str) -> list[int] | None:
     if ids is None:
         return None
     if 0 in ids:
-        raise ValueError(f"{where}: eagle_aux_hidden_state_layer_ids {ids} reads id 0, the target's embedding "
-                         "output; aux hidden states from the embedding are not served (only decoder-layer outputs)")
+        raise ValueError(
+            f"{where}: eagle_aux_hidden_state_layer_ids {ids} reads id 0, the target's embedding "
+            "output; aux hidden states from the embedding are not served (only decoder-layer outputs)"
+        )
     return [i - 1 for i in ids]
 
 
@@ -223,19 +260,24 @@ def _draft_vocab_size(layer: dict, vocab_size: int, shapes: dict, where: str) ->
         raise ValueError(f"{where}: draft_vocab_size is {stated} but lm_head.weight has {rows} rows")
     draft_vocab = stated or rows or vocab_size
     if draft_vocab != vocab_size and "d2t" not in shapes:
-        raise ValueError(f"{where}: a draft vocabulary of {draft_vocab} (target {vocab_size}) needs d2t, "
-                         "which the checkpoint lacks")
+        raise ValueError(
+            f"{where}: a draft vocabulary of {draft_vocab} (target {vocab_size}) needs d2t, which the checkpoint lacks"
+        )
     if draft_vocab != vocab_size and rows is None:
-        raise ValueError(f"{where}: a draft vocabulary of {draft_vocab} needs its own lm_head.weight, which the "
-                         "checkpoint lacks (the target's covers the whole vocabulary)")
+        raise ValueError(
+            f"{where}: a draft vocabulary of {draft_vocab} needs its own lm_head.weight, which the "
+            "checkpoint lacks (the target's covers the whole vocabulary)"
+        )
     return draft_vocab
 
 
 def _layer_count_features(config, shapes: dict, where: str) -> list[str]:
     extra_layers = sorted({int(m.group(1)) for name in shapes if (m := re.match(r"layers\.(\d+)\.", name))})
     if extra_layers:
-        raise ValueError(f"{where}: the checkpoint holds {1 + len(extra_layers)} decoder layers (layers."
-                         f"{extra_layers[0]}.* ...); only one-layer EAGLE-3 drafts are served")
+        raise ValueError(
+            f"{where}: the checkpoint holds {1 + len(extra_layers)} decoder layers (layers."
+            f"{extra_layers[0]}.* ...); only one-layer EAGLE-3 drafts are served"
+        )
     layers = getattr(config, "num_hidden_layers", 1)
     # Some exports copy the target's num_hidden_layers into config.json; the tensors hold one layer.
     return [f"num_hidden_layers {layers} in config.json (the tensors hold one layer)"] if layers != 1 else []
@@ -248,8 +290,10 @@ def _flag_features(config, layer: dict, shapes: dict, where: str) -> list[str]:
     config.norm_before_residual = bool(layer.get("norm_before_residual", False))
     config.norm_before_fc = bool(layer.get("norm_before_fc", False))
     if config.norm_before_fc != ("input_norm.weight" in shapes):
-        raise ValueError(f"{where}: norm_before_fc is {config.norm_before_fc} but the checkpoint "
-                         f"{'lacks' if config.norm_before_fc else 'has'} input_norm.weight")
+        raise ValueError(
+            f"{where}: norm_before_fc is {config.norm_before_fc} but the checkpoint "
+            f"{'lacks' if config.norm_before_fc else 'has'} input_norm.weight"
+        )
     config.fc_bias = "fc.bias" in shapes
     config.qkv_bias = f"{_LAYER}self_attn.q_proj.bias" in shapes
     config.o_bias = f"{_LAYER}self_attn.o_proj.bias" in shapes
@@ -258,8 +302,13 @@ def _flag_features(config, layer: dict, shapes: dict, where: str) -> list[str]:
     config.qk_norm = f"{_LAYER}self_attn.q_norm.weight" in shapes
     if layer.get("model_type") == "qwen3" and not config.qk_norm:
         raise ValueError(f"{where}: a qwen3 draft layer without {_LAYER}self_attn.q_norm.weight / k_norm.weight")
-    for flag, feature in (("norm_before_residual", "norm_before_residual"), ("norm_before_fc", "norm_before_fc"),
-                          ("fc_bias", "fc.bias"), ("qkv_bias", "attention_bias"), ("qk_norm", "q_norm/k_norm")):
+    for flag, feature in (
+        ("norm_before_residual", "norm_before_residual"),
+        ("norm_before_fc", "norm_before_fc"),
+        ("fc_bias", "fc.bias"),
+        ("qkv_bias", "attention_bias"),
+        ("qk_norm", "q_norm/k_norm"),
+    ):
         if getattr(config, flag):
             features.append(feature)
     return features
@@ -281,12 +330,16 @@ def _check_tensor_names(config, shapes: dict, where: str) -> None:
     required, optional = expected_tensor_names(config)
     unknown = sorted(set(shapes) - required - optional)
     if unknown:
-        raise ValueError(f"{where}: the checkpoint has tensors no served EAGLE-3 feature reads: "
-                         f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}")
+        raise ValueError(
+            f"{where}: the checkpoint has tensors no served EAGLE-3 feature reads: "
+            f"{', '.join(unknown[:5])}{' ...' if len(unknown) > 5 else ''}"
+        )
     missing = sorted(required - set(shapes))
     if missing:
         raise ValueError(f"{where}: the checkpoint is missing {', '.join(missing[:5])}")
     fc_in = shapes["fc.weight"][-1]
     if fc_in != 3 * config.target_hidden_size:
-        raise ValueError(f"{where}: fc.weight reads {fc_in} features; the config gives 3 x target hidden size "
-                         f"{config.target_hidden_size} (set target_hidden_size)")
+        raise ValueError(
+            f"{where}: fc.weight reads {fc_in} features; the config gives 3 x target hidden size "
+            f"{config.target_hidden_size} (set target_hidden_size)"
+        )

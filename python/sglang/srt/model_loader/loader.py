@@ -28,8 +28,9 @@ def safetensors_files(model_path: str) -> list[str]:
 
 def weight_files(model_path: str) -> list[str]:
     """The safetensors files, else the PyTorch `pytorch_model*.bin` files (older checkpoints)."""
-    files = (_indexed_or_globbed(model_path, INDEX_FILE, "*.safetensors")
-             or _indexed_or_globbed(model_path, BIN_INDEX_FILE, "pytorch_model*.bin"))
+    files = _indexed_or_globbed(model_path, INDEX_FILE, "*.safetensors") or _indexed_or_globbed(
+        model_path, BIN_INDEX_FILE, "pytorch_model*.bin"
+    )
     if not files:
         raise FileNotFoundError(f"no *.safetensors (or pytorch_model*.bin) weights in {model_path}")
     return files
@@ -44,8 +45,9 @@ def _indexed_or_globbed(model_path: str, index_name: str, pattern: str) -> list[
         files = sorted({os.path.join(model_path, name) for name in weight_map.values()})
         missing = [f for f in files if not os.path.isfile(f)]
         if missing:
-            raise FileNotFoundError(f"{index_name} names shard {os.path.basename(missing[0])}, "
-                                    f"which is missing from {model_path}")
+            raise FileNotFoundError(
+                f"{index_name} names shard {os.path.basename(missing[0])}, which is missing from {model_path}"
+            )
         return files
     return sorted(glob.glob(os.path.join(model_path, pattern)))
 

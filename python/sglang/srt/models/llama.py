@@ -45,17 +45,20 @@ def check_supported(config, window_on_every_layer: bool = False, context_len: in
     context, which equals the window's attention only while no sequence is longer than the window."""
     act = getattr(config, "hidden_act", "silu")
     if act not in SUPPORTED_ACTIVATIONS:
-        raise ValueError(f"hidden_act {act!r} in config.json is not supported (supported: "
-                         f"{', '.join(SUPPORTED_ACTIVATIONS)})")
+        raise ValueError(
+            f"hidden_act {act!r} in config.json is not supported (supported: {', '.join(SUPPORTED_ACTIVATIONS)})"
+        )
     window = getattr(config, "sliding_window", None)
     layer_types = layer_attention_types(config, window_on_every_layer)
     sliding = [i for i, kind in enumerate(layer_types) if kind != "full_attention"]
     context_len = context_len or config.max_position_embeddings
     if sliding and (window is None or window < context_len):
         hint = f"; serve it with --context-length {window} or less" if window else ""
-        raise ValueError(f"config.json makes layers {sliding} {layer_types[sliding[0]]} (sliding_window "
-                         f"{window}, served context {context_len} tokens); only full attention is "
-                         f"supported, which computes the same as the window while sequences fit in it{hint}")
+        raise ValueError(
+            f"config.json makes layers {sliding} {layer_types[sliding[0]]} (sliding_window "
+            f"{window}, served context {context_len} tokens); only full attention is "
+            f"supported, which computes the same as the window while sequences fit in it{hint}"
+        )
 
 
 def layer_attention_types(config, window_on_every_layer: bool) -> list[str]:
@@ -122,11 +125,18 @@ class LlamaAttention(nn.Module):
             # One kernel rotates q and k in place and writes k and v to this layer's cache slots,
             # where both backends read them: the backend then stores nothing.
             pool = forward_batch.token_to_kv_pool
-            self.rotary_emb.rotate_and_store(positions, q, k, v.view(-1, self.num_kv_heads, self.head_dim),
-                                             pool.get_key_buffer(self.attn.layer_id),
-                                             pool.get_value_buffer(self.attn.layer_id), forward_batch.out_cache_loc)
-            out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch,
-                            save_kv_cache=False)
+            self.rotary_emb.rotate_and_store(
+                positions,
+                q,
+                k,
+                v.view(-1, self.num_kv_heads, self.head_dim),
+                pool.get_key_buffer(self.attn.layer_id),
+                pool.get_value_buffer(self.attn.layer_id),
+                forward_batch.out_cache_loc,
+            )
+            out = self.attn(
+                q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch, save_kv_cache=False
+            )
         else:
             q, k = self.rotary_emb(positions, q, k)
             out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch)

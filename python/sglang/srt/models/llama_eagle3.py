@@ -58,8 +58,9 @@ class Eagle3DecoderLayer(nn.Module):
     def __init__(self, config, rotary_emb: RotaryEmbedding):
         super().__init__()
         hidden = config.hidden_size
-        opts = ArchOptions(qkv_bias=_flag(config, "qkv_bias"), o_bias=_flag(config, "o_bias"),
-                           qk_norm=_flag(config, "qk_norm"))
+        opts = ArchOptions(
+            qkv_bias=_flag(config, "qkv_bias"), o_bias=_flag(config, "o_bias"), qk_norm=_flag(config, "qk_norm")
+        )
         self.self_attn = LlamaAttention(config, 0, opts, rotary_emb)
         # q, k and v read [embedding ; hidden]: twice the hidden width.
         attn = self.self_attn
@@ -98,8 +99,9 @@ class LlamaForCausalLMEagle3(nn.Module):
         rotary_emb = RotaryEmbedding(head_dim, config.max_position_embeddings, rope_parameters(config))
         self.fc = Linear(3 * self.target_hidden_size, self.hidden_size, bias=_flag(config, "fc_bias"))
         # norm_before_fc: one RMSNorm over the three concatenated aux states, fc's input only.
-        self.input_norm = RMSNorm(3 * self.target_hidden_size, config.rms_norm_eps) \
-            if _flag(config, "norm_before_fc") else None
+        self.input_norm = (
+            RMSNorm(3 * self.target_hidden_size, config.rms_norm_eps) if _flag(config, "norm_before_fc") else None
+        )
         self.midlayer = Eagle3DecoderLayer(config, rotary_emb)
         self.norm = RMSNorm(self.hidden_size, config.rms_norm_eps)
         # Set by load_weights from the checkpoint, or by share_target_weights from the target.
@@ -138,8 +140,10 @@ class LlamaForCausalLMEagle3(nn.Module):
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         missing = [name for name in ("embed_tokens", "lm_head") if getattr(self, name) is None]
         if missing:
-            raise RuntimeError(f"the draft checkpoint has no {' or '.join(missing)}: call "
-                               "share_target_weights(target_model) before running it")
+            raise RuntimeError(
+                f"the draft checkpoint has no {' or '.join(missing)}: call "
+                "share_target_weights(target_model) before running it"
+            )
         return self.embed_tokens(input_ids)
 
     def attach_to_target(self, target_model: nn.Module) -> list[int]:
@@ -149,8 +153,10 @@ class LlamaForCausalLMEagle3(nn.Module):
         num_layers = target_model.config.num_hidden_layers
         aux_ids = self.aux_layer_ids or default_aux_layer_ids(num_layers)
         if len(aux_ids) != 3 or any(not 0 <= i < num_layers for i in aux_ids):
-            raise ValueError(f"the draft's aux layer ids {list(aux_ids)} must be 3 layers of the target's "
-                             f"{num_layers} (eagle_config.eagle_aux_hidden_state_layer_ids)")
+            raise ValueError(
+                f"the draft's aux layer ids {list(aux_ids)} must be 3 layers of the target's "
+                f"{num_layers} (eagle_config.eagle_aux_hidden_state_layer_ids)"
+            )
         target_model.set_eagle3_layers_to_capture(list(aux_ids))
         return list(aux_ids)
 
@@ -191,22 +197,27 @@ class LlamaForCausalLMEagle3(nn.Module):
         self._load_vocab_map(set_aside.get("d2t"), set_aside.get("t2d"))
         if "embed_tokens.weight" in set_aside:
             self.embed_tokens = nn.Embedding.from_pretrained(
-                self._own_weight(*set_aside["embed_tokens.weight"], (self.vocab_size, self.hidden_size)))
+                self._own_weight(*set_aside["embed_tokens.weight"], (self.vocab_size, self.hidden_size))
+            )
         if "lm_head.weight" in set_aside:
             self.lm_head = Linear(self.hidden_size, self.draft_vocab_size, bias=False, device="meta")
-            self.lm_head.weight = nn.Parameter(self._own_weight(
-                *set_aside["lm_head.weight"], (self.draft_vocab_size, self.hidden_size)), requires_grad=False)
+            self.lm_head.weight = nn.Parameter(
+                self._own_weight(*set_aside["lm_head.weight"], (self.draft_vocab_size, self.hidden_size)),
+                requires_grad=False,
+            )
 
     def after_dummy_weights(self) -> None:
         """--load-format dummy: the vocabulary map stays the identity (zeros), and a draft
         vocabulary smaller than the target's gets a random head of its own (the target's cannot
         stand in for it); the embedding is the target's, as for a checkpoint without one."""
         if self.draft_vocab_size != self.vocab_size:
-            weight = torch.empty(self.draft_vocab_size, self.hidden_size, device=self.fc.weight.device,
-                                 dtype=self.fc.weight.dtype)
+            weight = torch.empty(
+                self.draft_vocab_size, self.hidden_size, device=self.fc.weight.device, dtype=self.fc.weight.dtype
+            )
             self.lm_head = Linear(self.hidden_size, self.draft_vocab_size, bias=False, device="meta")
-            generator = torch.Generator(device=weight.device).manual_seed(DUMMY_SEED) if weight.device.type != "meta" \
-                else None
+            generator = (
+                torch.Generator(device=weight.device).manual_seed(DUMMY_SEED) if weight.device.type != "meta" else None
+            )
             self.lm_head.weight = nn.Parameter(weight.normal_(0.0, DUMMY_STD, generator=generator), requires_grad=False)
 
     def _own_weight(self, ckpt_name: str, tensor: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
@@ -216,15 +227,16 @@ class LlamaForCausalLMEagle3(nn.Module):
     def _load_vocab_map(self, d2t: tuple | None, t2d: tuple | None) -> None:
         if d2t is None:
             if self.draft_vocab_size != self.vocab_size:
-                raise ValueError(f"checkpoint is missing weight 'd2t', which a draft_vocab_size "
-                                 f"({self.draft_vocab_size}) below vocab_size ({self.vocab_size}) needs")
+                raise ValueError(
+                    f"checkpoint is missing weight 'd2t', which a draft_vocab_size "
+                    f"({self.draft_vocab_size}) below vocab_size ({self.vocab_size}) needs"
+                )
             return
         name, offsets = d2t
         _check_shape(name, offsets, (self.draft_vocab_size,))
         target_ids = torch.arange(self.draft_vocab_size) + offsets.to(torch.int64)
         if target_ids.min() < 0 or target_ids.max() >= self.vocab_size:
-            raise ValueError(f"weight {name!r} maps draft ids outside the target vocabulary "
-                             f"[0, {self.vocab_size})")
+            raise ValueError(f"weight {name!r} maps draft ids outside the target vocabulary [0, {self.vocab_size})")
         if t2d is not None:
             _check_t2d(*t2d, target_ids, self.vocab_size)
         self.d2t.copy_(offsets)
@@ -244,8 +256,10 @@ def _check_config(config) -> None:
 
 def _check_shape(ckpt_name: str, tensor: torch.Tensor, shape: tuple) -> None:
     if tuple(tensor.shape) != tuple(shape):
-        raise ValueError(f"weight {ckpt_name!r} has shape {tuple(tensor.shape)} in the checkpoint, "
-                         f"but the model expects {tuple(shape)} (check config.json)")
+        raise ValueError(
+            f"weight {ckpt_name!r} has shape {tuple(tensor.shape)} in the checkpoint, "
+            f"but the model expects {tuple(shape)} (check config.json)"
+        )
 
 
 def _check_t2d(ckpt_name: str, mask: torch.Tensor, target_ids: torch.Tensor, vocab_size: int) -> None:
@@ -260,8 +274,7 @@ def _check_shared_shape(name: str, module: nn.Module, shape: tuple) -> None:
     # A vocabulary-parallel module's weight holds this rank's rows: compare the whole.
     whole = tuple(getattr(module, "full_shape", module.weight.shape))
     if whole != tuple(shape):
-        raise ValueError(f"cannot share the target's {name}: it is {whole}, "
-                         f"the draft needs {tuple(shape)}")
+        raise ValueError(f"cannot share the target's {name}: it is {whole}, the draft needs {tuple(shape)}")
 
 
 EntryClass = [LlamaForCausalLMEagle3]

@@ -30,16 +30,20 @@ def check_architecture(architectures, draft: bool, where: str) -> None:
     allowed = supported_architectures(draft)
     if name not in allowed:
         role = "an EAGLE-3 draft" if draft else "a model to serve"
-        hint = " (it is an EAGLE-3 draft: pass it as --speculative-draft-model-path)" if (
-            not draft and name in DRAFT_ARCHITECTURES + PUBLISHED_DRAFT_ARCHITECTURES) else ""
-        raise ValueError(f"{where}: config.json names architecture {name!r}, which is not supported as {role}"
-                         f"{hint}; supported: {', '.join(allowed)}")
+        hint = (
+            " (it is an EAGLE-3 draft: pass it as --speculative-draft-model-path)"
+            if (not draft and name in DRAFT_ARCHITECTURES + PUBLISHED_DRAFT_ARCHITECTURES)
+            else ""
+        )
+        raise ValueError(
+            f"{where}: config.json names architecture {name!r}, which is not supported as {role}"
+            f"{hint}; supported: {', '.join(allowed)}"
+        )
 
 
 def get_model_class(architecture: str):
     if architecture not in _MODELS:
         raise ValueError(
-            f"model architecture {architecture!r} is not supported; supported: "
-            f"{', '.join(supported_architectures())}"
+            f"model architecture {architecture!r} is not supported; supported: {', '.join(supported_architectures())}"
         )
     return getattr(importlib.import_module(_MODELS[architecture]), architecture)

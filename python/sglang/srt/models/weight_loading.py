@@ -47,8 +47,12 @@ def llama_fused_shards(attn, mlp) -> dict[str, FusedShard]:
     }
 
 
-def load_named_weights(model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                       fused: dict[str, FusedShard], skip: set[str] = frozenset()) -> None:
+def load_named_weights(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    fused: dict[str, FusedShard],
+    skip: set[str] = frozenset(),
+) -> None:
     params = dict(model.named_parameters())
     # Each parameter's rows, filled as shards arrive; all must be covered at the end.
     filled: dict[str, int] = {name: 0 for name in params}
@@ -109,8 +113,7 @@ def _locate(ckpt_name: str, fused: dict[str, FusedShard], params: dict):
     raise ValueError(f"checkpoint weight {ckpt_name!r} does not belong to this model architecture")
 
 
-def _check_complete(params: dict, filled: dict[str, int], seen: set[str],
-                    fused: dict[str, FusedShard]) -> None:
+def _check_complete(params: dict, filled: dict[str, int], seen: set[str], fused: dict[str, FusedShard]) -> None:
     incomplete = [name for name, p in params.items() if filled[name] < (p.shape[0] if p.dim() else 1)]
     # Name what the checkpoint lacks (`k_proj`), not the fused parameter it would fill (`qkv_proj`).
     missing = [ckpt for name in incomplete for ckpt in _checkpoint_names(name, fused) if ckpt not in seen]
@@ -122,6 +125,9 @@ def _check_complete(params: dict, filled: dict[str, int], seen: set[str],
 
 def _checkpoint_names(param_name: str, fused: dict[str, FusedShard]) -> list[str]:
     """The checkpoint names that fill a parameter: its split names if it is fused, else its own."""
-    splits = [param_name.replace(f".{shard.fused_name}.", f".{split_name}.")
-              for split_name, shard in fused.items() if f".{shard.fused_name}." in param_name]
+    splits = [
+        param_name.replace(f".{shard.fused_name}.", f".{split_name}.")
+        for split_name, shard in fused.items()
+        if f".{shard.fused_name}." in param_name
+    ]
     return splits or [param_name]

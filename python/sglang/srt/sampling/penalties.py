@@ -51,15 +51,33 @@ class PenaltyRows:
         chosen = [params[i] for i in rows]
         batch_rows, counts = host_to_device_rows([rows, [count_rows[i] for i in rows]], device, torch.int64)
         frequency, presence, repetition, ones = host_to_device_rows(
-            [[p.frequency_penalty for p in chosen], [p.presence_penalty for p in chosen],
-             [p.repetition_penalty for p in chosen], [1.0] * len(rows)], device, torch.float32)
+            [
+                [p.frequency_penalty for p in chosen],
+                [p.presence_penalty for p in chosen],
+                [p.repetition_penalty for p in chosen],
+                [1.0] * len(rows),
+            ],
+            device,
+            torch.float32,
+        )
         every_row = len(rows) == len(params)
-        return cls(batch_rows=None if every_row else batch_rows, count_rows=counts, frequency=frequency[:, None, None],
-                   presence=presence[:, None, None], repetition=repetition[:, None, None], ones=ones)
+        return cls(
+            batch_rows=None if every_row else batch_rows,
+            count_rows=counts,
+            frequency=frequency[:, None, None],
+            presence=presence[:, None, None],
+            repetition=repetition[:, None, None],
+            ones=ones,
+        )
 
 
-def penalize(logits: torch.Tensor, counts: torch.Tensor, frequency: torch.Tensor, presence: torch.Tensor,
-             repetition: torch.Tensor) -> torch.Tensor:
+def penalize(
+    logits: torch.Tensor,
+    counts: torch.Tensor,
+    frequency: torch.Tensor,
+    presence: torch.Tensor,
+    repetition: torch.Tensor,
+) -> torch.Tensor:
     """float logits [p, positions, vocab] with their penalties: frequency and presence subtracted,
     then repetition's scaling of every token generated before (as upstream SGLang)."""
     seen = counts > 0
@@ -93,8 +111,9 @@ class PenaltyCounts:
         if repeated:
             tokens = [token for output in outputs for token in output]
             count_rows, token_ids = host_to_device_rows([repeated, tokens], self.device, torch.int64)
-            self.counts.index_put_((count_rows, token_ids), torch.ones_like(token_ids, dtype=torch.float32),
-                                   accumulate=True)
+            self.counts.index_put_(
+                (count_rows, token_ids), torch.ones_like(token_ids, dtype=torch.float32), accumulate=True
+            )
         return rows
 
     def give_back(self, row: int) -> None:
@@ -119,8 +138,9 @@ class PenaltyCounts:
         penalize had it produced them. A new tensor, or `logits` itself when no row is penalized."""
         if rows is None:
             return logits
-        batch_rows = rows.batch_rows if rows.batch_rows is not None else \
-            torch.arange(logits.shape[0], device=logits.device)
+        batch_rows = (
+            rows.batch_rows if rows.batch_rows is not None else torch.arange(logits.shape[0], device=logits.device)
+        )
         width = logits.shape[1]
         result = logits.clone()
         # A few rows at a time: each row's counts are copied per position ([rows, k + 1, vocab]).
@@ -133,8 +153,9 @@ class PenaltyCounts:
             for i in range(chosen_drafts.shape[1]):  # d_{i+1} precedes positions i + 1 .. k
                 positions = torch.arange(i + 1, width, device=logits.device)[None, :]
                 counts[row_ids, positions, chosen_drafts[:, i : i + 1]] += 1  # one index per (row, position)
-            result[batch_rows[part]] = penalize(chosen, counts, rows.frequency[part], rows.presence[part],
-                                                rows.repetition[part]).to(logits.dtype)
+            result[batch_rows[part]] = penalize(
+                chosen, counts, rows.frequency[part], rows.presence[part], rows.repetition[part]
+            ).to(logits.dtype)
         return result
 
     def count_accepted(self, tokens: torch.Tensor, num_out: torch.Tensor, rows: Optional[PenaltyRows]) -> None:

@@ -20,9 +20,7 @@ _NUM_WORDS = 6  # seed lo/hi, offset lo/hi, stream, column
 _MANTISSA_BITS = 23
 
 
-def uniform(
-    seeds: torch.Tensor, offsets: torch.Tensor, width: int, stream: int = 0
-) -> torch.Tensor:
+def uniform(seeds: torch.Tensor, offsets: torch.Tensor, width: int, stream: int = 0) -> torch.Tensor:
     """float32[bs, width] in the open interval (0, 1).
 
     Row i depends only on (seeds[i], offsets[i], stream) and the column index. `stream`

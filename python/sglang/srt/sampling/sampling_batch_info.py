@@ -100,9 +100,7 @@ class SamplingBatchInfo:
         # Greedy rows get neutral values: they are argmaxed, and must not trigger the sort.
         temperatures = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         top_ps = [1.0 if g else p.top_p for p, g in zip(params, greedy)]
-        top_ks = [
-            vocab_size if g else _clamp_top_k(p.top_k, vocab_size) for p, g in zip(params, greedy)
-        ]
+        top_ks = [vocab_size if g else _clamp_top_k(p.top_k, vocab_size) for p, g in zip(params, greedy)]
         min_ps = [0.0 if g else p.min_p for p, g in zip(params, greedy)]
         # Two copies to the device (floats, integers) instead of one per field.
         temperatures_d, top_ps_d, min_ps_d = host_to_device_rows([temperatures, top_ps, min_ps], device, torch.float32)

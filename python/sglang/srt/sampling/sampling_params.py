@@ -62,8 +62,9 @@ class SamplingParams:
         A null value means "use the default", as OpenAI-style clients send nulls for
         fields they leave unset. Ranges are checked separately by `verify`."""
         if d is not None and not isinstance(d, dict):
-            raise InvalidRequest(f"sampling_params must be an object of parameters, got {type(d).__name__}.",
-                                 "sampling_params")
+            raise InvalidRequest(
+                f"sampling_params must be an object of parameters, got {type(d).__name__}.", "sampling_params"
+            )
         values = {}
         for name, value in (d or {}).items():
             if name not in _FIELD_TYPES:
@@ -121,9 +122,7 @@ class SamplingParams:
         _require(self.top_k == -1 or self.top_k >= 1, "top_k", "must be -1 (all) or >= 1")
         _require(0 <= self.min_p <= 1, "min_p", "must be in [0, 1]")
         if self.sampling_seed is not None:
-            _require(
-                0 <= self.sampling_seed < _MAX_SEED, "sampling_seed", "must be in [0, 2**63)"
-            )
+            _require(0 <= self.sampling_seed < _MAX_SEED, "sampling_seed", "must be in [0, 2**63)")
 
     def _verify_stop_token_ids(self, vocab_size: int | None) -> None:
         if vocab_size is None or not self.stop_token_ids:
@@ -138,10 +137,14 @@ class SamplingParams:
     def _verify_logit_bias(self, vocab_size: int | None) -> None:
         for token_id, bias in self.token_biases().items():
             if vocab_size is not None:
-                _require(0 <= token_id < vocab_size, "logit_bias",
-                         f"token ids must be in [0, {vocab_size}), got {token_id}")
-            _require(-MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS, "logit_bias",
-                     f"values must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {bias:g} for token {token_id}")
+                _require(
+                    0 <= token_id < vocab_size, "logit_bias", f"token ids must be in [0, {vocab_size}), got {token_id}"
+                )
+            _require(
+                -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS,
+                "logit_bias",
+                f"values must be in [-{MAX_LOGIT_BIAS}, {MAX_LOGIT_BIAS}], got {bias:g} for token {token_id}",
+            )
 
     def token_biases(self) -> dict[int, float]:
         """`logit_bias` with integer token ids and float biases (empty when unset); raises
@@ -151,10 +154,16 @@ class SamplingParams:
     def _verify_penalties(self) -> None:
         # Upstream SGLang's ranges (OpenAI's for frequency and presence).
         for name in ("frequency_penalty", "presence_penalty"):
-            _require(-MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY, name,
-                     f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {getattr(self, name):g}")
-        _require(0 < self.repetition_penalty <= MAX_REPETITION_PENALTY, "repetition_penalty",
-                 f"must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = no penalty), got {self.repetition_penalty:g}")
+            _require(
+                -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY,
+                name,
+                f"must be in [-{MAX_PENALTY:g}, {MAX_PENALTY:g}], got {getattr(self, name):g}",
+            )
+        _require(
+            0 < self.repetition_penalty <= MAX_REPETITION_PENALTY,
+            "repetition_penalty",
+            f"must be in (0, {MAX_REPETITION_PENALTY:g}] (1 = no penalty), got {self.repetition_penalty:g}",
+        )
 
     def _verify_stop(self) -> None:
         for stop in self.stop or ():
@@ -169,8 +178,11 @@ class SamplingParams:
             return
         _require(1 <= self.simulated_accept_length <= 64, "simulated_accept_length", "must be in [1, 64]")
         if float(os.environ.get("SGLANG_SIMULATE_ACC_LEN") or "-1") < 0:
-            raise InvalidRequest("Sampling parameter 'simulated_accept_length' is for benchmarks: it needs a "
-                                 "speculative server started with SGLANG_SIMULATE_ACC_LEN set.", "simulated_accept_length")
+            raise InvalidRequest(
+                "Sampling parameter 'simulated_accept_length' is for benchmarks: it needs a "
+                "speculative server started with SGLANG_SIMULATE_ACC_LEN set.",
+                "simulated_accept_length",
+            )
 
 
 # Most samples one request may ask for (each becomes a request of its own).
@@ -196,11 +208,16 @@ def _parse_logit_bias(logit_bias: dict | None) -> dict[int, float]:
     for key, value in (logit_bias or {}).items():
         token_id = key if _is_int(key) else _int_key(key)
         if token_id is None:
-            raise InvalidRequest(f"Sampling parameter 'logit_bias' keys must be token ids (integers), "
-                                 f"got {short_repr(key)}.", "logit_bias")
+            raise InvalidRequest(
+                f"Sampling parameter 'logit_bias' keys must be token ids (integers), got {short_repr(key)}.",
+                "logit_bias",
+            )
         if not (_is_number(value) and math.isfinite(value)):
-            raise InvalidRequest(f"Sampling parameter 'logit_bias' values must be finite numbers, "
-                                 f"got {short_repr(value)} for token {token_id}.", "logit_bias")
+            raise InvalidRequest(
+                f"Sampling parameter 'logit_bias' values must be finite numbers, "
+                f"got {short_repr(value)} for token {token_id}.",
+                "logit_bias",
+            )
         biases[token_id] = float(value)
     return biases
 
@@ -255,8 +272,11 @@ _FIELD_TYPES: dict[str, tuple[Callable[[Any], bool], str, Callable[[Any], Any]]]
     "logit_bias": (lambda v: isinstance(v, dict), "an object mapping token ids to biases", _parse_logit_bias),
     "disable_speculative_decoding": _BOOL,
     "simulated_accept_length": _FLOAT,
-    "json_schema": (lambda v: isinstance(v, (str, dict)), "a JSON schema (text or object)",
-                    lambda v: v if isinstance(v, str) else json.dumps(v)),
+    "json_schema": (
+        lambda v: isinstance(v, (str, dict)),
+        "a JSON schema (text or object)",
+        lambda v: v if isinstance(v, str) else json.dumps(v),
+    ),
     "regex": (lambda v: isinstance(v, str), "a string", str),
     "ebnf": (lambda v: isinstance(v, str), "a string", str),
 }
@@ -267,6 +287,7 @@ def _check_type(name: str, value: Any) -> Any:
     check, expected, convert = _FIELD_TYPES[name]
     if not check(value):
         shown = short_repr(value)
-        raise InvalidRequest(f"Sampling parameter '{name}' must be {expected}, got {type(value).__name__} {shown}.",
-                             name)
+        raise InvalidRequest(
+            f"Sampling parameter '{name}' must be {expected}, got {type(value).__name__} {shown}.", name
+        )
     return convert(value)

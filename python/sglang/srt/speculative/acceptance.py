@@ -56,8 +56,9 @@ class AcceptanceEstimator:
     project's CPU (cache-thrashing loop; warm: 24 and 47 us); queued, ~70 and ~100 us. Up to
     SMALL_BATCH requests a verify is folded in element by element, at once."""
 
-    def __init__(self, k_max: int, alpha: float = 0.05, prior: float = 0.5, request_alpha: float = 0.05,
-                 recovery: float = 0.002):
+    def __init__(
+        self, k_max: int, alpha: float = 0.05, prior: float = 0.5, request_alpha: float = 0.05, recovery: float = 0.002
+    ):
         if k_max < 1:
             raise ValueError(f"k_max must be >= 1, got {k_max}")
         for label, value in (("alpha", alpha), ("request_alpha", request_alpha)):
@@ -85,8 +86,11 @@ class AcceptanceEstimator:
         # Per k_step: row n of each table is what a request that produced n tokens observed at
         # each 0-based position (1.0 where observed) and accepted (1.0 where accepted).
         positions = np.arange(k_max)[None, :]
-        self._outcome_tables = [(((positions < np.minimum(n, k)) * 1.0), (positions < n - 1) * 1.0)
-                                for k in range(k_max + 1) for n in [np.arange(k + 2)[:, None]]]
+        self._outcome_tables = [
+            (((positions < np.minimum(n, k)) * 1.0), (positions < n - 1) * 1.0)
+            for k in range(k_max + 1)
+            for n in [np.arange(k + 2)[:, None]]
+        ]
         self._last_rids: list[str] = []
         self._last_rows = np.zeros(0, dtype=np.int64)
         # Steps whose per-request updates are not folded into _state yet: (rows, tokens per
@@ -119,7 +123,7 @@ class AcceptanceEstimator:
         if not self._free_rows:
             used = len(self._state)
             self._state = np.concatenate([self._state, np.zeros_like(self._state)])
-            self._rates, self._seen = self._state[:, :self.k_max], self._state[:, self.k_max:]
+            self._rates, self._seen = self._state[:, : self.k_max], self._state[:, self.k_max :]
             self._free_rows = list(range(2 * used - 1, used - 1, -1))
         row = self._free_rows.pop()
         self._rates[row] = self.new_request_rates()
@@ -273,8 +277,9 @@ class AcceptanceEstimator:
 
     @staticmethod
     def _bad_verify(rid: str, n: int, k_step: int) -> None:
-        raise ValueError(f"record_verify: request {rid!r} produced {n} tokens from {k_step} drafts "
-                         f"(expected 1..{k_step + 1})")
+        raise ValueError(
+            f"record_verify: request {rid!r} produced {n} tokens from {k_step} drafts (expected 1..{k_step + 1})"
+        )
 
     def record_probe(self, rids: list[str], hits: list[bool]) -> None:
         """A PLAIN step's free probe: whether the draft's top-1 proposal equalled the target's

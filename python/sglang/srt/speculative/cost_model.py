@@ -16,8 +16,12 @@ class CostTable:
     buckets. Measured by replaying the captured graphs at start-up, since the ratio of the two
     depends on model, GPU and batch size in ways no formula gets right."""
 
-    def __init__(self, plain: dict[int, float], spec: dict[tuple[int, int], float],
-                 context_seconds: Optional[dict[int, float]] = None):
+    def __init__(
+        self,
+        plain: dict[int, float],
+        spec: dict[tuple[int, int], float],
+        context_seconds: Optional[dict[int, float]] = None,
+    ):
         """context_seconds[k]: seconds a step of k drafts adds per token of context in the batch
         (its attention reading the KV cache), which the start-up replays on an empty scratch
         row do not see: at batch 128 with 1k-token contexts the target's KV read is larger than
@@ -31,13 +35,15 @@ class CostTable:
         for k, table in by_k.items():
             for bs, seconds in table.items():
                 if bs < 1 or not seconds > 0:
-                    raise ValueError(f"CostTable: k={k} batch size {bs}: need batch size >= 1 and seconds > 0, "
-                                     f"got {seconds}")
+                    raise ValueError(
+                        f"CostTable: k={k} batch size {bs}: need batch size >= 1 and seconds > 0, got {seconds}"
+                    )
         self.context_seconds = dict(context_seconds or {})
         for k, seconds in self.context_seconds.items():
             if k not in by_k or not seconds >= 0:
-                raise ValueError(f"CostTable: context seconds for k={k} need a measured step time and a value "
-                                 f">= 0, got {seconds}")
+                raise ValueError(
+                    f"CostTable: context seconds for k={k} need a measured step time and a value >= 0, got {seconds}"
+                )
         # k -> (sorted bucket sizes, their seconds), for a bisect per lookup. A step replays the
         # graph of the smallest bucket >= its batch, so a step's true cost cannot fall as the
         # bucket grows: a bucket measured slower than a larger one is timing noise, and takes the
@@ -69,8 +75,7 @@ class CostTable:
         that assumes compute-bound steps there (linear in tokens)."""
         entry = self._buckets.get(k)
         if entry is None:
-            raise ValueError(f"CostTable: no measured step time for k={k} "
-                             f"(measured k: {list(self.measured_steps)})")
+            raise ValueError(f"CostTable: no measured step time for k={k} (measured k: {list(self.measured_steps)})")
         if batch_size < 1:
             raise ValueError(f"CostTable: batch size must be >= 1, got {batch_size}")
         sizes, times = entry
@@ -80,13 +85,16 @@ class CostTable:
 
     def summary(self) -> dict:
         """{"plain_ms": {bs: ms}, "spec_ms": {k: {bs: ms}}} for logs and /get_server_info."""
+
         def ms(k: int) -> dict[int, float]:
             sizes, times = self._buckets[k]
             return {bs: round(1e3 * t, 4) for bs, t in zip(sizes, times)}
 
-        return {"plain_ms": ms(0) if 0 in self._buckets else {},
-                "spec_ms": {k: ms(k) for k in self.measured_steps if k > 0},
-                "context_ns_per_token": {k: round(1e9 * s, 4) for k, s in sorted(self.context_seconds.items())}}
+        return {
+            "plain_ms": ms(0) if 0 in self._buckets else {},
+            "spec_ms": {k: ms(k) for k in self.measured_steps if k > 0},
+            "context_ns_per_token": {k: round(1e9 * s, 4) for k, s in sorted(self.context_seconds.items())},
+        }
 
 
 LEARN_FIRST_SAMPLES = 3  # a key has its own learned cost from this many samples on
@@ -249,12 +257,16 @@ class LearnedCost:
         for near in (bucket // 2, bucket, 2 * bucket):
             if len(self._pairs.get((near, cls, k), ())) >= LEARN_FIRST_SAMPLES:
                 self._offset[(near, cls, k)] = statistics.median(
-                    [v for b in (near // 2, near, 2 * near) for v in self._pairs.get((b, cls, k), ())])
+                    [v for b in (near // 2, near, 2 * near) for v in self._pairs.get((b, cls, k), ())]
+                )
 
     def _nearest(self, keys, bucket: int, cls: int):
         """The key among `keys` ((bucket, class, ...)) nearest to (bucket, cls) within one class."""
-        near = [(abs(math.log2(key[0] / bucket)) + abs(key[1] - cls), abs(key[1] - cls), key)
-                for key in keys if abs(key[1] - cls) <= 1]
+        near = [
+            (abs(math.log2(key[0] / bucket)) + abs(key[1] - cls), abs(key[1] - cls), key)
+            for key in keys
+            if abs(key[1] - cls) <= 1
+        ]
         return min(near)[2] if near else None
 
     def _offset_of(self, key: tuple[int, int, int]) -> tuple[float, Optional[str]]:
@@ -342,8 +354,9 @@ class LearnedCost:
         samples: dict[int, dict[int, int]] = {}
         by_context: dict[str, dict[int, dict[int, float]]] = {}
         shown: dict[tuple[int, int], int] = {}  # (k, bucket) -> samples of the class shown
-        priced = set(self._offset) | {(*where, level.anchor) for where, level in self._levels.items()
-                                      if level.set and level.anchor is not None}
+        priced = set(self._offset) | {
+            (*where, level.anchor) for where, level in self._levels.items() if level.set and level.anchor is not None
+        }
         for bucket, cls, k in sorted(priced):
             prior_ms = 1e3 * self.prior.seconds(bucket, k)
             ms = round(prior_ms * math.exp(self._at((bucket, cls), k)[0]), 4)
@@ -356,5 +369,10 @@ class LearnedCost:
                 means.setdefault(k, {})[bucket] = round(prior_ms * sum(map(math.exp, window)) / len(window), 4)
         for (bucket, _, k), n in sorted(self.samples.items()):
             samples.setdefault(k, {})[bucket] = samples.get(k, {}).get(bucket, 0) + n
-        return {"prior": self.prior.summary(), "learned_ms": learned, "window_mean_ms": means, "samples": samples,
-                "learned_ms_by_context": by_context}
+        return {
+            "prior": self.prior.summary(),
+            "learned_ms": learned,
+            "window_mean_ms": means,
+            "samples": samples,
+            "learned_ms_by_context": by_context,
+        }

@@ -40,15 +40,16 @@ def catch_up_pieces(behind: list[tuple[int, int]], cap: int) -> list[list[tuple[
     return pieces
 
 
-
-def buffer_for_catch_up(worker, rows: torch.Tensor, aux: torch.Tensor, next_ids: torch.Tensor,
-                        behind: torch.Tensor) -> None:
+def buffer_for_catch_up(
+    worker, rows: torch.Tensor, aux: torch.Tensor, next_ids: torch.Tensor, behind: torch.Tensor
+) -> None:
     """A catch-up plain step keeps each row's aux states and sampled token at column `behind`
     of its buffer; past the buffer they go to the spare last column and are dropped (the
     catch-up then recomputes them)."""
     columns = behind.clamp(max=CATCH_UP_BUFFER)
     worker.pending_aux[rows, columns] = aux.to(worker.pending_aux.dtype)
     worker.pending_tokens[rows, columns] = next_ids
+
 
 def adopt(worker, batch: ScheduleBatch, rows: torch.Tensor) -> None:
     """Requests the draft adopts (Req.draft_adopting; admitted without its pass over their
@@ -68,6 +69,7 @@ def adopt(worker, batch: ScheduleBatch, rows: torch.Tensor) -> None:
         batch.reqs[i].draft_adopting = False
     worker.num_draft_adoptions += len(adopting)
 
+
 def catch_up_draft(worker, batch: ScheduleBatch, rows: torch.Tensor) -> None:
     """Before a speculative step: DRAFT_EXTENDs over the positions each request decoded in
     plain steps since the draft last caught up (from the buffered aux states and tokens, or
@@ -85,8 +87,10 @@ def catch_up_draft(worker, batch: ScheduleBatch, rows: torch.Tensor) -> None:
     for i, _ in behind:
         batch.reqs[i].draft_behind = 0
 
-def _catch_up_piece(worker, batch: ScheduleBatch, rows: torch.Tensor, piece: list[tuple[int, int, int]],
-                    recompute: bool = False) -> None:
+
+def _catch_up_piece(
+    worker, batch: ScheduleBatch, rows: torch.Tensor, piece: list[tuple[int, int, int]], recompute: bool = False
+) -> None:
     """One DRAFT_EXTEND over positions m - n + lo .. m - n + hi - 1 of each (request index,
     lo, hi) in `piece`, where m is the request's next position and n its draft_behind; aux
     states from the catch-up buffer, or (`recompute`, or a run past the buffer) a target forward."""
@@ -111,15 +115,26 @@ def _catch_up_piece(worker, batch: ScheduleBatch, rows: torch.Tensor, piece: lis
         input_ids, aux = _recompute_aux(worker, reqs, piece, rows_sub, ends, positions, last)
     table = worker.model_runner.req_to_token_pool.req_to_token
     fb = ForwardBatch(
-        forward_mode=ForwardMode.DRAFT_EXTEND, batch_size=len(idx), input_ids=input_ids, positions=positions,
-        req_pool_indices=rows_sub, seq_lens=ends, out_cache_loc=table[row_rep, positions].to(torch.int64),
-        seq_lens_cpu=None, extend_seq_lens_cpu=lens, extend_prefix_lens_cpu=None, spec_hidden_states=aux)
+        forward_mode=ForwardMode.DRAFT_EXTEND,
+        batch_size=len(idx),
+        input_ids=input_ids,
+        positions=positions,
+        req_pool_indices=rows_sub,
+        seq_lens=ends,
+        out_cache_loc=table[row_rep, positions].to(torch.int64),
+        seq_lens_cpu=None,
+        extend_seq_lens_cpu=lens,
+        extend_prefix_lens_cpu=None,
+        spec_hidden_states=aux,
+    )
     out = worker.draft_runner.forward(fb)
     info = worker.sampling_info(reqs)
     # Logits come per request (its last position), hidden states per token. A later piece
     # of the same request overwrites what an earlier one stored.
-    worker._store_next_draft(rows_sub, out.next_token_logits, out.hidden_states[last], info,
-                           worker.next_offset[rows_sub])
+    worker._store_next_draft(
+        rows_sub, out.next_token_logits, out.hidden_states[last], info, worker.next_offset[rows_sub]
+    )
+
 
 def _recompute_aux(worker, reqs, piece, rows_sub, ends, positions, last):
     """The aux states of a piece's positions, from a target forward over their tokens
@@ -133,18 +148,25 @@ def _recompute_aux(worker, reqs, piece, rows_sub, ends, positions, last):
         ids = req.all_ids
         tokens.extend(ids[first:stop])
         if stop == m:  # the last one's next token is the one in flight, filled in below
-            shifted.extend(ids[first + 1:stop] + [0])
+            shifted.extend(ids[first + 1 : stop] + [0])
             at_end.append(j)
         else:
-            shifted.extend(ids[first + 1:stop + 1])
+            shifted.extend(ids[first + 1 : stop + 1])
         prefix.append(first)
         seq_ends.append(stop)
     fb = ForwardBatch(
-        forward_mode=ForwardMode.EXTEND, batch_size=len(reqs), input_ids=host_to_device(tokens, worker.device),
-        positions=positions, req_pool_indices=rows_sub, seq_lens=ends,
+        forward_mode=ForwardMode.EXTEND,
+        batch_size=len(reqs),
+        input_ids=host_to_device(tokens, worker.device),
+        positions=positions,
+        req_pool_indices=rows_sub,
+        seq_lens=ends,
         out_cache_loc=torch.zeros(len(tokens), dtype=torch.int64, device=worker.device),
-        seq_lens_cpu=seq_ends, extend_seq_lens_cpu=[hi - lo for _, lo, hi in piece],
-        extend_prefix_lens_cpu=prefix, capture_aux_hidden_states=True)
+        seq_lens_cpu=seq_ends,
+        extend_seq_lens_cpu=[hi - lo for _, lo, hi in piece],
+        extend_prefix_lens_cpu=prefix,
+        capture_aux_hidden_states=True,
+    )
     out = worker.model_runner.forward(fb)
     input_ids = host_to_device(shifted, worker.device)
     if at_end:

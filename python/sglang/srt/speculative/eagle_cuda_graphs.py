@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
+
 class SpecStepGraphs:
     """One CUDA graph per batch-size bucket for a whole greedy speculative step with k drafts
     (chain, verify, acceptance, draft extend, row updates): a step then costs the host one
@@ -43,9 +44,9 @@ class SpecStepGraphs:
         self.inputs = torch.zeros(n * (width + 3), dtype=torch.int64, device=device)
         self.slots_at, self.behind_at, self.opted_at = n, n + n * width, 2 * n + n * width
         self.rows = self.inputs[:n]
-        self.slots = self.inputs[self.slots_at:self.behind_at]
-        self.behind = self.inputs[self.behind_at:self.opted_at]
-        self.opted_out = self.inputs[self.opted_at:]
+        self.slots = self.inputs[self.slots_at : self.behind_at]
+        self.behind = self.inputs[self.behind_at : self.opted_at]
+        self.opted_out = self.inputs[self.opted_at :]
         self.rows.fill_(worker.scratch_row)
         self.staging = HostStaging(self.inputs.numel(), device)
         self.graphs: dict = {}
@@ -58,12 +59,23 @@ class SpecStepGraphs:
         """The captured work: the whole step over the static rows and slots of bucket bs."""
         self.worker.next_start.index_fill_(0, self.scratch, 0)  # padding rows start at position 0
         if self.k == 0:  # (tokens [bs], probe hits [bs] or None)
-            tokens, _, hits = self.worker._plain_body(self.rows[:bs], self.slots[:bs], self.greedy_info[bs],
-                                                      self.behind[:bs], capturing=True, draft=self.draft)
+            tokens, _, hits = self.worker._plain_body(
+                self.rows[:bs],
+                self.slots[:bs],
+                self.greedy_info[bs],
+                self.behind[:bs],
+                capturing=True,
+                draft=self.draft,
+            )
             return tokens, hits
-        tokens, num_out, _ = self.worker._spec_body(self.rows[:bs], self.slots[:bs * self.width], self.k,
-                                                   self.greedy_info[bs], capturing=True,
-                                                   opted_out=self.opted_out[:bs] != 0)
+        tokens, num_out, _ = self.worker._spec_body(
+            self.rows[:bs],
+            self.slots[: bs * self.width],
+            self.k,
+            self.greedy_info[bs],
+            capturing=True,
+            opted_out=self.opted_out[:bs] != 0,
+        )
         return tokens, num_out
 
     def capture(self) -> None:
@@ -72,21 +84,33 @@ class SpecStepGraphs:
         for runner in runners:
             runner.attn_backend.init_cuda_graph_state(self.max_bs * self.width)
         # Built before capture: a host-to-device copy inside a graph would read a freed buffer.
-        self.greedy_info = {bs: SamplingBatchInfo.from_params([SamplingParams(temperature=0)] * bs, [0] * bs,
-                                                              self.worker.vocab_size, self.worker.device)
-                            for bs in self.batch_sizes}
+        self.greedy_info = {
+            bs: SamplingBatchInfo.from_params(
+                [SamplingParams(temperature=0)] * bs, [0] * bs, self.worker.vocab_size, self.worker.device
+            )
+            for bs in self.batch_sizes
+        }
         for bs in reversed(self.batch_sizes):
             self._capture_one(bs)
         kind = "speculative" if self.k else "plain" if self.draft else "target-only plain"
-        logger.info("captured %d whole-step %s graphs (k = %d, bs %s) in %.1f s%s", len(self.graphs), kind, self.k,
-                    self.batch_sizes, time.perf_counter() - start, memory_growth(self.worker.device, held))
+        logger.info(
+            "captured %d whole-step %s graphs (k = %d, bs %s) in %.1f s%s",
+            len(self.graphs),
+            kind,
+            self.k,
+            self.batch_sizes,
+            time.perf_counter() - start,
+            memory_growth(self.worker.device, held),
+        )
 
     def _capture_one(self, bs: int) -> None:
-        self.graphs[bs], self.outputs[bs] = capture_graph(lambda: self._run(bs),
-                                                          self.worker.model_runner.graph_memory_pool())
+        self.graphs[bs], self.outputs[bs] = capture_graph(
+            lambda: self._run(bs), self.worker.model_runner.graph_memory_pool()
+        )
 
-    def replay(self, rows: list[int], slots, behind: Optional[list[int]] = None,
-               opted_out: Optional[list[bool]] = None):
+    def replay(
+        self, rows: list[int], slots, behind: Optional[list[int]] = None, opted_out: Optional[list[bool]] = None
+    ):
         """(tokens, num_out) of a speculative step (`opted_out`: per row, whether it takes plain
         decoding's token; None: none does); (tokens, probe hits or None) of a plain one. All
         inputs are host values (`slots`: the step's KV slots, a host int64 tensor or array of
@@ -97,16 +121,16 @@ class SpecStepGraphs:
         host[:bs] = rows
         host[bs:graph_bs] = self.worker.scratch_row
         at = self.slots_at
-        host[at:at + bs * width] = slots
-        host[at + bs * width:at + graph_bs * width] = 0
+        host[at : at + bs * width] = slots
+        host[at + bs * width : at + graph_bs * width] = 0
         if self.k == 0:
-            host[self.behind_at:self.behind_at + graph_bs] = 0
+            host[self.behind_at : self.behind_at + graph_bs] = 0
             if behind is not None:
-                host[self.behind_at:self.behind_at + bs] = behind
+                host[self.behind_at : self.behind_at + bs] = behind
         else:
-            host[self.opted_at:self.opted_at + graph_bs] = 0
+            host[self.opted_at : self.opted_at + graph_bs] = 0
             if opted_out is not None:
-                host[self.opted_at:self.opted_at + bs] = opted_out
+                host[self.opted_at : self.opted_at + bs] = opted_out
         self.staging.send(self.inputs)
         self.graphs[graph_bs].replay()
         tokens, second = self.outputs[graph_bs]

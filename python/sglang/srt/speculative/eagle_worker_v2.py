@@ -46,10 +46,18 @@ from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.penalties import PenaltyCounts
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
-from sglang.srt.speculative.spec_sampling import (SIMULATE_ACC_LEN_ENV, ChainVerdict, draw_draft, filtered_probs,
-                                                   simulate_acceptance, simulated_accept_rate, simulated_probe_hits,
-                                                   simulated_stream,
-                                                   verify_greedy, verify_sampled)
+from sglang.srt.speculative.spec_sampling import (
+    SIMULATE_ACC_LEN_ENV,
+    ChainVerdict,
+    draw_draft,
+    filtered_probs,
+    simulate_acceptance,
+    simulated_accept_rate,
+    simulated_probe_hits,
+    simulated_stream,
+    verify_greedy,
+    verify_sampled,
+)
 from sglang.srt.speculative.spec_grammar import GrammarLookahead, masked_draft_logits
 from sglang.srt.speculative.draft_catch_up import CATCH_UP_BUFFER, adopt, buffer_for_catch_up, catch_up_draft
 from sglang.srt.speculative.eagle_cuda_graphs import SpecStepGraphs
@@ -84,20 +92,34 @@ class EAGLEWorkerV2(TpModelWorker):
         self.device = server_args.device
         self.model_config = model_config
         self.k = server_args.speculative_num_steps
-        draft_config = draft_model_config(server_args.speculative_draft_model_path, server_args.dtype, self.device,
-                                          model_config, server_args.load_format)
+        draft_config = draft_model_config(
+            server_args.speculative_draft_model_path,
+            server_args.dtype,
+            self.device,
+            model_config,
+            server_args.load_format,
+        )
         # Verify and chain positions can run up to k past a request's last kept token: give both
         # rotary tables and the request table that margin.
         margin = MAX_SPECULATIVE_STEPS + 1
         model_config.hf_config.max_position_embeddings = model_config.context_len + margin
         draft_config.hf_config.max_position_embeddings = model_config.context_len + margin
         draft_kv = MHATokenToKVPool.bytes_per_token(
-            draft_config.dtype, kv_heads_per_rank(draft_config.num_key_value_heads, tensor_parallel().size),
-            draft_config.head_dim, draft_config.num_hidden_layers)
+            draft_config.dtype,
+            kv_heads_per_rank(draft_config.num_key_value_heads, tensor_parallel().size),
+            draft_config.head_dim,
+            draft_config.num_hidden_layers,
+        )
         draft_weights = weight_bytes(draft_config, server_args.load_format)
-        self.model_runner = ModelRunner(model_config, server_args, draft_kv_bytes_per_token=draft_kv,
-                                        extra_positions=margin, reserve_bytes=draft_weights, extra_rows=1,
-                                        capture_prefill_graphs=False)
+        self.model_runner = ModelRunner(
+            model_config,
+            server_args,
+            draft_kv_bytes_per_token=draft_kv,
+            extra_positions=margin,
+            reserve_bytes=draft_weights,
+            extra_rows=1,
+            capture_prefill_graphs=False,
+        )
         # A request-table row no request gets: the padding rows of the step graphs point at it.
         self.scratch_row = self.model_runner.req_to_token_pool.alloc()
         self.draft_runner = ModelRunner(draft_config, server_args, target=self.model_runner)
@@ -133,8 +155,9 @@ class EAGLEWorkerV2(TpModelWorker):
         if self.draft_sync == "catch-up":
             # One column more than the buffer holds: positions past it are written there and
             # dropped (the catch-up recomputes them), so a plain step needs no host branch.
-            self.pending_aux = torch.zeros(rows, CATCH_UP_BUFFER + 1, 3 * model_config.hidden_size,
-                                           dtype=model_config.dtype, **zeros)
+            self.pending_aux = torch.zeros(
+                rows, CATCH_UP_BUFFER + 1, 3 * model_config.hidden_size, dtype=model_config.dtype, **zeros
+            )
             self.pending_tokens = torch.zeros(rows, CATCH_UP_BUFFER + 1, dtype=torch.int64, **zeros)
         self.stats = SpecStats(self.k)
         self._steps_since_timed = 0  # see _phase_timer
@@ -145,10 +168,14 @@ class EAGLEWorkerV2(TpModelWorker):
         # (sampling parameter simulated_accept_length), so one trace can mix easy and hard requests.
         self.simulated_rates = None
         if self.simulated_rate is not None:
-            logger.warning("%s=%s: verification accepts each draft with probability %.3f whatever the models "
-                           "say; the output is not the target's (for benchmarks only; requests may set their "
-                           "own accept length with simulated_accept_length)", SIMULATE_ACC_LEN_ENV,
-                           simulated, self.simulated_rate)
+            logger.warning(
+                "%s=%s: verification accepts each draft with probability %.3f whatever the models "
+                "say; the output is not the target's (for benchmarks only; requests may set their "
+                "own accept length with simulated_accept_length)",
+                SIMULATE_ACC_LEN_ENV,
+                simulated,
+                self.simulated_rate,
+            )
             self.simulated_rates = torch.full((rows,), self.simulated_rate, dtype=torch.float64, device=self.device)
             # Each row's draws are keyed by its request's prompt (simulated_stream), not by the row:
             # a request then has the same luck on every server, whichever row it lands in.
@@ -158,9 +185,14 @@ class EAGLEWorkerV2(TpModelWorker):
         self.step_graphs: dict[int, SpecStepGraphs] = {}
         self.target_step_graphs: Optional[SpecStepGraphs] = None
         self._capture_graphs(draft_config, model_config, server_args)
-        logger.info("EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s",
-                    server_args.speculative_draft_model_path, draft_config.num_hidden_layers,
-                    self.draft_vocab_size, self.k, list(aux_ids))
+        logger.info(
+            "EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s",
+            server_args.speculative_draft_model_path,
+            draft_config.num_hidden_layers,
+            self.draft_vocab_size,
+            self.k,
+            list(aux_ids),
+        )
 
     def _capture_graphs(self, draft_config: ModelConfig, target_config: ModelConfig, server_args: ServerArgs) -> None:
         """Graphs at every batch-size bucket of plain decode, for every k the policy can reach:
@@ -171,24 +203,33 @@ class EAGLEWorkerV2(TpModelWorker):
         if sizes is None:
             return
         aux_width = 3 * target_config.hidden_size
-        target_runners = [CudaGraphRunner(self.model_runner, sizes, ForwardMode.TARGET_VERIFY, k + 1, capture_aux=True)
-                          for k in self.reachable_steps]
-        draft_runners = [CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, k + 1,
-                                         spec_hidden_width=aux_width) for k in self.reachable_steps]
+        target_runners = [
+            CudaGraphRunner(self.model_runner, sizes, ForwardMode.TARGET_VERIFY, k + 1, capture_aux=True)
+            for k in self.reachable_steps
+        ]
+        draft_runners = [
+            CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, k + 1, spec_hidden_width=aux_width)
+            for k in self.reachable_steps
+        ]
         if any(k > 1 for k in self.reachable_steps):
-            draft_runners.append(CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DECODE, 1,
-                                                 spec_hidden_width=draft_config.hidden_size))
+            draft_runners.append(
+                CudaGraphRunner(
+                    self.draft_runner, sizes, ForwardMode.DECODE, 1, spec_hidden_width=draft_config.hidden_size
+                )
+            )
         # A plain step of this worker: the target decodes with aux capture, the draft extends by one.
         target_runners.append(CudaGraphRunner(self.model_runner, sizes, ForwardMode.DECODE, 1, capture_aux=True))
-        draft_runners.append(CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, 1,
-                                             spec_hidden_width=aux_width))
+        draft_runners.append(
+            CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, 1, spec_hidden_width=aux_width)
+        )
         for runner in target_runners + draft_runners:
             runner.capture()
         # Prefills (and the draft's pass over them) of up to --prefill-cuda-graph-max-tokens; last,
         # so that the fixed shapes above take the batches they fit.
         target_runners.append(maybe_prefill_graph_runner(self.model_runner, capture_aux=True))
-        draft_runners.append(maybe_prefill_graph_runner(self.draft_runner, ForwardMode.DRAFT_EXTEND,
-                                                        spec_hidden_width=aux_width))
+        draft_runners.append(
+            maybe_prefill_graph_runner(self.draft_runner, ForwardMode.DRAFT_EXTEND, spec_hidden_width=aux_width)
+        )
         self.model_runner.graph_runners += [runner for runner in target_runners if runner is not None]
         self.draft_runner.graph_runners += [runner for runner in draft_runners if runner is not None]
         if not server_args.disable_speculative_step_graph:
@@ -226,8 +267,9 @@ class EAGLEWorkerV2(TpModelWorker):
         fb.capture_aux_hidden_states = bool(warm)
         out = self.model_runner.forward(fb)
         info = self.sampling_info(batch.reqs)
-        next_ids = self.model_runner.sample(self.adjust_logits(out.next_token_logits, batch.grammars, info), info,
-                                            offsets)
+        next_ids = self.model_runner.sample(
+            self.adjust_logits(out.next_token_logits, batch.grammars, info), info, offsets
+        )
         self.penalty_counts.count(next_ids, info.penalties)
         result = GenerationBatchResult(out, next_ids)
         if any(req.return_logprob for req in batch.reqs):
@@ -247,14 +289,26 @@ class EAGLEWorkerV2(TpModelWorker):
 
     def _set_simulated_rates(self, reqs, rows: torch.Tensor) -> None:
         """Each request's simulated acceptance rate into its row (benchmarks only)."""
-        rates = [self.simulated_rate if req.sampling_params.simulated_accept_length is None
-                 else simulated_accept_rate(req.sampling_params.simulated_accept_length, self.k) for req in reqs]
+        rates = [
+            self.simulated_rate
+            if req.sampling_params.simulated_accept_length is None
+            else simulated_accept_rate(req.sampling_params.simulated_accept_length, self.k)
+            for req in reqs
+        ]
         self.simulated_rates[rows] = torch.tensor(rates, dtype=torch.float64).to(self.device, non_blocking=True)
         streams = [simulated_stream(req.origin_input_ids) for req in reqs]
         self.simulated_streams[rows] = torch.tensor(streams, dtype=torch.int64).to(self.device, non_blocking=True)
 
-    def _draft_prefill(self, batch: ScheduleBatch, fb: ForwardBatch, aux: torch.Tensor, next_ids: torch.Tensor,
-                       info: SamplingBatchInfo, offsets: torch.Tensor, warm: list[int]) -> None:
+    def _draft_prefill(
+        self,
+        batch: ScheduleBatch,
+        fb: ForwardBatch,
+        aux: torch.Tensor,
+        next_ids: torch.Tensor,
+        info: SamplingBatchInfo,
+        offsets: torch.Tensor,
+        warm: list[int],
+    ) -> None:
         """The draft over the prefill's positions of the requests `warm` (indices into the
         batch), each position fed the token after it: the next prompt token for a chunk, the
         sampled token at a prompt's end."""
@@ -271,10 +325,17 @@ class EAGLEWorkerV2(TpModelWorker):
         input_ids = host_to_device(shifted, self.device)
         if len(warm) == batch.batch_size:
             # The draft scores no prompt tokens: the target's logits give the prompt logprobs.
-            draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=input_ids,
-                                           input_ids_host=None, capture_aux_hidden_states=False,
-                                           spec_hidden_states=aux, input_logprob_rows=None,
-                                           input_logprob_targets=None, input_top_logprobs_num=0)
+            draft_fb = dataclasses.replace(
+                fb,
+                forward_mode=ForwardMode.DRAFT_EXTEND,
+                input_ids=input_ids,
+                input_ids_host=None,
+                capture_aux_hidden_states=False,
+                spec_hidden_states=aux,
+                input_logprob_rows=None,
+                input_logprob_targets=None,
+                input_top_logprobs_num=0,
+            )
             warm_ids, warm_offsets = next_ids, offsets
         else:
             lens = fb.extend_seq_lens_cpu
@@ -282,11 +343,18 @@ class EAGLEWorkerV2(TpModelWorker):
             tokens = host_to_device([t for i in warm for t in range(starts[i], starts[i + 1])], self.device)
             sub = host_to_device(warm, self.device)
             draft_fb = ForwardBatch(
-                forward_mode=ForwardMode.DRAFT_EXTEND, batch_size=len(warm), input_ids=input_ids,
-                positions=fb.positions[tokens], req_pool_indices=fb.req_pool_indices[sub], seq_lens=fb.seq_lens[sub],
-                out_cache_loc=fb.out_cache_loc[tokens], seq_lens_cpu=[fb.seq_lens_cpu[i] for i in warm],
+                forward_mode=ForwardMode.DRAFT_EXTEND,
+                batch_size=len(warm),
+                input_ids=input_ids,
+                positions=fb.positions[tokens],
+                req_pool_indices=fb.req_pool_indices[sub],
+                seq_lens=fb.seq_lens[sub],
+                out_cache_loc=fb.out_cache_loc[tokens],
+                seq_lens_cpu=[fb.seq_lens_cpu[i] for i in warm],
                 extend_seq_lens_cpu=[lens[i] for i in warm],
-                extend_prefix_lens_cpu=[fb.extend_prefix_lens_cpu[i] for i in warm], spec_hidden_states=aux[tokens])
+                extend_prefix_lens_cpu=[fb.extend_prefix_lens_cpu[i] for i in warm],
+                spec_hidden_states=aux[tokens],
+            )
             info = self.sampling_info([batch.reqs[i] for i in warm])
             warm_ids, warm_offsets = next_ids[sub], offsets[sub]
         last = draft_fb.last_token_indices()
@@ -296,8 +364,13 @@ class EAGLEWorkerV2(TpModelWorker):
             rows = host_to_device(finals, self.device)  # pinned: a plain .to() would wait for the target's forward
             input_ids[last[rows]] = warm_ids[rows]
         draft_out = self.draft_runner.forward(draft_fb)
-        self._store_next_draft(draft_fb.req_pool_indices, draft_out.next_token_logits, draft_out.hidden_states[last],
-                               info, warm_offsets + 1)
+        self._store_next_draft(
+            draft_fb.req_pool_indices,
+            draft_out.next_token_logits,
+            draft_out.hidden_states[last],
+            info,
+            warm_offsets + 1,
+        )
 
     # ---- one speculative step ------------------------------------------------------------
 
@@ -319,8 +392,9 @@ class EAGLEWorkerV2(TpModelWorker):
         graphs = self.step_graphs.get(k)
         grammars = batch.grammars  # constrained batches run eagerly: their masks come from the host
         if graphs is not None and grammars is None and graphs.can_run(bs, greedy, logprobs):
-            tokens, num_out = graphs.replay(row_ids, batch.out_cache_loc_host.numpy(),
-                                            opted_out=opted if any_opted else None)
+            tokens, num_out = graphs.replay(
+                row_ids, batch.out_cache_loc_host.numpy(), opted_out=opted if any_opted else None
+            )
             if timer is not None:
                 timer.mark("step")
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
@@ -329,17 +403,26 @@ class EAGLEWorkerV2(TpModelWorker):
             opted_out = host_to_device(opted, self.device).bool() if any_opted else None
             info = self.sampling_info(batch.reqs)
             lookahead = None if grammars is None else GrammarLookahead(grammars, self.vocab_size, self.device)
-            tokens, num_out, target_logits = self._spec_body(rows, self._device_slots(batch), k, info, timer,
-                                                             opted_out=opted_out, grammar=lookahead)
+            tokens, num_out, target_logits = self._spec_body(
+                rows, self._device_slots(batch), k, info, timer, opted_out=opted_out, grammar=lookahead
+            )
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
             if logprobs:
                 self._add_step_logprobs(result, target_logits, max(req.top_logprobs_num for req in batch.reqs))
         result.start_copy_to_host()
         return result
 
-    def _spec_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, k: int, info: SamplingBatchInfo,
-                   timer: Optional["PhaseTimer"] = None, capturing: bool = False,
-                   opted_out: Optional[torch.Tensor] = None, grammar: Optional[GrammarLookahead] = None):
+    def _spec_body(
+        self,
+        rows: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        k: int,
+        info: SamplingBatchInfo,
+        timer: Optional["PhaseTimer"] = None,
+        capturing: bool = False,
+        opted_out: Optional[torch.Tensor] = None,
+        grammar: Optional[GrammarLookahead] = None,
+    ):
         """One speculative step of the requests in `rows` over the slots `out_cache_loc`
         ([bs * (k + 1)]); returns (tokens [bs, k + 1], num_out [bs], target logits). Everything
         else it reads and writes is device state, so the whole step can be captured in a graph
@@ -363,15 +446,30 @@ class EAGLEWorkerV2(TpModelWorker):
         drafts = [self.next_draft[rows]]
         draft_probs = [] if info.is_all_greedy else [self.next_draft_probs[rows]]
         if grammar is not None:  # constrained rows redraw d_1 under their grammar
-            grammar.redraw_first_draft(self.next_draft_logits[rows], self.draft_to_target, self.draft_model.to_target_ids,
-                                       info, offsets, drafts, draft_probs)
+            grammar.redraw_first_draft(
+                self.next_draft_logits[rows],
+                self.draft_to_target,
+                self.draft_model.to_target_ids,
+                info,
+                offsets,
+                drafts,
+                draft_probs,
+            )
         hidden = self.next_hidden[rows]
         for j in range(1, k):
             fb = ForwardBatch(
-                forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=drafts[-1], positions=starts + j - 1,
-                req_pool_indices=rows, seq_lens=starts + j, out_cache_loc=slots[:, j - 1].contiguous(),
-                seq_lens_cpu=None, extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None,
-                spec_hidden_states=hidden)
+                forward_mode=ForwardMode.DECODE,
+                batch_size=bs,
+                input_ids=drafts[-1],
+                positions=starts + j - 1,
+                req_pool_indices=rows,
+                seq_lens=starts + j,
+                out_cache_loc=slots[:, j - 1].contiguous(),
+                seq_lens_cpu=None,
+                extend_seq_lens_cpu=[1] * bs,
+                extend_prefix_lens_cpu=None,
+                spec_hidden_states=hidden,
+            )
             out = forward_draft(fb)
             logits = out.next_token_logits
             if grammar is not None:  # d_{j+1} under the mask after d_1 .. d_j
@@ -388,10 +486,19 @@ class EAGLEWorkerV2(TpModelWorker):
         # Verify [x, d_1 .. d_k] at positions m .. m + k.
         verify_ids = torch.cat([self.next_input[rows][:, None], torch.stack(drafts, dim=1)], dim=1).reshape(-1)
         verify_fb = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY, batch_size=bs, input_ids=verify_ids,
-            positions=(starts[:, None] + steps).reshape(-1), req_pool_indices=rows, seq_lens=starts + width,
-            out_cache_loc=out_cache_loc, seq_lens_cpu=None, extend_seq_lens_cpu=[width] * bs,
-            extend_prefix_lens_cpu=None, return_all_logits=True, capture_aux_hidden_states=True)
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=verify_ids,
+            positions=(starts[:, None] + steps).reshape(-1),
+            req_pool_indices=rows,
+            seq_lens=starts + width,
+            out_cache_loc=out_cache_loc,
+            seq_lens_cpu=None,
+            extend_seq_lens_cpu=[width] * bs,
+            extend_prefix_lens_cpu=None,
+            return_all_logits=True,
+            capture_aux_hidden_states=True,
+        )
         verify_out = forward_target(verify_fb)
         target_logits = raw_target_logits = verify_out.next_token_logits.view(bs, width, -1)
         draft_tokens = torch.stack(drafts[:k], dim=1)
@@ -408,8 +515,9 @@ class EAGLEWorkerV2(TpModelWorker):
         # against the distribution plain decoding samples from.
         target_logits = info.apply_logit_bias(target_logits)
         if self.simulated_rate is not None and grammar is None:  # a grammar's batch is verified for real
-            verdict = simulate_acceptance(target_logits, draft_tokens, starts, self.simulated_rates[rows],
-                                          self.simulated_streams[rows])
+            verdict = simulate_acceptance(
+                target_logits, draft_tokens, starts, self.simulated_rates[rows], self.simulated_streams[rows]
+            )
         elif info.is_all_greedy:
             verdict = verify_greedy(target_logits, draft_tokens)
         else:
@@ -428,13 +536,18 @@ class EAGLEWorkerV2(TpModelWorker):
 
         # Draft extend over the verified positions, fed the output tokens (shifted by one).
         extend_fb = dataclasses.replace(
-            verify_fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=verdict.tokens.reshape(-1),
-            capture_aux_hidden_states=False, spec_hidden_states=verify_out.aux_hidden_states)
+            verify_fb,
+            forward_mode=ForwardMode.DRAFT_EXTEND,
+            input_ids=verdict.tokens.reshape(-1),
+            capture_aux_hidden_states=False,
+            spec_hidden_states=verify_out.aux_hidden_states,
+        )
         extend_out = forward_draft(extend_fb)
         last_kept = torch.arange(bs, device=device) * width + verdict.num_out - 1
         extend_logits = extend_out.next_token_logits[last_kept]
-        self._store_next_draft(rows, extend_logits, extend_out.hidden_states[last_kept], info,
-                               offsets + verdict.num_out)
+        self._store_next_draft(
+            rows, extend_logits, extend_out.hidden_states[last_kept], info, offsets + verdict.num_out
+        )
         # The next step starts from the last output token (the bonus or the resampled one).
         self.next_input[rows] = verdict.tokens.gather(1, (verdict.num_out - 1)[:, None]).squeeze(1)
         self.next_start[rows] = starts + verdict.num_out
@@ -467,9 +580,9 @@ class EAGLEWorkerV2(TpModelWorker):
         else:
             rows = host_to_device(row_ids, self.device) if rows is None else rows
             behind = None if behind is None else host_to_device(behind, self.device)
-            next_ids, target_logits, hits = self._plain_body(rows, self._device_slots(batch),
-                                                             self.sampling_info(batch.reqs), behind,
-                                                             draft=follow, grammars=grammars)
+            next_ids, target_logits, hits = self._plain_body(
+                rows, self._device_slots(batch), self.sampling_info(batch.reqs), behind, draft=follow, grammars=grammars
+            )
         # num_out None: one token each (the host needs no copy to know it); no phase timer.
         result = SpecStepResult(tokens=next_ids[:, None], num_out=None, probe_hits=hits)
         if logprobs:
@@ -503,9 +616,16 @@ class EAGLEWorkerV2(TpModelWorker):
             batch.out_cache_loc = batch.out_cache_loc_host.to(self.device, non_blocking=True)
         return batch.out_cache_loc
 
-    def _plain_body(self, rows: torch.Tensor, out_cache_loc: torch.Tensor, info: SamplingBatchInfo,
-                    behind: Optional[torch.Tensor] = None, capturing: bool = False, draft: bool = True,
-                    grammars: Optional[list] = None):
+    def _plain_body(
+        self,
+        rows: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+        info: SamplingBatchInfo,
+        behind: Optional[torch.Tensor] = None,
+        capturing: bool = False,
+        draft: bool = True,
+        grammars: Optional[list] = None,
+    ):
         """The plain step of the requests in `rows` over the slots `out_cache_loc` ([bs]): the
         target decodes one token (capturing its aux states), then the draft follows it, warm or
         catch-up. Returns (tokens [bs], target logits, probe hits [bs] or None). `behind`:
@@ -521,9 +641,18 @@ class EAGLEWorkerV2(TpModelWorker):
         table = self.model_runner.req_to_token_pool.req_to_token
         table[rows, starts] = out_cache_loc.to(table.dtype)
         fb = ForwardBatch(
-            forward_mode=ForwardMode.DECODE, batch_size=bs, input_ids=self.next_input[rows], positions=starts,
-            req_pool_indices=rows, seq_lens=starts + 1, out_cache_loc=out_cache_loc, seq_lens_cpu=None,
-            extend_seq_lens_cpu=[1] * bs, extend_prefix_lens_cpu=None, capture_aux_hidden_states=draft)
+            forward_mode=ForwardMode.DECODE,
+            batch_size=bs,
+            input_ids=self.next_input[rows],
+            positions=starts,
+            req_pool_indices=rows,
+            seq_lens=starts + 1,
+            out_cache_loc=out_cache_loc,
+            seq_lens_cpu=None,
+            extend_seq_lens_cpu=[1] * bs,
+            extend_prefix_lens_cpu=None,
+            capture_aux_hidden_states=draft,
+        )
         out = forward_target(fb)
         next_ids = self.model_runner.sample(self.adjust_logits(out.next_token_logits, grammars, info), info, offsets)
         self.penalty_counts.count(next_ids, info.penalties)
@@ -543,9 +672,14 @@ class EAGLEWorkerV2(TpModelWorker):
                 hits = simulated_probe_hits(starts, self.simulated_rates[rows], self.simulated_streams[rows])
             # One token per row: every token's logits are the last ones (and need no host-made
             # index, which a graph capture could not copy).
-            draft_fb = dataclasses.replace(fb, forward_mode=ForwardMode.DRAFT_EXTEND, input_ids=next_ids,
-                                           capture_aux_hidden_states=False, spec_hidden_states=out.aux_hidden_states,
-                                           return_all_logits=True)
+            draft_fb = dataclasses.replace(
+                fb,
+                forward_mode=ForwardMode.DRAFT_EXTEND,
+                input_ids=next_ids,
+                capture_aux_hidden_states=False,
+                spec_hidden_states=out.aux_hidden_states,
+                return_all_logits=True,
+            )
             draft_out = forward_draft(draft_fb)
             self._store_next_draft(rows, draft_out.next_token_logits, draft_out.hidden_states, info, offsets + 1)
         self.next_input[rows] = next_ids
@@ -582,5 +716,7 @@ class EAGLEWorkerV2(TpModelWorker):
 def _graph_sampling(reqs) -> bool:
     """Whether every request samples as the whole-step graphs do: greedy, with no logit_bias and
     no penalty (the graphs apply neither); other batches run eagerly."""
-    return all(req.sampling_params.is_greedy and not req.sampling_params.logit_bias
-               and not req.sampling_params.penalized for req in reqs)
+    return all(
+        req.sampling_params.is_greedy and not req.sampling_params.logit_bias and not req.sampling_params.penalized
+        for req in reqs
+    )

@@ -27,8 +27,12 @@ class Exploration:
     is counted as the shortfall of each exploration step: the tokens per second it gave up,
     as a share of what the chosen k would have given, by the policy's own estimate."""
 
-    def __init__(self, steps: int = EXPLORE_STEPS, max_share: float = EXPLORE_MAX_SHARE,
-                 intervals: tuple[tuple[float, int], ...] = EXPLORE_INTERVALS):
+    def __init__(
+        self,
+        steps: int = EXPLORE_STEPS,
+        max_share: float = EXPLORE_MAX_SHARE,
+        intervals: tuple[tuple[float, int], ...] = EXPLORE_INTERVALS,
+    ):
         if steps < 1 or not 0 <= max_share <= 1:
             raise ValueError(f"exploration needs steps >= 1 and a share in [0, 1], got {steps}, {max_share}")
         self.burst_steps = steps
@@ -78,8 +82,9 @@ class Exploration:
         self._burst = None
         return None, back
 
-    def start_if_due(self, bucket: Hashable, chosen: int, objective: dict[int, float],
-                     unsure: frozenset = frozenset()) -> Optional[int]:
+    def start_if_due(
+        self, bucket: Hashable, chosen: int, objective: dict[int, float], unsure: frozenset = frozenset()
+    ) -> Optional[int]:
         """A candidate to run now instead of `chosen`, or None. The first step of the burst counts.
         Candidates in `unsure` (whose cost here rests on few samples) are due at the shortest
         interval, however far behind they look: one unlucky burst must not keep a k away for long."""
@@ -109,8 +114,12 @@ class Exploration:
 
     def summary(self) -> dict:
         steps = max(self.decode_steps, 1)
-        return {"steps": self.steps, "bursts": self.bursts, "share": round(self.steps / steps, 5),
-                "cost_share": round(self.lost_seconds / self.decode_seconds, 5) if self.decode_seconds else 0.0}
+        return {
+            "steps": self.steps,
+            "bursts": self.bursts,
+            "share": round(self.steps / steps, 5),
+            "cost_share": round(self.lost_seconds / self.decode_seconds, 5) if self.decode_seconds else 0.0,
+        }
 
 
 def _interval(intervals: tuple[tuple[float, int], ...], shortfall: float) -> int:

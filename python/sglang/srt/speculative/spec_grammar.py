@@ -50,8 +50,9 @@ class GrammarLookahead:
         """bool[bs, k + 1, vocab]: the masks of the step's positions, in order."""
         return torch.stack(self.masks, dim=1)
 
-    def redraw_first_draft(self, kept_logits, draft_to_target, to_target_ids, info, offsets, drafts: list,
-                           draft_probs: list) -> None:
+    def redraw_first_draft(
+        self, kept_logits, draft_to_target, to_target_ids, info, offsets, drafts: list, draft_probs: list
+    ) -> None:
         """d_1 of the constrained rows drawn again, with the same random numbers, from the draft's
         logits the previous step kept (draft vocabulary), under the mask of the step's first
         position; in place in `drafts` (target ids) and `draft_probs` (q, when sampling)."""

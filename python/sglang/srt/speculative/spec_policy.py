@@ -11,7 +11,6 @@ baselines and for users who know their load.
 Everything here is pure Python: it runs on the scheduler's CPU once per decode step, so it must
 not touch the device or sync with it."""
 
-
 from __future__ import annotations
 
 import logging
@@ -22,8 +21,7 @@ from typing import Optional
 
 from sglang.srt.speculative.acceptance import AcceptanceEstimator
 from sglang.srt.configs.speculative_adaptive import _is_int
-from sglang.srt.speculative.cost_model import (CONTEXT_CLASS_TOKENS, LEARN_WINDOW, CostTable, LearnedCost,
-                                               context_class)
+from sglang.srt.speculative.cost_model import CONTEXT_CLASS_TOKENS, LEARN_WINDOW, CostTable, LearnedCost, context_class
 from sglang.srt.speculative.exploration import Exploration
 
 logger = logging.getLogger(__name__)
@@ -222,19 +220,27 @@ class CostPolicy(SpecPolicy):
 
     name = "cost"
 
-    def __init__(self, candidates: list[int], cost: CostTable, estimator: AcceptanceEstimator,
-                 hysteresis: float = 0.02, min_dwell: int = 8,
-                 candidates_by_bs: Optional[dict[int, list[int]]] = None,
-                 hysteresis_by_bs: Optional[dict[int, dict[str, float]]] = None,
-                 exploration: Optional[Exploration] = None):
+    def __init__(
+        self,
+        candidates: list[int],
+        cost: CostTable,
+        estimator: AcceptanceEstimator,
+        hysteresis: float = 0.02,
+        min_dwell: int = 8,
+        candidates_by_bs: Optional[dict[int, list[int]]] = None,
+        hysteresis_by_bs: Optional[dict[int, dict[str, float]]] = None,
+        exploration: Optional[Exploration] = None,
+    ):
         super().__init__(estimator.k_max, estimator)
         if hysteresis < 0:
             raise ValueError(f"hysteresis must be >= 0, got {hysteresis}")
         if min_dwell < 1:
             raise ValueError(f"min_dwell must be >= 1, got {min_dwell}")
         self.candidates = _checked_candidates(candidates, estimator.k_max, "candidates")
-        self.candidates_by_bs = {bs: _checked_candidates(steps, estimator.k_max, f"candidates_by_bs[{bs}]")
-                                 for bs, steps in sorted((candidates_by_bs or {}).items())}
+        self.candidates_by_bs = {
+            bs: _checked_candidates(steps, estimator.k_max, f"candidates_by_bs[{bs}]")
+            for bs, steps in sorted((candidates_by_bs or {}).items())
+        }
         self._bs_keys = list(self.candidates_by_bs)
         self.hysteresis = hysteresis
         self.hysteresis_by_bs = dict(sorted((hysteresis_by_bs or {}).items()))
@@ -246,13 +252,18 @@ class CostPolicy(SpecPolicy):
         needed = set(self.candidates).union(*self.candidates_by_bs.values())
         missing = sorted(needed - set(cost.measured_steps))
         if missing:
-            raise ValueError(f"CostPolicy: the cost table has no step time for k in {missing} "
-                             f"(measured k: {list(cost.measured_steps)})")
+            raise ValueError(
+                f"CostPolicy: the cost table has no step time for k in {missing} "
+                f"(measured k: {list(cost.measured_steps)})"
+            )
         self._evaluated_key: Optional[tuple] = None  # (graph bucket, candidate set) of the last evaluation
         self._decided_k: Optional[int] = None  # what the last _choose returned
         self._chosen_k: Optional[int] = None  # the k chosen at the last step, exploration aside (observe_step_seconds)
         self._where: Optional[tuple[int, int]] = None  # the learned costs' key of the batch being chosen for
-        self._prices: tuple[Optional[tuple[int, int]], dict[int, float]] = (None, {})  # (key, seconds per k), last evaluation
+        self._prices: tuple[Optional[tuple[int, int]], dict[int, float]] = (
+            None,
+            {},
+        )  # (key, seconds per k), last evaluation
         # The last evaluation: (its key, the best candidate, how far ahead of the next it was, the decode step).
         self._verdict: tuple[Optional[tuple], int, float, int] = (None, 0, 0.0, 0)
         self.far_reevaluate_every = REEVALUATE_FAR_EVERY
@@ -268,14 +279,16 @@ class CostPolicy(SpecPolicy):
     def candidates_for(self, batch_size: int) -> list[int]:
         return _bucket_lookup(self._bs_keys, self.candidates_by_bs, batch_size, self.candidates)
 
-    def objective(self, rids: list[str], candidates: list[int], context_tokens: int = 0,
-                  num_plain_only: int = 0) -> dict[int, float]:
+    def objective(
+        self, rids: list[str], candidates: list[int], context_tokens: int = 0, num_plain_only: int = 0
+    ) -> dict[int, float]:
         """Expected tokens per second of each candidate for this batch (requests that opted out
         of speculation add one token and their share of the step's cost)."""
         return self._priced_objective(rids, candidates, context_tokens, num_plain_only)[0]
 
-    def _priced_objective(self, rids: list[str], candidates: list[int], context_tokens: int,
-                          num_plain_only: int) -> tuple[dict[int, float], dict[int, float]]:
+    def _priced_objective(
+        self, rids: list[str], candidates: list[int], context_tokens: int, num_plain_only: int
+    ) -> tuple[dict[int, float], dict[int, float]]:
         """(objective, seconds per step of each candidate)."""
         totals = self.estimator.batch_expected_tokens(rids, max(candidates))
         prices = self.cost.seconds_each(len(rids) + num_plain_only, candidates, context_tokens)
@@ -296,8 +309,13 @@ class CostPolicy(SpecPolicy):
         hold = self._hold
         if hold is not None:
             bs = len(rids) + num_plain_only
-            if (self._held < hold[4] and rids and not explore and hold[0] <= bs < hold[1]
-                    and hold[2] * bs <= context_tokens < hold[3] * bs):
+            if (
+                self._held < hold[4]
+                and rids
+                and not explore
+                and hold[0] <= bs < hold[1]
+                and hold[2] * bs <= context_tokens < hold[3] * bs
+            ):
                 # Within a serving loop, where this code is cold, the path through _decide cost the
                 # host ~20-30 us a step on this project's CPU: a hold costs a few comparisons.
                 self._held += 1
@@ -348,8 +366,10 @@ class CostPolicy(SpecPolicy):
 
     def _batch_sizes_like(self, batch_size: int) -> tuple[int, int]:
         """The batch sizes lo..hi-1 around batch_size with its learned-cost bucket and candidate set."""
+
         def alike(bs: int) -> bool:
             return self.cost.bucket(bs) == bucket and self.candidates_for(bs) is candidates
+
         bucket, candidates = self.cost.bucket(batch_size), self.candidates_for(batch_size)
         lo = hi = batch_size
         while lo > 1 and alike(lo - 1):
@@ -366,8 +386,13 @@ class CostPolicy(SpecPolicy):
         k = super().choose(rids, context_tokens, num_plain_only, explore)
         # The chosen k: what a burst returns to, else what _choose decided (before the scheduler's
         # acceptance probe, if it asked for one), else (a batch that decodes plainly) k.
-        self._chosen_k = (self.exploration.returns_to if self.exploration.active
-                          else self._decided_k if self._decided_k is not None else k)
+        self._chosen_k = (
+            self.exploration.returns_to
+            if self.exploration.active
+            else self._decided_k
+            if self._decided_k is not None
+            else k
+        )
         self.exploration.note_step(where, k, self._step_price(where, k, bs, context_tokens))
         return k
 
@@ -432,25 +457,32 @@ class CostPolicy(SpecPolicy):
             # A candidate whose offset to the chosen k rests on fewer than a window of samples is
             # measured again soon, whatever it looks: a burst that straddled the end of a slow
             # stretch can price it far off, and a k that was chosen until now has none.
-            unsure = frozenset(k for k in candidates if k != cur
-                               and self.cost.paired_samples(bs, k, context_tokens) < LEARN_WINDOW)
+            unsure = frozenset(
+                k for k in candidates if k != cur and self.cost.paired_samples(bs, k, context_tokens) < LEARN_WINDOW
+            )
             explored = self.exploration.start_if_due(key[0], cur, obj, unsure)
             if explored is not None:
                 return explored
         return cur
 
-    def _note_decision(self, bs: int, cur: int, best: int, obj: dict[int, float], after_burst: bool,
-                       context_tokens: int) -> None:
+    def _note_decision(
+        self, bs: int, cur: int, best: int, obj: dict[int, float], after_burst: bool, context_tokens: int
+    ) -> None:
         """Logs a decided switch with every candidate's expected tokens per second, its price per
         step (context included) and where that price comes from (cost_model.LearnedCost.source)."""
         self.num_decisions += 1
         how = "after exploring it" if after_burst else "by the learned costs"
-        each = "; ".join(f"{k}: {value:.0f} tok/s, {1e3 * self.seconds(bs, k, context_tokens):.3f} ms, "
-                         f"{self.cost.source(bs, k, context_tokens)}" for k, value in sorted(obj.items()))
-        self.last_switch = (f"k {cur} -> {best} at batch {bs} ({context_tokens} context tokens) {how}: expected "
-                            f"{obj[best]:.0f} against {obj[cur]:.0f} tok/s, "
-                            f"{1e3 * self.seconds(bs, best, context_tokens):.3f} against "
-                            f"{1e3 * self.seconds(bs, cur, context_tokens):.3f} ms per step (k {each})")
+        each = "; ".join(
+            f"{k}: {value:.0f} tok/s, {1e3 * self.seconds(bs, k, context_tokens):.3f} ms, "
+            f"{self.cost.source(bs, k, context_tokens)}"
+            for k, value in sorted(obj.items())
+        )
+        self.last_switch = (
+            f"k {cur} -> {best} at batch {bs} ({context_tokens} context tokens) {how}: expected "
+            f"{obj[best]:.0f} against {obj[cur]:.0f} tok/s, "
+            f"{1e3 * self.seconds(bs, best, context_tokens):.3f} against "
+            f"{1e3 * self.seconds(bs, cur, context_tokens):.3f} ms per step (k {each})"
+        )
         logger.info("speculation: %s", self.last_switch)
 
     def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
@@ -463,9 +495,13 @@ class CostPolicy(SpecPolicy):
         # lately, speculates too (SETTLED_BATCH): admissions come every few steps at a busy level,
         # and each fresh evaluation costs the host ~15 us at batch 16.
         key, best, lead, step = self._verdict
-        if (best > 0 and lead >= FAR_APART and bs >= SETTLED_BATCH
-                and self.exploration.decode_steps - step < self.far_reevaluate_every
-                and key == (self.cost.key(bs, context_tokens), id(candidates))):
+        if (
+            best > 0
+            and lead >= FAR_APART
+            and bs >= SETTLED_BATCH
+            and self.exploration.decode_steps - step < self.far_reevaluate_every
+            and key == (self.cost.key(bs, context_tokens), id(candidates))
+        ):
             return True
         return _best(self.objective(rids, candidates, context_tokens, num_plain_only)) > 0
 
@@ -475,16 +511,29 @@ class CostPolicy(SpecPolicy):
     def _at_prior(self, batch_size: int, context_tokens: int) -> bool:
         # Every request at the prior: 1 + p + ... + p^k tokens per verify of k drafts.
         prior = self.estimator.prior
-        return _best({k: batch_size * sum(prior ** i for i in range(k + 1)) / self.seconds(batch_size, k, context_tokens)
-                      for k in self.candidates_for(batch_size)}) > 0
+        return (
+            _best(
+                {
+                    k: batch_size * sum(prior**i for i in range(k + 1)) / self.seconds(batch_size, k, context_tokens)
+                    for k in self.candidates_for(batch_size)
+                }
+            )
+            > 0
+        )
 
     def summary(self) -> dict:
         self._settle()
-        return {**super().summary(), "candidates": self.candidates,
-                "candidates_by_bs": self.candidates_by_bs, "hysteresis": self.hysteresis,
-                "min_dwell": self.min_dwell, "cost": self.cost.summary(),
-                "decisions": self.num_decisions, "last_switch": self.last_switch,
-                "exploration": self.exploration.summary()}
+        return {
+            **super().summary(),
+            "candidates": self.candidates,
+            "candidates_by_bs": self.candidates_by_bs,
+            "hysteresis": self.hysteresis,
+            "min_dwell": self.min_dwell,
+            "cost": self.cost.summary(),
+            "decisions": self.num_decisions,
+            "last_switch": self.last_switch,
+            "exploration": self.exploration.summary(),
+        }
 
 
 def _lead(objective: dict[int, float], best: int) -> float:
@@ -508,13 +557,20 @@ def _checked_candidates(steps: list[int], k_max: int, label: str) -> list[int]:
     return steps
 
 
-def make_policy(name: str, k_max: int, *, threshold: Optional[int] = None,
-                candidates: Optional[list[int]] = None,
-                candidates_by_bs: Optional[dict[int, list[int]]] = None,
-                cost: Optional[CostTable] = None, ema_alpha: Optional[float] = None,
-                hysteresis: float = 0.02, min_dwell: int = 8,
-                hysteresis_by_bs: Optional[dict[int, dict[str, float]]] = None,
-                exploration: Optional[Exploration] = None) -> SpecPolicy:
+def make_policy(
+    name: str,
+    k_max: int,
+    *,
+    threshold: Optional[int] = None,
+    candidates: Optional[list[int]] = None,
+    candidates_by_bs: Optional[dict[int, list[int]]] = None,
+    cost: Optional[CostTable] = None,
+    ema_alpha: Optional[float] = None,
+    hysteresis: float = 0.02,
+    min_dwell: int = 8,
+    hysteresis_by_bs: Optional[dict[int, dict[str, float]]] = None,
+    exploration: Optional[Exploration] = None,
+) -> SpecPolicy:
     """The policy named by --speculative-policy, with an acceptance estimator for every policy
     (so acceptance is reported even when it does not drive the choice). Errors name the flag."""
     if name not in POLICY_NAMES:
@@ -530,24 +586,39 @@ def make_policy(name: str, k_max: int, *, threshold: Optional[int] = None,
         return NeverPolicy(k_max, estimator)
     if name == "threshold":
         if threshold is None or threshold < 0:
-            raise ValueError("--speculative-policy threshold needs --speculative-threshold N >= 0 "
-                             f"(speculate while the decode batch has at most N requests), got {threshold}")
+            raise ValueError(
+                "--speculative-policy threshold needs --speculative-threshold N >= 0 "
+                f"(speculate while the decode batch has at most N requests), got {threshold}"
+            )
         return ThresholdPolicy(k_max, threshold, estimator)
     if cost is None:
-        raise ValueError("--speculative-policy cost needs a measured cost table (step times of the "
-                         "captured graphs); none was given")
+        raise ValueError(
+            "--speculative-policy cost needs a measured cost table (step times of the captured graphs); none was given"
+        )
     if candidates is None:
         candidates = sorted({0, 1, k_max})
     if not candidates:
         raise ValueError("--speculative-candidate-steps: the list is empty")
     for k in candidates:
         if not _is_int(k) or not 0 <= k <= k_max:
-            raise ValueError(f"--speculative-candidate-steps: {k!r} is outside 0..{k_max} "
-                             f"(k_max = --speculative-num-steps = {k_max})")
+            raise ValueError(
+                f"--speculative-candidate-steps: {k!r} is outside 0..{k_max} "
+                f"(k_max = --speculative-num-steps = {k_max})"
+            )
     for bs, steps in (candidates_by_bs or {}).items():
         for k in steps:
             if not _is_int(k) or not 0 <= k <= k_max:
-                raise ValueError(f"--speculative-adaptive-config: batch size {bs} lists step {k!r}, outside "
-                                 f"0..{k_max} (k_max = --speculative-num-steps = {k_max})")
-    return CostPolicy(candidates, cost, estimator, hysteresis=hysteresis, min_dwell=min_dwell,
-                      candidates_by_bs=candidates_by_bs, hysteresis_by_bs=hysteresis_by_bs, exploration=exploration)
+                raise ValueError(
+                    f"--speculative-adaptive-config: batch size {bs} lists step {k!r}, outside "
+                    f"0..{k_max} (k_max = --speculative-num-steps = {k_max})"
+                )
+    return CostPolicy(
+        candidates,
+        cost,
+        estimator,
+        hysteresis=hysteresis,
+        min_dwell=min_dwell,
+        candidates_by_bs=candidates_by_bs,
+        hysteresis_by_bs=hysteresis_by_bs,
+        exploration=exploration,
+    )

@@ -66,8 +66,13 @@ def verify_greedy(target_logits: torch.Tensor, drafts: torch.Tensor) -> ChainVer
     return ChainVerdict(tokens=best, num_out=num_accepted + 1)
 
 
-def verify_sampled(target_logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor,
-                   info: SamplingBatchInfo, offsets: torch.Tensor) -> ChainVerdict:
+def verify_sampled(
+    target_logits: torch.Tensor,
+    drafts: torch.Tensor,
+    draft_probs: torch.Tensor,
+    info: SamplingBatchInfo,
+    offsets: torch.Tensor,
+) -> ChainVerdict:
     """Chain rejection sampling.
 
     target_logits: [bs, k + 1, V]; drafts: int64[bs, k] (target ids); draft_probs: float32
@@ -96,8 +101,10 @@ def verify_sampled(target_logits: torch.Tensor, drafts: torch.Tensor, draft_prob
     # Greedy rows of a mixed batch take the exact greedy rule (their q is never used).
     greedy = verify_greedy(target_logits, drafts)
     mask = info.greedy_mask
-    return ChainVerdict(tokens=torch.where(mask[:, None], greedy.tokens, tokens),
-                        num_out=torch.where(mask, greedy.num_out, num_accepted + 1))
+    return ChainVerdict(
+        tokens=torch.where(mask[:, None], greedy.tokens, tokens),
+        num_out=torch.where(mask, greedy.num_out, num_accepted + 1),
+    )
 
 
 def _repeat(t: torch.Tensor, n: int) -> torch.Tensor:
@@ -107,9 +114,14 @@ def _repeat(t: torch.Tensor, n: int) -> torch.Tensor:
 def _repeat_rows(info: SamplingBatchInfo, n: int) -> SamplingBatchInfo:
     """The batch info with every row repeated n times (one row per verified position)."""
     return dataclasses.replace(
-        info, temperatures=_repeat(info.temperatures, n), top_ps=_repeat(info.top_ps, n),
-        top_ks=_repeat(info.top_ks, n), min_ps=_repeat(info.min_ps, n), seeds=_repeat(info.seeds, n),
-        greedy_mask=_repeat(info.greedy_mask, n))
+        info,
+        temperatures=_repeat(info.temperatures, n),
+        top_ps=_repeat(info.top_ps, n),
+        top_ks=_repeat(info.top_ks, n),
+        min_ps=_repeat(info.min_ps, n),
+        seeds=_repeat(info.seeds, n),
+        greedy_mask=_repeat(info.greedy_mask, n),
+    )
 
 
 # ---- simulated acceptance (benchmarks only) ----------------------------------------------------
@@ -126,7 +138,7 @@ def simulated_accept_rate(accept_length: float, k_max: int) -> float:
     low, high = 0.0, 1.0
     for _ in range(60):  # bisection: the sum grows with r
         mid = (low + high) / 2
-        if sum(mid ** i for i in range(k_max + 1)) < target:
+        if sum(mid**i for i in range(k_max + 1)) < target:
             low = mid
         else:
             high = mid
@@ -169,8 +181,13 @@ def simulated_probe_hits(positions: torch.Tensor, rate, streams: torch.Tensor | 
     return _hashed_uniform(positions, 1, streams)[:, 0] < rate
 
 
-def simulate_acceptance(target_logits: torch.Tensor, drafts: torch.Tensor, positions: torch.Tensor,
-                        rate, streams: torch.Tensor | None = None) -> ChainVerdict:
+def simulate_acceptance(
+    target_logits: torch.Tensor,
+    drafts: torch.Tensor,
+    positions: torch.Tensor,
+    rate,
+    streams: torch.Tensor | None = None,
+) -> ChainVerdict:
     """A verdict that accepts each draft with probability `rate` (given the earlier ones were
     accepted), whatever the models say: accepted drafts are output as drafted, followed by the
     target's greedy token. Draws come from an integer hash of (position, draft index), so the
@@ -185,6 +202,7 @@ def simulate_acceptance(target_logits: torch.Tensor, drafts: torch.Tensor, posit
     best = target_logits.argmax(-1)
     tokens = torch.cat([drafts, best[:, -1:]], dim=1)
     last = accepted[:, None]
-    tokens = torch.where(torch.arange(k + 1, device=drafts.device) == last, best.gather(1, last).expand(-1, k + 1),
-                         tokens)
+    tokens = torch.where(
+        torch.arange(k + 1, device=drafts.device) == last, best.gather(1, last).expand(-1, k + 1), tokens
+    )
     return ChainVerdict(tokens=tokens, num_out=accepted + 1)

@@ -77,8 +77,7 @@ class SpecStats:
             "spec_verifies": self.num_verifies,
             "spec_tokens": self.num_tokens,
             "avg_spec_accept_length": self.mean_accept_length,
-            "spec_accept_rate": ((self.num_tokens - self.num_verifies) / self.num_drafts
-                                 if self.num_drafts else 0.0),
+            "spec_accept_rate": ((self.num_tokens - self.num_verifies) / self.num_drafts if self.num_drafts else 0.0),
             "spec_steps_by_k": {str(k): n for k, n in sorted(self.steps_by_k.items())},
             "spec_accept_length_histogram": list(self.histogram),
             "spec_phase_ms": self.mean_phase_ms(),

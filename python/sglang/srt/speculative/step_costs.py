@@ -45,8 +45,9 @@ def _measure(worker, repeats: int) -> dict:
     spec: dict[tuple[int, int], float] = {}
     for bs in sizes:
         rows = torch.full((bs,), worker.scratch_row, dtype=torch.int64, device=worker.device)
-        info = SamplingBatchInfo.from_params([SamplingParams(temperature=0)] * bs, [0] * bs, worker.vocab_size,
-                                             worker.device)
+        info = SamplingBatchInfo.from_params(
+            [SamplingParams(temperature=0)] * bs, [0] * bs, worker.vocab_size, worker.device
+        )
         row_ids = [worker.scratch_row] * bs
         graphs = worker.step_graphs.get(0)
         if graphs is not None and graphs.can_run(bs, True, False):
@@ -64,11 +65,13 @@ def _measure(worker, repeats: int) -> dict:
             spec[(bs, k)] = _seconds_per_call(worker, run, repeats)
     return {"plain": plain, "spec": spec, "context": _context_seconds_per_token(worker)}
 
+
 def _context_seconds_per_token(worker) -> dict[int, float]:
     """What one token of context adds to a step of each k, from the KV bytes the step's
     attention reads and the device's measured copy bandwidth: the target's KV once (a verify
     reads each request's KV once for all its k + 1 tokens), the draft's once per draft
     forward (k chain steps and the extend; a warm plain step's one-token extend)."""
+
     def kv_bytes(runner) -> int:
         pool = runner.token_to_kv_pool
         return len(pool.k_buffer) * 2 * pool.k_buffer[0][0].numel() * pool.k_buffer[0].element_size()
@@ -76,8 +79,11 @@ def _context_seconds_per_token(worker) -> dict[int, float]:
     seconds_per_byte = 1.0 / _copy_bandwidth(worker)
     target, draft = kv_bytes(worker.model_runner), kv_bytes(worker.draft_runner)
     plain_draft = draft if worker.draft_sync == "warm" else 0
-    return {0: (target + plain_draft) * seconds_per_byte,
-            **{k: (target + (k + 1) * draft) * seconds_per_byte for k in worker.reachable_steps}}
+    return {
+        0: (target + plain_draft) * seconds_per_byte,
+        **{k: (target + (k + 1) * draft) * seconds_per_byte for k in worker.reachable_steps},
+    }
+
 
 def _copy_bandwidth(worker, nbytes: int = 1 << 26, repeats: int = 10) -> float:
     """Bytes per second moved (read + written) by a device-to-device copy of `nbytes` (64 MiB
@@ -142,8 +148,12 @@ def device_lock(key: str, timeout_s: float | None = None):
     with handle:
         locked = _flock_within(handle, timeout_s)
         if not locked:
-            logger.warning("another server held %s for over %.0f s: measuring step costs without it "
-                           "(the table may read slow where both ran at once)", path, timeout_s)
+            logger.warning(
+                "another server held %s for over %.0f s: measuring step costs without it "
+                "(the table may read slow where both ran at once)",
+                path,
+                timeout_s,
+            )
         try:
             yield
         finally:

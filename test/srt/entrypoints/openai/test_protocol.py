@@ -7,7 +7,10 @@ import pytest
 from pydantic import ValidationError
 
 from sglang.srt.entrypoints.openai.protocol import (
-    ChatCompletionRequest, ChatCompletionStreamChoice, CompletionRequest, DeltaMessage,
+    ChatCompletionRequest,
+    ChatCompletionStreamChoice,
+    CompletionRequest,
+    DeltaMessage,
 )
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -23,20 +26,43 @@ def error_field(model, **body) -> str:
     return errors[0]["loc"][-1]
 
 
-@pytest.mark.parametrize("field, value", [
-    ("temperature", -0.1), ("temperature", 2.5), ("top_p", 0), ("top_p", 1.5), ("n", 0), ("n", 65),
-    ("max_tokens", -1), ("logprobs", 21), ("logprobs", -1), ("seed", -1), ("presence_penalty", 3),
-    ("frequency_penalty", -3), ("min_p", 2), ("min_tokens", -1), ("best_of", 0), ("repetition_penalty", 0),
-    ("repetition_penalty", 2.5),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", -0.1),
+        ("temperature", 2.5),
+        ("top_p", 0),
+        ("top_p", 1.5),
+        ("n", 0),
+        ("n", 65),
+        ("max_tokens", -1),
+        ("logprobs", 21),
+        ("logprobs", -1),
+        ("seed", -1),
+        ("presence_penalty", 3),
+        ("frequency_penalty", -3),
+        ("min_p", 2),
+        ("min_tokens", -1),
+        ("best_of", 0),
+        ("repetition_penalty", 0),
+        ("repetition_penalty", 2.5),
+    ],
+)
 def test_completion_range_errors_name_the_field(field, value):
     assert error_field(CompletionRequest, prompt="x", **{field: value}) == field
 
 
-@pytest.mark.parametrize("field, value", [
-    ("temperature", 3), ("top_p", -1), ("n", 100), ("max_tokens", -5), ("max_completion_tokens", -1),
-    ("top_logprobs", 21),
-])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("temperature", 3),
+        ("top_p", -1),
+        ("n", 100),
+        ("max_tokens", -5),
+        ("max_completion_tokens", -1),
+        ("top_logprobs", 21),
+    ],
+)
 def test_chat_range_errors_name_the_field(field, value):
     body = {"messages": MESSAGES, "logprobs": True, field: value}
     assert error_field(ChatCompletionRequest, **body) == field
@@ -57,8 +83,9 @@ def test_top_logprobs_needs_logprobs():
 def test_unknown_fields_are_ignored():
     request = CompletionRequest(prompt="x", some_future_field=1, extra_body={"a": 1})
     assert not hasattr(request, "some_future_field")
-    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "hi", "tool_calls": []}],
-                                 tools=[], parallel_tool_calls=False)
+    chat = ChatCompletionRequest(
+        messages=[{"role": "user", "content": "hi", "tool_calls": []}], tools=[], parallel_tool_calls=False
+    )
     assert chat.messages[0].content == "hi"
 
 

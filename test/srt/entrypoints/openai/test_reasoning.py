@@ -32,11 +32,19 @@ TEMPLATE = """{% for message in messages %}<|{{ message['role'] }}|>
 {% endif %}{% endif %}"""
 
 MESSAGES = [{"role": "user", "content": "Plan a trip from Paris to Rome."}]
-SCHEMA = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}, "ok": {"type": "boolean"}},
-          "required": ["city", "ok"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Rome"]}, "ok": {"type": "boolean"}},
+    "required": ["city", "ok"],
+    "additionalProperties": False,
+}
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "trip", "schema": SCHEMA}}
-WEATHER = {"type": "object", "properties": {"city": {"enum": ["Paris", "Rome"]}}, "required": ["city"],
-           "additionalProperties": False}
+WEATHER = {
+    "type": "object",
+    "properties": {"city": {"enum": ["Paris", "Rome"]}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}]
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
 
@@ -50,8 +58,16 @@ def template(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def r1_server(template):
-    proc = ServerProcess(demo.TARGET_PATH, "--chat-template", template, "--reasoning-parser", "deepseek-r1",
-                         "--tool-call-parser", "mistral", "--skip-server-warmup")
+    proc = ServerProcess(
+        demo.TARGET_PATH,
+        "--chat-template",
+        template,
+        "--reasoning-parser",
+        "deepseek-r1",
+        "--tool-call-parser",
+        "mistral",
+        "--skip-server-warmup",
+    )
     yield proc
     proc.stop()
 
@@ -60,9 +76,19 @@ def r1_server(template):
 def qwen3_spec_server(template):
     # Dynamic speculation between k = 1 and 3: without k = 0 among the candidates every step speculates,
     # whatever this loaded CPU's step times make the cost policy prefer.
-    proc = ServerProcess(demo.TARGET_PATH, "--chat-template", template, "--reasoning-parser", "qwen3",
-                         "--speculative-algorithm", "EAGLE3", "--speculative-adaptive",
-                         "--speculative-candidate-steps", "1,3", "--skip-server-warmup")
+    proc = ServerProcess(
+        demo.TARGET_PATH,
+        "--chat-template",
+        template,
+        "--reasoning-parser",
+        "qwen3",
+        "--speculative-algorithm",
+        "EAGLE3",
+        "--speculative-adaptive",
+        "--speculative-candidate-steps",
+        "1,3",
+        "--skip-server-warmup",
+    )
     yield proc
     proc.stop()
 
@@ -79,8 +105,12 @@ def whole(server, **kwargs) -> dict:
     choice = chat(server, **kwargs).choices[0]
     message = choice.message
     calls = [(call.function.name, json.loads(call.function.arguments)) for call in message.tool_calls or ()]
-    return {"reasoning": (message.model_extra or {}).get("reasoning_content"), "content": message.content,
-            "calls": calls, "finish": choice.finish_reason}
+    return {
+        "reasoning": (message.model_extra or {}).get("reasoning_content"),
+        "content": message.content,
+        "calls": calls,
+        "finish": choice.finish_reason,
+    }
 
 
 def streamed(server, **kwargs) -> dict:
@@ -95,9 +125,12 @@ def streamed(server, **kwargs) -> dict:
             for call in delta.tool_calls or ():
                 name, arguments = calls.get(call.index, ("", ""))
                 calls[call.index] = (name + (call.function.name or ""), arguments + (call.function.arguments or ""))
-    return {"reasoning": reasoning or None, "content": content or None,
-            "calls": [(name, json.loads(arguments)) for name, arguments in (calls[i] for i in sorted(calls))],
-            "finish": finish}
+    return {
+        "reasoning": reasoning or None,
+        "content": content or None,
+        "calls": [(name, json.loads(arguments)) for name, arguments in (calls[i] for i in sorted(calls))],
+        "finish": finish,
+    }
 
 
 def test_reasoning_block_goes_to_reasoning_content_and_streams_the_same(r1_server):
@@ -106,8 +139,8 @@ def test_reasoning_block_goes_to_reasoning_content_and_streams_the_same(r1_serve
     end = raw["content"].index("</think>")
     answer = whole(r1_server)
     # deepseek-r1: the model's own leading <think> is dropped, the block ends at the first </think>.
-    assert answer["reasoning"] == raw["content"][len("<think>"):end].strip() != ""
-    assert answer["content"] == raw["content"][end + len("</think>"):].lstrip()
+    assert answer["reasoning"] == raw["content"][len("<think>") : end].strip() != ""
+    assert answer["content"] == raw["content"][end + len("</think>") :].lstrip()
     assert streamed(r1_server) == answer == whole(r1_server, separate_reasoning=None)  # null: the default
     assert streamed(r1_server, separate_reasoning=False) == raw
     assert_server_kv_accounting(r1_server)
@@ -131,28 +164,40 @@ def test_response_format_constrains_the_answer_after_the_block_only(r1_server):
 
 
 def test_forced_tool_call_is_read_from_the_answer(r1_server):
-    for answer in (whole(r1_server, tools=TOOLS, tool_choice="required", max_tokens=80),
-                   streamed(r1_server, tools=TOOLS, tool_choice="required", max_tokens=80)):
+    for answer in (
+        whole(r1_server, tools=TOOLS, tool_choice="required", max_tokens=80),
+        streamed(r1_server, tools=TOOLS, tool_choice="required", max_tokens=80),
+    ):
         assert answer["finish"] == "tool_calls" and answer["content"] is None and answer["reasoning"]
-        (name, arguments), = answer["calls"]
+        ((name, arguments),) = answer["calls"]
         assert name == "get_weather"
         jsonschema.validate(arguments, WEATHER)
 
 
-@pytest.mark.parametrize("call_text", ['[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
-                                       '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]'])
+@pytest.mark.parametrize(
+    "call_text",
+    [
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}',
+        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]',
+    ],
+)
 def test_mistral_calls_after_the_block_are_parsed(r1_server, call_text):
     # A tiny model's own calls mean nothing: a regex (applied after the block) makes it write one.
     regex = "".join("\\" + c if c in '[]{}"' else c for c in call_text)
-    for answer in (whole(r1_server, tools=TOOLS, regex=regex, max_tokens=80),
-                   streamed(r1_server, tools=TOOLS, regex=regex, max_tokens=80)):
+    for answer in (
+        whole(r1_server, tools=TOOLS, regex=regex, max_tokens=80),
+        streamed(r1_server, tools=TOOLS, regex=regex, max_tokens=80),
+    ):
         assert answer["calls"] == [("get_weather", {"city": "Paris"})] and answer["finish"] == "tool_calls"
         assert answer["content"] is None and answer["reasoning"]
 
 
 def test_native_generate_constrains_after_the_block_when_it_requires_reasoning(r1_server):
     prompt = "<|user|>\nPlan a trip from Paris to Rome.\n<|assistant|>\n<think>\n"
-    body = {"text": prompt, "sampling_params": {"temperature": 0, "max_new_tokens": 80, "json_schema": json.dumps(SCHEMA)}}
+    body = {
+        "text": prompt,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 80, "json_schema": json.dumps(SCHEMA)},
+    }
     thought = httpx.post(r1_server.base_url + "/generate", json={**body, "require_reasoning": True}, timeout=60).json()
     reasoning, answer = thought["text"].split("</think>", 1)
     assert reasoning.startswith("<think>")
@@ -162,8 +207,11 @@ def test_native_generate_constrains_after_the_block_when_it_requires_reasoning(r
 
 
 def test_chat_template_kwargs_may_not_set_the_servers_arguments(r1_server):
-    response = httpx.post(r1_server.base_url + "/v1/chat/completions", timeout=60,
-                          json={"messages": MESSAGES, "chat_template_kwargs": {"tokenize": False}})
+    response = httpx.post(
+        r1_server.base_url + "/v1/chat/completions",
+        timeout=60,
+        json={"messages": MESSAGES, "chat_template_kwargs": {"tokenize": False}},
+    )
     assert response.status_code == 400 and "chat_template_kwargs" in response.text
 
 
@@ -176,9 +224,11 @@ def test_qwen3_without_thinking_answers_in_content_constrained_from_the_start(qw
     assert streamed(qwen3_spec_server, **NO_THINKING) == plain
 
 
-@pytest.mark.parametrize("constraint", [{"response_format": RESPONSE_FORMAT},
-                                        {"tools": TOOLS, "tool_choice": "required"}],
-                         ids=["response_format", "tool_choice"])
+@pytest.mark.parametrize(
+    "constraint",
+    [{"response_format": RESPONSE_FORMAT}, {"tools": TOOLS, "tool_choice": "required"}],
+    ids=["response_format", "tool_choice"],
+)
 def test_speculation_keeps_greedy_answers_with_reasoning_and_grammar(r1_server, qwen3_spec_server, constraint):
     # The qwen3 parser reads the same block here: the output opens it with its own <think>.
     verifies = server_state(qwen3_spec_server)["spec_verifies"]

@@ -21,8 +21,9 @@ def error_of(response: httpx.Response) -> dict:
     return response.json()["error"]
 
 
-@pytest.mark.parametrize("route, max_field", [("completion", "max_tokens"), ("chat", "max_tokens"),
-                                              ("chat", "max_completion_tokens")])
+@pytest.mark.parametrize(
+    "route, max_field", [("completion", "max_tokens"), ("chat", "max_tokens"), ("chat", "max_completion_tokens")]
+)
 def test_min_tokens_above_the_maximum_names_both_fields_as_openai_does(server, route, max_field):
     error = error_of(post(server, route, {"min_tokens": 5, max_field: 3}))
     assert error["param"] == "min_tokens"
@@ -34,4 +35,3 @@ def test_min_tokens_above_the_maximum_names_both_fields_as_openai_does(server, r
 def test_an_empty_stop_string_is_refused_alone_or_in_a_list(server, route):
     alone, listed = error_of(post(server, route, {"stop": ""})), error_of(post(server, route, {"stop": ["", "x"]}))
     assert alone == listed and alone["param"] == "stop" and "empty string" in alone["message"], (alone, listed)
-

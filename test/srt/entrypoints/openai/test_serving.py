@@ -31,18 +31,27 @@ class FakeTokenizerManager:
     """Answers generate_request like the real one: sample k (counted over all calls, prompt-major)
     writes TEXTS[k % len(TEXTS)]; streaming yields the result after every token."""
 
-    def __init__(self, finish: Optional[dict] = None, fail: Optional[Exception] = None,
-                 fail_after: Optional[int] = None, hang_after: Optional[int] = None, texts=TEXTS,
-                 bos: Optional[int] = None):
+    def __init__(
+        self,
+        finish: Optional[dict] = None,
+        fail: Optional[Exception] = None,
+        fail_after: Optional[int] = None,
+        hang_after: Optional[int] = None,
+        texts=TEXTS,
+        bos: Optional[int] = None,
+    ):
         self.tokenizer = TOKENIZER
         self.texts = texts
         self.bos = bos  # a special token id the tokenizer puts before every text prompt, as Llama's adds BOS
         self.context_len = 1024
-        self.server_args = SimpleNamespace(served_model_name=MODEL, model_path=MODEL_PATH, tool_call_parser=None,
-                                           reasoning_parser=None,
-                                           sampling_defaults="model")
-        self.limits = RequestLimits(ServerArgs(device="cpu"), self.context_len, max_running_requests=64,
-                                    token_chars=16)
+        self.server_args = SimpleNamespace(
+            served_model_name=MODEL,
+            model_path=MODEL_PATH,
+            tool_call_parser=None,
+            reasoning_parser=None,
+            sampling_defaults="model",
+        )
+        self.limits = RequestLimits(ServerArgs(device="cpu"), self.context_len, max_running_requests=64, token_chars=16)
         self.finish, self.fail, self.fail_after, self.hang_after = finish, fail, fail_after, hang_after
         self.calls = []  # GenerateReqInput, in call order
         self.closed = []  # per call: whether its generator has finished or been closed
@@ -86,20 +95,30 @@ class FakeTokenizerManager:
         await asyncio.sleep(0)  # let other streams interleave
 
     def _result(self, obj, prompt, ids: list[int], finished: bool) -> dict:
-        prompt_ids = prompt if isinstance(prompt, list) else [self.bos] * (self.bos is not None) + TOKENIZER.encode(prompt)
+        prompt_ids = (
+            prompt if isinstance(prompt, list) else [self.bos] * (self.bos is not None) + TOKENIZER.encode(prompt)
+        )
         prompt_tokens = len(prompt_ids)
         finish = (self.finish or {"type": "length", "length": len(ids)}) if finished else None
-        meta = {"id": "rid", "finish_reason": finish, "prompt_tokens": prompt_tokens,
-                "completion_tokens": len(ids), "cached_tokens": 2, "e2e_latency": 0.1}
+        meta = {
+            "id": "rid",
+            "finish_reason": finish,
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": len(ids),
+            "cached_tokens": 2,
+            "e2e_latency": 0.1,
+        }
         if getattr(obj, "return_logprob", False):
             meta["output_token_logprobs"] = [(-0.25 * (i + 1), t, None) for i, t in enumerate(ids)]
             meta["output_top_logprobs"] = [
-                [(-0.25 * (i + 1), t, None), (float("-inf"), (t + 1) % 300, None)][:obj.top_logprobs_num]
+                [(-0.25 * (i + 1), t, None), (float("-inf"), (t + 1) % 300, None)][: obj.top_logprobs_num]
                 for i, t in enumerate(ids)
             ]
             if getattr(obj, "logprob_start_len", -1) == 0:  # the prompt's tokens, scored -0.5 each
                 meta["input_token_logprobs"] = [(None if i == 0 else -0.5, t, None) for i, t in enumerate(prompt_ids)]
-                meta["input_top_logprobs"] = [None] + [[(-0.5, t, None)][:obj.top_logprobs_num] for t in prompt_ids[1:]]
+                meta["input_top_logprobs"] = [None] + [
+                    [(-0.5, t, None)][: obj.top_logprobs_num] for t in prompt_ids[1:]
+                ]
         return {"text": TOKENIZER.decode(ids), "output_ids": list(ids), "meta_info": meta}
 
 
@@ -116,7 +135,7 @@ def parse_sse(body: bytes) -> list:
     for block in body.decode().split("\n\n"):
         if block:
             assert block.startswith("data: "), block
-            payload = block[len("data: "):]
+            payload = block[len("data: ") :]
             events.append(payload if payload == "[DONE]" else json.loads(payload))
     return events
 
@@ -182,23 +201,47 @@ def test_completion_of_a_prompt_list_is_prompt_major():
     assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 4
 
 
-@pytest.mark.parametrize("prompt, field, sent", [
-    ([5, 6, 7], "input_ids", [5, 6, 7]), ([[5, 6], [7]], "input_ids", [[5, 6], [7]]), ("Hi", "text", "Hi"),
-])
+@pytest.mark.parametrize(
+    "prompt, field, sent",
+    [
+        ([5, 6, 7], "input_ids", [5, 6, 7]),
+        ([[5, 6], [7]], "input_ids", [[5, 6], [7]]),
+        ("Hi", "text", "Hi"),
+    ],
+)
 def test_completion_prompt_shapes_reach_the_engine(prompt, field, sent):
     tm, status, _ = completion(prompt=prompt)
     assert status == 200 and getattr(tm.calls[0], field) == sent
 
 
 def test_completion_maps_sampling_fields_to_native_names():
-    tm, status, _ = completion(max_tokens=5, temperature=0.5, top_p=0.9, top_k=3, min_p=0.1, stop=["\n"],
-                               stop_token_ids=[1], ignore_eos=True, min_tokens=2, no_stop_trim=True,
-                               skip_special_tokens=False)
+    tm, status, _ = completion(
+        max_tokens=5,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=3,
+        min_p=0.1,
+        stop=["\n"],
+        stop_token_ids=[1],
+        ignore_eos=True,
+        min_tokens=2,
+        no_stop_trim=True,
+        skip_special_tokens=False,
+    )
     assert status == 200
     assert tm.calls[0].sampling_params == {
-        "max_new_tokens": 5, "temperature": 0.5, "top_p": 0.9, "top_k": 3, "min_p": 0.1, "stop": ["\n"],
-        "stop_token_ids": [1], "ignore_eos": True, "min_new_tokens": 2, "n": 1,
-        "skip_special_tokens": False, "no_stop_trim": True,
+        "max_new_tokens": 5,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 3,
+        "min_p": 0.1,
+        "stop": ["\n"],
+        "stop_token_ids": [1],
+        "ignore_eos": True,
+        "min_new_tokens": 2,
+        "n": 1,
+        "skip_special_tokens": False,
+        "no_stop_trim": True,
     }
 
 
@@ -218,11 +261,14 @@ def test_chat_without_max_tokens_asks_for_up_to_the_context():
     assert tm.calls[0].sampling_params["max_new_tokens"] == 9
 
 
-@pytest.mark.parametrize("finish, reason, matched", [
-    ({"type": "length", "length": 3}, "length", None),
-    ({"type": "stop", "matched": 0}, "stop", 0),
-    ({"type": "stop", "matched": "\n"}, "stop", "\n"),
-])
+@pytest.mark.parametrize(
+    "finish, reason, matched",
+    [
+        ({"type": "length", "length": 3}, "length", None),
+        ({"type": "stop", "matched": 0}, "stop", 0),
+        ({"type": "stop", "matched": "\n"}, "stop", "\n"),
+    ],
+)
 def test_finish_reason_maps_to_openai(finish, reason, matched):
     _, _, body = completion(tm=FakeTokenizerManager(finish=finish))
     assert (body["choices"][0]["finish_reason"], body["choices"][0]["matched_stop"]) == (reason, matched)
@@ -310,8 +356,9 @@ def test_closing_the_stream_closes_every_engine_request():
 def test_disconnect_before_the_first_token_closes_the_requests(monkeypatch):
     monkeypatch.setattr(http_utils, "DISCONNECT_POLL_S", 0.01)
     tm = FakeTokenizerManager(hang_after=0)
-    status, _ = call(OpenAIServingCompletion(tm), CompletionRequest(prompt="Hi", stream=True, n=2),
-                     FakeRawRequest(disconnected=True))
+    status, _ = call(
+        OpenAIServingCompletion(tm), CompletionRequest(prompt="Hi", stream=True, n=2), FakeRawRequest(disconnected=True)
+    )
     assert status == 499 and tm.closed == [True, True]
 
 
@@ -368,8 +415,10 @@ def test_echo_leads_with_the_prompt_and_its_logprobs(stream):
     assert tm.calls[0].logprob_start_len == 0, "the prompt is scored from its first token"
     chunks = chunks_of(body) if stream else [body]
     text = "".join(c["choices"][0]["text"] for c in chunks)
-    logprobs = {key: [x for c in chunks for x in c["choices"][0]["logprobs"][key]]
-                for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")}
+    logprobs = {
+        key: [x for c in chunks for x in c["choices"][0]["logprobs"][key]]
+        for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset")
+    }
     assert chunks[0]["choices"][0]["text"].startswith("def add(a, b):")
     assert text == "def add(a, b):" + TEXTS[0] == "".join(logprobs["tokens"])
     num_prompt = len(prompt_ids)
@@ -387,8 +436,9 @@ def test_echo_offsets_index_the_text_when_the_tokenizer_adds_a_bos(stream):
     at its token in the text."""
     bos = TOKENIZER.convert_tokens_to_ids("<|endoftext|>")
     prompt = "def add(a, b):"
-    _, _, body = completion(tm=FakeTokenizerManager(bos=bos), prompt=prompt, echo=True, logprobs=0, max_tokens=8,
-                            stream=stream)
+    _, _, body = completion(
+        tm=FakeTokenizerManager(bos=bos), prompt=prompt, echo=True, logprobs=0, max_tokens=8, stream=stream
+    )
     chunks = chunks_of(body) if stream else [body]
     text = "".join(c["choices"][0]["text"] for c in chunks)
     tokens = [t for c in chunks for t in c["choices"][0]["logprobs"]["tokens"]]
@@ -482,14 +532,17 @@ def test_model_path_and_missing_model_are_accepted():
     assert completion(model=None)[1] == 200
 
 
-@pytest.mark.parametrize("native, completion_name, chat_name", [
-    ("max_new_tokens", "max_tokens", "max_completion_tokens"),
-    ("sampling_seed", "seed", "seed"),
-    ("text", "prompt", "messages"),
-    ("input_ids", "prompt", "messages"),
-    ("min_new_tokens", "min_tokens", "min_tokens"),
-    ("top_logprobs_num", "logprobs", "top_logprobs"),
-])
+@pytest.mark.parametrize(
+    "native, completion_name, chat_name",
+    [
+        ("max_new_tokens", "max_tokens", "max_completion_tokens"),
+        ("sampling_seed", "seed", "seed"),
+        ("text", "prompt", "messages"),
+        ("input_ids", "prompt", "messages"),
+        ("min_new_tokens", "min_tokens", "min_tokens"),
+        ("top_logprobs_num", "logprobs", "top_logprobs"),
+    ],
+)
 @pytest.mark.parametrize("stream", [False, True])
 def test_engine_errors_name_the_openai_field(native, completion_name, chat_name, stream):
     fail = InvalidRequest(f"Sampling parameter '{native}' is out of range.", native)
@@ -541,9 +594,14 @@ def test_engine_failure_before_the_answer_is_a_500_error_body():
     assert status == 500 and "scheduler process died" in body["error"]["message"]
 
 
-@pytest.mark.parametrize("body, param", [
-    ({"suffix": "x"}, "suffix"), ({"best_of": 3}, "best_of"), ({"prompt": []}, "prompt"),
-])
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"suffix": "x"}, "suffix"),
+        ({"best_of": 3}, "best_of"),
+        ({"prompt": []}, "prompt"),
+    ],
+)
 def test_unsupported_completion_options_are_a_400(body, param):
     tm, status, response = completion(**body)
     assert status == 400 and response["error"]["param"] == param and tm.calls == []
@@ -569,9 +627,17 @@ def test_server_sent_events_carry_json_a_strict_parser_reads():
     """One event per chunk: `data: <json>` and a blank line; text stays unescaped UTF-8, ids and
     numbers round-trip, integer keys become strings, and non-finite floats (which strict JSON
     parsers reject as NaN / Infinity) become null."""
-    chunk = {"text": "naïve 名前 \n\"quoted\"", "output_ids": list(range(64)),
-             "meta_info": {"e2e_latency": 0.125, "finish_reason": None, "logprob": float("-inf"),
-                           "ratio": float("nan"), "by_k": {3: 0.5}}}
+    chunk = {
+        "text": 'naïve 名前 \n"quoted"',
+        "output_ids": list(range(64)),
+        "meta_info": {
+            "e2e_latency": 0.125,
+            "finish_reason": None,
+            "logprob": float("-inf"),
+            "ratio": float("nan"),
+            "by_k": {3: 0.5},
+        },
+    }
     event = http_utils.sse(chunk)
     assert event.startswith(b"data: ") and event.endswith(b"\n\n") and event.count(b"\n\n") == 1
     assert "名前".encode() in event  # not \u-escaped
@@ -579,10 +645,15 @@ def test_server_sent_events_carry_json_a_strict_parser_reads():
     def strict(token):
         raise ValueError(f"not JSON: {token}")
 
-    parsed = json.loads(event[len(b"data: "):-2], parse_constant=strict)
+    parsed = json.loads(event[len(b"data: ") : -2], parse_constant=strict)
     assert parsed["text"] == chunk["text"] and parsed["output_ids"] == chunk["output_ids"]
-    assert parsed["meta_info"] == {"e2e_latency": 0.125, "finish_reason": None, "logprob": None, "ratio": None,
-                                   "by_k": {"3": 0.5}}
+    assert parsed["meta_info"] == {
+        "e2e_latency": 0.125,
+        "finish_reason": None,
+        "logprob": None,
+        "ratio": None,
+        "by_k": {"3": 0.5},
+    }
     assert http_utils.sse("[DONE]") == b"data: [DONE]\n\n"
 
 
@@ -608,15 +679,30 @@ def test_a_chat_with_tools_read_by_a_parser_keeps_special_tokens_in_the_text():
 
 # Writes each tool's name and each earlier call's "city" argument (read as a mapping), so the
 # prompt shows what the template was given.
-TOOLS_TEMPLATE = ("{% for tool in tools or [] %}<|tool|>{{ tool.function.name }}\n{% endfor %}"
-                  "{% for message in messages %}<|{{ message.role }}|>{{ message.content }}"
-                  "{% for call in message.tool_calls or [] %}city={{ call.function.arguments.city }}{% endfor %}\n"
-                  "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"$ref": "#/$defs/City"}},
-                                          "$defs": {"City": {"type": "string"}}}}}
-ADD_TOOL = {"type": "function", "function": {
-    "name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}
+TOOLS_TEMPLATE = (
+    "{% for tool in tools or [] %}<|tool|>{{ tool.function.name }}\n{% endfor %}"
+    "{% for message in messages %}<|{{ message.role }}|>{{ message.content }}"
+    "{% for call in message.tool_calls or [] %}city={{ call.function.arguments.city }}{% endfor %}\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"$ref": "#/$defs/City"}},
+            "$defs": {"City": {"type": "string"}},
+        },
+    },
+}
+ADD_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    },
+}
 
 
 def tools_manager(parser: Optional[str] = None, texts=TEXTS) -> FakeTokenizerManager:
@@ -632,10 +718,17 @@ def prompt_text(tm: FakeTokenizerManager) -> str:
 
 
 def history_with_call(arguments: str) -> list[dict]:
-    return [{"role": "user", "content": "Weather?"},
-            {"role": "assistant", "content": None, "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    return [
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    ]
 
 
 def test_history_call_arguments_reach_the_template_as_a_mapping():
@@ -643,8 +736,9 @@ def test_history_call_arguments_reach_the_template_as_a_mapping():
     assert status == 200 and "city=Oslo" in prompt_text(tm)
 
 
-@pytest.mark.parametrize("arguments", ['{"city": "Oslo"', '["Oslo"]', "Oslo", "null"],
-                         ids=["cut_short", "array", "not_json", "null"])
+@pytest.mark.parametrize(
+    "arguments", ['{"city": "Oslo"', '["Oslo"]', "Oslo", "null"], ids=["cut_short", "array", "not_json", "null"]
+)
 def test_history_call_arguments_that_are_not_a_json_object_are_a_400_naming_messages(arguments):
     """As upstream: an assistant's earlier call must carry the JSON text of an object."""
     tm, status, body = chat(tools_manager(), messages=history_with_call(arguments), tools=[WEATHER_TOOL])
@@ -652,22 +746,29 @@ def test_history_call_arguments_that_are_not_a_json_object_are_a_400_naming_mess
     assert body["error"]["message"].startswith("messages[1].tool_calls[0].function.arguments must be")
 
 
-@pytest.mark.parametrize("arguments", ["[" * 5000, '{"a": ' + "[" * 600 + "]" * 600 + "}"],
-                         ids=["past_the_json_parser", "past_the_template"])
+@pytest.mark.parametrize(
+    "arguments", ["[" * 5000, '{"a": ' + "[" * 600 + "]" * 600 + "}"], ids=["past_the_json_parser", "past_the_template"]
+)
 def test_history_call_arguments_nested_too_deeply_are_a_400_naming_messages(arguments):
     tm, status, body = chat(tools_manager(), messages=history_with_call(arguments), tools=[WEATHER_TOOL])
     assert status == 400 and body["error"]["param"] == "messages" and tm.calls == [], body
     assert "nest too deeply" in body["error"]["message"] or "nests too deeply" in body["error"]["message"]
 
 
-@pytest.mark.parametrize("choice, shown", [({"type": "function", "function": {"name": "add"}}, ["add"]),
-                                           ("required", ["get_weather", "add"]), ("auto", ["get_weather", "add"]),
-                                           ("none", [])])
+@pytest.mark.parametrize(
+    "choice, shown",
+    [
+        ({"type": "function", "function": {"name": "add"}}, ["add"]),
+        ("required", ["get_weather", "add"]),
+        ("auto", ["get_weather", "add"]),
+        ("none", []),
+    ],
+)
 def test_the_template_sees_only_the_tools_the_model_may_call(choice, shown):
     """As upstream: a named tool_choice shows the template that tool alone."""
     tm, status, _ = chat(tools_manager("hermes"), tools=[WEATHER_TOOL, ADD_TOOL], tool_choice=choice)
     assert status == 200
-    assert [line[len("<|tool|>"):] for line in prompt_text(tm).splitlines() if line.startswith("<|tool|>")] == shown
+    assert [line[len("<|tool|>") :] for line in prompt_text(tm).splitlines() if line.startswith("<|tool|>")] == shown
 
 
 def _deep_parameters(levels: int) -> dict:
@@ -678,11 +779,16 @@ def _deep_parameters(levels: int) -> dict:
     return parameters
 
 
-@pytest.mark.parametrize("parameters", [{"type": "object", "properties": {"a": {"type": "strin"}}},
-                                        {"type": "object", "required": "a"},
-                                        {"type": "object", "properties": {"a": {"minimum": "1"}}},
-                                        _deep_parameters(900)],
-                         ids=["unknown_type", "required_not_a_list", "minimum_not_a_number", "nested_too_deeply"])
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"type": "object", "properties": {"a": {"type": "strin"}}},
+        {"type": "object", "required": "a"},
+        {"type": "object", "properties": {"a": {"minimum": "1"}}},
+        _deep_parameters(900),
+    ],
+    ids=["unknown_type", "required_not_a_list", "minimum_not_a_number", "nested_too_deeply"],
+)
 @pytest.mark.parametrize("choice", ["auto", "none", "required"])
 def test_tool_parameters_that_are_not_a_json_schema_are_a_400_naming_tools(parameters, choice):
     """As upstream: every tool's parameters are checked against JSON Schema Draft 2020-12,
@@ -693,10 +799,13 @@ def test_tool_parameters_that_are_not_a_json_schema_are_a_400_naming_tools(param
     assert body["error"]["message"].startswith("tools[1].function.parameters ")
 
 
-@pytest.mark.parametrize("text", [
-    'I will check. <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
-    'I will check.\n\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>',
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        'I will check. <tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>',
+        'I will check.\n\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>',
+    ],
+)
 def test_streamed_content_before_a_call_adds_up_to_the_whole_content(text):
     _, status, whole = chat(tools_manager("hermes", [text]), tools=[ADD_TOOL])
     assert status == 200 and whole["choices"][0]["message"]["content"] == "I will check."

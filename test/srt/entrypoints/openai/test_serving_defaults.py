@@ -39,20 +39,40 @@ def start(model_dir: str, *flags: str):
 
 
 def chat_texts(client, **kwargs) -> list[str]:
-    return [client.chat.completions.create(model=client.models.list().data[0].id, max_tokens=MAX_TOKENS, seed=seed,
-                                           messages=[{"role": "user", "content": PROMPT}], **kwargs)
-            .choices[0].message.content for seed in SEEDS]
+    return [
+        client.chat.completions.create(
+            model=client.models.list().data[0].id,
+            max_tokens=MAX_TOKENS,
+            seed=seed,
+            messages=[{"role": "user", "content": PROMPT}],
+            **kwargs,
+        )
+        .choices[0]
+        .message.content
+        for seed in SEEDS
+    ]
 
 
 def completion_texts(client) -> list[str]:
-    return [client.completions.create(model=client.models.list().data[0].id, prompt=PROMPT, max_tokens=MAX_TOKENS,
-                                       seed=seed).choices[0].text for seed in SEEDS]
+    return [
+        client.completions.create(
+            model=client.models.list().data[0].id, prompt=PROMPT, max_tokens=MAX_TOKENS, seed=seed
+        )
+        .choices[0]
+        .text
+        for seed in SEEDS
+    ]
 
 
 def generate_texts(server) -> list[str]:
-    return [httpx.post(server.base_url + "/generate", timeout=60, json={
-        "text": PROMPT, "sampling_params": {"max_new_tokens": MAX_TOKENS, "sampling_seed": seed}}).json()["text"]
-            for seed in SEEDS]
+    return [
+        httpx.post(
+            server.base_url + "/generate",
+            timeout=60,
+            json={"text": PROMPT, "sampling_params": {"max_new_tokens": MAX_TOKENS, "sampling_seed": seed}},
+        ).json()["text"]
+        for seed in SEEDS
+    ]
 
 
 def test_the_models_defaults_fill_what_a_chat_request_leaves_unset_and_nothing_else(model_dir):
@@ -78,4 +98,3 @@ def test_sampling_defaults_openai_keeps_openais_defaults_for_chat(model_dir):
         assert "repetition_penalty" not in server.output()
     finally:
         server.stop()
-

@@ -15,8 +15,10 @@ from sglang.srt.entrypoints.openai.tool_calls import ToolCallStream, forced_call
 
 NAMES = {"add", "get_weather"}
 ADD = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-TOOLS = [{"type": "function", "function": {"name": "add", "parameters": ADD}},
-         {"type": "function", "function": {"name": "get_weather"}}]
+TOOLS = [
+    {"type": "function", "function": {"name": "add", "parameters": ADD}},
+    {"type": "function", "function": {"name": "get_weather"}},
+]
 
 
 def calls_of(calls):
@@ -27,15 +29,18 @@ def test_llama3_json_calls_with_and_without_the_python_tag():
     text = '{"name": "add", "parameters": {"a": 1}}; {"name": "get_weather", "parameters": {"city": "Rome"}}'
     content, calls = parse_tool_calls(text, "auto", "llama3", NAMES)
     assert content is None and calls_of(calls) == [("add", {"a": 1}), ("get_weather", {"city": "Rome"})]
-    content, calls = parse_tool_calls('Let me add.<|python_tag|>{"name": "add", "arguments": {"a": 2}}', "auto",
-                                      "llama3", NAMES)
+    content, calls = parse_tool_calls(
+        'Let me add.<|python_tag|>{"name": "add", "arguments": {"a": 2}}', "auto", "llama3", NAMES
+    )
     assert content == "Let me add." and calls_of(calls) == [("add", {"a": 2})]
     assert parse_tool_calls("no calls here", "auto", "llama3", NAMES) == ("no calls here", [])
 
 
 def test_hermes_blocks_keep_the_content_before_them_and_drop_unknown_functions():
-    text = ('I will check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
-            '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>')
+    text = (
+        'I will check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+        '<tool_call>\n{"name": "rm_rf", "arguments": {}}\n</tool_call>'
+    )
     for parser in ("qwen25", "qwen", "hermes"):
         content, calls = parse_tool_calls(text, "auto", parser, NAMES)
         assert content == "I will check." and calls_of(calls) == [("get_weather", {"city": "Oslo"})]
@@ -51,7 +56,7 @@ def test_mistral_calls_as_a_json_list_or_as_name_and_args():
     text = '[TOOL_CALLS]add[ARGS]{"a": 2}[TOOL_CALLS]rm[ARGS]{}[TOOL_CALLS]get_weather[ARGS] {"city": "Oslo"}'
     content, calls = parse_tool_calls(text, "auto", "mistral", NAMES)
     assert content is None and calls_of(calls) == [("add", {"a": 2}), ("get_weather", {"city": "Oslo"})]
-    assert parse_tool_calls("[TOOL_CALLS]add[ARGS]{\"a\": ", "auto", "mistral", NAMES)[1] == []
+    assert parse_tool_calls('[TOOL_CALLS]add[ARGS]{"a": ', "auto", "mistral", NAMES)[1] == []
     assert parse_tool_calls("[TOOLS] no calls", "auto", "mistral", NAMES) == ("[TOOLS] no calls", [])
 
 
@@ -74,15 +79,23 @@ def test_a_forced_array_cut_short_keeps_its_complete_calls():
     assert parse_tool_calls('[{"name": "add", "para', "forced", None, NAMES)[1] == []
 
 
-@pytest.mark.parametrize("mode, parser, start", [("auto", "llama3", '{"name": "add", "parameters": '),
-                                                  ("auto", "hermes", "<tool_call>"), ("forced", None, "["),
-                                                  ("auto", "mistral", "[TOOL_CALLS]")])
+@pytest.mark.parametrize(
+    "mode, parser, start",
+    [
+        ("auto", "llama3", '{"name": "add", "parameters": '),
+        ("auto", "hermes", "<tool_call>"),
+        ("forced", None, "["),
+        ("auto", "mistral", "[TOOL_CALLS]"),
+    ],
+)
 def test_output_nested_past_the_json_recursion_limit_is_no_call(mode, parser, start):
     text = start + "[" * 5000
     assert parse_tool_calls(text, mode, parser, NAMES) == (text, [])
 
 
-@pytest.mark.parametrize("choice, max_items", [("required", None), ({"type": "function", "function": {"name": "add"}}, 1)])
+@pytest.mark.parametrize(
+    "choice, max_items", [("required", None), ({"type": "function", "function": {"name": "add"}}, 1)]
+)
 def test_forced_schema_lists_the_chosen_tools(choice, max_items):
     request = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tools=TOOLS, tool_choice=choice)
     schema = json.loads(forced_calls_schema(request))
@@ -91,22 +104,27 @@ def test_forced_schema_lists_the_chosen_tools(choice, max_items):
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{"name": "add", "parameters": {}}], schema)
     if choice == "required":
-        jsonschema.validate([{"name": "get_weather", "parameters": {}}, {"name": "add", "parameters": {"a": 1}}], schema)
+        jsonschema.validate(
+            [{"name": "get_weather", "parameters": {}}, {"name": "add", "parameters": {"a": 1}}], schema
+        )
     else:
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate([{"name": "get_weather", "parameters": {}}], schema)
 
 
-@pytest.mark.parametrize("parser, text", [
-    ("hermes", 'Checking <tool><tool_call>{"name": "add", "arguments": {"a": 5}}</tool_call>'),
-    ("hermes", 'Checking. \n <tool_call>{"name": "add", "arguments": {"a": 5}}</tool_call>'),
-    ("llama3", 'Sure: <|python_tag|>{"name": "add", "parameters": {"a": 5}}'),
-    ("hermes", "Plain text with a < sign and <tool but no call \n"),
-    ("hermes", 'Unknown function \n<tool_call>{"name": "rm", "arguments": {}}</tool_call>'),
-    ("mistral", 'Adding. [TOOL_CALLS] [{"name": "add", "arguments": {"a": 5}}]'),
-    ("mistral", 'Adding [TOOL_CALL] [TOOL_CALLS]add[ARGS]{"a": 5}'),
-    ("mistral", "A [bracket] and [TOOL but no call \n"),
-])
+@pytest.mark.parametrize(
+    "parser, text",
+    [
+        ("hermes", 'Checking <tool><tool_call>{"name": "add", "arguments": {"a": 5}}</tool_call>'),
+        ("hermes", 'Checking. \n <tool_call>{"name": "add", "arguments": {"a": 5}}</tool_call>'),
+        ("llama3", 'Sure: <|python_tag|>{"name": "add", "parameters": {"a": 5}}'),
+        ("hermes", "Plain text with a < sign and <tool but no call \n"),
+        ("hermes", 'Unknown function \n<tool_call>{"name": "rm", "arguments": {}}</tool_call>'),
+        ("mistral", 'Adding. [TOOL_CALLS] [{"name": "add", "arguments": {"a": 5}}]'),
+        ("mistral", 'Adding [TOOL_CALL] [TOOL_CALLS]add[ARGS]{"a": 5}'),
+        ("mistral", "A [bracket] and [TOOL but no call \n"),
+    ],
+)
 @pytest.mark.parametrize("step", [1, 4, 1000])  # characters per update (1000: the whole text at once)
 def test_streamed_deltas_add_up_to_the_parsed_answer(parser, text, step):
     stream = ToolCallStream("auto", parser, NAMES)

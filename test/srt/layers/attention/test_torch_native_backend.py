@@ -32,10 +32,16 @@ def forward(runner, mode, requests, rows, starts, return_all_logits=True):
         new_lens.append(len(tokens))
         seq_lens.append(start + len(tokens))
     batch = ForwardBatch(
-        forward_mode=mode, batch_size=len(requests), input_ids=torch.tensor(ids),
-        positions=torch.tensor(positions), req_pool_indices=torch.tensor(rows),
-        seq_lens=torch.tensor(seq_lens), out_cache_loc=torch.cat(slots), seq_lens_cpu=seq_lens,
-        extend_seq_lens_cpu=new_lens, extend_prefix_lens_cpu=list(starts),
+        forward_mode=mode,
+        batch_size=len(requests),
+        input_ids=torch.tensor(ids),
+        positions=torch.tensor(positions),
+        req_pool_indices=torch.tensor(rows),
+        seq_lens=torch.tensor(seq_lens),
+        out_cache_loc=torch.cat(slots),
+        seq_lens_cpu=seq_lens,
+        extend_seq_lens_cpu=new_lens,
+        extend_prefix_lens_cpu=list(starts),
         return_all_logits=return_all_logits,
     )
     return runner.forward(batch).next_token_logits
@@ -49,15 +55,20 @@ def full_prefill_logits(runner, tokens):
         runner.req_to_token_pool.free(row)
 
 
-@pytest.mark.parametrize("mode, new_tokens", [
-    (ForwardMode.DECODE, 1), (ForwardMode.TARGET_VERIFY, 4), (ForwardMode.DRAFT_EXTEND, 3),
-])
+@pytest.mark.parametrize(
+    "mode, new_tokens",
+    [
+        (ForwardMode.DECODE, 1),
+        (ForwardMode.TARGET_VERIFY, 4),
+        (ForwardMode.DRAFT_EXTEND, 3),
+    ],
+)
 def test_mode_over_cached_prefix_matches_full_prefill(runner, mode, new_tokens):
     sequences = [list(range(3, 3 + 17)), list(range(40, 40 + 9)), list(range(100, 100 + 30))]
     rows = [runner.req_to_token_pool.alloc() for _ in sequences]
     prefixes = [seq[: len(seq) - new_tokens] for seq in sequences]
     forward(runner, ForwardMode.EXTEND, prefixes, rows, [0] * len(rows), return_all_logits=False)
-    tails = [seq[len(seq) - new_tokens:] for seq in sequences]
+    tails = [seq[len(seq) - new_tokens :] for seq in sequences]
     logits = forward(runner, mode, tails, rows, [len(p) for p in prefixes])
     assert logits.shape[0] == new_tokens * len(sequences)
     for i, seq in enumerate(sequences):

@@ -14,8 +14,14 @@ from sglang.srt.server_args import ServerArgs
 
 def add_model_routes(app: FastAPI, server_args: ServerArgs, context_len: int) -> None:
     def card() -> dict:
-        return {"id": server_args.served_model_name, "object": "model", "created": int(time.time()),
-                "owned_by": "sglang", "root": server_args.model_path, "max_model_len": context_len}
+        return {
+            "id": server_args.served_model_name,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "sglang",
+            "root": server_args.model_path,
+            "max_model_len": context_len,
+        }
 
     @app.get("/v1/models")
     async def list_models():
@@ -31,6 +37,10 @@ def add_model_routes(app: FastAPI, server_args: ServerArgs, context_len: int) ->
 
 def model_not_found(model: str) -> JSONResponse:
     """OpenAI's answer for a model it does not serve (its `code` is a name, not the status)."""
-    error = {"message": f"The model {short_repr(model)} does not exist", "type": "invalid_request_error",
-             "param": "model", "code": "model_not_found"}
+    error = {
+        "message": f"The model {short_repr(model)} does not exist",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
     return JSONResponse({"error": error}, status_code=404)

@@ -38,8 +38,7 @@ def _check_prompt(value: Any) -> Any:
             return value
         if all(isinstance(p, list) and all(_is_int(t) for t in p) for p in value):
             return value
-    raise ValueError("prompt must be a string, a list of strings, a list of token ids, "
-                     "or a list of lists of token ids")
+    raise ValueError("prompt must be a string, a list of strings, a list of token ids, or a list of lists of token ids")
 
 
 class _Lenient(BaseModel):
@@ -181,9 +180,17 @@ class ChatMessage(_Lenient):
         if self.tool_call_id is not None:
             message["tool_call_id"] = self.tool_call_id
         if self.tool_calls:
-            message["tool_calls"] = [{"id": call.id, "type": "function", "function": {
-                "name": call.function.name, "arguments": self._template_arguments(index, call.function.arguments)}}
-                for index, call in enumerate(self.tool_calls)]
+            message["tool_calls"] = [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {
+                        "name": call.function.name,
+                        "arguments": self._template_arguments(index, call.function.arguments),
+                    },
+                }
+                for index, call in enumerate(self.tool_calls)
+            ]
         return message
 
     def _template_arguments(self, index: int, arguments: str) -> Any:
@@ -199,8 +206,10 @@ class ChatMessage(_Lenient):
         except RecursionError:
             raise ValueError(f"tool_calls[{index}].function.arguments nests too deeply") from None
         if not isinstance(value, dict):
-            raise ValueError(f"tool_calls[{index}].function.arguments must be the JSON text of an object, "
-                             f"got {short_repr(arguments)}")
+            raise ValueError(
+                f"tool_calls[{index}].function.arguments must be the JSON text of an object, "
+                f"got {short_repr(arguments)}"
+            )
         return value
 
 
@@ -246,10 +255,14 @@ class ChatCompletionRequest(_SamplingRequest):
         if value is None or isinstance(value, str) and value in ("none", "auto", "required"):
             return value
         function = value.get("function") if isinstance(value, dict) else None
-        if not isinstance(function, dict) or not isinstance(function.get("name"), str) \
-                or value.get("type", "function") != "function":
-            raise ValueError('tool_choice must be "none", "auto", "required" or '
-                             '{"type": "function", "function": {"name": "..."}}')
+        if (
+            not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+            or value.get("type", "function") != "function"
+        ):
+            raise ValueError(
+                'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": "..."}}'
+            )
         return value
 
     @field_validator("tool_choice")

@@ -14,15 +14,27 @@ def native_sampling_params(request, max_new_tokens: Optional[int]) -> dict:
     out so the engine's defaults apply, except max_new_tokens: None there means "up to the
     context length"."""
     params = {
-        "max_new_tokens": max_new_tokens, "temperature": request.temperature, "top_p": request.top_p,
-        "top_k": request.top_k, "min_p": request.min_p, "stop": request.stop,
-        "stop_token_ids": request.stop_token_ids, "ignore_eos": request.ignore_eos,
-        "min_new_tokens": request.min_tokens, "n": request.n, "sampling_seed": request.seed,
-        "skip_special_tokens": request.skip_special_tokens, "no_stop_trim": request.no_stop_trim,
-        "frequency_penalty": request.frequency_penalty, "presence_penalty": request.presence_penalty,
-        "repetition_penalty": request.repetition_penalty, "logit_bias": request.logit_bias,
+        "max_new_tokens": max_new_tokens,
+        "temperature": request.temperature,
+        "top_p": request.top_p,
+        "top_k": request.top_k,
+        "min_p": request.min_p,
+        "stop": request.stop,
+        "stop_token_ids": request.stop_token_ids,
+        "ignore_eos": request.ignore_eos,
+        "min_new_tokens": request.min_tokens,
+        "n": request.n,
+        "sampling_seed": request.seed,
+        "skip_special_tokens": request.skip_special_tokens,
+        "no_stop_trim": request.no_stop_trim,
+        "frequency_penalty": request.frequency_penalty,
+        "presence_penalty": request.presence_penalty,
+        "repetition_penalty": request.repetition_penalty,
+        "logit_bias": request.logit_bias,
         "disable_speculative_decoding": request.disable_speculative_decoding,
-        "json_schema": request.json_schema, "regex": request.regex, "ebnf": request.ebnf,
+        "json_schema": request.json_schema,
+        "regex": request.regex,
+        "ebnf": request.ebnf,
     }
     params = {name: value for name, value in params.items() if value is not None}
     return {"max_new_tokens": max_new_tokens, **params}

@@ -19,7 +19,11 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sglang.srt.entrypoints.http_utils import (
-    ClientDisconnected, cancel_on_disconnect, error_response, invalid_request_response, sse,
+    ClientDisconnected,
+    cancel_on_disconnect,
+    error_response,
+    invalid_request_response,
+    sse,
 )
 from sglang.srt.entrypoints.openai.protocol import MAX_SEED, PromptTokensDetails, UsageInfo
 from sglang.srt.errors import ABORTED_BY_CLIENT, InvalidRequest, short_repr
@@ -116,8 +120,9 @@ class OpenAIServingBase:
     def stream_start(self, ctx: RequestContext) -> list[dict]:
         return []
 
-    def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict,
-                     token_start: int) -> Optional[dict]:
+    def stream_chunk(
+        self, ctx: RequestContext, index: int, delta: str, result: dict, token_start: int
+    ) -> Optional[dict]:
         """The chunk of one update, or None when it has nothing to send."""
         raise NotImplementedError
 
@@ -157,19 +162,29 @@ class OpenAIServingBase:
     def check_model(self, model: Optional[str]) -> None:
         args = self.tokenizer_manager.server_args
         if model is not None and model not in (args.served_model_name, args.model_path):
-            raise InvalidRequest(f"The model {short_repr(model)} does not exist; this server serves "
-                                 f"'{args.served_model_name}'.", "model")
+            raise InvalidRequest(
+                f"The model {short_repr(model)} does not exist; this server serves '{args.served_model_name}'.", "model"
+            )
 
     def _new_context(self, request, num_prompts: int) -> RequestContext:
-        return RequestContext(request=request, id=f"{self.id_prefix}-{uuid.uuid4().hex}",
-                              created=int(time.time()),
-                              model=self.tokenizer_manager.server_args.served_model_name,
-                              num_prompts=num_prompts)
+        return RequestContext(
+            request=request,
+            id=f"{self.id_prefix}-{uuid.uuid4().hex}",
+            created=int(time.time()),
+            model=self.tokenizer_manager.server_args.served_model_name,
+            num_prompts=num_prompts,
+        )
 
-    async def _full_response(self, ctx: RequestContext, prompts: Prompts, params: dict,
-                             raw_request: Request) -> Response:
-        obj = GenerateReqInput(**prompts.batch_kwargs(), sampling_params=params, stream=False, group=ctx.id,
-                               **self.generate_kwargs(ctx.request))
+    async def _full_response(
+        self, ctx: RequestContext, prompts: Prompts, params: dict, raw_request: Request
+    ) -> Response:
+        obj = GenerateReqInput(
+            **prompts.batch_kwargs(),
+            sampling_params=params,
+            stream=False,
+            group=ctx.id,
+            **self.generate_kwargs(ctx.request),
+        )
         results = await cancel_on_disconnect(_first(self.tokenizer_manager.generate_request(obj)), raw_request)
         results = results if isinstance(results, list) else [results]
         for result in results:
@@ -179,8 +194,9 @@ class OpenAIServingBase:
 
     # ---- streaming ------------------------------------------------------------------------
 
-    async def _stream_response(self, ctx: RequestContext, prompts: Prompts, params: dict,
-                               raw_request: Request) -> Response:
+    async def _stream_response(
+        self, ctx: RequestContext, prompts: Prompts, params: dict, raw_request: Request
+    ) -> Response:
         # The engine streams one prompt with n = 1 only, so every choice is its own request.
         agens = [self.tokenizer_manager.generate_request(obj) for obj in self._choice_requests(ctx, prompts, params)]
         merged = merge_streams(agens)
@@ -202,8 +218,15 @@ class OpenAIServingBase:
                 choice_params = dict(params, n=1)
                 if params.get("sampling_seed") is not None:  # the engine's rule for sample j
                     choice_params["sampling_seed"] = (params["sampling_seed"] + j) % MAX_SEED
-                objs.append(GenerateReqInput(**prompts.one_kwargs(prompt_index), sampling_params=choice_params,
-                                             stream=True, group=ctx.id, **self.generate_kwargs(ctx.request)))
+                objs.append(
+                    GenerateReqInput(
+                        **prompts.one_kwargs(prompt_index),
+                        sampling_params=choice_params,
+                        stream=True,
+                        group=ctx.id,
+                        **self.generate_kwargs(ctx.request),
+                    )
+                )
         return objs
 
     async def _sse_events(self, ctx: RequestContext, first: tuple, merged: AsyncIterator) -> AsyncIterator[bytes]:
@@ -231,7 +254,7 @@ class OpenAIServingBase:
         """The chunk for one cumulative result of choice `index`, if it has news."""
         raise_if_aborted(result)
         progress = ctx.progress[index]
-        delta = result["text"][progress.text_len:]
+        delta = result["text"][progress.text_len :]
         token_start = progress.num_tokens
         finished = result["meta_info"].get("finish_reason") is not None
         progress.text_len = len(result["text"])
@@ -337,8 +360,9 @@ def raise_if_aborted(result: dict) -> None:
     reason = result["meta_info"].get("finish_reason")
     if reason is not None and reason.get("type") == "abort" and reason.get("status_code") != ABORTED_BY_CLIENT:
         if reason.get("param"):  # a field at fault (a grammar that does not compile): named in OpenAI's terms
-            raise InvalidRequest(reason.get("message", "the request was aborted"), reason["param"],
-                                 reason.get("status_code", 400))
+            raise InvalidRequest(
+                reason.get("message", "the request was aborted"), reason["param"], reason.get("status_code", 400)
+            )
         raise RequestAborted(reason.get("message", "the request was aborted"), reason.get("status_code", 500))
 
 
@@ -358,9 +382,12 @@ def usage_of(metas: list[dict], n: int) -> UsageInfo:
     prompt_tokens = sum(m.get("prompt_tokens", 0) for m in firsts)
     completion_tokens = sum(m.get("completion_tokens", 0) for m in metas)
     cached = sum(m.get("cached_tokens") or 0 for m in firsts)
-    return UsageInfo(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                     total_tokens=prompt_tokens + completion_tokens,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+    return UsageInfo(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=cached),
+    )
 
 
 def output_logprobs(result: dict) -> tuple[list, list]:

@@ -10,19 +10,38 @@ from typing import Optional
 from jinja2 import TemplateError
 
 from sglang.srt.entrypoints.openai.protocol import (
-    ChatChoiceLogprobs, ChatCompletionChoice, ChatCompletionMessage, ChatCompletionRequest,
-    ChatCompletionResponse, ChatCompletionStreamChoice, ChatCompletionStreamResponse, ChatTokenLogprob,
-    DeltaMessage, TopLogprob, UsageInfo,
+    ChatChoiceLogprobs,
+    ChatCompletionChoice,
+    ChatCompletionMessage,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatCompletionStreamChoice,
+    ChatCompletionStreamResponse,
+    ChatTokenLogprob,
+    DeltaMessage,
+    TopLogprob,
+    UsageInfo,
 )
 from sglang.srt.entrypoints.openai.sampling import add_constraint, native_sampling_params, response_format_schema
 from sglang.srt.entrypoints.openai.serving_base import (
-    COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, clamp_logprob, openai_finish_reason,
+    COMMON_PARAM_NAMES,
+    OpenAIServingBase,
+    Prompts,
+    RequestContext,
+    clamp_logprob,
+    openai_finish_reason,
     output_logprobs,
 )
 from sglang.srt.entrypoints.openai.serving_defaults import model_sampling_defaults
-from sglang.srt.entrypoints.openai.tool_calls import (ToolCallStream, check_tool_parameters, chosen_tools,
-                                                      forced_calls_schema, parse_tool_calls, tool_finish_reason,
-                                                      tool_mode)
+from sglang.srt.entrypoints.openai.tool_calls import (
+    ToolCallStream,
+    check_tool_parameters,
+    chosen_tools,
+    forced_calls_schema,
+    parse_tool_calls,
+    tool_finish_reason,
+    tool_mode,
+)
 from sglang.srt.errors import InvalidRequest
 from sglang.srt.reasoning_parser import REASONING_FORMATS, ReasoningStream, request_thinks, split_reasoning
 
@@ -33,8 +52,18 @@ _PARAM_NAMES = {
     "top_logprobs_num": "top_logprobs",
 }
 # Arguments of apply_chat_template that chat_template_kwargs may not set: the server sets them.
-_TEMPLATE_ARGUMENTS = frozenset(("conversation", "messages", "tools", "add_generation_prompt", "tokenize",
-                                 "return_dict", "chat_template", "continue_final_message"))
+_TEMPLATE_ARGUMENTS = frozenset(
+    (
+        "conversation",
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "tokenize",
+        "return_dict",
+        "chat_template",
+        "continue_final_message",
+    )
+)
 
 
 class OpenAIServingChat(OpenAIServingBase):
@@ -56,10 +85,13 @@ class OpenAIServingChat(OpenAIServingBase):
     def _render(self, request: ChatCompletionRequest) -> list[int]:
         tokenizer = self.tokenizer_manager.tokenizer
         if not getattr(tokenizer, "chat_template", None):
-            raise InvalidRequest("this model's tokenizer has no chat template, so it cannot serve chat "
-                                 "completions; use /v1/completions", "messages")
-        self.tokenizer_manager.limits.check_prompt_chars(sum(len(m.content or "") for m in request.messages),
-                                                         "messages")
+            raise InvalidRequest(
+                "this model's tokenizer has no chat template, so it cannot serve chat completions; use /v1/completions",
+                "messages",
+            )
+        self.tokenizer_manager.limits.check_prompt_chars(
+            sum(len(m.content or "") for m in request.messages), "messages"
+        )
         check_tool_parameters(request)
         messages = _template_messages(request)
         # The tools reach the template as transformers passes them: a list of {"type": "function", ...}.
@@ -69,13 +101,16 @@ class OpenAIServingChat(OpenAIServingBase):
         try:
             # Tokenized by the template call, not by encoding the rendered text: templates
             # write BOS themselves, and encoding would add a second one.
-            ids = tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True,
-                                                **_template_kwargs(request))
+            ids = tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=True, **_template_kwargs(request)
+            )
         except (TemplateError, ValueError, TypeError) as err:
             raise InvalidRequest(f"the chat template rejected these messages: {err}", "messages") from None
         except RecursionError:  # the template walks tool-call arguments nested a few hundred deep
-            raise InvalidRequest("the messages nest too deeply for the chat template (tool-call arguments "
-                                 "hundreds of levels deep)", "messages") from None
+            raise InvalidRequest(
+                "the messages nest too deeply for the chat template (tool-call arguments hundreds of levels deep)",
+                "messages",
+            ) from None
         if isinstance(ids, Mapping):  # transformers 5 returns a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
@@ -147,12 +182,18 @@ class OpenAIServingChat(OpenAIServingBase):
                 if ctx.request.separate_reasoning is False:
                     reasoning, content = None, block + (content or "")
             message = ChatCompletionMessage(content=content, reasoning_content=reasoning or None, tool_calls=calls)
-            choices.append(ChatCompletionChoice(
-                index=index, message=message,
-                logprobs=self._logprobs(ctx, result, 0), finish_reason=finish_reason, matched_stop=matched,
-            ))
-        return ChatCompletionResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices,
-                                      usage=usage).model_dump()
+            choices.append(
+                ChatCompletionChoice(
+                    index=index,
+                    message=message,
+                    logprobs=self._logprobs(ctx, result, 0),
+                    finish_reason=finish_reason,
+                    matched_stop=matched,
+                )
+            )
+        return ChatCompletionResponse(
+            id=ctx.id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
+        ).model_dump()
 
     def _split(self, request: ChatCompletionRequest, text: str) -> tuple[Optional[str], str, str]:
         """(reasoning, the block as written, the answer) of a whole output; reasoning None when
@@ -160,15 +201,18 @@ class OpenAIServingChat(OpenAIServingBase):
         if not self._thinks(request):
             return None, "", text
         split = split_reasoning(text, self.reasoning_format)
-        return split.reasoning, text[:split.block_end], split.answer(text)
+        return split.reasoning, text[: split.block_end], split.answer(text)
 
     def stream_start(self, ctx: RequestContext) -> list[dict]:
         """OpenAI's first chunk of each choice names the role."""
         role = DeltaMessage(role="assistant", content="")
-        return [self._chunk(ctx, ChatCompletionStreamChoice(index=index, delta=role)) for index in range(len(ctx.progress))]
+        return [
+            self._chunk(ctx, ChatCompletionStreamChoice(index=index, delta=role)) for index in range(len(ctx.progress))
+        ]
 
-    def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict,
-                     token_start: int) -> Optional[dict]:
+    def stream_chunk(
+        self, ctx: RequestContext, index: int, delta: str, result: dict, token_start: int
+    ) -> Optional[dict]:
         finish_reason, matched = openai_finish_reason(result)
         reasoning, block, text = None, "", result["text"]
         if self._thinks(ctx.request):
@@ -180,12 +224,20 @@ class OpenAIServingChat(OpenAIServingBase):
             matched = None if finish_reason == "tool_calls" else matched
         message.reasoning_content = reasoning
         message.content = (block + (message.content or "")) or None
-        if finish_reason is None and message.content is None and message.reasoning_content is None \
-                and not message.tool_calls and not ctx.request.logprobs:
+        if (
+            finish_reason is None
+            and message.content is None
+            and message.reasoning_content is None
+            and not message.tool_calls
+            and not ctx.request.logprobs
+        ):
             return None  # the text is held back: it may be a call or a tag
         choice = ChatCompletionStreamChoice(
-            index=index, delta=message,
-            logprobs=self._logprobs(ctx, result, token_start), finish_reason=finish_reason, matched_stop=matched,
+            index=index,
+            delta=message,
+            logprobs=self._logprobs(ctx, result, token_start),
+            finish_reason=finish_reason,
+            matched_stop=matched,
         )
         return self._chunk(ctx, choice)
 
@@ -216,12 +268,14 @@ class OpenAIServingChat(OpenAIServingBase):
         return DeltaMessage(content=content, tool_calls=calls or None), finish_reason
 
     def usage_chunk(self, ctx: RequestContext, usage: UsageInfo) -> dict:
-        return ChatCompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[],
-                                            usage=usage).model_dump()
+        return ChatCompletionStreamResponse(
+            id=ctx.id, created=ctx.created, model=ctx.model, choices=[], usage=usage
+        ).model_dump()
 
     def _chunk(self, ctx: RequestContext, choice: ChatCompletionStreamChoice) -> dict:
-        return ChatCompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model,
-                                            choices=[choice]).model_dump()
+        return ChatCompletionStreamResponse(
+            id=ctx.id, created=ctx.created, model=ctx.model, choices=[choice]
+        ).model_dump()
 
     def _logprobs(self, ctx: RequestContext, result: dict, start: int):
         if not ctx.request.logprobs:
@@ -230,8 +284,12 @@ class OpenAIServingChat(OpenAIServingBase):
         content = []
         for position, (logprob, token_id, _) in enumerate(tokens[start:], start):
             top = tops[position] if position < len(tops) else []
-            content.append(ChatTokenLogprob(**self._entry(logprob, token_id).model_dump(),
-                                            top_logprobs=[self._entry(lp, tid) for lp, tid, _ in top]))
+            content.append(
+                ChatTokenLogprob(
+                    **self._entry(logprob, token_id).model_dump(),
+                    top_logprobs=[self._entry(lp, tid) for lp, tid, _ in top],
+                )
+            )
         return ChatChoiceLogprobs(content=content)
 
     def _entry(self, logprob: float, token_id: int) -> TopLogprob:
@@ -254,8 +312,9 @@ def _template_kwargs(request: ChatCompletionRequest) -> dict:
     kwargs = request.chat_template_kwargs or {}
     reserved = sorted(_TEMPLATE_ARGUMENTS.intersection(kwargs))
     if reserved:
-        raise InvalidRequest(f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets it",
-                             "chat_template_kwargs")
+        raise InvalidRequest(
+            f"chat_template_kwargs may not set {', '.join(reserved)}: the server sets it", "chat_template_kwargs"
+        )
     return kwargs
 
 

@@ -6,12 +6,21 @@ import codecs
 from typing import Optional
 
 from sglang.srt.entrypoints.openai.protocol import (
-    CompletionChoice, CompletionLogprobs, CompletionRequest, CompletionResponse, CompletionStreamResponse,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionStreamResponse,
     UsageInfo,
 )
 from sglang.srt.entrypoints.openai.sampling import add_constraint, native_sampling_params, response_format_schema
 from sglang.srt.entrypoints.openai.serving_base import (
-    COMMON_PARAM_NAMES, OpenAIServingBase, Prompts, RequestContext, clamp_logprob, openai_finish_reason,
+    COMMON_PARAM_NAMES,
+    OpenAIServingBase,
+    Prompts,
+    RequestContext,
+    clamp_logprob,
+    openai_finish_reason,
     output_logprobs,
 )
 from sglang.srt.errors import InvalidRequest
@@ -52,8 +61,11 @@ class OpenAIServingCompletion(OpenAIServingBase):
         if request.logprobs is None:
             return {}
         # With echo, the prompt's tokens are scored too (from position 0).
-        return {"return_logprob": True, "top_logprobs_num": request.logprobs,
-                **({"logprob_start_len": 0} if request.echo else {})}
+        return {
+            "return_logprob": True,
+            "top_logprobs_num": request.logprobs,
+            **({"logprob_start_len": 0} if request.echo else {}),
+        }
 
     # ---- responses ------------------------------------------------------------------------
 
@@ -63,8 +75,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
             echo = self._echo_text(ctx, index)
             logprobs = self._logprobs(ctx, result, 0, TextOffsets(), echo)
             choices.append(_choice(index, (echo or "") + result["text"], result, logprobs))
-        return CompletionResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=choices,
-                                  usage=usage).model_dump()
+        return CompletionResponse(
+            id=ctx.id, created=ctx.created, model=ctx.model, choices=choices, usage=usage
+        ).model_dump()
 
     def stream_chunk(self, ctx: RequestContext, index: int, delta: str, result: dict, token_start: int) -> dict:
         progress = ctx.progress[index]
@@ -73,12 +86,17 @@ class OpenAIServingCompletion(OpenAIServingBase):
             progress.logprob_state = TextOffsets()
             echo = self._echo_text(ctx, index)
         logprobs = self._logprobs(ctx, result, token_start, progress.logprob_state, echo)
-        return CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model,
-                                        choices=[_choice(index, (echo or "") + delta, result, logprobs)]).model_dump()
+        return CompletionStreamResponse(
+            id=ctx.id,
+            created=ctx.created,
+            model=ctx.model,
+            choices=[_choice(index, (echo or "") + delta, result, logprobs)],
+        ).model_dump()
 
     def usage_chunk(self, ctx: RequestContext, usage: UsageInfo) -> dict:
-        return CompletionStreamResponse(id=ctx.id, created=ctx.created, model=ctx.model, choices=[],
-                                        usage=usage).model_dump()
+        return CompletionStreamResponse(
+            id=ctx.id, created=ctx.created, model=ctx.model, choices=[], usage=usage
+        ).model_dump()
 
     def _echo_text(self, ctx: RequestContext, index: int):
         """The prompt of choice `index` as echoed (as given, or the decoded token ids), or None
@@ -89,8 +107,9 @@ class OpenAIServingCompletion(OpenAIServingBase):
         prompt = prompts.values[index // ctx.n]  # choices are prompt-major
         return prompt if prompts.field == "text" else self.tokenizer_manager.tokenizer.decode(prompt)
 
-    def _logprobs(self, ctx: RequestContext, result: dict, start: int, offsets: TextOffsets,
-                  echo: Optional[str] = None):
+    def _logprobs(
+        self, ctx: RequestContext, result: dict, start: int, offsets: TextOffsets, echo: Optional[str] = None
+    ):
         """Logprobs of the output tokens from `start` on, after the prompt's when `echo` (the
         echoed prompt text) is given; `offsets` continues across calls."""
         if ctx.request.logprobs is None:
@@ -104,15 +123,22 @@ class OpenAIServingCompletion(OpenAIServingBase):
                 # A special token the tokenizer added (a BOS) is not in the echoed text: it takes no
                 # characters there, so the offsets after it still index the text.
                 added = token_id in special and not echo.startswith(self.token_string(token_id)[0], offsets.num_chars)
-                self._add_entry(logprobs, offsets, token_id, logprob, tops[position] if position < len(tops) else [],
-                                width=not added)
+                self._add_entry(
+                    logprobs,
+                    offsets,
+                    token_id,
+                    logprob,
+                    tops[position] if position < len(tops) else [],
+                    width=not added,
+                )
         tokens, tops = output_logprobs(result)
         for position, (logprob, token_id, _) in enumerate(tokens[start:], start):
             self._add_entry(logprobs, offsets, token_id, logprob, tops[position] if position < len(tops) else [])
         return logprobs
 
-    def _add_entry(self, logprobs: CompletionLogprobs, offsets: TextOffsets, token_id: int, logprob, top,
-                   width: bool = True) -> None:
+    def _add_entry(
+        self, logprobs: CompletionLogprobs, offsets: TextOffsets, token_id: int, logprob, top, width: bool = True
+    ) -> None:
         token, raw = self.token_string(token_id)
         logprobs.tokens.append(token)
         logprobs.text_offset.append(offsets.next(raw if width else []))
@@ -148,8 +174,9 @@ class TextOffsets:
 
 def _choice(index: int, text: str, result: dict, logprobs) -> CompletionChoice:
     finish_reason, matched = openai_finish_reason(result)
-    return CompletionChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish_reason,
-                            matched_stop=matched)
+    return CompletionChoice(
+        index=index, text=text, logprobs=logprobs, finish_reason=finish_reason, matched_stop=matched
+    )
 
 
 def _prompts(prompt) -> Prompts:

@@ -68,14 +68,21 @@ def _read_once(model_path: str) -> Mapping[str, Any]:
             continue
         value = check(recommended[name])
         if value is None:
-            logger.warning("%s recommends %s=%r, which is out of range; chat requests default to OpenAI's "
-                           "value instead", GENERATION_CONFIG, name, recommended[name])
+            logger.warning(
+                "%s recommends %s=%r, which is out of range; chat requests default to OpenAI's value instead",
+                GENERATION_CONFIG,
+                name,
+                recommended[name],
+            )
         else:
             defaults[name] = value
     if defaults:
         shown = ", ".join(f"{name}={value}" for name, value in defaults.items())
-        logger.info("chat requests that leave them unset sample with the model's %s defaults: %s "
-                    "(--sampling-defaults model)", GENERATION_CONFIG, shown)
+        logger.info(
+            "chat requests that leave them unset sample with the model's %s defaults: %s (--sampling-defaults model)",
+            GENERATION_CONFIG,
+            shown,
+        )
     return types.MappingProxyType(defaults)
 
 

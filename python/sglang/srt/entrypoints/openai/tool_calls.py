@@ -19,8 +19,14 @@ import re
 import uuid
 from typing import Optional
 
-from sglang.srt.entrypoints.openai.protocol import (ChatCompletionRequest, DeltaFunctionCall, DeltaToolCall,
-                                                    FunctionCall, NamedToolChoice, ToolCall)
+from sglang.srt.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    DeltaFunctionCall,
+    DeltaToolCall,
+    FunctionCall,
+    NamedToolChoice,
+    ToolCall,
+)
 from sglang.srt.errors import InvalidRequest
 
 PYTHON_TAG = "<|python_tag|>"
@@ -33,7 +39,7 @@ _HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTAL
 
 
 def tool_mode(request: ChatCompletionRequest, parser: Optional[str]) -> Optional[str]:
-    """"forced" (required or a named function: grammar-enforced JSON array), "auto" (the parser
+    """ "forced" (required or a named function: grammar-enforced JSON array), "auto" (the parser
     reads the model's own format), or None (no tool calls are read)."""
     if not request.tools or request.tool_choice == "none":
         return None
@@ -66,8 +72,9 @@ def check_tool_parameters(request: ChatCompletionRequest) -> None:
             Draft202012Validator.check_schema(tool.function.parameters)
         except SchemaError as err:
             message = err.message if len(err.message) <= 200 else err.message[:200] + "..."
-            raise InvalidRequest(f"{where} is not a valid JSON schema (Draft 2020-12): at {err.json_path}: "
-                                 f"{message}", "tools") from None
+            raise InvalidRequest(
+                f"{where} is not a valid JSON schema (Draft 2020-12): at {err.json_path}: {message}", "tools"
+            ) from None
         except RecursionError:
             raise InvalidRequest(f"{where} nests too deeply", "tools") from None
 
@@ -90,8 +97,13 @@ def _forced_calls_schema(request: ChatCompletionRequest) -> dict:
         rebased = _rebase_refs(parameters, f"#/$defs/{name}")
         if rebased != parameters:
             defs[name], parameters = rebased, {"$ref": f"#/$defs/{name}"}
-        calls.append({"type": "object", "properties": {"name": {"const": tool.function.name}, "parameters": parameters},
-                      "required": ["name", "parameters"]})
+        calls.append(
+            {
+                "type": "object",
+                "properties": {"name": {"const": tool.function.name}, "parameters": parameters},
+                "required": ["name", "parameters"],
+            }
+        )
     schema = {"type": "array", "items": calls[0] if len(calls) == 1 else {"anyOf": calls}, "minItems": 1}
     if isinstance(request.tool_choice, NamedToolChoice) or request.parallel_tool_calls is False:
         schema["maxItems"] = 1
@@ -234,7 +246,7 @@ def _mistral_calls(text: str) -> tuple[str, list]:
     if start < 0:
         return text, []
     calls = []
-    for segment in text[start + len(MISTRAL_CALLS):].split(MISTRAL_CALLS):
+    for segment in text[start + len(MISTRAL_CALLS) :].split(MISTRAL_CALLS):
         calls.extend(_mistral_segment_calls(segment))
     return text[:start].strip(), calls
 
@@ -282,10 +294,10 @@ class ToolCallStream:
         if marker_at is not None:
             self.holding = True
             # Whitespace just before the call is not content (parsing the whole text trims it).
-            end = self.sent + len(text[self.sent:marker_at].rstrip())
+            end = self.sent + len(text[self.sent : marker_at].rstrip())
         else:
             end = len(text) - self._undecided_len(text)
-        delta, self.sent = text[self.sent:end], max(self.sent, end)
+        delta, self.sent = text[self.sent : end], max(self.sent, end)
         return delta or None
 
     def call_deltas(self, text: str) -> list[DeltaToolCall]:
@@ -301,15 +313,21 @@ class ToolCallStream:
         """(the content not sent yet, the remaining calls as deltas) once the output is complete."""
         content, calls = parse_tool_calls(text, self.mode, self.parser, self.tool_names)
         if not calls:
-            rest, self.sent = text[self.sent:], len(text)
+            rest, self.sent = text[self.sent :], len(text)
             return rest or None, []
         return None, self._deltas(calls)
 
     def _deltas(self, calls: list[ToolCall]) -> list[DeltaToolCall]:
         deltas = []
-        for index, call in enumerate(calls[self.num_calls:], self.num_calls):
-            deltas.append(DeltaToolCall(index=index, id=call.id, type="function",
-                                        function=DeltaFunctionCall(name=call.function.name, arguments="")))
+        for index, call in enumerate(calls[self.num_calls :], self.num_calls):
+            deltas.append(
+                DeltaToolCall(
+                    index=index,
+                    id=call.id,
+                    type="function",
+                    function=DeltaFunctionCall(name=call.function.name, arguments=""),
+                )
+            )
             deltas.append(DeltaToolCall(index=index, function=DeltaFunctionCall(arguments=call.function.arguments)))
         self.num_calls = max(self.num_calls, len(calls))
         return deltas

@@ -28,9 +28,12 @@ class TorchNativeAttnBackend(AttentionBackend):
     def _attend(self, q, k, v, layer, fb: ForwardBatch, save_kv_cache: bool) -> torch.Tensor:
         pool = fb.token_to_kv_pool
         if save_kv_cache:
-            pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc,
-                               k.view(-1, layer.num_kv_heads, layer.head_dim),
-                               v.view(-1, layer.num_kv_heads, layer.head_dim))
+            pool.set_kv_buffer(
+                layer.layer_id,
+                fb.out_cache_loc,
+                k.view(-1, layer.num_kv_heads, layer.head_dim),
+                v.view(-1, layer.num_kv_heads, layer.head_dim),
+            )
         k_cache, v_cache = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
         q = q.view(-1, layer.num_heads, layer.head_dim)
         out = torch.empty_like(q)
@@ -57,7 +60,11 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling
     query_pos = torch.arange(seq_len - new_len, seq_len, device=q.device)
     mask = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), k.to(q.dtype).transpose(0, 1).unsqueeze(0),
-        v.to(q.dtype).transpose(0, 1).unsqueeze(0), attn_mask=mask, scale=scaling, enable_gqa=True,
+        q.transpose(0, 1).unsqueeze(0),
+        k.to(q.dtype).transpose(0, 1).unsqueeze(0),
+        v.to(q.dtype).transpose(0, 1).unsqueeze(0),
+        attn_mask=mask,
+        scale=scaling,
+        enable_gqa=True,
     )
     return out.squeeze(0).transpose(0, 1)

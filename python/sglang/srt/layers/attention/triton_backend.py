@@ -61,14 +61,27 @@ class TritonAttnBackend(AttentionBackend):
             tile = self._extend.launch_config(head_dim, dtype, self.num_heads // kv_heads, new_tokens)["BLOCK_M"]
             if tile not in compiled:
                 compiled.add(tile)
-                qkv = torch.zeros((new_tokens, (self.num_heads + 2 * kv_heads) * head_dim), dtype=dtype,
-                                  device=self.device)
+                qkv = torch.zeros(
+                    (new_tokens, (self.num_heads + 2 * kv_heads) * head_dim), dtype=dtype, device=self.device
+                )
                 lens = torch.full((1,), new_tokens, dtype=torch.int64, device=self.device)
-                for q in (qkv[:, : self.num_heads * head_dim].view(new_tokens, self.num_heads, head_dim),
-                          torch.zeros((new_tokens, self.num_heads, head_dim), dtype=dtype, device=self.device)):
+                for q in (
+                    qkv[:, : self.num_heads * head_dim].view(new_tokens, self.num_heads, head_dim),
+                    torch.zeros((new_tokens, self.num_heads, head_dim), dtype=dtype, device=self.device),
+                ):
                     self._extend.extend_attention_fwd(
-                        q, torch.empty_like(q), pool.get_key_buffer(0), pool.get_value_buffer(0), rows, first_row,
-                        lens, lens, first_row, new_tokens, head_dim**-0.5)
+                        q,
+                        torch.empty_like(q),
+                        pool.get_key_buffer(0),
+                        pool.get_value_buffer(0),
+                        rows,
+                        first_row,
+                        lens,
+                        lens,
+                        first_row,
+                        new_tokens,
+                        head_dim**-0.5,
+                    )
             new_tokens *= 2
         torch.cuda.synchronize(self.device)
 
@@ -76,8 +89,9 @@ class TritonAttnBackend(AttentionBackend):
         if self.workspace is None or self.workspace.shape[0] < bs:
             if self.workspace is not None:
                 self.retired_workspaces.append(self.workspace)
-            self.workspace = self._decode.decode_workspace(bs, self.num_heads, self.head_dim,
-                                                           self.num_kv_splits, self.device)
+            self.workspace = self._decode.decode_workspace(
+                bs, self.num_heads, self.head_dim, self.num_kv_splits, self.device
+            )
         return self.workspace[:bs]
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
@@ -106,13 +120,19 @@ class TritonAttnBackend(AttentionBackend):
         if fb.input_ids.is_cuda:
             lens, starts = lens.pin_memory(), starts.pin_memory()
         device = fb.input_ids.device
-        self.extend_meta = (lens.to(device, non_blocking=True), starts.to(device, non_blocking=True),
-                            max(fb.extend_seq_lens_cpu))
+        self.extend_meta = (
+            lens.to(device, non_blocking=True),
+            starts.to(device, non_blocking=True),
+            max(fb.extend_seq_lens_cpu),
+        )
 
     def _save_kv(self, k, v, layer, fb: "ForwardBatch") -> None:
-        fb.token_to_kv_pool.set_kv_buffer(layer.layer_id, fb.out_cache_loc,
-                                          k.view(-1, layer.num_kv_heads, layer.head_dim),
-                                          v.view(-1, layer.num_kv_heads, layer.head_dim))
+        fb.token_to_kv_pool.set_kv_buffer(
+            layer.layer_id,
+            fb.out_cache_loc,
+            k.view(-1, layer.num_kv_heads, layer.head_dim),
+            v.view(-1, layer.num_kv_heads, layer.head_dim),
+        )
 
     def forward_extend(self, q, k, v, layer, fb: "ForwardBatch", save_kv_cache: bool):
         if save_kv_cache:
@@ -122,9 +142,17 @@ class TritonAttnBackend(AttentionBackend):
         out = torch.empty_like(q)
         extend_lens, extend_starts, max_extend_len = self.extend_meta
         self._extend.extend_attention_fwd(
-            q, out, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
-            fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, extend_lens, extend_starts,
-            max_extend_len, layer.scaling,
+            q,
+            out,
+            pool.get_key_buffer(layer.layer_id),
+            pool.get_value_buffer(layer.layer_id),
+            fb.req_to_token_pool.req_to_token,
+            fb.req_pool_indices,
+            fb.seq_lens,
+            extend_lens,
+            extend_starts,
+            max_extend_len,
+            layer.scaling,
         )
         return out.view(-1, layer.num_heads * layer.head_dim)
 
@@ -135,8 +163,15 @@ class TritonAttnBackend(AttentionBackend):
         q = q.view(-1, layer.num_heads, layer.head_dim)
         out = torch.empty_like(q)
         self._decode.decode_attention_fwd(
-            q, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id), out,
-            fb.req_to_token_pool.req_to_token, fb.req_pool_indices, fb.seq_lens, layer.scaling,
-            self.num_kv_splits, workspace=self._decode_workspace(q.shape[0]),
+            q,
+            pool.get_key_buffer(layer.layer_id),
+            pool.get_value_buffer(layer.layer_id),
+            out,
+            fb.req_to_token_pool.req_to_token,
+            fb.req_pool_indices,
+            fb.seq_lens,
+            layer.scaling,
+            self.num_kv_splits,
+            workspace=self._decode_workspace(q.shape[0]),
         )
         return out.view(-1, layer.num_heads * layer.head_dim)
