@@ -30,6 +30,8 @@ setup(
         # The tests start replicas behind the real router, so they need it too.
         "test": [
             "pytest>=8",
+            "pytest-xdist>=3.5",  # the README's test command runs the suite over the machine's cores
+            "ruff==0.17.6",  # .ci/run checks the formatting and lint with this version
             "scipy>=1.11",
             "httpx",
             "openai>=1.0",

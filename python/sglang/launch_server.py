@@ -2,7 +2,9 @@
 
 import sys
 
-from sglang.srt.entrypoints.http_server import main
-
 if __name__ == "__main__":
+    # Imported here, not at the top: the scheduler and detokenizer processes are spawned, and each
+    # re-imports this module; the detokenizer needs none of the server's imports (torch among them).
+    from sglang.srt.entrypoints.http_server import main
+
     main(sys.argv[1:])
