@@ -46,7 +46,9 @@
 # each kind by its two instances pooled, which averages out an offset one server process keeps
 # through the run, and prints the spread between instances. dynamic_x: dynamic with every other
 # candidate run for a burst EXPLORE_EVERY (default 24) steps after it last ran at a bucket
-# (SGLANG_SPEC_EXPLORE_EVERY, benchmark-only: each k's cost beside the others' all the time). COST_LOG=1:
+# (SGLANG_SPEC_EXPLORE_EVERY, benchmark-only: each k's cost beside the others' all the time), with the
+# draft following every request (SGLANG_DRAFT_FOLLOWS_ALL: a request the draft does not follow can only
+# decode plainly, and where the policy admits every request without the draft nothing is explored). COST_LOG=1:
 # every speculative server writes its cost log (SGLANG_SPEC_COST_LOG); the logs and what
 # python -m sglang.benchmark.cost_log_report reads from them (cost_report.txt / .json) go into CONFIG_cost_logs.tgz. no_draft_unbatched / always_unbatched:
 # no draft / always with --admission-batch-steps 0 (every arrival admitted at once, passes not kept
@@ -126,7 +128,7 @@ server() {  # SERVER -> NAME (its files' name), LABEL, ENV (extra environment), 
     no_draft_b) NAME=${PAIR}_no_draft_b LABEL="no draft (A/A)" ENV="" ARGS="" ;;
     always_b|always_c) NAME=${CONFIG}_$1 LABEL="always (control ${1#always_})" ENV=$SIM ARGS=$SPEC ;;
     dynamic_b) NAME=${CONFIG}_$1 LABEL="dynamic (instance b)" ENV=$SIM ARGS="$SPEC --speculative-adaptive" ;;
-    dynamic_x) NAME=${CONFIG}_$1 LABEL="dynamic, dense exploration" ENV="$SIM SGLANG_SPEC_EXPLORE_EVERY=${EXPLORE_EVERY:-24}"
+    dynamic_x) NAME=${CONFIG}_$1 LABEL="dynamic, dense exploration" ENV="$SIM SGLANG_SPEC_EXPLORE_EVERY=${EXPLORE_EVERY:-24} SGLANG_DRAFT_FOLLOWS_ALL=1"
       ARGS="$SPEC --speculative-adaptive" ;;
     no_draft_unbatched) NAME=${PAIR}_no_draft_unbatched LABEL="no draft, admissions not batched" ENV=""
       ARGS="--admission-batch-steps 0" ;;
