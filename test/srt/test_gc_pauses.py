@@ -24,7 +24,7 @@ def unfrozen():
 def test_settling_freezes_what_start_up_made_so_a_full_pass_walks_only_newer_objects(unfrozen, caplog):
     startup = [{"state": [i]} for i in range(50_000)]  # long-lived containers, as a model's modules
     tracked = len(gc.get_objects())
-    with caplog.at_level(logging.INFO, logger="sglang.srt.gc_pauses"):
+    with caplog.at_level(logging.DEBUG, logger="sglang.srt.gc_pauses"):
         watch = settle_after_startup("test process")
     assert gc.get_freeze_count() >= tracked - 1_000 and len(gc.get_objects()) < 1_000
     assert "objects from start-up frozen" in caplog.text

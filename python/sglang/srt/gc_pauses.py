@@ -92,7 +92,7 @@ def settle_after_startup(process: str, warn_after_s: float = 0.0) -> GcWatch:
         gc.collect()
         gc.freeze()
         watch.frozen_objects = gc.get_freeze_count()
-        logger.info(
+        logger.debug(
             "%s: %d objects from start-up frozen out of the garbage collector's passes", process, watch.frozen_objects
         )
     return watch.start()
