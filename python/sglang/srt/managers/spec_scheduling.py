@@ -259,7 +259,7 @@ def make_spec_policy(scheduler, args: ServerArgs):
     if args.speculative_policy == "cost":
         measured = scheduler.tp_worker.measure_step_costs()
         cost = CostTable(measured["plain"], measured["spec"], measured.get("context"))
-        logger.info("speculation cost table (ms per decode step, measured at start-up): %s", cost.summary())
+        logger.debug("speculation cost table (ms per decode step, measured at start-up): %s", cost.summary())
     return make_policy(
         args.speculative_policy,
         scheduler.spec_k,
