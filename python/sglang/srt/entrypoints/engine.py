@@ -13,6 +13,7 @@ import threading
 import time
 from typing import AsyncIterator, Iterator, Optional, Union
 
+from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.scheduler_process import WATCHDOG_EXIT_CODE, run_scheduler_process
@@ -42,14 +43,23 @@ class Subprocesses:
             args=(server_args, self.port_args, writer),
             daemon=True,
         )
-        self.detokenizer = ctx.Process(
-            target=run_detokenizer_process, name="sglang-detokenizer", args=(server_args, self.port_args), daemon=True
-        )
         self.scheduler.start()
         self.tp_followers = start_tp_followers(server_args, self.port_args.tp_init_address)
-        self.detokenizer.start()
-        writer.close()
+        self.detokenizer = None
         try:
+            # Loaded while the scheduler starts, and handed to the detokenizer: a process that loads
+            # one itself imports most of transformers and torch (about 5 s of CPU) to do so.
+            self.tokenizer = get_tokenizer(
+                server_args.tokenizer_path, server_args.tokenizer_mode, server_args.trust_remote_code
+            )
+            self.detokenizer = ctx.Process(
+                target=run_detokenizer_process,
+                name="sglang-detokenizer",
+                args=(server_args, self.port_args, _picklable(self.tokenizer)),
+                daemon=True,
+            )
+            self.detokenizer.start()
+            writer.close()
             self.model_info = self._wait_ready(reader)
         except BaseException:
             self.shutdown()
@@ -79,7 +89,7 @@ class Subprocesses:
 
     @property
     def processes(self) -> list:
-        return [self.scheduler, *self.tp_followers, self.detokenizer]
+        return [self.scheduler, *self.tp_followers, *([self.detokenizer] if self.detokenizer is not None else [])]
 
     def why_dead(self) -> Optional[str]:
         for proc in self.processes:
@@ -102,6 +112,12 @@ class Subprocesses:
                 proc.kill()
                 proc.join()
         shutil.rmtree(self.port_args.ipc_dir, ignore_errors=True)
+
+
+def _picklable(tokenizer):
+    """The tokenizer itself for the detokenizer process, or None (it loads its own) where its class
+    is a model's own code (--trust-remote-code), which that process could not import to unpickle."""
+    return tokenizer if type(tokenizer).__module__.startswith(("transformers.", "tokenizers.")) else None
 
 
 ENGINE_MAX_SEQUENCES_PER_REQUEST = 2**31 - 1
@@ -220,6 +236,7 @@ class Engine:
                 self.subprocesses.port_args,
                 self.subprocesses.model_info,
                 self.subprocesses.why_dead,
+                tokenizer=self.subprocesses.tokenizer,
             )
         except BaseException:
             self._stop_loop()

@@ -107,7 +107,11 @@ def _lifespan(state: ServerState):
     async def lifespan(app: FastAPI):
         args = state.server_args
         state.tokenizer_manager = TokenizerManager(
-            args, state.subprocesses.port_args, state.subprocesses.model_info, state.subprocesses.why_dead
+            args,
+            state.subprocesses.port_args,
+            state.subprocesses.model_info,
+            state.subprocesses.why_dead,
+            tokenizer=state.subprocesses.tokenizer,
         )
         state.tokenizer_manager.start()
         tasks = [asyncio.create_task(_watchdog(state)), asyncio.create_task(_warm_up_then_ready(state))]

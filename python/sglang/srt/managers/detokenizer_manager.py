@@ -159,14 +159,15 @@ def _common_prefix(a: str, b: str) -> str:
     return a[:n]
 
 
-def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> None:
+def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs, tokenizer=None) -> None:
+    """tokenizer: the one the launching process loaded, or None to load it here."""
     configure_logger(server_args.log_level, " Detokenizer")
     name_process("sglang-detok")
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     parent_pid = os.getppid()
-    manager = DetokenizerManager(
-        get_tokenizer(server_args.tokenizer_path, server_args.tokenizer_mode, server_args.trust_remote_code)
-    )
+    if tokenizer is None:
+        tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.tokenizer_mode, server_args.trust_remote_code)
+    manager = DetokenizerManager(tokenizer)
     ctx = zmq.Context(2)
     recv = ctx.socket(zmq.PULL)
     recv.bind(port_args.detokenizer_ipc)

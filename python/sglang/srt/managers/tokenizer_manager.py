@@ -77,13 +77,17 @@ class TokenizerManager:
         port_args: PortArgs,
         model_info: dict,
         children_alive: Callable[[], Optional[str]],
+        tokenizer=None,
     ):
         self.server_args = server_args
         self.model_info = model_info
         self.context_len = model_info["context_len"]
         self.vocab_size = model_info["vocab_size"]
-        self.tokenizer = get_tokenizer(
-            server_args.tokenizer_path, server_args.tokenizer_mode, server_args.trust_remote_code
+        # tokenizer: the one the engine loaded while its processes started (loaded here if None)
+        self.tokenizer = (
+            tokenizer
+            if tokenizer is not None
+            else get_tokenizer(server_args.tokenizer_path, server_args.tokenizer_mode, server_args.trust_remote_code)
         )
         if server_args.chat_template:  # --chat-template: used for chat whether or not the tokenizer has one
             self.tokenizer.chat_template = load_chat_template(server_args.chat_template)
