@@ -338,53 +338,10 @@ class ServerArgs:
         self._check_spec_policy()
 
     def _check_spec_policy(self) -> None:
-        from sglang.srt.configs.speculative_adaptive import parse_adaptive_config
-        from sglang.srt.speculative.spec_policy import POLICY_NAMES
+        from sglang.srt.speculative.spec_policy import check_flags
 
-        _check_choice("--speculative-policy", self.speculative_policy, POLICY_NAMES)
         _check_choice("--speculative-draft-sync", self.speculative_draft_sync, DRAFT_SYNC_CHOICES)
-        if self.speculative_policy == "threshold":
-            if self.speculative_threshold is None or self.speculative_threshold < 0:
-                raise ValueError(
-                    "--speculative-policy threshold needs --speculative-threshold N >= 0 (speculate "
-                    f"while the decode batch has at most N requests), got {self.speculative_threshold}"
-                )
-        elif self.speculative_threshold is not None:
-            raise ValueError(
-                "--speculative-threshold applies to --speculative-policy threshold only "
-                f"(the policy is {self.speculative_policy})"
-            )
-        k_max = self.speculative_num_steps
-        for k in self.speculative_candidate_steps or ():
-            if not 0 <= k <= k_max:
-                raise ValueError(
-                    f"--speculative-candidate-steps: {k} is outside 0..{k_max} "
-                    "(--speculative-num-steps is the largest k)"
-                )
-        if self.speculative_adaptive_config is not None:
-            config = parse_adaptive_config(self.speculative_adaptive_config)
-            for bucket, steps in config["candidates_by_bs"].items():
-                if max(steps) > k_max:
-                    raise ValueError(
-                        f"--speculative-adaptive-config {self.speculative_adaptive_config}: batch "
-                        f"size {bucket} lists {max(steps)} steps, more than --speculative-num-steps "
-                        f"({k_max})"
-                    )
-
-    def speculative_reachable_steps(self) -> list[int]:
-        """Every k > 0 the speculation policy can choose: the worker captures graphs for these."""
-        k_max = self.speculative_num_steps
-        if self.speculative_policy in ("always", "threshold"):
-            return [k_max]
-        if self.speculative_policy == "never":
-            return []
-        steps = set(self.speculative_candidate_steps or (0, 1, k_max))
-        if self.speculative_adaptive_config is not None:
-            from sglang.srt.configs.speculative_adaptive import parse_adaptive_config
-
-            for bucket_steps in parse_adaptive_config(self.speculative_adaptive_config)["candidates_by_bs"].values():
-                steps.update(bucket_steps)
-        return sorted(k for k in steps if k > 0)
+        check_flags(self)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:

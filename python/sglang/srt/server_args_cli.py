@@ -27,6 +27,7 @@ from sglang.srt.server_args import (
     ServerArgs,
 )
 from sglang.srt.server_args_refused import ATTENTION_BACKEND_ALTERNATIVE, add_already_the_behaviour_flags
+from sglang.srt.speculative.spec_policy import policy_help
 
 _DEFAULTS = {field.name: field.default for field in dataclasses.fields(ServerArgs)}
 
@@ -433,11 +434,7 @@ def _add_speculative_args(parser: HelpGroups) -> None:
         "--speculative-policy",
         type=str,
         default=None,
-        help="How each decode step chooses k: always (k = --speculative-num-steps; the default "
-        "without --speculative-adaptive), never (plain steps, the draft kept warm), threshold "
-        "(speculate while the decode batch has at most --speculative-threshold requests), "
-        "cost (the k with the most expected tokens per second from measured step times and "
-        "observed acceptance; the default with --speculative-adaptive).",
+        help=f"How each decode step chooses k: {policy_help()}.",
     )
     parser.add_argument(
         "--speculative-threshold",

@@ -15,7 +15,8 @@ import pytest
 from sglang.srt.speculative.acceptance import AcceptanceEstimator
 from sglang.srt.speculative.cost_model import LEARN_FIRST_SAMPLES, LEARN_WINDOW, LEVEL_WINDOW, CostTable, LearnedCost
 from sglang.srt.speculative.exploration import EXPLORE_CREDIT_START, EXPLORE_MAX_SHARE, EXPLORE_STEPS, Exploration
-from sglang.srt.speculative.spec_policy import CostPolicy, make_policy
+from sglang.srt.speculative.cost_policy import CostPolicy
+from sglang.srt.speculative.spec_policy import make_policy
 
 K_MAX = 3
 BUCKETS = (1, 8, 32, 64, 128, 256)

@@ -16,7 +16,8 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.speculative.acceptance import AcceptanceEstimator
 from sglang.srt.speculative.cost_model import CostTable
-from sglang.srt.speculative.spec_policy import CostPolicy, make_policy
+from sglang.srt.speculative.cost_policy import CostPolicy
+from sglang.srt.speculative.spec_policy import make_policy
 from sglang.test.runner_utils import run_counting_verifies
 from sglang.test.server_fixture import ServerProcess, assert_idle_kv_accounting
 

@@ -1,5 +1,5 @@
-"""The speculation policy (speculative/spec_policy.py), pure Python: acceptance estimates per
-draft position (pooled and per request, probes, no leak), the measured cost table (bucket
+"""The speculation policies (speculative/spec_policy.py, cost_policy.py), pure Python: acceptance
+estimates per draft position (pooled and per request, probes, no leak), the measured cost table (bucket
 rounding, extrapolation), the threshold and cost policies (the cost policy maximizes expected
 tokens per second, speculates at small batches and not at large ones, does not flap under
 hysteresis and dwell), the adaptive-config parser and make_policy's errors, and the summary."""
@@ -14,18 +14,13 @@ import random
 import numpy as np
 import pytest
 
-from sglang.srt.speculative import acceptance, spec_policy
-from sglang.srt.speculative.acceptance import SMALL_BATCH, AcceptanceEstimator
+from sglang.srt.speculative import acceptance, cost_policy
+from sglang.srt.speculative.acceptance import AcceptanceEstimator
 from sglang.srt.configs.speculative_adaptive import DEFAULT_ADAPTIVE_CONFIG, parse_adaptive_config
 from sglang.srt.speculative.cost_model import LEARN_FIRST_SAMPLES, CostTable
 from sglang.srt.speculative.exploration import Exploration
-from sglang.srt.speculative.spec_policy import (
-    POLICY_NAMES,
-    REEVALUATE_EVERY,
-    CostPolicy,
-    ThresholdPolicy,
-    make_policy,
-)
+from sglang.srt.speculative.cost_policy import REEVALUATE_EVERY, CostPolicy
+from sglang.srt.speculative.spec_policy import ThresholdPolicy, make_policy, policy_from_args, policy_names
 
 K_MAX = 3
 BUCKETS = (1, 8, 32, 64, 128, 256)
@@ -140,7 +135,7 @@ def test_forget_drops_request_state():
     est.forget("never-seen")  # finishing a request that never speculated is fine
 
 
-@pytest.mark.parametrize("rids", [["a"], [f"r{i}" for i in range(SMALL_BATCH + 1)]])
+@pytest.mark.parametrize("rids", [["a"], [f"r{i}" for i in range(9)]])
 def test_estimator_rejects_impossible_verify(rids):
     est = AcceptanceEstimator(K_MAX)
     for bad in (5, 0):
@@ -149,35 +144,6 @@ def test_estimator_rejects_impossible_verify(rids):
     with pytest.raises(ValueError, match="k_step 4"):
         est.record_verify(rids, [1] * len(rids), 4)
     assert est.rates() == [est.prior] * K_MAX  # nothing recorded
-
-
-def test_small_batches_update_the_estimates_exactly_as_large_ones(monkeypatch):
-    """record_verify updates batches of up to SMALL_BATCH requests element by element and larger
-    ones with array operations: the same random history (batches of 1 to 2 x SMALL_BATCH, new
-    and finished requests, every k) leaves the same pooled, long-run and per-request rates
-    either way."""
-
-    def history(small_batch: int) -> AcceptanceEstimator:
-        monkeypatch.setattr(acceptance, "SMALL_BATCH", small_batch)
-        rng = np.random.default_rng(7)
-        est, live, next_id = AcceptanceEstimator(K_MAX), [], 0
-        for _ in range(300):
-            while len(live) < rng.integers(1, 2 * SMALL_BATCH + 1):
-                live.append(f"r{next_id}")
-                next_id += 1
-            batch = [rid for rid in live if rng.random() < 0.8] or live[:1]
-            k = int(rng.integers(1, K_MAX + 1))
-            est.record_verify(batch, rng.integers(1, k + 2, len(batch)).tolist(), k)
-            if rng.random() < 0.2:
-                est.forget(live.pop(int(rng.integers(len(live)))))
-        return est, live
-
-    small, live = history(SMALL_BATCH)
-    arrays, live_again = history(0)
-    assert live == live_again and small.summary() == arrays.summary()
-    assert small.rates() == pytest.approx(arrays.rates(), abs=1e-12)
-    for rid in live:
-        assert small.rates(rid) == pytest.approx(arrays.rates(rid), abs=1e-12)
 
 
 def test_queued_request_updates_fold_in_exactly_as_updates_made_at_once(monkeypatch):
@@ -193,7 +159,7 @@ def test_queued_request_updates_fold_in_exactly_as_updates_made_at_once(monkeypa
         est, live, next_id, reads, batch = AcceptanceEstimator(K_MAX), [], 0, [], []
         for _ in range(600):
             if not (batch and set(batch) <= set(live) and rng.random() < 0.8):  # else the same batch again
-                while len(live) < rng.integers(1, 4 * SMALL_BATCH):
+                while len(live) < rng.integers(1, 32):
                     live.append(f"r{next_id}")
                     next_id += 1
                 batch = [rid for rid in live if rng.random() < 0.9] or live[:1]
@@ -219,13 +185,11 @@ def test_queued_request_updates_fold_in_exactly_as_updates_made_at_once(monkeypa
     assert queued.tracked_requests == len(live)
 
 
-@pytest.mark.parametrize("batch_size", [1, 3, SMALL_BATCH])
-def test_small_batches_expect_the_same_tokens_as_large_ones(monkeypatch, batch_size):
-    """The cost policy's per-step sums (expected tokens of the batch for every k) come from plain
-    Python up to PYTHON_SUMS_UP_TO requests and from arrays above: both agree with expected_tokens
-    per request, for tracked requests with rates of their own, for ones not seen yet (the pooled
-    rates), and for the batch of the last update or any other."""
-    python_up_to = acceptance.PYTHON_SUMS_UP_TO
+@pytest.mark.parametrize("batch_size", [1, 3, 8, 200])
+def test_batch_expected_tokens_sum_each_requests_expected_tokens(batch_size):
+    """The cost policy's per-step sums (expected tokens of the batch for every k) agree with
+    expected_tokens per request, for tracked requests with rates of their own, for ones not seen
+    yet (the pooled rates), and for the batch of the last update or any other."""
     est = AcceptanceEstimator(K_MAX)
     rng = np.random.default_rng(3)
     tracked = [f"t{i}" for i in range(batch_size)]
@@ -234,11 +198,7 @@ def test_small_batches_expect_the_same_tokens_as_large_ones(monkeypatch, batch_s
     mixed = tracked[: batch_size // 2] + [f"new{i}" for i in range(batch_size - batch_size // 2)]
     for rids in (tracked, mixed, tracked[::-1]):
         expected = [sum(est.expected_tokens(k, rid) for rid in rids) for k in range(K_MAX + 1)]
-        small = est.batch_expected_tokens(rids, K_MAX)
-        monkeypatch.setattr(acceptance, "PYTHON_SUMS_UP_TO", 0)
-        arrays = est.batch_expected_tokens(rids, K_MAX)
-        monkeypatch.setattr(acceptance, "PYTHON_SUMS_UP_TO", python_up_to)
-        assert small == pytest.approx(expected, abs=1e-9) and arrays == pytest.approx(expected, abs=1e-9)
+        assert est.batch_expected_tokens(rids, K_MAX) == pytest.approx(expected, abs=1e-9)
 
 
 # --- CostTable -------------------------------------------------------------------------------
@@ -469,8 +429,6 @@ def test_an_unchanged_bucket_is_re_evaluated_every_few_steps_and_a_new_one_at_on
     """Past the dwell the objective (tens of microseconds of host time a step) is evaluated every
     REEVALUATE_EVERY steps while the batch stays in its graph bucket, even if it changes size
     within it; a batch in a new bucket is evaluated at once."""
-    from sglang.srt.speculative import spec_policy
-
     policy = make_policy("cost", K_MAX, cost=make_cost(), exploration=no_exploration())
     evaluated = []
     real = policy._priced_objective
@@ -478,14 +436,14 @@ def test_an_unchanged_bucket_is_re_evaluated_every_few_steps_and_a_new_one_at_on
         policy, "_priced_objective", lambda rids, *a, **kw: evaluated.append(len(rids)) or real(rids, *a, **kw)
     )
     rids = ["r"]
-    for _ in range(policy.min_dwell + 4 * spec_policy.REEVALUATE_EVERY):
+    for _ in range(policy.min_dwell + 4 * cost_policy.REEVALUATE_EVERY):
         policy.choose(rids)
     assert len(evaluated) == 1 + 4, evaluated  # the first step, then once per REEVALUATE_EVERY
     policy.choose([f"r{i}" for i in range(256)])
     assert evaluated[-1] == 256, "a new bucket is evaluated on its first step"
     # 256 -> 250 -> 256 stays in the 256 bucket: evaluated on the REEVALUATE_EVERY rhythm only.
     count = len(evaluated)
-    for step in range(policy.min_dwell + 2 * spec_policy.REEVALUATE_EVERY):
+    for step in range(policy.min_dwell + 2 * cost_policy.REEVALUATE_EVERY):
         policy.choose([f"r{i}" for i in range(256 if step % 2 else 250)])
     assert len(evaluated) - count <= 2 + 1, evaluated[count:]
 
@@ -504,7 +462,7 @@ def settled_policy(rate: float, bs: int = 8) -> tuple[CostPolicy, list[str]]:
     """A cost policy past its dwell at batch `bs`, every request at acceptance `rate`."""
     policy = make_policy("cost", K_MAX, cost=make_cost(), exploration=no_exploration())
     rids, rng = [f"r{i}" for i in range(bs)], random.Random(3)
-    for _ in range(policy.min_dwell + 2 * spec_policy.REEVALUATE_FAR_EVERY):
+    for _ in range(policy.min_dwell + 2 * cost_policy.REEVALUATE_FAR_EVERY):
         feed(policy, rids, policy.choose(rids), rate, rng)
     return policy, rids
 
@@ -514,9 +472,9 @@ def test_a_clear_choice_is_re_evaluated_less_often_and_a_close_one_on_the_usual_
     every REEVALUATE_FAR_EVERY steps (each evaluation costs the host 10-30 us); where two are close,
     every REEVALUATE_EVERY. Either way a change of acceptance is followed within the longer rhythm."""
     clear, rids = settled_policy(0.95)
-    assert clear.current_k == K_MAX and clear._verdict[2] >= spec_policy.FAR_APART, clear.last_objective
+    assert clear.current_k == K_MAX and clear._verdict.far_apart, clear.last_objective
     evaluated = count_evaluations(clear, monkeypatch)
-    for _ in range(4 * spec_policy.REEVALUATE_FAR_EVERY):
+    for _ in range(4 * cost_policy.REEVALUATE_FAR_EVERY):
         clear.choose(rids)
     assert len(evaluated) == 4, evaluated
     # The draft turns useless: plain decoding wins, and the policy gets there within a long rhythm
@@ -530,10 +488,9 @@ def test_a_clear_choice_is_re_evaluated_less_often_and_a_close_one_on_the_usual_
     # At batch 16 an acceptance of 0.85 makes k_max and plain decoding worth about the same.
     close, rids = settled_policy(0.85, bs=16)
     evaluated = count_evaluations(close, monkeypatch)
-    close._evaluated_key = None  # the next step evaluates
-    close._settle(keep=False)  # (and no hold serves it)
+    close._verdict = None  # the next step evaluates
     close.choose(rids)
-    assert close._verdict[2] < spec_policy.FAR_APART, close.last_objective
+    assert not close._verdict.far_apart, close.last_objective
     for _ in range(4 * REEVALUATE_EVERY - 1):
         close.choose(rids)
     assert len(evaluated) == 4, evaluated
@@ -547,16 +504,15 @@ def test_an_admission_into_a_clearly_speculating_batch_takes_the_last_verdict(mo
     policy, rids = settled_policy(0.95)
     policy.choose(rids)  # whatever the rhythm: the last verdict is at most a step old below
     evaluated = count_evaluations(policy, monkeypatch)
-    policy._evaluated_key = None  # the next step evaluates
-    policy._settle(keep=False)  # (and no hold serves it)
+    policy._verdict = None  # the next step evaluates
     policy.choose(rids)
-    assert evaluated == [8] and policy._verdict[1] == K_MAX
+    assert evaluated == [8] and policy._verdict.best == K_MAX
     assert policy.would_speculate(rids[1:] + ["new"])
     assert evaluated == [8], "the verdict of this bucket answers"
     assert policy.would_speculate(rids[:4] + ["new"]) and evaluated[-1] == 5, "a small batch is evaluated"
     policy.would_speculate([f"b{i}" for i in range(256)])
     assert evaluated[-1] == 256, "another bucket is evaluated"
-    for _ in range(spec_policy.REEVALUATE_FAR_EVERY):
+    for _ in range(cost_policy.REEVALUATE_FAR_EVERY):
         policy.exploration.note_step(None, K_MAX, 0.01)
     count = len(evaluated)
     assert policy.would_speculate(rids[1:] + ["new"]) and len(evaluated) == count + 1, "an old verdict"
@@ -565,57 +521,6 @@ def test_an_admission_into_a_clearly_speculating_batch_takes_the_last_verdict(mo
     assert plain.current_k == 0
     evaluated = count_evaluations(plain, monkeypatch)
     assert not plain.would_speculate(rids[1:] + ["new"]) and evaluated == [8], "only speculating is taken on trust"
-
-
-def play_load(seed: int) -> tuple[list[int], dict, int]:
-    """A cost policy (default exploration) through 3,000 decode steps of a shifting load: requests
-    admitted and finishing, load steps between batch ~3 and ~90, contexts growing across context
-    classes, acceptance moving between easy and hard stretches, opted-out requests, the
-    scheduler's probe flag now and then, admissions asking would_speculate, and a cost sample
-    after each step. Returns (k per step, the final summary, steps the full path chose)."""
-    rng = random.Random(seed)
-    policy = make_policy("cost", K_MAX, cost=make_cost())
-    full_path = []
-    real = policy._choose_step
-    policy._choose_step = lambda *a: full_path.append(1) or real(*a)
-    live: dict[str, int] = {}  # rid -> context tokens
-    next_id, ks = 0, []
-    for step in range(3000):
-        target = (4, 90, 24, 3)[step // 750]
-        while len(live) < target + rng.randint(-2, 2):
-            if live and rng.random() < 0.3:
-                policy.would_speculate(list(live) + [f"q{next_id}"], sum(live.values()))
-            live[f"q{next_id}"] = rng.choice((100, 600, 2000))
-            next_id += 1
-        for rid in [rid for rid in live if rng.random() < 0.02]:
-            del live[rid]
-            policy.forget(rid)
-        rids = [rid for rid in live if not rid.endswith("7")]
-        context = sum(live.values())
-        k = policy.choose(rids, context, num_plain_only=len(live) - len(rids), explore=rng.random() < 0.01)
-        ks.append(k)
-        rate = 0.9 if (step // 300) % 2 == 0 else 0.3
-        if rids:
-            feed(policy, rids, k, rate, rng)
-        policy.observe_step_seconds(
-            len(live), k, context, make_cost().seconds(len(live), k, context) * rng.uniform(0.9, 1.3)
-        )
-        for rid in live:
-            live[rid] += 1 + k
-    return ks, policy.summary(), len(full_path)
-
-
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_holds_choose_exactly_as_the_held_path_does(monkeypatch, seed):
-    """Between evaluations a held k is served from a hold (a few comparisons a step, its steps
-    counted later in bulk): the same load played with and without holds gives the same k at every
-    step and the same counts, learned costs and exploration accounting; most steps take the hold."""
-    with_holds, summary, full_steps = play_load(seed)
-    monkeypatch.setattr(spec_policy, "HOLDS", False)
-    without, summary_without, _ = play_load(seed)
-    assert with_holds == without
-    assert summary == summary_without
-    assert full_steps < 0.5 * len(with_holds), full_steps
 
 
 def test_an_admission_where_every_candidate_speculates_is_not_evaluated(monkeypatch):
@@ -657,7 +562,7 @@ def test_a_switch_is_logged_with_every_candidate_priced_as_the_policy_priced_it(
         policy.observe_step_seconds(1, 1, 0, 1.3e-3)
         policy.observe_step_seconds(40, K_MAX, context, 4 * cost.seconds(40, K_MAX, context))
     policy.current_k, policy.steps_in_current = K_MAX, policy.min_dwell
-    with caplog.at_level(logging.INFO, logger="sglang.srt.speculative.spec_policy"):
+    with caplog.at_level(logging.INFO, logger="sglang.srt.speculative.cost_policy"):
         k = policy.choose(rids, context_tokens=context)
     assert k != K_MAX
     (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("speculation: k 3 ->")]
@@ -691,7 +596,7 @@ def test_the_choice_follows_the_learned_cost_not_the_table(caplog):
     for _ in range(LEARN_FIRST_SAMPLES):  # explored beside k = 1
         policy.observe_step_seconds(1, K_MAX, 0, cost.seconds(1, K_MAX))
     assert policy.seconds(1, K_MAX) == pytest.approx(cost.seconds(1, K_MAX))
-    with caplog.at_level(logging.INFO, logger="sglang.srt.speculative.spec_policy"):
+    with caplog.at_level(logging.INFO, logger="sglang.srt.speculative.cost_policy"):
         for _ in range(policy.min_dwell + REEVALUATE_EVERY):
             k = policy.choose(rids)
     assert k == K_MAX
@@ -896,11 +801,33 @@ def test_make_policy_errors(kwargs, names):
 
 
 def test_make_policy_defaults():
-    assert {make_policy(n, K_MAX, threshold=1, cost=make_cost()).name for n in POLICY_NAMES} == set(POLICY_NAMES)
+    made = {make_policy(n, K_MAX, threshold=1 if n == "threshold" else None, cost=make_cost()) for n in policy_names()}
+    assert {policy.name for policy in made} == set(policy_names()) == {"always", "never", "threshold", "cost"}
     assert make_policy("cost", K_MAX, cost=make_cost()).candidates == [0, 1, K_MAX]
     one = CostTable({1: 1.0}, {(1, 1): 1.1})
     assert make_policy("cost", 1, cost=one).candidates == [0, 1]
     assert make_policy("cost", K_MAX, cost=make_cost(), ema_alpha=0.3).estimator.alpha == 0.3
+
+
+def test_policy_from_args_measures_step_costs_only_where_the_policy_needs_them():
+    from types import SimpleNamespace
+
+    def args(policy: str, **flags) -> SimpleNamespace:
+        fields = dict(speculative_threshold=None, speculative_candidate_steps=None, speculative_adaptive_config=None)
+        return SimpleNamespace(speculative_policy=policy, speculative_num_steps=K_MAX, **{**fields, **flags})
+
+    measured = []
+
+    def measure() -> dict:
+        measured.append(1)
+        cost = make_cost()
+        spec = {(bs, k): cost.seconds(bs, k) for bs in BUCKETS for k in range(1, K_MAX + 1)}
+        return {"plain": {bs: cost.seconds(bs, 0) for bs in BUCKETS}, "spec": spec}
+
+    threshold = policy_from_args(args("threshold", speculative_threshold=2), measure)
+    assert threshold.threshold == 2 and measured == []
+    cost = policy_from_args(args("cost", speculative_candidate_steps=[0, 2]), measure)
+    assert cost.candidates == [0, 2] and measured == [1]
 
 
 # --- summary ---------------------------------------------------------------------------------

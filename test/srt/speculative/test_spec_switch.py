@@ -20,7 +20,9 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs, prepare_server_args
 from sglang.srt.speculative.cost_model import CostTable, LearnedCost
 from sglang.srt.speculative.exploration import Exploration
-from sglang.srt.speculative.spec_policy import REEVALUATE_EVERY
+from sglang.srt.speculative.cost_policy import REEVALUATE_EVERY
+from sglang.srt.speculative import spec_policy
+from sglang.srt.speculative.spec_policy import SpecPolicy, reachable_steps
 from sglang.srt.speculative.spec_sampling import simulated_accept_rate
 from sglang.test.runner_utils import run_to_completion
 from sglang.test.sampling_checks import chi_square_pvalue, exact_token_distributions
@@ -187,6 +189,38 @@ def test_switching_on_the_tiny_random_pair_gives_plain_decodings_output(tiny_pat
     check_against_plain(tiny_paths, overlap, policy)
 
 
+class EveryOtherStepPolicy(SpecPolicy):
+    """A policy a test adds: k_max on every other decode step, plain steps between."""
+
+    name = "every-other"
+    help = "k_max on every other step"
+
+    def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
+        return self.k_max if sum(self.steps_per_k.values()) % 2 else 0
+
+    def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
+        return True
+
+
+def test_a_policy_registered_from_outside_serves_plain_decodings_output(demo_paths, monkeypatch, capsys):
+    """Adding a policy is a SpecPolicy subclass and register_policy: --speculative-policy takes its
+    name and --help lists it, and the real scheduler serves with it (its plain and speculative steps
+    giving plain decoding's output)."""
+    monkeypatch.setattr(spec_policy, "_POLICIES", dict(spec_policy._POLICIES))
+    spec_policy.register_policy("every-other", EveryOtherStepPolicy)
+    with pytest.raises(SystemExit):
+        prepare_server_args(["--help"])
+    assert "every-other (k_max on every other step)" in " ".join(capsys.readouterr().out.split())
+    args = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"]
+    assert prepare_server_args(args + ["--speculative-policy", "every-other"]).speculative_policy == "every-other"
+    reference, _ = run(demo_paths, overlap=False, spec=None)
+    outputs, state = run(demo_paths, overlap=True, spec=dict(speculative_policy="every-other"))
+    for rid in ("r0", "r1", "r3", "r4"):
+        assert outputs[rid] == reference[rid], rid
+    assert state["spec_policy"]["name"] == "every-other"
+    assert {int(k) for k in state["spec_steps_by_k"]} == {0, 3}, state["spec_steps_by_k"]
+
+
 @pytest.mark.parametrize("overlap", [False, True])
 def test_exploration_and_learned_costs_switching_every_few_steps_give_plain_decodings_output(demo_paths, overlap):
     """The cost policy with exploration on and its learned costs deciding, switching every few
@@ -303,7 +337,7 @@ def test_adaptive_config_file_sets_the_candidates(tmp_path, capsys):
         ]
     )
     assert args.speculative_policy == "cost"
-    assert args.speculative_reachable_steps() == [1, 3]
+    assert reachable_steps(args) == [1, 3]
     too_many = tmp_path / "too_many.json"
     too_many.write_text(json.dumps({"1": [0, 5]}))
     with pytest.raises(SystemExit):

@@ -10,10 +10,6 @@ import numpy as np
 # A new request's estimates start from the pooled ones, weighted as this many observations of
 # its own: its first verifies move it quickly (running mean), later ones at request_alpha.
 _REQUEST_PRIOR_WEIGHT = 4
-SMALL_BATCH = 8  # record_verify updates batches up to this size element by element (cheaper there)
-# batch_expected_tokens sums batches up to this size in plain Python: within a serving loop, where
-# numpy's code is cold, its array operations cost a batch of 64 ~170 us against ~60 us.
-PYTHON_SUMS_UP_TO = 128
 MAX_PENDING_STEPS = 32  # steps whose per-request updates wait to be folded in, at most
 INITIAL_ROWS = 16  # request rows made at start; the table doubles when they run out
 
@@ -53,8 +49,7 @@ class AcceptanceEstimator:
     operations per step, with one gather and one scatter of the batch's rows (rates and counts side
     by side in _state) per run of steps of the same batch. Within a serving loop numpy's code is
     cold, and a step folded at once cost the host ~190 us at batch 16 and ~260 us at 256 on this
-    project's CPU (cache-thrashing loop; warm: 24 and 47 us); queued, ~70 and ~100 us. Up to
-    SMALL_BATCH requests a verify is folded in element by element, at once."""
+    project's CPU (cache-thrashing loop; warm: 24 and 47 us); queued, ~70 and ~100 us."""
 
     def __init__(
         self, k_max: int, alpha: float = 0.05, prior: float = 0.5, request_alpha: float = 0.05, recovery: float = 0.002
@@ -207,8 +202,7 @@ class AcceptanceEstimator:
 
     def _recover_pooled(self, first: int, target: np.ndarray) -> None:
         """0-based positions first.. went unobserved this step: move each pooled rate below its
-        target a fraction `recovery` of the way up (the batch's rows move alike, in _fold_rows or
-        _record_verify_small)."""
+        target a fraction `recovery` of the way up (the batch's rows move alike, in _fold_rows)."""
         for i, goal in enumerate(target.tolist(), start=first):
             if self._pooled[i] < goal:
                 self._pooled[i] += self.recovery * (goal - self._pooled[i])
@@ -227,11 +221,6 @@ class AcceptanceEstimator:
             raise ValueError(f"record_verify: k_step {k_step} is outside 0..{self.k_max}")
         if k_step == 0 or not rids:
             return
-        if len(rids) <= SMALL_BATCH:
-            if self._pending:
-                self._fold_rows()
-            self._record_verify_small(rids, num_out, k_step)
-            return
         counts = [0] * (k_step + 2)
         try:
             if min(num_out) < 1:
@@ -242,38 +231,6 @@ class AcceptanceEstimator:
             bad = next(r for r, n in enumerate(num_out) if not 1 <= n <= k_step + 1)
             self._bad_verify(rids[bad], int(num_out[bad]), k_step)
         self._observe(rids, num_out, k_step, counts)
-
-    def _record_verify_small(self, rids: list[str], num_out: list[int], k_step: int) -> None:
-        """record_verify for a few requests, element by element: the same updates as the array
-        path (a test holds them equal), without its array operations' fixed cost (~13 us, against
-        4 us for one request, on a small model whose whole step takes ~0.5-0.8 ms)."""
-        for rid, n in zip(rids, num_out):
-            if not 1 <= n <= k_step + 1:
-                self._bad_verify(rid, int(n), k_step)
-        rows = self._rows(rids).tolist()  # first: a new row may reallocate the arrays
-        rates, seen, request_alpha = self._rates, self._seen, self.request_alpha
-        observed = [0] * k_step
-        accepted = [0] * k_step
-        for row, n in zip(rows, num_out):
-            for i in range(min(n, k_step)):
-                hit = i < n - 1
-                count = float(seen[row, i]) + 1.0
-                rate = float(rates[row, i])
-                rates[row, i] = rate + max(1.0 / (count + _REQUEST_PRIOR_WEIGHT), request_alpha) * (hit - rate)
-                seen[row, i] = count
-                observed[i] += 1
-                accepted[i] += hit
-        for i in range(k_step):
-            if observed[i]:
-                self._update_pooled(i, accepted[i] / observed[i])
-        target = self._recovery_target(k_step)
-        if target is not None:
-            goals, recovery = target.tolist(), self.recovery
-            for row in rows:
-                for i, goal in enumerate(goals, start=k_step):
-                    rate = float(rates[row, i])
-                    rates[row, i] = rate + recovery * max(goal - rate, 0.0)
-            self._recover_pooled(k_step, target)
 
     @staticmethod
     def _bad_verify(rid: str, n: int, k_step: int) -> None:
@@ -324,8 +281,6 @@ class AcceptanceEstimator:
             return [float(len(rids))] + [float(len(rids))] * k
         if self._pending:
             self._fold_rows()
-        if len(rids) <= PYTHON_SUMS_UP_TO:
-            return self._batch_expected_tokens_small(rids, k)
         if rids == self._last_rids:  # every request of the batch is tracked
             known, unknown = self._last_rows, 0
         else:
@@ -338,27 +293,6 @@ class AcceptanceEstimator:
             chains = chains + unknown * np.cumprod(self.new_request_rates()[:k])
         totals = float(len(rids)) + np.concatenate([[0.0], np.cumsum(chains)])
         return totals.tolist()
-
-    def _batch_expected_tokens_small(self, rids: list[str], k: int) -> list[float]:
-        """batch_expected_tokens for a few requests in plain Python: the array path's half-dozen
-        numpy calls cost a small batch more than its few multiplications."""
-        chains, new_rates = [0.0] * k, None
-        for rid in rids:
-            row = self._per_request.get(rid)
-            if row is None:
-                new_rates = new_rates or self.new_request_rates()
-                rates = new_rates
-            else:
-                rates = self._rates[row].tolist()
-            prod = 1.0
-            for i in range(k):
-                prod *= rates[i]
-                chains[i] += prod
-        totals, running = [float(len(rids))], float(len(rids))
-        for chain in chains:
-            running += chain
-            totals.append(running)
-        return totals
 
     def forget(self, rid: str) -> None:
         """The request finished: drop its state, so long-running servers do not leak."""

@@ -61,6 +61,7 @@ from sglang.srt.speculative.spec_sampling import (
 from sglang.srt.speculative.spec_grammar import GrammarLookahead, masked_draft_logits
 from sglang.srt.speculative.draft_catch_up import CATCH_UP_BUFFER, adopt, buffer_for_catch_up, catch_up_draft
 from sglang.srt.speculative.eagle_cuda_graphs import SpecStepGraphs
+from sglang.srt.speculative.spec_policy import policy_class, reachable_steps
 from sglang.srt.speculative.spec_stats import PhaseTimer, SpecStats
 from sglang.srt.speculative.step_costs import measure_step_costs
 from sglang.srt.utils import host_to_device
@@ -181,7 +182,8 @@ class EAGLEWorkerV2(TpModelWorker):
             # a request then has the same luck on every server, whichever row it lands in.
             self.simulated_streams = torch.zeros((rows,), dtype=torch.int64, device=self.device)
         # Every k > 0 the speculation policy can choose; graphs are captured for each.
-        self.reachable_steps = server_args.speculative_reachable_steps()
+        self.policy_class = policy_class(server_args.speculative_policy)
+        self.reachable_steps = reachable_steps(server_args)
         self.step_graphs: dict[int, SpecStepGraphs] = {}
         self.target_step_graphs: Optional[SpecStepGraphs] = None
         self._capture_graphs(draft_config, model_config, server_args)
@@ -233,7 +235,7 @@ class EAGLEWorkerV2(TpModelWorker):
         self.model_runner.graph_runners += [runner for runner in target_runners if runner is not None]
         self.draft_runner.graph_runners += [runner for runner in draft_runners if runner is not None]
         if not server_args.disable_speculative_step_graph:
-            plain = [0] if server_args.speculative_policy != "always" else []
+            plain = [0] if self.policy_class.plain_steps_follow_draft else []
             for k in plain + self.reachable_steps:  # k = 0: the plain step
                 self.step_graphs[k] = SpecStepGraphs(self, sizes, k)
                 self.step_graphs[k].capture()
