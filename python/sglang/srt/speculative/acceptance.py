@@ -18,38 +18,29 @@ class AcceptanceEstimator:
     """Per-position acceptance estimates a_1..a_kmax, where a_i = P(draft token i is accepted |
     drafts 1..i-1 were accepted).
 
-    Conditional per-position rates (rather than one mean accept length) are what let the cost
-    policy price every k from the same statistics: E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j,
-    even for a k that has not run lately. The pooled estimate is an EMA over recent verifications
-    of all requests; per-request estimates capture that some requests (code, repetition) are much
-    easier to draft for than others. A request's estimate starts at new_request_rates (the pooled
-    one, or the long-run one where that is higher) and follows a running mean (that start
-    weighted as _REQUEST_PRIOR_WEIGHT observations) until that is slower than request_alpha, then
-    an EMA at request_alpha: quick to tell a new request apart, yet not so noisy that one request's luck flips the decision (an EMA at 0.2 over one
-    request's 0/1 outcomes moves by +-0.17 at a_i = 0.5, which at batch 1 swung the choice
-    between k = 0, 1 and k_max every few dozen steps).
+    Per-position rates (rather than one mean accept length) let the cost policy price every k
+    from the same statistics, E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j, even a k that has
+    not run lately. The pooled estimate is an EMA over recent verifies of all requests. Each
+    request also has its own (some prompts are much easier to draft for than others): it starts
+    at new_request_rates and follows a running mean (that start weighted as
+    _REQUEST_PRIOR_WEIGHT observations) until that is slower than request_alpha, then an EMA at
+    request_alpha: quick to tell a new request apart, yet not swung by one request's luck (an
+    EMA at 0.2 of 0/1 outcomes moves by +-0.17 at a_i = 0.5, enough to flip the choice of k).
 
-    A position the current k does not reach is not observed, and a frozen estimate there can
-    starve: on the GPU, a short unlucky stretch pulled the demo pair's pooled a_2 from ~0.8 to
-    0.23, the policy moved to k = 1, nothing observed position 2 again, and every later request
-    started from 0.23 (k = 1 for the rest of the run, at 0.55-0.97x of always speculating). So
-    each step moves the positions it did not observe (pooled, and the batch's own rows) a fraction
-    `recovery` of the way up to their target, max(prior, long-run rate), the long-run rate being
-    a slow EMA (alpha / 10) of what the position showed whenever it was observed. The estimate
-    then climbs back until the policy tries the deeper k and sees for itself; if the position is
-    really poor, that costs a dwell's worth of steps every few hundred, near the point where the
-    two choices are worth about the same. Estimates above the target are left alone: a position
-    the policy values highly is one it uses, and so observes.
+    A position the current k does not reach is not observed, and a frozen low estimate there
+    starves: the policy never runs the deeper k again to see it recover. So each step moves the
+    positions it did not observe (pooled, and the batch's rows) a fraction `recovery` of the way
+    up to max(prior, long-run rate), the long-run rate being a slow EMA (alpha / 10) of what the
+    position showed when observed; estimates above that are left alone. A really poor position
+    then costs a dwell's worth of steps every few hundred, where both choices are worth about
+    the same.
 
-    Per-request state lives in numpy rows (a row per tracked request, reused after `forget`), so
-    a step's update and the policy's sums cost a few array operations, not a Python loop over
-    the batch: at batch 256 that loop cost ~0.3 ms per step, a fifth of a small model's step.
-    A step updates the pooled rates at once and queues the requests' rows (_fold_rows folds the
-    queue when something reads them, or MAX_PENDING_STEPS steps are queued): a dozen array
-    operations per step, with one gather and one scatter of the batch's rows (rates and counts side
-    by side in _state) per run of steps of the same batch. Within a serving loop numpy's code is
-    cold, and a step folded at once cost the host ~190 us at batch 16 and ~260 us at 256 on this
-    project's CPU (cache-thrashing loop; warm: 24 and 47 us); queued, ~70 and ~100 us."""
+    Per-request state lives in numpy rows (reused after `forget`), so a step costs a few array
+    operations instead of a Python loop over the batch (~0.3 ms per step at batch 256). A step
+    updates the pooled rates at once and queues the rows' updates; _fold_rows folds the queue when
+    something reads the rows or MAX_PENDING_STEPS are queued, consecutive steps of one batch
+    sharing one gather and one scatter: within a serving loop, where numpy's code is cold, that
+    cost the host ~70-100 us a step instead of ~190-260 us."""
 
     def __init__(
         self, k_max: int, alpha: float = 0.05, prior: float = 0.5, request_alpha: float = 0.05, recovery: float = 0.002

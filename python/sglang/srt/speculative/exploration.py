@@ -4,6 +4,7 @@ stays known."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Hashable, Optional
 
@@ -13,6 +14,16 @@ EXPLORE_STEPS = 4  # steps per exploration burst: with the pipelined sample rule
 EXPLORE_INTERVALS = ((0.05, 128), (0.15, 384), (math.inf, 1536))
 EXPLORE_MAX_SHARE = 0.02  # exploration never takes more than this share of decode steps
 EXPLORE_CREDIT_START = 2 * EXPLORE_STEPS  # a fresh server may explore twice before earning credit
+
+
+@dataclasses.dataclass
+class Burst:
+    """A running exploration burst."""
+
+    k: int  # the candidate it runs
+    steps_left: int
+    returns_to: int  # the chosen k, which the policy decides afresh from after the burst
+    shortfall: float  # 1 - objective[k] / objective[returns_to] when it started
 
 
 class Exploration:
@@ -46,16 +57,15 @@ class Exploration:
         self.bursts = 0
         self.lost_seconds = 0.0  # summed over exploration steps: seconds * shortfall
         self.decode_seconds = 0.0  # every decode step's estimated seconds
-        self._burst: Optional[tuple[int, int, int, float]] = None  # (k, steps left, k to return to, shortfall)
+        self._burst: Optional[Burst] = None
         self._step_explores = False  # the step being chosen is an exploration step
-        self._burst_shortfall = 0.0
 
     def note_step(self, bucket: Hashable, k: int, seconds: float) -> None:
         """A decode step of k, estimated at `seconds`, ran at this key (every step, exploring or not)."""
         self.decode_steps += 1
         self.decode_seconds += seconds
         if self._step_explores:
-            self.lost_seconds += seconds * self._burst_shortfall
+            self.lost_seconds += seconds * self._burst.shortfall
             self._step_explores = False
         credit = self._credit + self.max_share
         self._credit = credit if credit < self._credit_cap else self._credit_cap
@@ -68,19 +78,19 @@ class Exploration:
     @property
     def returns_to(self) -> Optional[int]:
         """The k the running burst returns to (None when none runs)."""
-        return self._burst[2] if self._burst is not None else None
+        return self._burst.returns_to if self._burst is not None else None
 
     def continue_burst(self, candidates: list[int]) -> tuple[Optional[int], Optional[int]]:
         """(k, None) while a burst goes on; (None, k it left) once it is over (or its k is no
         longer a candidate at this batch size)."""
-        k, left, back, shortfall = self._burst
-        if left > 0 and k in candidates:
-            self._burst = (k, left - 1, back, shortfall)
+        burst = self._burst
+        if burst.steps_left > 0 and burst.k in candidates:
+            burst.steps_left -= 1
             self.steps += 1
             self._step_explores = True
-            return k, None
+            return burst.k, None
         self._burst = None
-        return None, back
+        return None, burst.returns_to
 
     def start_if_due(
         self, bucket: Hashable, chosen: int, objective: dict[int, float], unsure: frozenset = frozenset()
@@ -107,8 +117,8 @@ class Exploration:
         _, shortfall, k = min(due)
         self._credit -= self.burst_steps
         self.bursts += 1
-        self._burst = (k, self.burst_steps - 1, chosen, shortfall)
-        self._step_explores, self._burst_shortfall = True, shortfall
+        self._burst = Burst(k, self.burst_steps - 1, chosen, shortfall)
+        self._step_explores = True
         self.steps += 1
         return k
 
