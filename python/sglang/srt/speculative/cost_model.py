@@ -151,31 +151,25 @@ class LearnedCost:
     """Seconds per decode step as the running server pays them, learned online over the start-up
     table (the prior).
 
-    A sample is the wall time between two consecutive decode launches where the launch before
-    them ran the same k with nothing else launched between (spec_scheduling.observe_decode_launch):
-    what one step costs the server end to end, with its host work, sampling, result processing
-    and the device time the host could not hide. The start-up replays see none of that, nor the
-    real batch's contexts; on 8B shapes at batch 256 they priced k = 1 a few percent better than
-    plain decoding where serving it was 8% worse.
+    A sample is the wall time between two consecutive decode launches of the same k with nothing
+    launched between (the scheduler's sample rule): one step's cost to the server end to end, with
+    its host work, sampling, result processing and the device time the host could not hide, none
+    of which the start-up replays see (on 8B shapes at batch 256 they priced k = 1 a few percent
+    better than plain decoding where serving it was 8% worse).
 
     The cost is learned per key, (batch-size octave, context class), as a log ratio to the prior:
-    the octave (1, 2-3, 4-7, ...) of the graph bucket a step replays, the context class the batch's
-    mean context per request in doublings (context_class). The prior's context term (seconds per
-    token of context, per k) scales a ratio within its class; across classes it is not trusted:
-    measured beside other servers starting up, it read 10x too high, and a ratio learned at
-    2K-token contexts then priced plain steps at 300 tokens 40% too cheap against speculative ones.
+    the octave (1, 2-3, 4-7, ...) of the graph bucket a step replays, and the context class of the
+    batch's mean context per request (context_class). The prior's context term scales a ratio
+    within its class only: measured beside other servers starting up it can read far too high.
 
     At a key, the log ratio of k is the key's level plus k's offset. The level is what steps cost
-    there now: each sample of the k the policy chose (not exploring) moves it (the median of the
-    last LEVEL_WINDOW residuals, a sample less its k's offset). An offset is what k costs beside
-    the chosen k: the median of k's last LEARN_WINDOW samples taken while another k was chosen
-    (an exploration burst), each less the level then, pooled with those of the octaves on either
-    side (an octave sees few, and the choice would flip on their noise as a batch crosses from one
-    octave to the next). So a slowdown common to every k (a host busy with arrivals, retiring
-    requests, streams to send) moves every price at once, and does not make a k measured before it
-    look cheaper than the one that runs: on the demo pair, pricing each k by its own recent samples
-    left k = 3 priced at 3x its typical step at batch 16 after one slow stretch, and the server
-    decoded plainly there for seconds, at half the speed.
+    there now: the median of the last LEVEL_WINDOW residuals of the chosen k's samples (a sample
+    less its k's offset). An offset is what k costs beside the chosen k: the median of k's last
+    LEARN_WINDOW samples taken while another k was chosen (exploration), each less the level then,
+    pooled with the octaves on either side (one octave sees few, and the choice would flip on
+    their noise). So a slowdown common to every k (a host busy with arrivals, retiring requests,
+    streams to send) moves every price at once, instead of making a k measured before it look
+    cheaper than the one that runs.
 
     A k without an offset of its own at a key takes the nearest key's (distance: doublings of batch
     size plus classes, within one class), else none (the prior's relative cost); a key without a

@@ -8,6 +8,10 @@ times a plain one. The cost policy compares both with measured step times and th
 observed so far; the simpler policies (always, never, a batch-size threshold) are there for
 baselines and for users who know their load.
 
+The policies sit in a registry (end of this module) that everything outside asks: ServerArgs for
+the names, --help and the flag checks, the worker for the k it captures graphs for, the scheduler
+for the policy. Adding one is a SpecPolicy subclass and register_policy(name, class).
+
 Everything here is pure Python: it runs on the scheduler's CPU once per decode step, so it must
 not touch the device or sync with it."""
 
