@@ -175,7 +175,7 @@ def test_switching_with_graphs_matches_plain(sync):
     steps = []
     # Runs of 70 plain steps overflow the catch-up buffer (64); short runs do not.
     pattern = [0] * 70 + [3, 1, 0, 0, 3] * 4
-    scheduler.spec_steps_for = lambda bs: steps.append(pattern[len(steps) % len(pattern)]) or steps[-1]
+    scheduler.spec.plan_step = lambda reqs: steps.append(pattern[len(steps) % len(pattern)]) or steps[-1]
     gen = torch.Generator().manual_seed(0)
     for i in range(5):
         ids = torch.randint(10, scheduler.model_config.vocab_size, (8 + 3 * i,), generator=gen).tolist()
@@ -200,11 +200,11 @@ def test_requests_without_the_draft_in_whole_step_graphs_match_plain():
     plain = submit_all(make_scheduler())
     scheduler = make_scheduler(speculative_algorithm="EAGLE3", speculative_num_steps=3, speculative_policy="always")
     worker = scheduler.tp_worker
-    scheduler.draft_reads_prompt = lambda req, joining: req.rid not in ("r1", "r3")
-    scheduler._adopt_cold_requests = lambda: None  # they stay cold (adoption: the test below)
+    scheduler.spec.draft_reads_prompt = lambda req, joining: req.rid not in ("r1", "r3")
+    scheduler.spec.review_following = lambda *args: None  # they stay cold (adoption: the test below)
     steps = []
     pattern = [3, 0, 3, 3, 0]
-    scheduler.spec_steps_for = lambda bs: steps.append(pattern[len(steps) % len(pattern)]) or steps[-1]
+    scheduler.spec.plan_step = lambda reqs: steps.append(pattern[len(steps) % len(pattern)]) or steps[-1]
     draft_calls = [0]
     draft_forward = worker.draft_runner.forward
     late = []  # draft forwards once only r1 and r3 are left
@@ -351,7 +351,7 @@ def test_launches_never_wait_for_the_device():
     scheduler = make_scheduler(**spec)
     pattern = [3, 0, 1, 3, 3, 0]
     steps = []
-    scheduler.spec_steps_for = lambda bs: steps.append(pattern[len(steps) % len(pattern)]) or steps[-1]
+    scheduler.spec.plan_step = lambda reqs: steps.append(pattern[len(steps) % len(pattern)]) or steps[-1]
     strict, calls = [False], []
     worker = scheduler.tp_worker
     worker.forward_batch_generation = strict_about_syncs(worker.forward_batch_generation, strict, calls)

@@ -55,7 +55,7 @@ def measure(scheduler, batch: int, constrained: bool, steps: int, device: str) -
     from sglang.srt.managers.io_struct import AbortReq, TokenizedGenerateReqInput
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    spec = bool(scheduler.spec_k)
+    spec = scheduler.spec is not None
     new_tokens = (WARMUP_STEPS + steps) * (4 if spec else 1) + 16
     rids = [f"{'c' if constrained else 'u'}{batch}-{i}" for i in range(batch)]
     for i, rid in enumerate(rids):

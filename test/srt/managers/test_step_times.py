@@ -9,6 +9,7 @@ import time
 import pytest
 
 import sglang
+from sglang.srt import bench_hooks
 from sglang.srt.managers import step_times
 from sglang.srt.managers.step_times import NullStepClock, StepClock, make_step_clock, size_bucket
 
@@ -114,7 +115,7 @@ def test_a_served_load_is_timed_by_the_scheduler_process(tmp_path, tiny_model_pa
     """Through the real scheduler process: one file pair per busy period, its decode steps those
     the requests took, its phases adding up to each pass."""
     prefix = tmp_path / "sched"
-    monkeypatch.setenv(step_times.ENV, str(prefix))
+    monkeypatch.setenv(bench_hooks.STEP_TIMES_ENV, str(prefix))
     # Without overlap, so that no step is launched past the requests' last tokens.
     engine = sglang.Engine(
         model_path=tiny_model_paths["llama"],

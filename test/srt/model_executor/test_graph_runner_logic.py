@@ -90,10 +90,10 @@ def generate(
         )
     )
     if without_draft:
-        scheduler.draft_reads_prompt = lambda req, joining: req.rid not in without_draft
+        scheduler.spec.draft_reads_prompt = lambda req, joining: req.rid not in without_draft
     if choose is not None:
         steps = []
-        scheduler.spec_steps_for = lambda bs: steps.append(choose(len(steps))) or steps[-1]
+        scheduler.spec.plan_step = lambda reqs: steps.append(choose(len(steps))) or steps[-1]
     prompts = [[5, 17, 300, 41, 9, 77], [12, 13, 14, 15], list(range(100, 130)), [2000, 7, 7]][:num_reqs]
     for i, ids in enumerate(prompts):
         params = SamplingParams(

@@ -5,13 +5,12 @@ steps cost, paired with the k that ran around them."""
 from __future__ import annotations
 
 import glob
-import os
 
 import pytest
 
 from sglang import demo
 from sglang.benchmark import cost_log_report
-from sglang.srt.managers import spec_scheduling
+from sglang.srt import bench_hooks
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.sampling.sampling_params import SamplingParams
@@ -20,9 +19,9 @@ from sglang.test.runner_utils import run_to_completion
 
 
 def serve(tmp_path, monkeypatch, explore_every: str | None) -> tuple[dict, str]:
-    monkeypatch.setenv(spec_scheduling.COST_LOG_ENV, str(tmp_path / "server"))
+    monkeypatch.setenv(bench_hooks.COST_LOG_ENV, str(tmp_path / "server"))
     if explore_every is not None:
-        monkeypatch.setenv(spec_scheduling.EXPLORE_EVERY_ENV, explore_every)
+        monkeypatch.setenv(bench_hooks.EXPLORE_EVERY_ENV, explore_every)
     scheduler = Scheduler(
         ServerArgs(
             model_path=demo.TARGET_PATH,
@@ -38,7 +37,7 @@ def serve(tmp_path, monkeypatch, explore_every: str | None) -> tuple[dict, str]:
         params = SamplingParams(max_new_tokens=160, temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", [100 + i, 17, 300, 41, 9], params, stream=False))
     run_to_completion(scheduler, lambda step: None)
-    scheduler.spec_cost_log.close()
+    scheduler.spec.close()
     (path,) = glob.glob(str(tmp_path / "server.*.txt"))
     return scheduler.get_internal_state(), path
 
@@ -62,13 +61,12 @@ def test_the_log_holds_every_decode_launch_and_cost_sample_and_dense_exploration
     )
 
 
-def test_bad_settings_fail_at_start_naming_the_variable(tmp_path, monkeypatch):
-    monkeypatch.setenv(spec_scheduling.EXPLORE_EVERY_ENV, "often")
-    with pytest.raises(ValueError, match=spec_scheduling.EXPLORE_EVERY_ENV):
-        spec_scheduling.dense_exploration(os.environ[spec_scheduling.EXPLORE_EVERY_ENV])
-    with pytest.raises(ValueError, match=spec_scheduling.COST_LOG_ENV):
-        spec_scheduling.open_cost_log(str(tmp_path / "no such folder" / "log"))
-    assert spec_scheduling.open_cost_log(None) is None and spec_scheduling.dense_exploration(None) is None
+def test_bad_settings_fail_at_start_naming_the_variable(tmp_path):
+    with pytest.raises(ValueError, match=bench_hooks.EXPLORE_EVERY_ENV):
+        bench_hooks.from_env({bench_hooks.EXPLORE_EVERY_ENV: "often"})
+    with pytest.raises(ValueError, match=bench_hooks.COST_LOG_ENV):
+        bench_hooks.open_cost_log(str(tmp_path / "no such folder" / "log"))
+    assert bench_hooks.open_cost_log(None) is None and bench_hooks.from_env({}) == bench_hooks.OFF
 
 
 def synthetic_log() -> list[str]:

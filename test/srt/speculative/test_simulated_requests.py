@@ -14,6 +14,7 @@ import pytest
 from sglang import bench_serving, demo
 from sglang.benchmark.backends import RequestResult
 from sglang.benchmark.trace import Phase, TraceError, load_trace, parse_mix, trace_line
+from sglang.srt import bench_hooks
 from sglang.srt.errors import InvalidRequest
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.test.server_fixture import ServerProcess
@@ -80,16 +81,16 @@ def test_a_bad_simulated_accept_length_is_refused(simulating_server):
     assert response.status_code == 400 and "simulated_accept_length" in response.text
 
 
-def test_only_a_simulating_speculative_server_takes_it(monkeypatch):
+def test_only_a_simulating_speculative_server_takes_it():
     params = SamplingParams.from_dict({"simulated_accept_length": 2.5})
-    params.verify_simulation(speculative=False)  # a server without a draft ignores it
-    monkeypatch.delenv("SGLANG_SIMULATE_ACC_LEN", raising=False)
+    simulating = bench_hooks.from_env({"SGLANG_SIMULATE_ACC_LEN": "2.0"}).simulates_acceptance
+    assert simulating and not bench_hooks.from_env({}).simulates_acceptance
+    params.verify_simulation(speculative=False, simulating=False)  # a server without a draft ignores it
     with pytest.raises(InvalidRequest, match="SGLANG_SIMULATE_ACC_LEN"):
-        params.verify_simulation(speculative=True)
-    monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "2.0")
-    params.verify_simulation(speculative=True)
+        params.verify_simulation(speculative=True, simulating=False)
+    params.verify_simulation(speculative=True, simulating=simulating)
     with pytest.raises(InvalidRequest, match="must be"):
-        SamplingParams.from_dict({"simulated_accept_length": 99.0}).verify_simulation(speculative=True)
+        SamplingParams.from_dict({"simulated_accept_length": 99.0}).verify_simulation(speculative=True, simulating=True)
 
 
 def test_bench_serving_plays_a_trace_with_a_shifting_mix(simulating_server, tmp_path):

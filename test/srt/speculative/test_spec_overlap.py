@@ -87,11 +87,11 @@ def run_switching(overlap: bool, choose):
     scheduler = Scheduler(args)
     steps = []
 
-    def chosen(batch_size):
+    def chosen(running_reqs):
         steps.append(choose(len(steps)))
         return steps[-1]
 
-    scheduler.spec_steps_for = chosen
+    scheduler.spec.plan_step = chosen
     for i, ids in enumerate(PROMPTS):
         params = SamplingParams(max_new_tokens=[7, 30, 45, 2][i], temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))

@@ -43,7 +43,7 @@ POLICIES = {
     "never": dict(speculative_policy="never"),
     "threshold": dict(speculative_policy="threshold", speculative_threshold=2),
     "cost": dict(speculative_adaptive=True),
-    "alternating": dict(speculative_policy="always"),  # spec_steps_for replaced below
+    "alternating": dict(speculative_policy="always"),  # plan_step replaced below
     "exploring": dict(speculative_adaptive=True),  # made to switch every few steps below
 }
 
@@ -68,7 +68,7 @@ def explore_often(scheduler) -> None:
     """The cost policy with exploration bursts of 2 steps every 3 steps and no dwell, deciding
     from a fixed prior and from step times fed by learned_ratio instead of the wall clock: the
     learned costs and the bursts switch k every few steps, the same steps on every run."""
-    policy = scheduler.spec_policy
+    policy = scheduler.spec.policy
     policy.min_dwell = 1
     policy.far_reevaluate_every = REEVALUATE_EVERY  # however clear a choice looks, re-evaluated every few steps
     policy.exploration = Exploration(steps=2, max_share=1.0, intervals=((math.inf, 3),))
@@ -108,7 +108,7 @@ def run(pair: tuple[str, str], overlap: bool, spec: dict | None, choose=None) ->
     )
     if choose is not None:
         steps = []
-        scheduler.spec_steps_for = lambda bs: steps.append(choose(len(steps))) or steps[-1]
+        scheduler.spec.plan_step = lambda reqs: steps.append(choose(len(steps))) or steps[-1]
     if spec is POLICIES["exploring"]:
         explore_often(scheduler)
 
@@ -255,7 +255,7 @@ def test_sampling_stays_exact_under_switching(sync):
     if sync == "exploring":
         explore_often(scheduler)
     else:
-        scheduler.spec_steps_for = lambda bs: choices.append([0, 2, 1][len(choices) % 3]) or choices[-1]
+        scheduler.spec.plan_step = lambda reqs: choices.append([0, 2, 1][len(choices) % 3]) or choices[-1]
     for seed in range(num_samples):
         params = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=top_k, ignore_eos=True, sampling_seed=seed)
         scheduler.add_request(TokenizedGenerateReqInput(f"s{seed}", prompt_ids, params, stream=False))
@@ -387,7 +387,7 @@ def test_the_draft_state_after_plain_steps_is_the_state_after_speculative_ones(d
             )
         )
         if policy == "plain":
-            scheduler.spec_steps_for = lambda bs: 0
+            scheduler.spec.plan_step = lambda reqs: 0
         worker = scheduler.tp_worker
         params = SamplingParams(max_new_tokens=60, temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput("r", prompt, params, stream=False))
@@ -450,7 +450,7 @@ def test_plain_steps_probe_at_the_simulated_rate(tiny_paths, monkeypatch):
             speculative_policy="always",
         )
     )
-    scheduler.spec_steps_for = lambda bs: 0  # plain steps of requests the draft follows
+    scheduler.spec.plan_step = lambda reqs: 0  # plain steps of requests the draft follows
     for i in range(4):
         params = SamplingParams(max_new_tokens=80, temperature=0, ignore_eos=True)
         scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", [10 + i, 20, 30 + 2 * i], params, stream=False))
@@ -506,7 +506,7 @@ def test_catch_up_leaves_the_draft_as_warm_plain_steps_do(demo_paths, plain_run,
         if catch_up_tokens is not None:
             scheduler.tp_worker.catch_up_tokens = catch_up_tokens
         steps = []
-        scheduler.spec_steps_for = lambda bs: (
+        scheduler.spec.plan_step = lambda reqs: (
             steps.append(0 if len(steps) % (plain_run + 2) < plain_run else 3) or steps[-1]
         )
         record = scheduler.tp_worker.stats.record_step
@@ -543,7 +543,7 @@ def test_positions_without_draft_kv_are_not_cached(demo_paths, sync, cached_beyo
             disable_overlap_schedule=True,
         )
     )
-    scheduler.spec_steps_for = lambda bs: 0  # plain steps of requests the draft follows
+    scheduler.spec.plan_step = lambda reqs: 0  # plain steps of requests the draft follows
     prompt = [205, 300, 1100, 52, 9, 77, 1500, 12]
     params = SamplingParams(max_new_tokens=20, temperature=0, ignore_eos=True)
     scheduler.add_request(TokenizedGenerateReqInput("a", prompt, params, stream=False))
@@ -569,7 +569,7 @@ def test_the_adaptive_config_reaches_the_running_policy(demo_paths, tmp_path):
             speculative_adaptive_config=str(config),
         )
     )
-    policy = scheduler.spec_policy
+    policy = scheduler.spec.policy
     assert policy.name == "cost" and policy.candidates_for(1) == [0, 3] and policy.candidates_for(16) == [0, 1]
     assert policy.hysteresis_by_bs[1]["up"] == 0.2
     assert policy.estimator.alpha == 0.1
@@ -600,7 +600,7 @@ def test_batched_admissions_under_switching_give_plain_decodings_output(tiny_pat
         batcher.EMA, batcher.step_seconds, batcher.pass_seconds = 0.0, 1e-3, 10.0
         if spec:
             steps = []
-            scheduler.spec_steps_for = lambda bs: steps.append(alternating_k(len(steps))) or steps[-1]
+            scheduler.spec.plan_step = lambda reqs: steps.append(alternating_k(len(steps))) or steps[-1]
 
         def add(i: int) -> None:
             params = SamplingParams(max_new_tokens=12 + i % 9, temperature=0, ignore_eos=True)

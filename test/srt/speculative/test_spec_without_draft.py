@@ -132,9 +132,7 @@ def test_draft_follows_all_makes_a_plain_policy_run_the_draft_following_plain_st
     """SGLANG_DRAFT_FOLLOWS_ALL=1 (benchmarks only): the draft reads every prompt although the
     policy never speculates, so each plain step is the one of requests the draft follows (warm:
     with the draft's extend; catch-up: aux states kept). Outputs stay plain decoding's."""
-    from sglang.srt.managers import spec_scheduling
-
-    monkeypatch.setattr(spec_scheduling, "DRAFT_FOLLOWS_ALL", True)
+    monkeypatch.setenv("SGLANG_DRAFT_FOLLOWS_ALL", "1")  # read as the scheduler starts (bench_hooks)
     scheduler = make_scheduler(True, speculative_policy="never", speculative_draft_sync=sync)
     calls = count_draft_forwards(scheduler)
     out = drive(scheduler, abort_at=5)
@@ -153,9 +151,9 @@ def test_draft_follows_all_makes_a_plain_policy_run_the_draft_following_plain_st
 def test_requests_with_and_without_the_draft_share_speculative_steps_losslessly(plain, overlap):
     """r1 and r3 (and r4) are admitted without the draft; every k in turn, r2 aborted mid-run."""
     scheduler = make_scheduler(overlap, speculative_policy="always")
-    scheduler.draft_reads_prompt = lambda req, joining: req.rid in ("r0", "r2")
+    scheduler.spec.draft_reads_prompt = lambda req, joining: req.rid in ("r0", "r2")
     steps = []
-    scheduler.spec_steps_for = lambda bs: steps.append([3, 0, 1, 2, 3][len(steps) % 5]) or steps[-1]
+    scheduler.spec.plan_step = lambda reqs: steps.append([3, 0, 1, 2, 3][len(steps) % 5]) or steps[-1]
     out = drive(scheduler, abort_at=5)
     for rid in ("r0", "r1", "r3", "r4"):
         assert out[rid]["ids"] == plain[rid]["ids"], rid
@@ -202,7 +200,7 @@ def test_target_only_cache_entries_are_taken_over_by_a_request_the_draft_follows
     expected = {name: run_alone(reference, name, ids, {}) for name, ids in (("p", prompt), ("l", longer))}
 
     scheduler = make_scheduler(speculative_policy="always")
-    scheduler.draft_reads_prompt = lambda req, joining: req.rid not in ("a", "b")
+    scheduler.spec.draft_reads_prompt = lambda req, joining: req.rid not in ("a", "b")
     cached: dict[str, int] = {}
     assert run_alone(scheduler, "a", prompt, cached) == expected["p"]  # cached as target-only entries
     assert run_alone(scheduler, "b", longer, cached) == expected["l"]
@@ -230,11 +228,11 @@ def test_an_estimate_gone_low_is_refreshed_by_an_exploring_request(monkeypatch, 
     monkeypatch.setenv("SGLANG_SIMULATE_ACC_LEN", "3.0")
     scheduler = make_scheduler(speculative_policy="cost", speculative_draft_sync=sync)
     cost = CostTable({1: 0.010}, {(1, 1): 0.011, (1, 3): 0.013})  # speculation pays at batch 1 if a_1 > ~0.2
-    scheduler.spec_policy = make_policy("cost", 3, cost=cost)
+    scheduler.spec.policy = make_policy("cost", 3, cost=cost)
     # The table stands for the costs here: learned from this CPU's own steps, the policy would price
     # speculation by what it costs a CPU (often more than it gains) and never explore.
-    monkeypatch.setattr(scheduler.spec_policy, "observe_step_seconds", lambda *args: None)
-    estimator = scheduler.spec_policy.estimator
+    monkeypatch.setattr(scheduler.spec.policy, "observe_step_seconds", lambda *args: None)
+    estimator = scheduler.spec.policy.estimator
     estimator._pooled = [0.0, 0.0, 0.0]  # gone low, for long: new requests are judged at the long-run rates too
     estimator._long_run[:] = 0.0
     verify_ct = []
@@ -331,7 +329,7 @@ def test_adoption_gives_the_draft_the_kv_it_would_have_had_following_the_request
     adopt = eagle_worker_v2.adopt
 
     def recording_adopt(self, batch, rows):
-        reqs = [req for req in batch.reqs if req.draft_adopting]
+        reqs = [req for req in batch.reqs if req.draft.adopting]
         adopt(self, batch, rows)
         for req in reqs:
             adopted[req.rid] = (req.kv_len, req.all_ids[: req.kv_len], draft_kv(scheduler, req, req.kv_len))
@@ -372,7 +370,7 @@ def test_a_draining_batch_of_many_long_contexts_is_not_adopted():
     for i in range(4):
         submit(scheduler, f"r{i}", [(37 * i + j) % 5000 + 10 for j in range(length)], max_new)
     scheduler.step()  # admitted without the draft
-    scheduler.spec_policy.threshold = 8  # now speculation would pay for the batch
+    scheduler.spec.policy.threshold = 8  # now speculation would pay for the batch
     while scheduler.has_work():
         scheduler.step()
     state = scheduler.get_internal_state()
@@ -392,10 +390,10 @@ def test_a_request_released_before_its_adoption_launches_leaves_target_only_cach
     while {req.rid for req in scheduler.running_reqs} != {"r3"}:
         scheduler.step()
     (r3,) = scheduler.running_reqs
-    assert r3.draft_cold
-    scheduler._decode_steps_since_adoption_check = ADOPT_CHECK_EVERY - 1  # a check is due
-    scheduler._adopt_cold_requests()
-    assert r3.draft_adopting and not r3.draft_cold
+    assert r3.draft.cold
+    for _ in range(ADOPT_CHECK_EVERY):  # one adoption check is due within these
+        scheduler.spec.review_following(scheduler.running_reqs, spec_step_in_flight=False)
+    assert r3.draft.adopting and not r3.draft.cold
     scheduler._retract(scheduler.running_reqs.pop())
     tree = scheduler.kv_manager.tree_cache
     assert len(tree.match_prefix(r3.all_ids).indices) > len(PROMPTS[3])  # cached...
@@ -432,7 +430,7 @@ def test_the_draft_stops_following_while_plain_decoding_holds_and_adopts_when_th
         for j, rid in enumerate(result.rids if result else ()):
             out.setdefault(rid, []).extend(result.new_token_ids[j])
             out[rid + ".verify_ct"] = result.spec_verify_ct[j]
-        if scheduler.num_draft_drops and len(scheduler.running_reqs) == 4:
+        if scheduler.spec.num_draft_drops and len(scheduler.running_reqs) == 4:
             calls_while_dropped.append(calls[0])
     state = scheduler.get_internal_state()
     assert_idle_kv_accounting(state)
@@ -455,11 +453,16 @@ def test_explorers_are_spaced_by_decode_steps():
 
     scheduler = make_scheduler(speculative_policy="always")
     submit(scheduler, "x", [205, 300, 1100], 8)
-    req = scheduler.waiting_queue[0]
-    scheduler.admissions_without_draft = EXPLORE_EVERY
-    scheduler.spec_policy.would_speculate = lambda *args: False  # the estimate says no...
-    scheduler.spec_policy.would_speculate_at_prior = lambda *args: True  # ...but it could pay
-    scheduler._decode_steps_since_explorer = EXPLORE_MIN_DECODE_STEPS - 1
-    assert not scheduler.draft_reads_prompt(req, [])
-    scheduler._decode_steps_since_explorer = EXPLORE_MIN_DECODE_STEPS
-    assert scheduler.draft_reads_prompt(req, []) and scheduler._explorer is req
+    req, spec = scheduler.waiting_queue[0], scheduler.spec
+    spec.admissions_without_draft = EXPLORE_EVERY
+    spec.policy.would_speculate = lambda *args: False  # the estimate says no...
+    spec.policy.would_speculate_at_prior = lambda *args: True  # ...but it could pay
+    spec._decode_steps_since_explorer = EXPLORE_MIN_DECODE_STEPS - 1
+    with spec.admitting(scheduler.running_reqs):
+        spec.decide_admission(req, [])
+    assert req.draft.cold
+    spec._decode_steps_since_explorer = EXPLORE_MIN_DECODE_STEPS
+    with spec.admitting(scheduler.running_reqs):
+        spec.decide_admission(req, [])
+    spec.on_admission(req)
+    assert not req.draft.cold and req.draft.explorer and spec.num_draft_explorations == 1

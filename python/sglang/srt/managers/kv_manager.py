@@ -49,8 +49,8 @@ class KVManager:
 
     def _draft_only(self, req: Req) -> bool:
         # A request the draft follows needs cached positions with draft KV; one it does not
-        # follow (draft_cold) can use any.
-        return self.speculative and not req.draft_cold
+        # follow (Req.draft.cold) can use any.
+        return self.speculative and not req.draft.cold
 
     def admit(self, req: Req) -> bool:
         """Give the request a table row and lock its cached prefix. False if no row is free."""
@@ -110,10 +110,10 @@ class KVManager:
         # Positions the draft has not caught up on have no draft KV: a later request that hit
         # them in the cache would draft from garbage, so they are not cached either. A request
         # the draft never followed caches its positions as target-only entries.
-        cacheable = min(req.kv_len - req.draft_behind, req.seq_len)
+        cacheable = min(req.kv_len - req.draft.behind, req.seq_len)
         ids = req.all_ids[:cacheable]
         # A request marked for adoption whose step never launched has no draft KV yet either.
-        has_draft = not (req.draft_cold or req.draft_adopting)
+        has_draft = not (req.draft.cold or req.draft.adopting)
         not_taken = self.tree_cache.insert(ids, slots[:cacheable], draft=has_draft)
         # Slots below cached_len belong to the cache already; the rest of the untaken ones are ours.
         own = slots[req.cached_len : not_taken]
@@ -130,8 +130,8 @@ class KVManager:
         self.tree_cache.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx, req.last_node = None, None
-        req.kv_len = req.cached_len = req.draft_behind = 0
-        req.draft_adopting = False
+        # Req.draft is SpecScheduling's: it starts afresh at the request's next admission.
+        req.kv_len = req.cached_len = 0
 
     def flush(self) -> None:
         self.tree_cache.reset()

@@ -18,6 +18,30 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.utils import host_to_device_rows
 
 
+@dataclasses.dataclass
+class DraftFollowing:
+    """How the draft follows one request, with a draft model loaded. SpecScheduling
+    (managers/spec_scheduling.py) alone writes it: as the request is admitted, as it schedules a
+    decode step, and as it sees the step launched (the worker's passes at that launch are fixed by
+    the fields as they were, so their effect is written then). The worker and the KV manager read it."""
+
+    # The draft skipped the prompt (admitted while the policy would not speculate, or it opted out),
+    # or stopped following the request while plain decoding held: no draft state, it decodes
+    # plainly, also inside speculative steps. Set at each admission, by a drop and by an adoption.
+    cold: bool = False
+    # Admitted with the draft only to refresh an acceptance estimate gone low (set at admission,
+    # cleared by an undone admission or a drop).
+    explorer: bool = False
+    # Admitted without the draft, then adopted by it once speculation paid again: the next decode
+    # step's launch first runs the draft over the request's whole context (set when the adoption is
+    # decided, cleared as that step launches).
+    adopting: bool = False
+    # --speculative-draft-sync catch-up: the last positions with target KV but no draft KV yet
+    # (decoded by plain steps since the draft last caught up); counted as each plain step launches,
+    # zeroed as a speculative step (which catches up first) launches.
+    behind: int = 0
+
+
 class Req:
     def __init__(
         self,
@@ -72,20 +96,7 @@ class Req:
         self.first_token_time: Optional[float] = None  # wall clock, first output token
         self.to_abort = False
         self.spec_verify_ct = 0  # speculative verify steps this request took
-        # With --speculative-draft-sync catch-up: the last positions with target KV but no draft KV
-        # yet (decoded by plain steps since the draft last caught up).
-        self.draft_behind = 0
-        # With a draft: the draft skipped this request's prompt (it was admitted while the
-        # speculation policy would not speculate, or it opted out), so it has no draft state
-        # and decodes plainly, also inside speculative steps. Decided at each admission.
-        self.draft_cold = False
-        # Admitted with the draft only to refresh an acceptance estimate gone low (see
-        # Scheduler.draft_reads_prompt).
-        self.draft_explorer = False
-        # Admitted without the draft, then adopted by it once speculation paid again (see
-        # Scheduler._adopt_cold_requests): the next step's launch first runs the draft over the
-        # request's whole context.
-        self.draft_adopting = False
+        self.draft = DraftFollowing()  # with a draft model: how the draft follows this request
         # Constrained decoding: the request's xgrammar matcher, at the state after its output so
         # far (set by the scheduler once the grammar is compiled; advanced by append_tokens).
         self.grammar = None
@@ -135,7 +146,7 @@ class Req:
     @property
     def speculates(self) -> bool:
         """Whether the draft proposes tokens for this request (with a draft model loaded)."""
-        return not (self.draft_cold or self.sampling_params.disable_speculative_decoding)
+        return not (self.draft.cold or self.sampling_params.disable_speculative_decoding)
 
     @property
     def all_ids(self) -> list[int]:

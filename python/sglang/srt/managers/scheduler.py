@@ -7,6 +7,7 @@ and for `sglang.Engine`; it does no I/O itself.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
@@ -15,17 +16,20 @@ from typing import Optional
 import numpy as np
 import torch
 
+from sglang.srt import bench_hooks
+from sglang.srt.bench_hooks import BenchHooks
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.errors import ABORTED_BY_CLIENT
 from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers.io_struct import AbortReq, BatchTokenIDOut, TokenizedGenerateReqInput, finish_abort
 from sglang.srt.constrained.grammar import constraint_key
 from sglang.srt.constrained.grammar_backend import make_grammar_backend
-from sglang.srt.managers import input_logprobs, spec_scheduling
+from sglang.srt.managers import input_logprobs
 from sglang.srt.managers.grammar_queue import GrammarQueue
 from sglang.srt.managers.kv_manager import KVManager
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import AdmissionBatcher, PrefillAdder, SchedulePolicy, running_decode_reserve
+from sglang.srt.managers.spec_scheduling import SpecScheduling
 from sglang.srt.managers.step_times import NullStepClock
 from sglang.srt.managers.tp_worker import TpModelWorker
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -40,8 +44,10 @@ DECODE_LOG_INTERVAL = 40
 
 
 class Scheduler:
-    def __init__(self, server_args: ServerArgs):
+    def __init__(self, server_args: ServerArgs, hooks: Optional[BenchHooks] = None):
         self.server_args = server_args
+        # Benchmark and diagnosis switches, read once for this process unless given.
+        self.hooks = hooks if hooks is not None else bench_hooks.from_env()
         self.model_config = ModelConfig.from_path(
             server_args.model_path,
             server_args.dtype,
@@ -49,56 +55,31 @@ class Scheduler:
             server_args.context_length,
             server_args.trust_remote_code,
         )
-        self.spec_k = server_args.speculative_num_steps if server_args.speculative_enabled else 0
         if str(server_args.device).startswith("cuda"):
             COMPILE_WATCH.install()  # start-up compiles counted; from the end of __init__, warned about
-        if self.spec_k:
-            from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
-
-            self.tp_worker = EAGLEWorkerV2(server_args, self.model_config)
-        else:
-            self.tp_worker = TpModelWorker(server_args, self.model_config)
+        self.tp_worker = self._make_worker()
         self.gc_watch = None  # the garbage collector's passes, timed once the process is ready (gc_pauses)
-        self.spec_cost_log = None  # benchmark-only (spec_scheduling.COST_LOG_ENV); make_spec_policy opens it
-        self.spec_policy = spec_scheduling.make_spec_policy(self, server_args) if self.spec_k else None
+        # Speculation's decisions and their state: None without a draft model.
+        self.spec = SpecScheduling(server_args, self.tp_worker, self.hooks) if server_args.speculative_enabled else None
         runner = self.tp_worker.model_runner
         self.memory = runner.memory
         self.kv_manager = KVManager(
             runner.req_to_token_pool,
             runner.token_to_kv_pool_allocator,
             server_args.disable_radix_cache,
-            speculative=bool(self.spec_k),
+            speculative=self.spec is not None,
         )
         self.policy = SchedulePolicy(server_args.schedule_policy, self.kv_manager)
         self.admission = AdmissionBatcher(server_args.admission_batch_steps, server_args.prefill_pass_tokens)
         self.eos_token_ids = eos_token_ids(server_args.model_path, server_args.tokenizer_path)
         self.seed_rng = np.random.default_rng(server_args.random_seed)
         self.waiting_queue: deque[Req] = deque()
-        self.grammar_queue = GrammarQueue(
-            make_grammar_backend(
-                server_args.grammar_backend,
-                server_args.tokenizer_path,
-                self.model_config.vocab_size,
-                self.eos_token_ids,
-                server_args.reasoning_parser,
-                server_args.tokenizer_mode,
-                server_args.trust_remote_code,
-            )
-        )
+        self.grammar_queue = GrammarQueue(self._make_grammar_backend())
         self.running_reqs: list[Req] = []
         self.chunked_req: Optional[Req] = None
         self.pending_outputs: list[Req] = []
         self.num_generated_tokens = 0
         self.num_retractions = 0
-        self.num_prompts_without_draft = 0  # admissions the draft skipped (see draft_reads_prompt)
-        self.admissions_without_draft = 0  # in a row, for draft_reads_prompt's exploration
-        self.num_draft_explorations = 0
-        self._decode_steps_since_adoption_check = 0
-        self._plain_streak = 0  # decode launches in a row with k = 0 (spec_scheduling)
-        self._decode_steps_since_explorer = spec_scheduling.EXPLORE_MIN_DECODE_STEPS
-        self.num_draft_drops = 0  # running requests the draft stopped following (drop_draft_while_plain)
-        self._explorer: Optional[Req] = None  # the request draft_reads_prompt last chose to explore
-        self._admission_view: Optional[tuple] = None  # _running_view, while _schedule_prefill admits
         self.last_step_time = time.perf_counter()
         self.last_step_throughput = 0.0
         # Tokens and busy seconds (steps' intervals, idle time left out) since the last decode log line.
@@ -108,13 +89,28 @@ class Scheduler:
         self.overlap = not server_args.disable_overlap_schedule
         self.num_decode_steps = 0
         self.in_flight = None  # (ScheduleBatch, GenerationBatchResult) launched, not yet processed
-        # The last decode launch, for the policy's learned costs (_observe_decode_launch): (its
-        # step's start, batch size, k, summed context, whether the launch before it was a decode
-        # step of the same k with nothing launched between them); None after anything else.
-        self._decode_launch: Optional[tuple] = None
-        self._decode_context = 0  # summed context of the batch spec_steps_for last chose for
         self.clock = NullStepClock()  # the server loop sets a StepClock under SGLANG_STEP_TIMES
         COMPILE_WATCH.mark_serving()
+
+    def _make_worker(self) -> TpModelWorker:
+        args = self.server_args
+        if not args.speculative_enabled:
+            return TpModelWorker(args, self.model_config)
+        from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
+
+        return EAGLEWorkerV2(args, self.model_config, self.hooks)
+
+    def _make_grammar_backend(self):
+        args = self.server_args
+        return make_grammar_backend(
+            args.grammar_backend,
+            args.tokenizer_path,
+            self.model_config.vocab_size,
+            self.eos_token_ids,
+            args.reasoning_parser,
+            args.tokenizer_mode,
+            args.trust_remote_code,
+        )
 
     def model_info(self) -> dict:
         return {
@@ -217,7 +213,7 @@ class Scheduler:
         else (a prefill, a retraction, an idle queue) first processes the step in flight.
         Speculative steps pipeline the same way: step N reads its inputs from the device rows
         step N-1 updated, so it does not wait for N-1's accepted lengths."""
-        if self.spec_k and self.in_flight is not None and self._any_abort():
+        if self.spec is not None and self.in_flight is not None and self._any_abort():
             # A request's KV extent is exact only once no speculative step of it is in flight.
             self._process_in_flight()
         start = time.perf_counter()
@@ -232,8 +228,7 @@ class Scheduler:
             clock.lap("schedule")
             if batch is not None:
                 previous = self.in_flight
-                self.in_flight = (batch, self._launch(batch))
-                spec_scheduling.observe_decode_launch(self, start, batch)
+                self.in_flight = (batch, self._launch(batch, start))
                 clock.lap("launch")
                 self._process(*previous)
                 clock.waited(previous[1].waited_s)
@@ -249,9 +244,8 @@ class Scheduler:
             clock.lap("process")
         batch = (None if self._defer_admission() else self._schedule_prefill()) or self._schedule_decode()
         clock.lap("schedule")
-        spec_scheduling.observe_decode_launch(self, start, batch)
+        result = self._launch(batch, start)
         if batch is not None:
-            result = self._launch(batch)
             clock.lap("launch")
             # A constrained request's next mask needs this step's tokens: it never pipelines.
             if self.overlap and batch.forward_mode.is_decode() and batch.grammars is None:
@@ -268,25 +262,6 @@ class Scheduler:
     def _is_idle(self) -> bool:
         """Nothing waits, runs or is in flight."""
         return not (self.waiting_queue or self.running_reqs or self.chunked_req or self.in_flight)
-
-    def spec_steps_for(self, batch_size: int) -> int:
-        """Draft tokens for the next decode step of the running requests (0: a plain step), as
-        the speculation policy chooses (--speculative-policy)."""
-        rids = [req.rid for req in self.running_reqs if req.speculates]
-        self._decode_context = sum(req.kv_len for req in self.running_reqs)
-        return self.spec_policy.choose(
-            rids,
-            self._decode_context,
-            num_plain_only=len(self.running_reqs) - len(rids),
-            explore=spec_scheduling.explore_now(self),
-        )
-
-    def draft_reads_prompt(self, req: Req, joining: list[Req]) -> bool:
-        """Whether the draft reads this request's prompt as it is admitted (spec_scheduling)."""
-        return spec_scheduling.draft_reads_prompt(self, req, joining)
-
-    def _adopt_cold_requests(self) -> None:
-        spec_scheduling.adopt_cold_requests(self)
 
     def _any_abort(self) -> bool:
         return any(r.to_abort for r in self.running_reqs) or (
@@ -330,15 +305,10 @@ class Scheduler:
         # another prompt's first chunk would take its place as `chunked_req` and drop it, KV and all.
         if self.chunked_req is not None and not adder.try_add(self.chunked_req, continuing_chunk=True):
             return None
-        # The running requests do not change while this step's admissions are decided: their
-        # view is taken once, not once per admission (O(running) each).
-        self._admission_view = spec_scheduling.running_view(self) if self.spec_k else None
-        try:
+        with self.spec.admitting(self.running_reqs) if self.spec is not None else contextlib.nullcontext():
             for req in self.policy.order(self.waiting_queue, self.running_reqs):
                 if not self._admit(req, adder):
                     break
-        finally:
-            self._admission_view = None
         if not adder.reqs:
             return None
         slots = self.kv_manager.alloc_for_step(adder.reqs)
@@ -358,8 +328,8 @@ class Scheduler:
     def _admit(self, req: Req, adder: PrefillAdder) -> bool:
         if adder.free_running_slots <= 0 or adder.token_budget <= 0:
             return False
-        if self.spec_k:  # decided before the prefix match: a request without draft state can use more of the cache
-            req.draft_cold = not self.draft_reads_prompt(req, adder.reqs)
+        if self.spec is not None:  # before the prefix match: a request without draft state can use more of the cache
+            self.spec.decide_admission(req, adder.reqs)
         if not self.kv_manager.admit(req):
             return False
         if not req.output_ids:  # first admission (a retracted request keeps its first count)
@@ -370,8 +340,8 @@ class Scheduler:
             self.kv_manager.release(req)
             return False
         self.waiting_queue.remove(req)
-        if self.spec_k:
-            spec_scheduling.note_admission(self, req)
+        if self.spec is not None:
+            self.spec.on_admission(req)
         return True
 
     def _available_after_admission(self, adder: PrefillAdder) -> int:
@@ -384,40 +354,49 @@ class Scheduler:
                 continue
             self.kv_manager.release(req)
             self.waiting_queue.appendleft(req)
-            if self.spec_k:
-                spec_scheduling.note_admission(self, req, admitted=False)
+            if self.spec is not None:
+                self.spec.on_undone_admission(req)
 
     def _schedule_decode(self, overlapped: bool = False) -> Optional[ScheduleBatch]:
         """A decode step over the running requests. Overlapped, their inputs are the step in
         flight's tokens, and running out of KV returns None (the caller syncs, then retracts)."""
-        if self.spec_k:
-            spec_scheduling.drop_draft_while_plain(self)
-            self._adopt_cold_requests()
+        spec = self.spec
+        if spec is not None:
+            spec.review_following(self.running_reqs, self._spec_step_in_flight())
         while self.running_reqs:
-            # With a draft: this step verifies k_step drafts (0: a plain step), k_step + 1 slots each.
-            k_step = self.spec_steps_for(len(self.running_reqs)) if self.spec_k else 0
-            for req in self.running_reqs:
-                req.extend_len = k_step + 1
-            slots_host = out_cache_loc = None
-            if self.spec_k:
-                # The worker records the slots, at positions only the device knows; it copies
-                # them to the device with the step's other inputs (ScheduleBatch.out_cache_loc_host).
-                slots_host = self.kv_manager.alloc_host(len(self.running_reqs) * (k_step + 1))
-            else:
-                out_cache_loc, slots_host = self.kv_manager.alloc_for_step(self.running_reqs) or (None, None)
-            if out_cache_loc is not None or slots_host is not None:
-                batch = ScheduleBatch(list(self.running_reqs), ForwardMode.DECODE, out_cache_loc)
-                batch.spec_steps = k_step if self.spec_k else None
-                batch.out_cache_loc_host = slots_host
-                if self.spec_k:  # as launched: an adoption may change it before the step is processed
-                    batch.speculating = [req.speculates for req in batch.reqs]
-                if overlapped and not self.spec_k:
-                    batch.input_ids_device = self._tokens_in_flight(batch.reqs)
+            # With a draft: this step verifies k drafts (0: a plain step), k + 1 slots each.
+            k = spec.plan_step(self.running_reqs) if spec is not None else 0
+            batch = self._decode_batch(k, overlapped)
+            if batch is not None or overlapped:
                 return batch
-            if overlapped:
-                return None
             self._retract(self.running_reqs.pop())
         return None
+
+    def _spec_step_in_flight(self) -> bool:
+        return self.in_flight is not None and bool(self.in_flight[0].spec_steps)
+
+    def _decode_batch(self, k: int, overlapped: bool) -> Optional[ScheduleBatch]:
+        """The decode step of every running request at k, or None where its KV slots do not fit."""
+        reqs = self.running_reqs
+        for req in reqs:
+            req.extend_len = k + 1
+        if self.spec is not None:
+            # The worker records the slots, at positions only the device knows; it copies
+            # them to the device with the step's other inputs (ScheduleBatch.out_cache_loc_host).
+            slots_host = self.kv_manager.alloc_host(len(reqs) * (k + 1))
+            if slots_host is None:
+                return None
+            batch = ScheduleBatch(list(reqs), ForwardMode.DECODE, None, slots_host, spec_steps=k)
+            # As launched: an adoption may change it before the step is processed.
+            batch.speculating = [req.speculates for req in reqs]
+            return batch
+        out_cache_loc, slots_host = self.kv_manager.alloc_for_step(reqs) or (None, None)
+        if out_cache_loc is None and slots_host is None:
+            return None
+        batch = ScheduleBatch(list(reqs), ForwardMode.DECODE, out_cache_loc, slots_host)
+        if overlapped:
+            batch.input_ids_device = self._tokens_in_flight(batch.reqs)
+        return batch
 
     def _tokens_in_flight(self, reqs: list[Req]) -> torch.Tensor:
         previous_batch, previous_result = self.in_flight
@@ -439,16 +418,21 @@ class Scheduler:
             "KV cache is full: request %s goes back to the queue (%d retractions so far)", req.rid, self.num_retractions
         )
 
-    def _launch(self, batch: ScheduleBatch):
-        """Start the step on the device. The KV of its tokens is being written from now on, so
-        kv_len counts them; a request gets a pending token unless this is a prefill chunk."""
-        result = self.tp_worker.forward_batch_generation(batch)
+    def _launch(self, batch: Optional[ScheduleBatch], start: float):
+        """Start the step that began at `start` on the device (None: nothing to launch). The KV
+        of its tokens is being written from now on, so kv_len counts them; a request gets a
+        pending token unless this is a prefill chunk."""
+        result = None if batch is None else self.tp_worker.forward_batch_generation(batch)
+        if self.spec is not None:  # after the worker read the requests' draft state
+            self.spec.on_launch(start, batch)
+        if batch is None:
+            return None
         self.admission.launched(
             batch.batch_size, batch.forward_mode.is_decode(), len(self.waiting_queue), len(self.running_reqs)
         )
         if not batch.forward_mode.is_decode():
             self.clock.launched("prefill", batch.batch_size)
-        elif self.spec_k and batch.spec_steps:
+        elif batch.spec_steps:
             self.clock.launched(f"spec_k{batch.spec_steps}", batch.batch_size)
         else:
             self.clock.launched("decode", batch.batch_size)
@@ -459,8 +443,8 @@ class Scheduler:
         return result
 
     def _process(self, batch: ScheduleBatch, result) -> None:
-        if self.spec_k and batch.forward_mode.is_decode():
-            spec_scheduling.process_spec(self, batch, result)
+        if self.spec is not None and batch.forward_mode.is_decode():
+            self._process_spec_decode(batch, result)
             return
         host = result.wait_host()
         if batch.input_logprob_spans is not None:
@@ -484,6 +468,67 @@ class Scheduler:
             self._append(req, token_id)
             new_tokens += 1
         self._count_step(new_tokens, batch.forward_mode.is_decode())
+
+    def _process_spec_decode(self, batch: ScheduleBatch, result) -> None:
+        """A decode step of the speculative worker: each request gets 1 .. k + 1 tokens; the KV
+        slots of the rejected positions are freed."""
+        host = result.wait_host()
+        # A request that finished while this step was in flight gave all its slots back then.
+        live_rows = [i for i, req in enumerate(batch.reqs) if not req.finished()]
+        if batch.spec_steps == 0:  # a plain step: one token each, nothing rejected
+            num_out = [1] * batch.batch_size
+        else:
+            num_out = self._free_rejected(batch, host["num_out"].numpy(), len(live_rows))
+        self.spec.on_step_result(batch, host, num_out, live_rows, result.timer)
+        self._append_step_tokens(batch, host, num_out)
+
+    def _free_rejected(self, batch: ScheduleBatch, counts: np.ndarray, num_live: int) -> list[int]:
+        """Frees the KV slots of the positions each row rejected (`counts`: tokens per row);
+        returns the counts as a list."""
+        width = batch.spec_steps + 1
+        # numpy, not torch: each torch op on these few host values costs 5-30 us of host time.
+        rejected = np.arange(width) >= counts[:, None]
+        if num_live < batch.batch_size:  # the finished gave their slots back already
+            rejected[[i for i, req in enumerate(batch.reqs) if req.finished()]] = False
+        # The host copy of the slots: reading the device's would wait for the step launched after this one.
+        freed = batch.out_cache_loc_host.numpy().reshape(-1, width)[rejected]  # a copy
+        self.kv_manager.allocator.free(torch.from_numpy(freed), owned=True)
+        return counts.tolist()
+
+    def _append_step_tokens(self, batch: ScheduleBatch, host: dict, num_out: list[int]) -> None:
+        """Each request's num_out tokens of a speculative worker's decode step, in turn."""
+        width = batch.spec_steps + 1
+        tokens = host["tokens"].tolist()
+        token_logprobs = host["token_logprobs"].tolist() if "token_logprobs" in host else None
+        top = (host["top_logprobs"].tolist(), host["top_logprob_ids"].tolist()) if "top_logprobs" in host else None
+        new_tokens = 0
+        for i, req in enumerate(batch.reqs):
+            if req.finished():  # finished while this step was in flight: its tokens are dropped
+                continue
+            req.kv_len -= width - num_out[i]
+            req.num_pending -= 1
+            # A plain step verifies nothing; nor does a speculative one for a request that opted out.
+            req.spec_verify_ct += width > 1 and batch.speculating[i]
+            if not (req.return_logprob or req.stop_strs) and req.sampling_params.max_new_tokens:
+                # The common request: its tokens in one call, then finished or streamed once.
+                new_tokens += req.append_tokens(tokens[i], num_out[i])
+                if req.finished():
+                    self.running_reqs.remove(req)
+                    self._finish(req, req.finished_reason)
+                else:
+                    self.stream_if_due(req)
+                continue
+            for j, token_id in enumerate(tokens[i][: num_out[i]]):
+                if req.return_logprob:
+                    req.output_token_logprobs.append((token_logprobs[i][j], token_id))
+                    if req.top_logprobs_num:
+                        n = req.top_logprobs_num
+                        req.output_top_logprobs.append(list(zip(top[0][i][j][:n], top[1][i][j][:n])))
+                self._append(req, token_id)
+                new_tokens += 1
+                if req.finished():
+                    break
+        self._count_step(new_tokens, is_decode=True)
 
     def _count_step(self, new_tokens: int, is_decode: bool) -> None:
         now = time.perf_counter()
@@ -509,12 +554,8 @@ class Scheduler:
             f"#token: {state['total_slots'] - state['free_slots']}, "
             f"token usage: {1 - state['free_slots'] / state['total_slots']:.2f}, "
         )
-        if self.spec_k:
-            k = self.spec_policy.current_k
-            line += f"accept len: {self.tp_worker.stats.take_window_accept_length():.2f}, spec k: {k}, "
-            expected = self.spec_policy.last_objective.get(k)
-            if expected:
-                line += f"expected (token/s): {expected:.0f}, "
+        if self.spec is not None:
+            line += self.spec.log_fields()
         window = self._window_tokens / max(self._window_seconds, 1e-9)
         self._window_tokens, self._window_seconds = 0, 0.0
         line += f"gen throughput (token/s): {window:.2f}, #queue-req: {len(self.waiting_queue)}"
@@ -548,8 +589,8 @@ class Scheduler:
         return self.tokenizer.decode(token_ids)
 
     def _finish(self, req: Req, reason: dict) -> None:
-        if self.spec_policy is not None:
-            self.spec_policy.forget(req.rid)
+        if self.spec is not None:
+            self.spec.forget(req)
         req.finished_reason = reason
         self.kv_manager.release(req)
         self.tp_worker.release_request(req)
@@ -580,7 +621,7 @@ class Scheduler:
             new_top_logprobs=[
                 req.output_top_logprobs[req.sent_len :] if req.top_logprobs_num else None for req in reqs
             ],
-            spec_verify_ct=[req.spec_verify_ct for req in reqs] if self.spec_k else None,
+            spec_verify_ct=[req.spec_verify_ct for req in reqs] if self.spec is not None else None,
         )
         prompt_scores = [req.take_input_logprobs() for req in reqs]
         if any(prompt_scores):
@@ -616,14 +657,8 @@ class Scheduler:
         )
         if self.gc_watch is not None:
             state["gc"] = self.gc_watch.summary()
-        if self.spec_k:
-            state.update(self.tp_worker.stats.summary())
-            state["spec_policy"] = self.spec_policy.summary()
-            state["spec_prompts_without_draft"] = self.num_prompts_without_draft
-            state["spec_draft_explorations"] = self.num_draft_explorations
-            state["spec_draft_adoptions"] = self.tp_worker.num_draft_adoptions
-            state["spec_draft_drops"] = self.num_draft_drops
-            state["spec_running_without_draft"] = sum(not req.speculates for req in self.running_reqs)
+        if self.spec is not None:
+            state.update(self.spec.summary(self.running_reqs))
         return state
 
 

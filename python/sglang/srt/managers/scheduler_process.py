@@ -18,18 +18,18 @@ import traceback
 import torch
 import zmq
 
+from sglang.srt.bench_hooks import PROFILE_ENV
 from sglang.srt.distributed.parallel_state import init_tensor_parallel
 from sglang.srt.gc_pauses import settle_after_startup
 from sglang.srt.managers.io_struct import AbortReq, ControlReply, ControlReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.managers.step_times import ENV as STEP_TIMES_ENV, make_step_clock, write_period_files, write_text
+from sglang.srt.managers.step_times import make_step_clock, write_period_files, write_text
 from sglang.srt.server_args import PortArgs, ServerArgs
 from sglang.srt.utils import configure_logger, name_process
 
 logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 1000
 PARENT_CHECK_S = 1.0  # while busy, how often the loop checks that its parent still lives
-PROFILE_ENV = "SGLANG_SCHEDULER_PROFILE"
 PROFILE_TOP = 60
 # The scheduler's exit code when its watchdog stops it (the HTTP server names the watchdog).
 WATCHDOG_EXIT_CODE = 3
@@ -194,7 +194,7 @@ class SchedulerLoop:
         self.send_to_detokenizer.connect(port_args.detokenizer_ipc)
         self.send_to_tokenizer = ctx.socket(zmq.PUSH)
         self.send_to_tokenizer.connect(port_args.tokenizer_ipc)
-        prefix = os.environ.get(PROFILE_ENV)
+        prefix = scheduler.hooks.profile_prefix  # bench_hooks, read as the scheduler started
         self.profiler = BusyProfiler(prefix) if prefix else None
         if self.profiler:
             logger.warning(
@@ -203,7 +203,7 @@ class SchedulerLoop:
                 PROFILE_ENV,
                 prefix,
             )
-        self.clock = scheduler.clock = make_step_clock(os.environ.get(STEP_TIMES_ENV))
+        self.clock = scheduler.clock = make_step_clock(scheduler.hooks.step_times_prefix)
 
     def run(self) -> None:
         if self.profiler:

@@ -18,9 +18,10 @@ import logging
 import time
 from typing import Optional
 
+from sglang.srt.bench_hooks import STEP_TIMES_ENV
+
 logger = logging.getLogger(__name__)
 
-ENV = "SGLANG_STEP_TIMES"
 PHASES = ("receive", "schedule", "launch", "process", "wait", "collect", "send")
 # Whole-pass times kept per group and period for its percentiles (the sums count every pass).
 MAX_SAMPLES = 100_000
@@ -139,7 +140,7 @@ class StepClock(NullStepClock):
         path = f"{self.prefix}.{self.periods}"
         table = self.table(summary) + "\n"
         if not write_period_files(
-            ENV,
+            STEP_TIMES_ENV,
             path,
             {".json": lambda p: write_text(p, json.dumps(summary, indent=1)), ".txt": lambda p: write_text(p, table)},
             "step times",
@@ -176,6 +177,8 @@ def make_step_clock(prefix: Optional[str]) -> NullStepClock:
     if not prefix:
         return NullStepClock()
     logger.warning(
-        "%s is set: the scheduler times each step's phases, writing %s.N.{json,txt} after each busy period", ENV, prefix
+        "%s is set: the scheduler times each step's phases, writing %s.N.{json,txt} after each busy period",
+        STEP_TIMES_ENV,
+        prefix,
     )
     return StepClock(prefix)

@@ -9,7 +9,6 @@ import dataclasses
 import functools
 import itertools
 import logging
-import os
 import pickle
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +17,7 @@ from typing import AsyncIterator, Callable, Optional
 import zmq
 import zmq.asyncio
 
+from sglang.srt import bench_hooks
 from sglang.srt.constrained.grammar import CONSTRAINT_FIELDS, check_constraint, constraint_key
 from sglang.srt.errors import InvalidRequest, short_repr
 from sglang.srt.hf_transformers_utils import get_tokenizer, load_chat_template
@@ -40,9 +40,6 @@ logger = logging.getLogger(__name__)
 WATCHDOG_INTERVAL_S = 1.0
 # Bounds how long the streams wait while queued outputs are read (each message is one step).
 MAX_MESSAGES_PER_WAKE = 64
-# Diagnosis only: "1" reads one message per wake, so every stream sends each step on its own
-# however far behind it is (the front end before coalescing, for A/B measurements).
-STREAM_EVERY_STEP_ENV = "SGLANG_STREAM_EVERY_STEP"
 # Prompts up to this many characters in all are tokenized on the event loop (well under a
 # millisecond); longer ones on a worker thread. Two threads: one long prompt does not hold up
 # the others' tokenization.
@@ -80,6 +77,7 @@ class TokenizerManager:
         tokenizer=None,
     ):
         self.server_args = server_args
+        self.hooks = bench_hooks.from_env()  # benchmark and diagnosis switches, read once
         self.model_info = model_info
         self.context_len = model_info["context_len"]
         self.vocab_size = model_info["vocab_size"]
@@ -103,9 +101,10 @@ class TokenizerManager:
         # such a rid stays taken, since aborting it aborts those samples.
         self.samples_in_flight: dict[str, int] = {}
         self.messages_per_wake = MAX_MESSAGES_PER_WAKE
-        if os.environ.get(STREAM_EVERY_STEP_ENV) == "1":
+        if self.hooks.stream_every_step:
             logger.warning(
-                "%s=1: streams send every step on its own, even when behind (diagnosis only)", STREAM_EVERY_STEP_ENV
+                "%s=1: streams send every step on its own, even when behind (diagnosis only)",
+                bench_hooks.STREAM_EVERY_STEP_ENV,
             )
             self.messages_per_wake = 1
         self.control_waiters: dict[int, asyncio.Future] = {}
@@ -178,7 +177,7 @@ class TokenizerManager:
         if request_input.wants_whole_context(raw):
             params.max_new_tokens = self.context_len  # the exact value is known once the prompt is tokenized
         params.verify(self.vocab_size)
-        params.verify_simulation(self.server_args.speculative_enabled)
+        params.verify_simulation(self.server_args.speculative_enabled, self.hooks.simulates_acceptance)
         self.limits.check_stop(params)
         if params.constrained:
             if self.server_args.grammar_backend == "none":

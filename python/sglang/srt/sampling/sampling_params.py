@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -169,15 +168,16 @@ class SamplingParams:
         for stop in self.stop or ():
             _require(len(stop) > 0, "stop", "must not contain an empty string")
 
-    def verify_simulation(self, speculative: bool) -> None:
+    def verify_simulation(self, speculative: bool, simulating: bool) -> None:
         """simulated_accept_length: a benchmark's knob, meaningful on a speculative server run with
-        SGLANG_SIMULATE_ACC_LEN; there it must be in range, a speculative server without the
-        simulation refuses it (the run would not measure what it asks), and a server without a
-        draft ignores it (so one trace can be played against every server of a comparison)."""
+        SGLANG_SIMULATE_ACC_LEN (`simulating`: bench_hooks.BenchHooks.simulates_acceptance); there it
+        must be in range, a speculative server without the simulation refuses it (the run would not
+        measure what it asks), and a server without a draft ignores it (so one trace can be played
+        against every server of a comparison)."""
         if self.simulated_accept_length is None or not speculative:
             return
         _require(1 <= self.simulated_accept_length <= 64, "simulated_accept_length", "must be in [1, 64]")
-        if float(os.environ.get("SGLANG_SIMULATE_ACC_LEN") or "-1") < 0:
+        if not simulating:
             raise InvalidRequest(
                 "Sampling parameter 'simulated_accept_length' is for benchmarks: it needs a "
                 "speculative server started with SGLANG_SIMULATE_ACC_LEN set.",

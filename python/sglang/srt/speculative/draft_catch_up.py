@@ -52,22 +52,15 @@ def buffer_for_catch_up(
 
 
 def adopt(worker, batch: ScheduleBatch, rows: torch.Tensor) -> None:
-    """Requests the draft adopts (Req.draft_adopting; admitted without its pass over their
+    """Requests the draft adopts (Req.draft.adopting; admitted without its pass over their
     prompt): DRAFT_EXTENDs over each one's whole context, from aux states a target forward
     recomputes, so its draft KV, hidden state and guess d_1 are a warm draft's. The host
     knows every position's token: the steps since admission were plain, all processed but
-    the one in flight (whose token the device holds)."""
-    adopting = [(i, req.kv_len) for i, req in enumerate(batch.reqs) if req.draft_adopting]
-    if not adopting:
-        return
-    for i, context in adopting:
-        batch.reqs[i].draft_behind = context
+    the one in flight (whose token the device holds). The scheduler (SpecScheduling) marks
+    them adopted as the step launches."""
+    adopting = [(i, req.kv_len) for i, req in enumerate(batch.reqs) if req.draft.adopting]
     for piece in catch_up_pieces(adopting, worker.catch_up_tokens):
-        _catch_up_piece(worker, batch, rows, piece, recompute=True)
-    for i, _ in adopting:
-        batch.reqs[i].draft_behind = 0
-        batch.reqs[i].draft_adopting = False
-    worker.num_draft_adoptions += len(adopting)
+        _catch_up_piece(worker, batch, rows, piece, dict(adopting), recompute=True)
 
 
 def catch_up_draft(worker, batch: ScheduleBatch, rows: torch.Tensor) -> None:
@@ -76,43 +69,47 @@ def catch_up_draft(worker, batch: ScheduleBatch, rows: torch.Tensor) -> None:
     from a target forward that recomputes them when a request's run outgrew the buffer), so
     the draft's KV, hidden state and guess d_1 are those a warm draft would have. One
     forward when the positions fit `catch_up_tokens` (the prefill chunk size, which the
-    memory plan leaves room for); more, in position order per request, when they do not."""
+    memory plan leaves room for); more, in position order per request, when they do not.
+    The scheduler (SpecScheduling) counts them caught up as the step launches."""
     if worker.draft_sync != "catch-up":
         return
-    behind = [(i, req.draft_behind) for i, req in enumerate(batch.reqs) if req.draft_behind > 0]
-    if not behind:
-        return
+    behind = [(i, req.draft.behind) for i, req in enumerate(batch.reqs) if req.draft.behind > 0]
     for piece in catch_up_pieces(behind, worker.catch_up_tokens):
-        _catch_up_piece(worker, batch, rows, piece)
-    for i, _ in behind:
-        batch.reqs[i].draft_behind = 0
+        _catch_up_piece(worker, batch, rows, piece, dict(behind))
 
 
 def _catch_up_piece(
-    worker, batch: ScheduleBatch, rows: torch.Tensor, piece: list[tuple[int, int, int]], recompute: bool = False
+    worker,
+    batch: ScheduleBatch,
+    rows: torch.Tensor,
+    piece: list[tuple[int, int, int]],
+    behind_of: dict[int, int],
+    recompute: bool = False,
 ) -> None:
     """One DRAFT_EXTEND over positions m - n + lo .. m - n + hi - 1 of each (request index,
-    lo, hi) in `piece`, where m is the request's next position and n its draft_behind; aux
-    states from the catch-up buffer, or (`recompute`, or a run past the buffer) a target forward."""
+    lo, hi) in `piece`, where m is the request's next position and n = behind_of[index] the
+    positions it is behind; aux states from the catch-up buffer, or (`recompute`, or a run past
+    the buffer) a target forward."""
     device = worker.device
     idx = [i for i, _, _ in piece]
     reqs = [batch.reqs[i] for i in idx]
+    behind = [behind_of[i] for i in idx]
     lens = [hi - lo for _, lo, hi in piece]
     total = sum(lens)
     rows_sub = rows[host_to_device(idx, device)] if len(idx) < len(batch.reqs) else rows
     lens_dev = host_to_device(lens, device)
     lo_dev = host_to_device([lo for _, lo, _ in piece], device)
-    base = worker.next_start[rows_sub] - host_to_device([req.draft_behind for req in reqs], device)  # m - n
+    base = worker.next_start[rows_sub] - host_to_device(behind, device)  # m - n
     ends = base + lo_dev + lens_dev  # one past each segment's last position
     local = host_to_device([j for n in lens for j in range(n)], device)
     row_rep = torch.repeat_interleave(rows_sub, lens_dev, output_size=total)
     columns = torch.repeat_interleave(lo_dev, lens_dev, output_size=total) + local  # offsets from m - n
     positions = torch.repeat_interleave(base, lens_dev, output_size=total) + columns
     last = host_to_device([end - 1 for end in itertools.accumulate(lens)], device)
-    if not recompute and all(req.draft_behind <= CATCH_UP_BUFFER for req in reqs):
+    if not recompute and all(n <= CATCH_UP_BUFFER for n in behind):
         input_ids, aux = worker.pending_tokens[row_rep, columns], worker.pending_aux[row_rep, columns]
     else:
-        input_ids, aux = _recompute_aux(worker, reqs, piece, rows_sub, ends, positions, last)
+        input_ids, aux = _recompute_aux(worker, reqs, behind, piece, rows_sub, ends, positions, last)
     table = worker.model_runner.req_to_token_pool.req_to_token
     fb = ForwardBatch(
         forward_mode=ForwardMode.DRAFT_EXTEND,
@@ -136,15 +133,15 @@ def _catch_up_piece(
     )
 
 
-def _recompute_aux(worker, reqs, piece, rows_sub, ends, positions, last):
+def _recompute_aux(worker, reqs, behind, piece, rows_sub, ends, positions, last):
     """The aux states of a piece's positions, from a target forward over their tokens
     (host-known: the steps since are plain, and all but the one in flight are processed). Its
     KV goes to the padding slot: the target's own KV stays as decoded. Returns the draft's
     inputs (each position's next token) and the aux states."""
     tokens, shifted, prefix, seq_ends, at_end = [], [], [], [], []
-    for j, (req, (_, lo, hi)) in enumerate(zip(reqs, piece)):
+    for j, (req, n, (_, lo, hi)) in enumerate(zip(reqs, behind, piece)):
         m = req.kv_len  # no speculative step of this request is in flight
-        first, stop = m - req.draft_behind + lo, m - req.draft_behind + hi
+        first, stop = m - n + lo, m - n + hi
         ids = req.all_ids
         tokens.extend(ids[first:stop])
         if stop == m:  # the last one's next token is the one in flight, filled in below

@@ -28,11 +28,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
-import os
 from typing import Optional
 
 import torch
 
+from sglang.srt import bench_hooks
+from sglang.srt.bench_hooks import BenchHooks
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import kv_heads_per_rank, tensor_parallel
 from sglang.srt.managers.schedule_batch import ScheduleBatch
@@ -47,7 +48,6 @@ from sglang.srt.sampling.penalties import PenaltyCounts
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
 from sglang.srt.speculative.spec_sampling import (
-    SIMULATE_ACC_LEN_ENV,
     ChainVerdict,
     draw_draft,
     filtered_probs,
@@ -89,7 +89,7 @@ class SpecStepResult(HostCopies):
 
 
 class EAGLEWorkerV2(TpModelWorker):
-    def __init__(self, server_args: ServerArgs, model_config: ModelConfig):
+    def __init__(self, server_args: ServerArgs, model_config: ModelConfig, hooks: BenchHooks = bench_hooks.OFF):
         self.device = server_args.device
         self.model_config = model_config
         self.k = server_args.speculative_num_steps
@@ -162,9 +162,8 @@ class EAGLEWorkerV2(TpModelWorker):
             self.pending_tokens = torch.zeros(rows, CATCH_UP_BUFFER + 1, dtype=torch.int64, **zeros)
         self.stats = SpecStats(self.k)
         self._steps_since_timed = 0  # see _phase_timer
-        self.num_draft_adoptions = 0  # requests adopted mid-decode (see draft_catch_up.adopt)
-        simulated = float(os.environ.get(SIMULATE_ACC_LEN_ENV) or "-1")
-        self.simulated_rate = simulated_accept_rate(simulated, self.k) if simulated >= 0 else None
+        simulated = hooks.simulated_accept_length  # benchmarks only (bench_hooks.SIMULATE_ACC_LEN_ENV)
+        self.simulated_rate = simulated_accept_rate(simulated, self.k) if simulated is not None else None
         # Per request row under simulation: a request may ask for its own accept length
         # (sampling parameter simulated_accept_length), so one trace can mix easy and hard requests.
         self.simulated_rates = None
@@ -173,7 +172,7 @@ class EAGLEWorkerV2(TpModelWorker):
                 "%s=%s: verification accepts each draft with probability %.3f whatever the models "
                 "say; the output is not the target's (for benchmarks only; requests may set their "
                 "own accept length with simulated_accept_length)",
-                SIMULATE_ACC_LEN_ENV,
+                bench_hooks.SIMULATE_ACC_LEN_ENV,
                 simulated,
                 self.simulated_rate,
             )
@@ -264,8 +263,8 @@ class EAGLEWorkerV2(TpModelWorker):
 
     def forward_prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
         fb, offsets = batch.to_forward_batch(self.device)
-        # Requests admitted while speculation does not pay (draft_cold) skip the draft's pass.
-        warm = [i for i, req in enumerate(batch.reqs) if not req.draft_cold]
+        # Requests admitted while speculation does not pay (Req.draft.cold) skip the draft's pass.
+        warm = [i for i, req in enumerate(batch.reqs) if not req.draft.cold]
         fb.capture_aux_hidden_states = bool(warm)
         out = self.model_runner.forward(fb)
         info = self.sampling_info(batch.reqs)
@@ -284,8 +283,6 @@ class EAGLEWorkerV2(TpModelWorker):
         self.next_input[fb.req_pool_indices] = next_ids
         self.next_start[fb.req_pool_indices] = fb.seq_lens
         self.next_offset[fb.req_pool_indices] = offsets + 1
-        for req in batch.reqs:  # the draft now covers every position with target KV (or never will)
-            req.draft_behind = 0
         result.start_copy_to_host()
         return result
 
@@ -563,16 +560,15 @@ class EAGLEWorkerV2(TpModelWorker):
         the target decodes one token (capturing its aux states), and a one-token draft extend at
         the same position keeps the draft's KV, hidden state and next guess current. So the next
         step can speculate again with no catch-up, and the output is plain decoding's. A batch
-        with no request the draft follows (see Req.draft_cold) runs the target alone."""
+        with no request the draft follows (see Req.draft.cold) runs the target alone. Under catch-up
+        each followed request falls one position further behind (SpecScheduling counts it, Req.draft)."""
         row_ids = [req.req_pool_idx for req in batch.reqs]
         rows = self._draft_work(batch, row_ids, catch_up=False)
         # No request the draft follows: the target alone, through plain decoding's graphs.
         follow = any(req.speculates for req in batch.reqs)
         behind = None
         if self.draft_sync == "catch-up" and follow:
-            behind = [req.draft_behind for req in batch.reqs]
-            for req in batch.reqs:
-                req.draft_behind += req.speculates
+            behind = [req.draft.behind for req in batch.reqs]
         logprobs = any(req.return_logprob for req in batch.reqs)
         greedy = _graph_sampling(batch.reqs)
         graphs = self.step_graphs.get(0) if follow else self.target_step_graphs
@@ -603,7 +599,7 @@ class EAGLEWorkerV2(TpModelWorker):
         speculative step, requests behind it; `catch_up`) level with the target. Returns the
         rows on the device if it made them for that, else None (a step replayed from a graph
         takes its rows as host values)."""
-        if not any(req.draft_adopting or (catch_up and req.draft_behind) for req in batch.reqs):
+        if not any(req.draft.adopting or (catch_up and req.draft.behind) for req in batch.reqs):
             return None
         rows = host_to_device(row_ids, self.device)
         adopt(self, batch, rows)
