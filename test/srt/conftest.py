@@ -120,3 +120,28 @@ class HFReference:
 @pytest.fixture(scope="session")
 def hf_reference(tiny_model_paths):
     return HFReference(tiny_model_paths)
+
+
+# The modules that take longest (a minute or more of a 2-core machine each), run first: with the suite
+# spread over processes (`-n`, pytest-xdist, one module per process at a time), a long module picked up
+# last would leave the other processes idle at the end.
+SLOW_FIRST = (
+    "test_spec_envelope_script.py",
+    "speculative/test_spec_switch.py",
+    "distributed/test_tensor_parallel.py",
+    "speculative/test_eagle_worker.py",
+    "entrypoints/test_replicas.py",
+    "entrypoints/test_http_server.py",
+    "entrypoints/test_structured_outputs.py",
+    "speculative/test_spec_server.py",
+    "speculative/test_spec_grammar.py",
+    "entrypoints/test_tool_calls_server.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    def rank(item) -> int:
+        path = item.nodeid.split("::")[0]
+        return next((i for i, name in enumerate(SLOW_FIRST) if path.endswith(name)), len(SLOW_FIRST))
+
+    items.sort(key=rank)  # stable: every other module keeps its order
