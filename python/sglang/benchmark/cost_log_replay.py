@@ -33,7 +33,7 @@ from collections import defaultdict
 from sglang.benchmark.cost_log_report import octave, paired_ratios
 from sglang.srt.speculative.cost_model import CostTable
 from sglang.srt.speculative.spec_policy import make_policy
-from sglang.srt.speculative.spec_sampling import simulated_accept_rate
+from sglang.srt.sampling.simulated_acceptance import simulated_accept_rate
 
 
 def load_log(lines) -> dict:

@@ -23,7 +23,7 @@ from sglang.srt.speculative.exploration import Exploration
 from sglang.srt.speculative.cost_policy import REEVALUATE_EVERY
 from sglang.srt.speculative import spec_policy
 from sglang.srt.speculative.spec_policy import SpecPolicy, reachable_steps
-from sglang.srt.speculative.spec_sampling import simulated_accept_rate
+from sglang.srt.sampling.simulated_acceptance import simulated_accept_rate
 from sglang.test.runner_utils import run_to_completion
 from sglang.test.sampling_checks import chi_square_pvalue, exact_token_distributions
 from sglang.test.server_fixture import assert_idle_kv_accounting
@@ -504,7 +504,7 @@ def test_catch_up_leaves_the_draft_as_warm_plain_steps_do(demo_paths, plain_run,
             )
         )
         if catch_up_tokens is not None:
-            scheduler.tp_worker.catch_up_tokens = catch_up_tokens
+            scheduler.tp_worker.draft_catch_up.tokens_per_forward = catch_up_tokens
         steps = []
         scheduler.spec.plan_step = lambda reqs: (
             steps.append(0 if len(steps) % (plain_run + 2) < plain_run else 3) or steps[-1]

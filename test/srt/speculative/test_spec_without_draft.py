@@ -317,7 +317,7 @@ def test_adoption_gives_the_draft_the_kv_it_would_have_had_following_the_request
     the same request followed from its admission: adoption leaves no position uncovered."""
     import torch
 
-    from sglang.srt.speculative import eagle_worker_v2
+    from sglang.srt.speculative.draft_catch_up import DraftCatchUp
 
     def draft_kv(scheduler, req, upto):
         table = scheduler.tp_worker.model_runner.req_to_token_pool.req_to_token
@@ -326,7 +326,7 @@ def test_adoption_gives_the_draft_the_kv_it_would_have_had_following_the_request
         return torch.stack([pool.get_key_buffer(0)[slots], pool.get_value_buffer(0)[slots]])
 
     adopted = {}
-    adopt = eagle_worker_v2.adopt
+    adopt = DraftCatchUp.adopt
 
     def recording_adopt(self, batch, rows):
         reqs = [req for req in batch.reqs if req.draft.adopting]
@@ -334,7 +334,7 @@ def test_adoption_gives_the_draft_the_kv_it_would_have_had_following_the_request
         for req in reqs:
             adopted[req.rid] = (req.kv_len, req.all_ids[: req.kv_len], draft_kv(scheduler, req, req.kv_len))
 
-    monkeypatch.setattr(eagle_worker_v2, "adopt", recording_adopt)
+    monkeypatch.setattr(DraftCatchUp, "adopt", recording_adopt)
     scheduler = make_scheduler(
         overlap, speculative_policy="threshold", speculative_threshold=2, speculative_draft_sync=sync
     )

@@ -59,7 +59,7 @@ class SpecStepGraphs:
         """The captured work: the whole step over the static rows and slots of bucket bs."""
         self.worker.next_start.index_fill_(0, self.scratch, 0)  # padding rows start at position 0
         if self.k == 0:  # (tokens [bs], probe hits [bs] or None)
-            tokens, _, hits = self.worker._plain_body(
+            tokens, _, hits = self.worker.plain_body(
                 self.rows[:bs],
                 self.slots[:bs],
                 self.greedy_info[bs],
@@ -68,7 +68,7 @@ class SpecStepGraphs:
                 draft=self.draft,
             )
             return tokens, hits
-        tokens, num_out, _ = self.worker._spec_body(
+        tokens, num_out, _ = self.worker.spec_body(
             self.rows[:bs],
             self.slots[: bs * self.width],
             self.k,

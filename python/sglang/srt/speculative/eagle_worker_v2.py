@@ -46,20 +46,17 @@ from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMo
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.penalties import PenaltyCounts
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.simulated_acceptance import SimulatedAcceptance
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
 from sglang.srt.speculative.spec_sampling import (
     ChainVerdict,
     draw_draft,
     filtered_probs,
-    simulate_acceptance,
-    simulated_accept_rate,
-    simulated_probe_hits,
-    simulated_stream,
     verify_greedy,
     verify_sampled,
 )
 from sglang.srt.speculative.spec_grammar import GrammarLookahead, masked_draft_logits
-from sglang.srt.speculative.draft_catch_up import CATCH_UP_BUFFER, adopt, buffer_for_catch_up, catch_up_draft
+from sglang.srt.speculative.draft_catch_up import DraftCatchUp
 from sglang.srt.speculative.eagle_cuda_graphs import SpecStepGraphs
 from sglang.srt.speculative.spec_policy import policy_class, reachable_steps
 from sglang.srt.speculative.spec_stats import PhaseTimer, SpecStats
@@ -89,10 +86,60 @@ class SpecStepResult(HostCopies):
 
 
 class EAGLEWorkerV2(TpModelWorker):
+    """The speculative worker. Besides TpModelWorker's interface (forward_batch_generation, ...),
+    the draft catch-up, the whole-step graphs and the start-up step costs use:
+    - `spec_body` / `plain_body`: one speculative / plain step over request rows on the device,
+      reading and writing device state only (so a graph can capture it);
+    - `store_next_draft`: the draft's guess d_1 and hidden state for the next step of some rows;
+    - the rows' state on the device (`next_input`, `next_start`, `next_offset`), the two model
+      runners, `scratch_row` (a request-table row no request gets), `reachable_steps` and
+      `step_graphs`."""
+
     def __init__(self, server_args: ServerArgs, model_config: ModelConfig, hooks: BenchHooks = bench_hooks.OFF):
         self.device = server_args.device
         self.model_config = model_config
         self.k = server_args.speculative_num_steps
+        draft_config = self._make_runners(server_args, model_config)
+        rows = self.model_runner.req_to_token_pool.size
+        self.vocab_size = model_config.vocab_size
+        self.draft_vocab_size = self.draft_model.draft_vocab_size
+        # Penalized requests: penalized in the prefill, the plain step and at every verify position
+        # (the drafts before it counted); the drafts themselves are not penalized.
+        self.penalty_counts = PenaltyCounts(self.vocab_size, self.device)
+        self._make_row_state(rows, draft_config, server_args.grammar_backend != "none")
+        # catch-up: plain steps run the target only and keep, per row, the aux states and sampled
+        # tokens of their positions for the draft extend that catches up at the next SPEC step.
+        self.draft_sync = server_args.speculative_draft_sync
+        self.draft_catch_up = DraftCatchUp(
+            self,
+            rows,
+            tokens_per_forward=server_args.chunked_prefill_size,
+            buffered=self.draft_sync == "catch-up",
+            aux_width=3 * model_config.hidden_size,
+            aux_dtype=model_config.dtype,
+        )
+        self.stats = SpecStats(self.k)
+        self._steps_since_timed = 0  # see _phase_timer
+        simulated = hooks.simulated_accept_length  # benchmarks only (bench_hooks.SIMULATE_ACC_LEN_ENV)
+        self.simulated = None if simulated is None else SimulatedAcceptance(simulated, self.k, rows, self.device)
+        # Every k > 0 the speculation policy can choose; graphs are captured for each.
+        self.policy_class = policy_class(server_args.speculative_policy)
+        self.reachable_steps = reachable_steps(server_args)
+        self.step_graphs: dict[int, SpecStepGraphs] = {}
+        self.target_step_graphs: Optional[SpecStepGraphs] = None
+        self._capture_graphs(draft_config, model_config, server_args)
+        logger.info(
+            "EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s",
+            server_args.speculative_draft_model_path,
+            draft_config.num_hidden_layers,
+            self.draft_vocab_size,
+            self.k,
+            list(self.draft_runner.aux_layer_ids),
+        )
+
+    def _make_runners(self, server_args: ServerArgs, model_config: ModelConfig) -> ModelConfig:
+        """The target's ModelRunner (its memory plan counting the draft) and the draft's; returns
+        the draft's config."""
         draft_config = draft_model_config(
             server_args.speculative_draft_model_path,
             server_args.dtype,
@@ -125,75 +172,26 @@ class EAGLEWorkerV2(TpModelWorker):
         self.scratch_row = self.model_runner.req_to_token_pool.alloc()
         self.draft_runner = ModelRunner(draft_config, server_args, target=self.model_runner)
         self.draft_model = self.draft_runner.model
-        aux_ids = self.draft_runner.aux_layer_ids
-        rows = self.model_runner.req_to_token_pool.size
-        hidden = draft_config.hidden_size
-        self.vocab_size = model_config.vocab_size
-        self.draft_vocab_size = self.draft_model.draft_vocab_size
-        # Penalized requests: penalized in the prefill, the plain step and at every verify position
-        # (the drafts before it counted); the drafts themselves are not penalized.
-        self.penalty_counts = PenaltyCounts(self.vocab_size, self.device)
+        return draft_config
+
+    def _make_row_state(self, rows: int, draft_config: ModelConfig, grammars: bool) -> None:
+        """Each request row's state between steps, on the device (see the module docstring)."""
         zeros = dict(device=self.device)
         self.next_draft = torch.zeros(rows, dtype=torch.int64, **zeros)  # d_1, target ids
         self.next_draft_probs = torch.zeros(rows, self.draft_vocab_size, dtype=torch.float32, **zeros)
         # Constrained rows redraw d_1 under their grammar's mask from the draft's logits, kept by
         # the steps of batches with a constrained request (`keep_draft_logits`).
         self.next_draft_logits = None
-        if server_args.grammar_backend != "none":
+        if grammars:
             self.next_draft_logits = torch.zeros(rows, self.draft_vocab_size, dtype=draft_config.dtype, **zeros)
             self.draft_to_target = self.draft_model.to_target_ids(torch.arange(self.draft_vocab_size, **zeros))
         self.keep_draft_logits = False  # set per step: whether its batch has a constrained request
-        self.next_hidden = torch.zeros(rows, hidden, dtype=draft_config.dtype, **zeros)
+        self.next_hidden = torch.zeros(rows, draft_config.hidden_size, dtype=draft_config.dtype, **zeros)
         # The next step's input token x (verified, no KV yet), its position m, and its output
         # index + 1 (the random stream of the step's first new token).
         self.next_input = torch.zeros(rows, dtype=torch.int64, **zeros)
         self.next_start = torch.zeros(rows, dtype=torch.int64, **zeros)
         self.next_offset = torch.zeros(rows, dtype=torch.int64, **zeros)
-        # catch-up: plain steps run the target only and keep, per row, the aux states and sampled
-        # tokens of their positions for the draft extend that catches up at the next SPEC step.
-        self.draft_sync = server_args.speculative_draft_sync
-        self.catch_up_tokens = server_args.chunked_prefill_size  # positions per catch-up forward
-        if self.draft_sync == "catch-up":
-            # One column more than the buffer holds: positions past it are written there and
-            # dropped (the catch-up recomputes them), so a plain step needs no host branch.
-            self.pending_aux = torch.zeros(
-                rows, CATCH_UP_BUFFER + 1, 3 * model_config.hidden_size, dtype=model_config.dtype, **zeros
-            )
-            self.pending_tokens = torch.zeros(rows, CATCH_UP_BUFFER + 1, dtype=torch.int64, **zeros)
-        self.stats = SpecStats(self.k)
-        self._steps_since_timed = 0  # see _phase_timer
-        simulated = hooks.simulated_accept_length  # benchmarks only (bench_hooks.SIMULATE_ACC_LEN_ENV)
-        self.simulated_rate = simulated_accept_rate(simulated, self.k) if simulated is not None else None
-        # Per request row under simulation: a request may ask for its own accept length
-        # (sampling parameter simulated_accept_length), so one trace can mix easy and hard requests.
-        self.simulated_rates = None
-        if self.simulated_rate is not None:
-            logger.warning(
-                "%s=%s: verification accepts each draft with probability %.3f whatever the models "
-                "say; the output is not the target's (for benchmarks only; requests may set their "
-                "own accept length with simulated_accept_length)",
-                bench_hooks.SIMULATE_ACC_LEN_ENV,
-                simulated,
-                self.simulated_rate,
-            )
-            self.simulated_rates = torch.full((rows,), self.simulated_rate, dtype=torch.float64, device=self.device)
-            # Each row's draws are keyed by its request's prompt (simulated_stream), not by the row:
-            # a request then has the same luck on every server, whichever row it lands in.
-            self.simulated_streams = torch.zeros((rows,), dtype=torch.int64, device=self.device)
-        # Every k > 0 the speculation policy can choose; graphs are captured for each.
-        self.policy_class = policy_class(server_args.speculative_policy)
-        self.reachable_steps = reachable_steps(server_args)
-        self.step_graphs: dict[int, SpecStepGraphs] = {}
-        self.target_step_graphs: Optional[SpecStepGraphs] = None
-        self._capture_graphs(draft_config, model_config, server_args)
-        logger.info(
-            "EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s",
-            server_args.speculative_draft_model_path,
-            draft_config.num_hidden_layers,
-            self.draft_vocab_size,
-            self.k,
-            list(aux_ids),
-        )
 
     def _capture_graphs(self, draft_config: ModelConfig, target_config: ModelConfig, server_args: ServerArgs) -> None:
         """Graphs at every batch-size bucket of plain decode, for every k the policy can reach:
@@ -277,26 +275,14 @@ class EAGLEWorkerV2(TpModelWorker):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
         if warm:
             self._draft_prefill(batch, fb, out.aux_hidden_states, next_ids, info, offsets, warm)
-        if self.simulated_rates is not None:
-            self._set_simulated_rates(batch.reqs, fb.req_pool_indices)
+        if self.simulated is not None:
+            self.simulated.admit(batch.reqs, fb.req_pool_indices)
         # For a request whose prompt is done, the sampled token is the first step's input.
         self.next_input[fb.req_pool_indices] = next_ids
         self.next_start[fb.req_pool_indices] = fb.seq_lens
         self.next_offset[fb.req_pool_indices] = offsets + 1
         result.start_copy_to_host()
         return result
-
-    def _set_simulated_rates(self, reqs, rows: torch.Tensor) -> None:
-        """Each request's simulated acceptance rate into its row (benchmarks only)."""
-        rates = [
-            self.simulated_rate
-            if req.sampling_params.simulated_accept_length is None
-            else simulated_accept_rate(req.sampling_params.simulated_accept_length, self.k)
-            for req in reqs
-        ]
-        self.simulated_rates[rows] = torch.tensor(rates, dtype=torch.float64).to(self.device, non_blocking=True)
-        streams = [simulated_stream(req.origin_input_ids) for req in reqs]
-        self.simulated_streams[rows] = torch.tensor(streams, dtype=torch.int64).to(self.device, non_blocking=True)
 
     def _draft_prefill(
         self,
@@ -337,23 +323,7 @@ class EAGLEWorkerV2(TpModelWorker):
             )
             warm_ids, warm_offsets = next_ids, offsets
         else:
-            lens = fb.extend_seq_lens_cpu
-            starts = [0, *itertools.accumulate(lens)]
-            tokens = host_to_device([t for i in warm for t in range(starts[i], starts[i + 1])], self.device)
-            sub = host_to_device(warm, self.device)
-            draft_fb = ForwardBatch(
-                forward_mode=ForwardMode.DRAFT_EXTEND,
-                batch_size=len(warm),
-                input_ids=input_ids,
-                positions=fb.positions[tokens],
-                req_pool_indices=fb.req_pool_indices[sub],
-                seq_lens=fb.seq_lens[sub],
-                out_cache_loc=fb.out_cache_loc[tokens],
-                seq_lens_cpu=[fb.seq_lens_cpu[i] for i in warm],
-                extend_seq_lens_cpu=[lens[i] for i in warm],
-                extend_prefix_lens_cpu=[fb.extend_prefix_lens_cpu[i] for i in warm],
-                spec_hidden_states=aux[tokens],
-            )
+            draft_fb, sub = self._warm_part(fb, aux, input_ids, warm)
             info = self.sampling_info([batch.reqs[i] for i in warm])
             warm_ids, warm_offsets = next_ids[sub], offsets[sub]
         last = draft_fb.last_token_indices()
@@ -363,13 +333,35 @@ class EAGLEWorkerV2(TpModelWorker):
             rows = host_to_device(finals, self.device)  # pinned: a plain .to() would wait for the target's forward
             input_ids[last[rows]] = warm_ids[rows]
         draft_out = self.draft_runner.forward(draft_fb)
-        self._store_next_draft(
+        self.store_next_draft(
             draft_fb.req_pool_indices,
             draft_out.next_token_logits,
             draft_out.hidden_states[last],
             info,
             warm_offsets + 1,
         )
+
+    def _warm_part(self, fb: ForwardBatch, aux: torch.Tensor, input_ids: torch.Tensor, warm: list[int]):
+        """The draft's DRAFT_EXTEND over the prefill `fb`'s requests `warm` (indices into it), and
+        those indices on the device."""
+        lens = fb.extend_seq_lens_cpu
+        starts = [0, *itertools.accumulate(lens)]
+        tokens = host_to_device([t for i in warm for t in range(starts[i], starts[i + 1])], self.device)
+        sub = host_to_device(warm, self.device)
+        draft_fb = ForwardBatch(
+            forward_mode=ForwardMode.DRAFT_EXTEND,
+            batch_size=len(warm),
+            input_ids=input_ids,
+            positions=fb.positions[tokens],
+            req_pool_indices=fb.req_pool_indices[sub],
+            seq_lens=fb.seq_lens[sub],
+            out_cache_loc=fb.out_cache_loc[tokens],
+            seq_lens_cpu=[fb.seq_lens_cpu[i] for i in warm],
+            extend_seq_lens_cpu=[lens[i] for i in warm],
+            extend_prefix_lens_cpu=[fb.extend_prefix_lens_cpu[i] for i in warm],
+            spec_hidden_states=aux[tokens],
+        )
+        return draft_fb, sub
 
     # ---- one speculative step ------------------------------------------------------------
 
@@ -402,7 +394,7 @@ class EAGLEWorkerV2(TpModelWorker):
             opted_out = host_to_device(opted, self.device).bool() if any_opted else None
             info = self.sampling_info(batch.reqs)
             lookahead = None if grammars is None else GrammarLookahead(grammars, self.vocab_size, self.device)
-            tokens, num_out, target_logits = self._spec_body(
+            tokens, num_out, target_logits = self.spec_body(
                 rows, self._device_slots(batch), k, info, timer, opted_out=opted_out, grammar=lookahead
             )
             result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
@@ -411,7 +403,7 @@ class EAGLEWorkerV2(TpModelWorker):
         result.start_copy_to_host()
         return result
 
-    def _spec_body(
+    def spec_body(
         self,
         rows: torch.Tensor,
         out_cache_loc: torch.Tensor,
@@ -429,7 +421,7 @@ class EAGLEWorkerV2(TpModelWorker):
         rows whose requests never speculate; they take the target's next token as a plain step
         samples it, and their drafts are dropped. `grammar`: the constrained rows' masks, per
         position, for the drafts and the verification (spec_grammar.py; eager steps only)."""
-        bs, device, width = rows.shape[0], self.device, k + 1
+        bs, width = rows.shape[0], k + 1
         forward_target = self.model_runner.forward_eager if capturing else self.model_runner.forward
         forward_draft = self.draft_runner.forward_eager if capturing else self.draft_runner.forward
         starts = self.next_start[rows]  # m: position of each request's input token
@@ -437,11 +429,53 @@ class EAGLEWorkerV2(TpModelWorker):
         slots = out_cache_loc.view(bs, width)
         # The step's slots hold positions m .. m + k: record them in the request table here,
         # on the device, since the host may not know m yet.
-        steps = torch.arange(width, device=device)
+        steps = torch.arange(width, device=self.device)
         table = self.model_runner.req_to_token_pool.req_to_token
         table[rows[:, None], starts[:, None] + steps] = slots.to(table.dtype)
+        drafts, draft_probs = self._draft_chain(rows, starts, offsets, slots, k, info, forward_draft, grammar)
+        if timer is not None:
+            timer.mark("draft")
+        verify_fb = self._verify_batch(rows, starts, steps, drafts, out_cache_loc)
+        verify_out = forward_target(verify_fb)
+        target_logits = verify_out.next_token_logits.view(bs, width, -1)
+        verdict = self._accept(rows, target_logits, drafts, draft_probs, info, starts, offsets, opted_out, grammar)
+        if timer is not None:
+            timer.mark("verify")
+        # Draft extend over the verified positions, fed the output tokens (shifted by one).
+        extend_fb = dataclasses.replace(
+            verify_fb,
+            forward_mode=ForwardMode.DRAFT_EXTEND,
+            input_ids=verdict.tokens.reshape(-1),
+            capture_aux_hidden_states=False,
+            spec_hidden_states=verify_out.aux_hidden_states,
+        )
+        self._after_verify(rows, forward_draft(extend_fb), verdict, width, info, starts, offsets)
+        if timer is not None:
+            timer.mark("extend")
+        return verdict.tokens, verdict.num_out, target_logits
 
-        # Draft chain: d_1 is stored; each draft forward proposes the next.
+    def _verify_batch(self, rows, starts, steps, drafts, out_cache_loc) -> ForwardBatch:
+        """The target over [x, d_1 .. d_k] at positions m .. m + k, aux states captured."""
+        bs, width = rows.shape[0], len(drafts) + 1
+        return ForwardBatch(
+            forward_mode=ForwardMode.TARGET_VERIFY,
+            batch_size=bs,
+            input_ids=torch.cat([self.next_input[rows][:, None], torch.stack(drafts, dim=1)], dim=1).reshape(-1),
+            positions=(starts[:, None] + steps).reshape(-1),
+            req_pool_indices=rows,
+            seq_lens=starts + width,
+            out_cache_loc=out_cache_loc,
+            seq_lens_cpu=None,
+            extend_seq_lens_cpu=[width] * bs,
+            extend_prefix_lens_cpu=None,
+            return_all_logits=True,
+            capture_aux_hidden_states=True,
+        )
+
+    def _draft_chain(self, rows, starts, offsets, slots, k: int, info, forward_draft, grammar):
+        """d_1 .. d_k (target ids) and, when sampling, q of each: d_1 is stored; each of the k - 1
+        draft forwards proposes the next, its KV at positions m .. m + k - 2."""
+        bs = rows.shape[0]
         drafts = [self.next_draft[rows]]
         draft_probs = [] if info.is_all_greedy else [self.next_draft_probs[rows]]
         if grammar is not None:  # constrained rows redraw d_1 under their grammar
@@ -474,55 +508,36 @@ class EAGLEWorkerV2(TpModelWorker):
             if grammar is not None:  # d_{j+1} under the mask after d_1 .. d_j
                 grammar.advance(drafts[-1])
                 logits = masked_draft_logits(logits, grammar.next_mask(), self.draft_to_target)
-            draft_ids = draw_draft(logits, info, offsets + j)
-            drafts.append(self.draft_model.to_target_ids(draft_ids))
+            drafts.append(self.draft_model.to_target_ids(draw_draft(logits, info, offsets + j)))
             if not info.is_all_greedy:  # q is only read by rejection sampling
                 draft_probs.append(filtered_probs(logits, info))
             hidden = out.hidden_states
-        if timer is not None:
-            timer.mark("draft")
+        return drafts, draft_probs
 
-        # Verify [x, d_1 .. d_k] at positions m .. m + k.
-        verify_ids = torch.cat([self.next_input[rows][:, None], torch.stack(drafts, dim=1)], dim=1).reshape(-1)
-        verify_fb = ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY,
-            batch_size=bs,
-            input_ids=verify_ids,
-            positions=(starts[:, None] + steps).reshape(-1),
-            req_pool_indices=rows,
-            seq_lens=starts + width,
-            out_cache_loc=out_cache_loc,
-            seq_lens_cpu=None,
-            extend_seq_lens_cpu=[width] * bs,
-            extend_prefix_lens_cpu=None,
-            return_all_logits=True,
-            capture_aux_hidden_states=True,
-        )
-        verify_out = forward_target(verify_fb)
-        target_logits = raw_target_logits = verify_out.next_token_logits.view(bs, width, -1)
-        draft_tokens = torch.stack(drafts[:k], dim=1)
+    def _accept(self, rows, target_logits, drafts, draft_probs, info, starts, offsets, opted_out, grammar):
+        """The verdict on the drafts (ChainVerdict): greedy, rejection sampling or simulated, each
+        position judged against the distribution plain decoding samples from there (the grammar's
+        mask, then the penalties with the drafts before it counted as generated, then logit_bias);
+        opted-out rows take plain decoding's token. Counts the accepted tokens for the penalties."""
+        bs, k = rows.shape[0], len(drafts)
+        draft_tokens = torch.stack(drafts, dim=1)
         if grammar is not None:
             grammar.advance(drafts[-1])
             grammar.next_mask()
             target_logits = target_logits.masked_fill(~grammar.verify_mask(), float("-inf"))
             grammar.rollback()
-        # Penalized rows' penalties at every position, the drafts before it counted as generated
-        # (after the grammar's mask, before logit_bias, as in a plain step): acceptance then judges
-        # the drafts against the distribution plain decoding samples from.
         target_logits = self.penalty_counts.apply_verify(target_logits, draft_tokens, info.penalties)
-        # The requests' logit_bias at every verify position: acceptance then judges the drafts
-        # against the distribution plain decoding samples from.
         target_logits = info.apply_logit_bias(target_logits)
-        if self.simulated_rate is not None and grammar is None:  # a grammar's batch is verified for real
-            verdict = simulate_acceptance(
-                target_logits, draft_tokens, starts, self.simulated_rates[rows], self.simulated_streams[rows]
-            )
+        if self.simulated is not None and grammar is None:  # a grammar's batch is verified for real
+            verdict = ChainVerdict(*self.simulated.verdict(target_logits, draft_tokens, starts, rows))
         elif info.is_all_greedy:
             verdict = verify_greedy(target_logits, draft_tokens)
         else:
             q = torch.stack(draft_probs, dim=1)  # [bs, k, draft vocab]
-            q_full = torch.zeros(bs, k, self.vocab_size, dtype=torch.float32, device=device)
-            q_full.index_add_(2, self.draft_model.to_target_ids(torch.arange(self.draft_vocab_size, device=device)), q)
+            q_full = torch.zeros(bs, k, self.vocab_size, dtype=torch.float32, device=self.device)
+            q_full.index_add_(
+                2, self.draft_model.to_target_ids(torch.arange(self.draft_vocab_size, device=self.device)), q
+            )
             verdict = verify_sampled(target_logits, draft_tokens, q_full, info, offsets)
         if opted_out is not None:
             plain = self.model_runner.sample(target_logits[:, 0], info, offsets)
@@ -530,30 +545,17 @@ class EAGLEWorkerV2(TpModelWorker):
             tokens[:, 0] = torch.where(opted_out, plain, tokens[:, 0])
             verdict = ChainVerdict(tokens=tokens, num_out=torch.where(opted_out, 1, verdict.num_out))
         self.penalty_counts.count_accepted(verdict.tokens, verdict.num_out, info.penalties)
-        if timer is not None:
-            timer.mark("verify")
+        return verdict
 
-        # Draft extend over the verified positions, fed the output tokens (shifted by one).
-        extend_fb = dataclasses.replace(
-            verify_fb,
-            forward_mode=ForwardMode.DRAFT_EXTEND,
-            input_ids=verdict.tokens.reshape(-1),
-            capture_aux_hidden_states=False,
-            spec_hidden_states=verify_out.aux_hidden_states,
-        )
-        extend_out = forward_draft(extend_fb)
-        last_kept = torch.arange(bs, device=device) * width + verdict.num_out - 1
-        extend_logits = extend_out.next_token_logits[last_kept]
-        self._store_next_draft(
-            rows, extend_logits, extend_out.hidden_states[last_kept], info, offsets + verdict.num_out
-        )
-        # The next step starts from the last output token (the bonus or the resampled one).
+    def _after_verify(self, rows, extend_out, verdict: ChainVerdict, width: int, info, starts, offsets) -> None:
+        """The rows' state for the next step: the draft's guess and hidden state at the last
+        accepted position, and the last output token (the bonus or the resampled one) as input."""
+        last_kept = torch.arange(rows.shape[0], device=self.device) * width + verdict.num_out - 1
+        logits, hidden = extend_out.next_token_logits[last_kept], extend_out.hidden_states[last_kept]
+        self.store_next_draft(rows, logits, hidden, info, offsets + verdict.num_out)
         self.next_input[rows] = verdict.tokens.gather(1, (verdict.num_out - 1)[:, None]).squeeze(1)
         self.next_start[rows] = starts + verdict.num_out
         self.next_offset[rows] = offsets + verdict.num_out
-        if timer is not None:
-            timer.mark("extend")
-        return verdict.tokens, verdict.num_out, raw_target_logits
 
     def forward_plain_step(self, batch: ScheduleBatch) -> SpecStepResult:
         """A decode step without speculation that leaves the same state a speculative step would:
@@ -578,7 +580,7 @@ class EAGLEWorkerV2(TpModelWorker):
         else:
             rows = host_to_device(row_ids, self.device) if rows is None else rows
             behind = None if behind is None else host_to_device(behind, self.device)
-            next_ids, target_logits, hits = self._plain_body(
+            next_ids, target_logits, hits = self.plain_body(
                 rows, self._device_slots(batch), self.sampling_info(batch.reqs), behind, draft=follow, grammars=grammars
             )
         # num_out None: one token each (the host needs no copy to know it); no phase timer.
@@ -602,9 +604,9 @@ class EAGLEWorkerV2(TpModelWorker):
         if not any(req.draft.adopting or (catch_up and req.draft.behind) for req in batch.reqs):
             return None
         rows = host_to_device(row_ids, self.device)
-        adopt(self, batch, rows)
+        self.draft_catch_up.adopt(batch, rows)
         if catch_up:
-            catch_up_draft(self, batch, rows)
+            self.draft_catch_up.catch_up(batch, rows)
         return rows
 
     def _device_slots(self, batch: ScheduleBatch) -> torch.Tensor:
@@ -614,7 +616,7 @@ class EAGLEWorkerV2(TpModelWorker):
             batch.out_cache_loc = batch.out_cache_loc_host.to(self.device, non_blocking=True)
         return batch.out_cache_loc
 
-    def _plain_body(
+    def plain_body(
         self,
         rows: torch.Tensor,
         out_cache_loc: torch.Tensor,
@@ -654,45 +656,46 @@ class EAGLEWorkerV2(TpModelWorker):
         out = forward_target(fb)
         next_ids = self.model_runner.sample(self.adjust_logits(out.next_token_logits, grammars, info), info, offsets)
         self.penalty_counts.count(next_ids, info.penalties)
-        if not draft:
-            hits = None
-        elif self.draft_sync == "catch-up":
+        hits = None
+        if draft and self.draft_sync == "catch-up":
             if behind is None:
                 behind = torch.zeros(bs, dtype=torch.int64, device=self.device)
-            buffer_for_catch_up(self, rows, out.aux_hidden_states, next_ids, behind)
-            hits = None
-        else:
-            # Warm: a one-token draft extend at the same position keeps the draft current, and
-            # whether its stored guess d_1 was the target's token is an acceptance sample for free.
-            if self.simulated_rate is None:
-                hits = self.next_draft[rows] == next_ids
-            else:
-                hits = simulated_probe_hits(starts, self.simulated_rates[rows], self.simulated_streams[rows])
-            # One token per row: every token's logits are the last ones (and need no host-made
-            # index, which a graph capture could not copy).
-            draft_fb = dataclasses.replace(
-                fb,
-                forward_mode=ForwardMode.DRAFT_EXTEND,
-                input_ids=next_ids,
-                capture_aux_hidden_states=False,
-                spec_hidden_states=out.aux_hidden_states,
-                return_all_logits=True,
-            )
-            draft_out = forward_draft(draft_fb)
-            self._store_next_draft(rows, draft_out.next_token_logits, draft_out.hidden_states, info, offsets + 1)
+            self.draft_catch_up.buffer(rows, out.aux_hidden_states, next_ids, behind)
+        elif draft:
+            hits = self._keep_draft_warm(fb, out, next_ids, info, offsets, forward_draft)
         self.next_input[rows] = next_ids
         self.next_start[rows] = starts + 1
         self.next_offset[rows] = offsets + 1
         return next_ids, out.next_token_logits, hits
 
+    def _keep_draft_warm(self, fb: ForwardBatch, out, next_ids, info, offsets, forward_draft) -> torch.Tensor:
+        """A warm plain step's draft: a one-token extend at the same position keeps it current.
+        Returns the probe hits (bool[bs]): whether its stored guess d_1 was the target's token, an
+        acceptance sample for free."""
+        rows, starts = fb.req_pool_indices, fb.positions
+        if self.simulated is None:
+            hits = self.next_draft[rows] == next_ids
+        else:
+            hits = self.simulated.probe_hits(starts, rows)
+        # One token per row: every token's logits are the last ones (and need no host-made
+        # index, which a graph capture could not copy).
+        draft_fb = dataclasses.replace(
+            fb,
+            forward_mode=ForwardMode.DRAFT_EXTEND,
+            input_ids=next_ids,
+            capture_aux_hidden_states=False,
+            spec_hidden_states=out.aux_hidden_states,
+            return_all_logits=True,
+        )
+        draft_out = forward_draft(draft_fb)
+        self.store_next_draft(rows, draft_out.next_token_logits, draft_out.hidden_states, info, offsets + 1)
+        return hits
+
     def measure_step_costs(self, repeats: int = 3) -> dict:
         """Seconds per decode step of each shape the policy can choose (step_costs.py)."""
         return measure_step_costs(self, repeats)
 
-    def _pad_slots(self, n: int) -> torch.Tensor:
-        return torch.zeros(n, dtype=torch.int64, device=self.device)
-
-    def _store_next_draft(self, rows, logits, hidden, info: SamplingBatchInfo, offsets) -> None:
+    def store_next_draft(self, rows, logits, hidden, info: SamplingBatchInfo, offsets) -> None:
         """Draw d_1 for the step after this one and keep it with q and the hidden state."""
         draft_ids = draw_draft(logits, info, offsets)
         self.next_draft[rows] = self.draft_model.to_target_ids(draft_ids)

@@ -14,10 +14,7 @@ a request's draws never depend on the rest of the batch.
 
 from __future__ import annotations
 
-import array
 import dataclasses
-import functools
-import zlib
 
 import torch
 
@@ -122,87 +119,3 @@ def _repeat_rows(info: SamplingBatchInfo, n: int) -> SamplingBatchInfo:
         seeds=_repeat(info.seeds, n),
         greedy_mask=_repeat(info.greedy_mask, n),
     )
-
-
-# ---- simulated acceptance (benchmarks only) ----------------------------------------------------
-
-SIMULATE_ACC_LEN_ENV = "SGLANG_SIMULATE_ACC_LEN"
-
-
-@functools.lru_cache(maxsize=256)
-def simulated_accept_rate(accept_length: float, k_max: int) -> float:
-    """The per-position acceptance rate r with 1 + r + r^2 + ... + r^k_max = accept_length
-    (clamped to the reachable 1 .. k_max + 1): the same r then prices every smaller k, as a real
-    draft's per-position acceptance does."""
-    target = min(max(accept_length, 1.0), k_max + 1.0)
-    low, high = 0.0, 1.0
-    for _ in range(60):  # bisection: the sum grows with r
-        mid = (low + high) / 2
-        if sum(mid**i for i in range(k_max + 1)) < target:
-            low = mid
-        else:
-            high = mid
-    return (low + high) / 2
-
-
-def simulated_stream(prompt_ids: list[int]) -> int:
-    """A request's stream for its simulated draws: a 24-bit hash of its prompt, so that a request
-    accepts alike on every server it is sent to (a benchmark's servers get the same prompts),
-    whichever request-table row it lands in. Keyed by the row instead, a benchmark's few requests
-    at low concurrency reuse the same rows round after round, and one server's luck stays with
-    it: two servers at k = 3 read accept length 1.69 and 2.02 for requests asking 2.0. Requests
-    with one prompt draw alike."""
-    return zlib.crc32(array.array("q", prompt_ids).tobytes()) & 0xFFFFFF
-
-
-def _hashed_uniform(positions: torch.Tensor, k: int, streams: torch.Tensor | None = None) -> torch.Tensor:
-    """float64[bs, k] in [0, 1): an integer hash of (position, draft index) and, when given, each
-    row's stream (its request-table row), the same on every device and inside a CUDA graph (no
-    generator state). Without streams, requests at the same position draw alike: a batch of
-    prompts of one length then accepts or rejects together, and its acceptance per step is 0 or 1."""
-    index = torch.arange(k, device=positions.device)
-    mask = 0xFFFFFFFF  # 32-bit words: every product below stays inside int64
-    h = (positions[:, None] * 0x9E3779B1 + index * 0x85EBCA77 + 0x165667B1) & mask
-    if streams is not None:
-        h = (h ^ ((streams[:, None] * 0xC2B2AE3D) & mask)) & mask
-    h = h ^ (h >> 15)
-    h = (h * 0x2C1B3C6D) & mask
-    h = h ^ (h >> 12)
-    h = (h * 0x297A2D39) & mask
-    h = h ^ (h >> 15)
-    return h.to(torch.float64) / float(1 << 32)
-
-
-def simulated_probe_hits(positions: torch.Tensor, rate, streams: torch.Tensor | None = None) -> torch.Tensor:
-    """bool[bs]: a plain step's probe under simulated acceptance. The real draft's guess says
-    nothing about the simulated rate, so the probe hits with probability `rate`, drawn as the
-    first draft of a speculative step at the same position would be. `rate`: a float, or one per
-    row."""
-    return _hashed_uniform(positions, 1, streams)[:, 0] < rate
-
-
-def simulate_acceptance(
-    target_logits: torch.Tensor,
-    drafts: torch.Tensor,
-    positions: torch.Tensor,
-    rate,
-    streams: torch.Tensor | None = None,
-) -> ChainVerdict:
-    """A verdict that accepts each draft with probability `rate` (given the earlier ones were
-    accepted), whatever the models say: accepted drafts are output as drafted, followed by the
-    target's greedy token. Draws come from an integer hash of (position, draft index), so the
-    step stays deterministic and can be captured in a CUDA graph. For measuring the cost and the
-    policies of speculation on random weights (SGLANG_SIMULATE_ACC_LEN, upstream's name); the
-    output is not the target's."""
-    bs, k = drafts.shape
-    uniform = _hashed_uniform(positions, k, streams)
-    if isinstance(rate, torch.Tensor):  # one rate per row
-        rate = rate[:, None]
-    accepted = (uniform < rate).long().cumprod(dim=1).sum(dim=1)
-    best = target_logits.argmax(-1)
-    tokens = torch.cat([drafts, best[:, -1:]], dim=1)
-    last = accepted[:, None]
-    tokens = torch.where(
-        torch.arange(k + 1, device=drafts.device) == last, best.gather(1, last).expand(-1, k + 1), tokens
-    )
-    return ChainVerdict(tokens=tokens, num_out=accepted + 1)

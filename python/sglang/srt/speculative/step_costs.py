@@ -53,17 +53,21 @@ def _measure(worker, repeats: int) -> dict:
         if graphs is not None and graphs.can_run(bs, True, False):
             run = lambda: graphs.replay(row_ids, [0] * bs)  # noqa: E731
         else:
-            run = lambda: worker._plain_body(rows, worker._pad_slots(bs), info)  # noqa: E731
+            run = lambda: worker.plain_body(rows, _padding_slots(worker, bs), info)  # noqa: E731
         plain[bs] = _seconds_per_call(worker, run, repeats)
         for k in worker.reachable_steps:
-            slots = worker._pad_slots(bs * (k + 1))
+            slots = _padding_slots(worker, bs * (k + 1))
             graphs = worker.step_graphs.get(k)
             if graphs is not None and graphs.can_run(bs, True, False):
                 run = lambda: graphs.replay(row_ids, [0] * (bs * (k + 1)))  # noqa: E731
             else:
-                run = lambda: worker._spec_body(rows, slots, k, info)  # noqa: E731
+                run = lambda: worker.spec_body(rows, slots, k, info)  # noqa: E731
             spec[(bs, k)] = _seconds_per_call(worker, run, repeats)
     return {"plain": plain, "spec": spec, "context": _context_seconds_per_token(worker)}
+
+
+def _padding_slots(worker, n: int) -> torch.Tensor:
+    return torch.zeros(n, dtype=torch.int64, device=worker.device)  # slot 0: the padding slot
 
 
 def _context_seconds_per_token(worker) -> dict[int, float]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sglang.srt.speculative.spec_sampling import simulate_acceptance, simulated_accept_rate, simulated_probe_hits
+from sglang.srt.sampling.simulated_acceptance import simulate_acceptance, simulated_accept_rate, simulated_probe_hits
 
 
 @pytest.mark.parametrize("accept_length, k", [(2.0, 3), (3.0, 3), (1.5, 1), (4.0, 5)])
@@ -18,13 +18,13 @@ def test_the_rate_gives_the_asked_accept_length(accept_length, k):
     positions = torch.arange(20000) * 7 + 3
     drafts = torch.randint(0, 50, (positions.numel(), k))
     logits = torch.randn(positions.numel(), k + 1, 50)
-    verdict = simulate_acceptance(logits, drafts, positions, rate)
-    assert verdict.num_out.float().mean().item() == pytest.approx(accept_length, rel=0.03)
+    tokens, num_out = simulate_acceptance(logits, drafts, positions, rate)
+    assert num_out.float().mean().item() == pytest.approx(accept_length, rel=0.03)
     # Accepted drafts are output as drafted, then the target's greedy token at the first rejection.
-    row = int(torch.nonzero(verdict.num_out > 1)[0])
-    n = int(verdict.num_out[row])
-    assert verdict.tokens[row, : n - 1].tolist() == drafts[row, : n - 1].tolist()
-    assert int(verdict.tokens[row, n - 1]) == int(logits[row, n - 1].argmax())
+    row = int(torch.nonzero(num_out > 1)[0])
+    n = int(num_out[row])
+    assert tokens[row, : n - 1].tolist() == drafts[row, : n - 1].tolist()
+    assert int(tokens[row, n - 1]) == int(logits[row, n - 1].argmax())
 
 
 def test_out_of_range_lengths_clamp_to_what_k_can_reach():
@@ -38,10 +38,10 @@ def test_plain_probes_hit_at_the_simulated_rate_and_match_the_first_draft():
     hits = simulated_probe_hits(positions, rate)
     assert hits.float().mean().item() == pytest.approx(rate, abs=0.015)
     # The probe at a position is the verdict of a speculative step's first draft there.
-    verdict = simulate_acceptance(
+    _, num_out = simulate_acceptance(
         torch.randn(positions.numel(), 4, 8), torch.zeros(positions.numel(), 3, dtype=torch.long), positions, rate
     )
-    assert torch.equal(hits, verdict.num_out > 1)
+    assert torch.equal(hits, num_out > 1)
 
 
 def test_requests_at_the_same_position_draw_independently_with_their_rows():
@@ -55,5 +55,7 @@ def test_requests_at_the_same_position_draw_independently_with_their_rows():
     per_step = [simulated_probe_hits(torch.full((256,), p), rate, rows).float().mean().item() for p in range(200, 240)]
     assert all(abs(r - rate) < 0.15 for r in per_step)
     assert sum(per_step) / len(per_step) == pytest.approx(rate, abs=0.03)
-    verdict = simulate_acceptance(torch.randn(256, 4, 8), torch.zeros(256, 3, dtype=torch.long), positions, rate, rows)
-    assert torch.equal(simulated_probe_hits(positions, rate, rows), verdict.num_out > 1), "the probe is the first draft"
+    _, num_out = simulate_acceptance(
+        torch.randn(256, 4, 8), torch.zeros(256, 3, dtype=torch.long), positions, rate, rows
+    )
+    assert torch.equal(simulated_probe_hits(positions, rate, rows), num_out > 1), "the probe is the first draft"
