@@ -1,0 +1,32 @@
+"""FusedMoE: a layer's routed experts, their weights stacked into two parameters,
+`w13_weight` [E, 2 * I, H] (each expert's gate rows, then its up rows) and `w2_weight` [E, H, I].
+
+Under tensor parallelism every rank holds every expert, split along the intermediate dimension:
+its I / tp rows of gate and up, the matching columns of down; the ranks' partial outputs are
+summed (one all-reduce), as in a row-parallel linear layer.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce, tensor_parallel
+from sglang.srt.layers.moe.fused_moe import fused_experts_reference
+
+
+class FusedMoE(nn.Module):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        tp = tensor_parallel()
+        if intermediate_size % tp.size:
+            raise ValueError(f"--tp-size {tp.size} does not divide the experts' intermediate size {intermediate_size}")
+        self.num_experts = num_experts
+        self.intermediate_size = intermediate_size // tp.size  # this rank's rows of each expert
+        self.tp_size = tp.size
+        self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.intermediate_size, hidden_size))
+        self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate_size))
+
+    def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        out = fused_experts_reference(hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out

@@ -1,0 +1,24 @@
+"""Routing: which experts each token goes to, and with what weight.
+
+Qwen2-MoE, Qwen3-MoE and Mixtral all route the same way: a softmax over the router's logits (in
+float32), the top-k probabilities, renormalised to sum to one where the family does so
+(`norm_topk_prob` for Qwen, always for Mixtral). The top k are taken by `torch.topk` on the
+probabilities, as transformers takes them, so that exact ties are broken the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(topk_weights [tokens, top_k] float32, topk_ids [tokens, top_k] int64) from the router's
+    logits [tokens, num_experts]; the ids of one token are distinct, in descending weight."""
+    num_experts = router_logits.shape[-1]
+    if not 1 <= top_k <= num_experts:
+        raise ValueError(f"top_k {top_k} must be between 1 and the number of experts ({num_experts})")
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    topk_weights, topk_ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    return topk_weights, topk_ids
