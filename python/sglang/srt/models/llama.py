@@ -164,15 +164,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config, opts: ArchOptions):
+    def __init__(self, config, opts: ArchOptions, make_layer=LlamaDecoderLayer):
+        """`make_layer(config, layer_id, opts, rotary_emb)`: a decoder layer (MoE models make their own)."""
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         # The cos/sin table is [max_position, head_dim] float32 (64 MiB at 128k positions): build it once.
         rotary_emb = RotaryEmbedding(head_dim, config.max_position_embeddings, rope_parameters(config))
-        self.layers = nn.ModuleList(
-            [LlamaDecoderLayer(config, i, opts, rotary_emb) for i in range(config.num_hidden_layers)]
-        )
+        self.layers = nn.ModuleList([make_layer(config, i, opts, rotary_emb) for i in range(config.num_hidden_layers)])
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         # Layer ids whose output (the full residual stream) the EAGLE-3 draft reads.
         self.layers_to_capture: list[int] = []
@@ -201,7 +200,7 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         opts = self._options(config)
         check_supported(config, opts.window_on_every_layer, context_len)
-        self.model = LlamaModel(config, opts)
+        self.model = LlamaModel(config, opts, self._decoder_layer)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if self.tie_word_embeddings:
             self.lm_head = self.model.embed_tokens
@@ -212,6 +211,8 @@ class LlamaForCausalLM(nn.Module):
     def _options(self, config) -> ArchOptions:
         bias = bool(getattr(config, "attention_bias", False))
         return ArchOptions(qkv_bias=bias, o_bias=bias)
+
+    _decoder_layer = LlamaDecoderLayer  # called as LlamaModel's make_layer
 
     def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         hidden, aux = self.model(input_ids, positions, forward_batch)

@@ -8,8 +8,11 @@ _MODELS = {
     "LlamaForCausalLM": "sglang.srt.models.llama",
     "LlamaForCausalLMEagle3": "sglang.srt.models.llama_eagle3",
     "MistralForCausalLM": "sglang.srt.models.llama",
+    "MixtralForCausalLM": "sglang.srt.models.mixtral",
     "Qwen2ForCausalLM": "sglang.srt.models.llama",
+    "Qwen2MoeForCausalLM": "sglang.srt.models.qwen_moe",
     "Qwen3ForCausalLM": "sglang.srt.models.llama",
+    "Qwen3MoeForCausalLM": "sglang.srt.models.qwen_moe",
 }
 
 
