@@ -108,10 +108,10 @@ def count(server: str, passes: int = 24, set_attr=setattr, prefill_graph_tokens:
     launch = scheduler._launch
     kind = [None]
 
-    def counted_launch(batch):
+    def counted_launch(batch, *args):
         outer, counter.phase = counter.phase, (kind[0], "launch")
         try:
-            return launch(batch)
+            return launch(batch, *args)
         finally:
             counter.phase = outer
 
