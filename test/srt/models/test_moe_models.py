@@ -17,6 +17,7 @@ from sglang.srt.model_loader.loader import iterate_weights, load_model, paramete
 from sglang.srt.models.registry import get_model_class, supported_architectures
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.test.runner_utils import OneRank, make_cpu_runner, prefill
+from sglang.test.tiny_models import make_tiny_eagle3_draft
 from sglang.test.tiny_moe_models import make_tiny_moe_model
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -228,3 +229,45 @@ def test_expert_stacks_are_filled_in_place_one_checkpoint_tensor_at_a_time(model
     experts = model.model.layers[2].mlp.experts
     assert torch.equal(experts.w13_weight[5, 32:], checkpoint["model.layers.2.mlp.experts.5.up_proj.weight"])
     assert torch.equal(experts.w2_weight[5], checkpoint["model.layers.2.mlp.experts.5.down_proj.weight"])
+
+
+@pytest.mark.parametrize(
+    "policy", [dict(speculative_policy="always"), dict(speculative_adaptive=True)], ids=["always", "adaptive"]
+)
+def test_eagle3_on_a_moe_target_gives_the_targets_greedy_tokens(policy, model_dirs, hf_models, tmp_path):
+    """The draft reads the residual stream after layers 0 and 2 (MoE) and 1 (dense); the target
+    verifies 4 tokens per request at a time through its experts."""
+    target = model_dirs["qwen3_moe"]
+    draft = make_tiny_eagle3_draft(str(tmp_path / "draft"), target, draft_vocab_size=200)
+    spec = OneRank(
+        model_path=target,
+        dtype="float32",
+        device="cpu",
+        speculative_algorithm="EAGLE3",
+        speculative_draft_model_path=draft,
+        speculative_num_steps=3,
+        **policy,
+    )
+    prompts = [random_prompt(7, 6), random_prompt(23, 7), random_prompt(12, 8)]
+    got = [ids for ids, _ in generate(spec, prompts)]
+    assert got == [hf_greedy(hf_models["qwen3_moe"], ids) for ids in prompts]
+    assert spec.internal_state()["spec_verifies"] > 0
+
+
+def test_two_ranks_give_one_ranks_greedy_tokens(tmp_path):
+    """Experts, the shared expert and the dense layer split along their intermediate dimension
+    over two ranks (gloo); the router and the shared expert's gate held whole by each."""
+    import sglang
+
+    path = make_tiny_moe_model(
+        str(tmp_path / "qwen2_moe"), "qwen2_moe", seed=9, num_hidden_layers=3, mlp_only_layers=[1]
+    )
+    prompts = ["def add(a, b):", "The quick brown fox jumps over the lazy dog. A radix tree shares", "Hello"]
+    greedy = {"temperature": 0, "max_new_tokens": MAX_NEW, "ignore_eos": True}
+    args = dict(model_path=path, dtype="float32", device="cpu", log_level="warning")
+    expected = OneRank(**args).generate(prompts, greedy)
+    engine = sglang.Engine(**args, tp_size=2)
+    try:
+        assert [out["output_ids"] for out in engine.generate(prompts, greedy)] == expected
+    finally:
+        engine.shutdown()
