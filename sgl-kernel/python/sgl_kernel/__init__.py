@@ -19,6 +19,8 @@ _EXPORTS = {
     "silu_and_mul": "activation",
     "apply_rotary_embedding_": "rotary",
     "apply_rotary_and_store_kv_": "rotary",
+    "fused_experts": "fused_moe",
+    "moe_align_block_size": "fused_moe",
 }
 
 __all__ = list(_EXPORTS)

@@ -271,3 +271,17 @@ def test_two_ranks_give_one_ranks_greedy_tokens(tmp_path):
         assert [out["output_ids"] for out in engine.generate(prompts, greedy)] == expected
     finally:
         engine.shutdown()
+
+
+@pytest.mark.parametrize("name", ["qwen2_moe", "mixtral"])
+def test_the_fused_kernel_in_the_model_matches_transformers(name, model_dirs, hf_models, monkeypatch):
+    """The experts through sgl_kernel's fused kernel (the CUDA path; here under the Triton
+    interpreter) give transformers' logits too."""
+    from sglang.srt.layers.moe import layer
+
+    monkeypatch.setattr(layer, "uses_fused_kernel", lambda hidden: True)
+    prompt = random_prompt(21, seed=10)
+    got = prefill(make_cpu_runner(model_dirs[name]), prompt).next_token_logits
+    with torch.no_grad():
+        expected = hf_models[name](torch.tensor([prompt])).logits[0]
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)

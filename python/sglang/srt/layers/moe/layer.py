@@ -4,6 +4,9 @@
 Under tensor parallelism every rank holds every expert, split along the intermediate dimension:
 its I / tp rows of gate and up, the matching columns of down; the ranks' partial outputs are
 summed (one all-reduce), as in a row-parallel linear layer.
+
+On CUDA the experts run as `sgl_kernel.fused_experts` (grouped GEMMs over the experts with tokens,
+no host synchronisation, so CUDA graphs capture them); on the CPU as the torch reference.
 """
 
 from __future__ import annotations
@@ -13,6 +16,12 @@ from torch import nn
 
 from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce, tensor_parallel
 from sglang.srt.layers.moe.fused_moe import fused_experts_reference
+
+
+def uses_fused_kernel(hidden: torch.Tensor) -> bool:
+    """Whether the experts run as the Triton kernel (on CUDA) rather than the torch reference; a
+    CPU test flips it to run the kernel under the Triton interpreter."""
+    return hidden.is_cuda
 
 
 class FusedMoE(nn.Module):
@@ -28,5 +37,9 @@ class FusedMoE(nn.Module):
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate_size))
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
-        out = fused_experts_reference(hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        if uses_fused_kernel(hidden):
+            from sgl_kernel import fused_experts  # triton is not a CPU dependency
+        else:
+            fused_experts = fused_experts_reference
+        out = fused_experts(hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
         return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
