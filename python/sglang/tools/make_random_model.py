@@ -76,13 +76,55 @@ CONFIGS = {
         rope_theta=1000000.0,
         tie_word_embeddings=True,
     ),
+    # Mixture-of-experts: Qwen3-30B-A3B (61 GB in bf16) and a 12-layer cut of it (16 GB: two
+    # servers fit one H100), Mixtral-8x7B (93 GB) and an 8-layer cut (23 GB).
+    "qwen3-30b-a3b": dict(
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        head_dim=128,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        vocab_size=151936,
+        max_position_embeddings=40960,
+        rms_norm_eps=1e-6,
+        rope_theta=1000000.0,
+        tie_word_embeddings=False,
+    ),
+    "mixtral-8x7b": dict(
+        architectures=["MixtralForCausalLM"],
+        model_type="mixtral",
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        num_local_experts=8,
+        num_experts_per_tok=2,
+        vocab_size=32000,
+        max_position_embeddings=32768,
+        rms_norm_eps=1e-5,
+        rope_theta=1000000.0,
+        sliding_window=None,
+        tie_word_embeddings=False,
+    ),
 }
+CONFIGS["qwen3-30b-a3b-12l"] = dict(CONFIGS["qwen3-30b-a3b"], num_hidden_layers=12)
+CONFIGS["mixtral-8x7b-8l"] = dict(CONFIGS["mixtral-8x7b"], num_hidden_layers=8)
 SHARD_BYTES = 5 << 30
 INIT_STD = 0.02
 
 
 def weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
-    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    hidden = cfg["hidden_size"]
     head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
     q, kv = cfg["num_attention_heads"] * head_dim, cfg["num_key_value_heads"] * head_dim
     shapes = {"model.embed_tokens.weight": (cfg["vocab_size"], hidden), "model.norm.weight": (hidden,)}
@@ -97,11 +139,11 @@ def weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
                 p + "self_attn.k_proj.weight": (kv, hidden),
                 p + "self_attn.v_proj.weight": (kv, hidden),
                 p + "self_attn.o_proj.weight": (hidden, q),
-                p + "mlp.gate_proj.weight": (inter, hidden),
-                p + "mlp.up_proj.weight": (inter, hidden),
-                p + "mlp.down_proj.weight": (hidden, inter),
+                **_feed_forward_shapes(cfg, i, p),
             }
         )
+        if cfg["model_type"] == "qwen3_moe":
+            shapes.update({p + "self_attn.q_norm.weight": (head_dim,), p + "self_attn.k_norm.weight": (head_dim,)})
         if qkv_bias:
             shapes.update(
                 {
@@ -112,6 +154,33 @@ def weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
             )
     if not cfg["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (cfg["vocab_size"], hidden)
+    return shapes
+
+
+def _feed_forward_shapes(cfg: dict, layer: int, p: str) -> dict[str, tuple[int, ...]]:
+    """A layer's dense MLP, or its router and per-expert projections under the Hub's names."""
+    hidden, inter = cfg["hidden_size"], cfg["intermediate_size"]
+    if cfg["model_type"] == "mixtral":
+        block, (gate, up, down), expert_inter = "block_sparse_moe", ("w1", "w3", "w2"), inter
+    elif cfg["model_type"] == "qwen3_moe" and layer not in cfg["mlp_only_layers"]:
+        block, (gate, up, down), expert_inter = (
+            "mlp",
+            ("gate_proj", "up_proj", "down_proj"),
+            cfg["moe_intermediate_size"],
+        )
+    else:
+        return {
+            p + "mlp.gate_proj.weight": (inter, hidden),
+            p + "mlp.up_proj.weight": (inter, hidden),
+            p + "mlp.down_proj.weight": (hidden, inter),
+        }
+    num_experts = cfg.get("num_experts") or cfg["num_local_experts"]
+    shapes = {f"{p}{block}.gate.weight": (num_experts, hidden)}
+    for e in range(num_experts):
+        expert = f"{p}{block}.experts.{e}."
+        shapes[expert + f"{gate}.weight"] = (expert_inter, hidden)
+        shapes[expert + f"{up}.weight"] = (expert_inter, hidden)
+        shapes[expert + f"{down}.weight"] = (hidden, expert_inter)
     return shapes
 
 

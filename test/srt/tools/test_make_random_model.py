@@ -94,3 +94,37 @@ def test_a_model_without_weights_serves_with_dummy_weights(tmp_path, monkeypatch
         if out:
             tokens += out.new_token_ids[0]
     assert len(tokens) == 3
+
+
+def test_moe_shapes_have_their_models_parameters():
+    counts = {
+        name: sum(torch.Size(s).numel() for s in maker.weight_shapes(maker.CONFIGS[name]).values())
+        for name in ("qwen3-30b-a3b", "qwen3-30b-a3b-12l", "mixtral-8x7b", "mixtral-8x7b-8l")
+    }
+    assert 30.4e9 < counts["qwen3-30b-a3b"] < 30.6e9  # Qwen3-30B-A3B: 30.5B
+    assert 46.6e9 < counts["mixtral-8x7b"] < 46.8e9  # Mixtral-8x7B: 46.7B
+    assert counts["qwen3-30b-a3b-12l"] < 8.2e9 and counts["mixtral-8x7b-8l"] < 12e9  # two servers fit one H100
+
+
+def test_written_moe_models_match_transformers(tmp_path, monkeypatch):
+    """The Hub's names: transformers and the engine read the same weights and agree."""
+    from sglang.test.runner_utils import make_cpu_runner, prefill
+    from transformers import AutoModelForCausalLM
+
+    shrink = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    shrink.update(vocab_size=512, max_position_embeddings=512, num_experts_per_tok=2)
+    tiny = {
+        "tiny-qwen3-moe": dict(
+            maker.CONFIGS["qwen3-30b-a3b"], **shrink, intermediate_size=96, moe_intermediate_size=32, num_experts=4
+        ),
+        "tiny-mixtral": dict(maker.CONFIGS["mixtral-8x7b"], **shrink, intermediate_size=32, num_local_experts=4),
+    }
+    prompt = list(range(3, 40, 3))
+    for name, cfg in tiny.items():
+        monkeypatch.setitem(maker.CONFIGS, name, cfg)
+        path = maker.make_random_model(str(tmp_path / name), name, device="cpu")
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        with torch.no_grad():
+            expected = hf(torch.tensor([prompt])).logits[0]
+        got = prefill(make_cpu_runner(path), prompt).next_token_logits
+        torch.testing.assert_close(got, expected, atol=1e-4, rtol=0)
