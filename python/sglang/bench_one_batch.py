@@ -101,7 +101,7 @@ class StaticBatch:
         self.seq_len = n
         return self._sample(self.runner.forward(fb))
 
-    def decode(self, tokens: torch.Tensor) -> torch.Tensor:
+    def decode(self, tokens: torch.Tensor, eager: bool = False) -> torch.Tensor:
         pos = self.seq_len
         self.seq_len += 1
         fb = ForwardBatch(
@@ -116,7 +116,7 @@ class StaticBatch:
             extend_seq_lens_cpu=[1] * self.bs,
             extend_prefix_lens_cpu=[pos] * self.bs,
         )
-        return self._sample(self.runner.forward(fb))
+        return self._sample(self.runner.forward(fb, eager=eager))
 
     def _sample(self, out) -> torch.Tensor:
         return self.runner.sample(out.next_token_logits, self.sampling, self.offsets)
@@ -141,6 +141,7 @@ def run_one(runner: ModelRunner, bs: int, args: BenchArgs) -> dict:
             tokens = batch.decode(tokens)
             _sync(runner.device)
             step_s.append(time.perf_counter() - start)
+        routed = _routed_experts(runner, batch, tokens)
     finally:
         batch.release()
     median = statistics.median(step_s) if step_s else float("nan")
@@ -154,12 +155,24 @@ def run_one(runner: ModelRunner, bs: int, args: BenchArgs) -> dict:
         "decode_p90_step_s": _quantile(step_s, 0.9),
         "decode_throughput_tok_s": bs / median if step_s else float("nan"),
         "decode_step_s": step_s,
+        **({"routed_experts_per_layer": routed} if routed is not None else {}),
     }
+
+
+def _routed_experts(runner: ModelRunner, batch: StaticBatch, tokens: torch.Tensor) -> list[int] | None:
+    """For a MoE model, the experts each MoE layer routes the batch to in one more decode step,
+    run eagerly (graph replays run no hooks); None for a dense model."""
+    if not memory_floor.expert_layers(runner.model):
+        return None
+    with memory_floor.recording_routed_experts(runner.model) as routed:
+        batch.decode(tokens, eager=True)
+    return routed
 
 
 def add_memory_floor(result: dict, runner: ModelRunner, bandwidth: float) -> None:
     mean_context = result["input_len"] + result["output_len"] / 2
-    floor = memory_floor.decode_floor_s(runner, result["batch_size"], mean_context, bandwidth)
+    routed = result.get("routed_experts_per_layer")
+    floor = memory_floor.decode_floor_s(runner, result["batch_size"], mean_context, bandwidth, routed)
     result.update(
         copy_bandwidth_bytes_per_s=bandwidth,
         memory_floor_step_s=floor,
@@ -186,7 +199,8 @@ def main(argv=None) -> list[dict]:
     parser.add_argument(
         "--memory-floor",
         action="store_true",
-        help="also each decode step against its memory floor: (weight bytes + the batch's KV bytes "
+        help="also each decode step against its memory floor: (weight bytes, of a MoE layer only the experts "
+        "the step routes to, + the batch's KV bytes "
         "at the mean context) / the device's measured copy bandwidth",
     )
     args = parser.parse_args(argv)

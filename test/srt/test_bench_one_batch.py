@@ -105,3 +105,27 @@ def test_two_tensor_parallel_ranks_report_the_same_way_and_stop(tiny_model_paths
     assert [(r["batch_size"], r["tp_size"]) for r in results] == [(2, 2)]
     assert len(results[0]["decode_step_s"]) == 3 and results[0]["decode_median_step_s"] > 0
     assert set(multiprocessing.active_children()) - before == set()  # rank 1 stopped with the benchmark
+
+
+def test_a_moe_models_floor_counts_only_the_routed_experts(tmp_path):
+    from sglang.benchmark import memory_floor
+    from sglang.test.tiny_moe_models import make_tiny_moe_model
+
+    path = make_tiny_moe_model(str(tmp_path / "qwen3_moe"), "qwen3_moe")  # layers 0 and 2: 8 experts, top 2
+    args = ["--model-path", path, "--device", "cpu", "--dtype", "float32", "--batch-size", "1", "4"]
+    one, four = bench_one_batch.main(
+        args + ["--input-len", "8", "--output-len", "3", "--warmup-steps", "1", "--memory-floor"]
+    )
+    assert one["routed_experts_per_layer"] == [2, 2]  # one token: its top 2 in each MoE layer
+    assert all(2 <= n <= 8 for n in four["routed_experts_per_layer"])
+    runner = bench_one_batch.make_runner(
+        bench_one_batch.ServerArgs(model_path=path, device="cpu", dtype="float32", max_running_requests=4)
+    )
+    layers = memory_floor.expert_layers(runner.model)
+    per_expert = [memory_floor.parameter_bytes(layer) // 8 for layer in layers]
+    dense = memory_floor.parameter_bytes(runner.model) - 8 * sum(per_expert)
+    kv = memory_floor.kv_bytes_per_token(runner.token_to_kv_pool)
+    for result, batch in ((one, 1), (four, 4)):
+        weights = dense + sum(n * b for n, b in zip(result["routed_experts_per_layer"], per_expert))
+        expected = (weights + batch * 9.5 * kv) / result["copy_bandwidth_bytes_per_s"]
+        assert abs(result["memory_floor_step_s"] - expected) < 1e-12

@@ -215,10 +215,11 @@ class ModelRunner:
         )
 
     @torch.inference_mode()
-    def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+    def forward(self, forward_batch: ForwardBatch, eager: bool = False) -> LogitsProcessorOutput:
+        """`eager`: without graphs even where one fits (benchmarks that hook the modules)."""
         if self.tp_id is not None:
             tp_mirror.send_forward(self.tp_id, forward_batch, self.req_to_token_pool)
-        for runner in self.graph_runners:
+        for runner in () if eager else self.graph_runners:
             if runner.can_run(forward_batch):
                 return runner.replay(forward_batch)
         return self.forward_eager(forward_batch)
