@@ -8,6 +8,7 @@ of a step: schedule (admissions, `review_following`, `plan_step`), run (`on_laun
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 from typing import Optional
@@ -42,6 +43,17 @@ DROP_AFTER_PLAIN_STEPS = 32
 EXPLORE_MIN_DECODE_STEPS = 256
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeLaunch:
+    """A decode step as it was launched, kept until the next launch prices it."""
+
+    start: float  # the step's start (time.perf_counter)
+    batch_size: int
+    k: int  # draft tokens verified; 0: a plain step
+    context: int  # the batch's summed context
+    steady: bool  # the launch before it was a decode step of the same k, with nothing launched between
+
+
 class SpecScheduling:
     """Everything the scheduler decides about speculation, and the state those decisions need.
     Its callers pass what they have (the running requests, a launched batch); it reads no
@@ -69,10 +81,9 @@ class SpecScheduling:
         self._adoption_marked = False  # requests were marked for adoption; their launch is to come
         self._any_behind = False  # a catch-up plain step left followed requests behind the target
         self._decode_context = 0  # summed context of the batch plan_step last chose for
-        # The last decode launch, for the policy's learned costs (_observe_decode_launch): (its
-        # step's start, batch size, k, summed context, whether the launch before it was a decode
-        # step of the same k with nothing launched between them); None after anything else.
-        self._decode_launch: Optional[tuple] = None
+        # The last decode launch, for the policy's learned costs (_observe_decode_launch); None
+        # after anything else.
+        self._decode_launch: Optional[DecodeLaunch] = None
 
     # ---- admissions ----------------------------------------------------------------------
 
@@ -297,13 +308,13 @@ class SpecScheduling:
                 f"L {start:.6f} {batch.batch_size} {k} {self._decode_context} "
                 f"{exploration.steps if exploration is not None else 0}\n"
             )
-        if previous is not None and previous[4]:
-            _, batch_size, previous_k, context, _ = previous
-            self.policy.observe_step_seconds(batch_size, previous_k, context, start - previous[0])
+        if previous is not None and previous.steady:
+            seconds = start - previous.start
+            self.policy.observe_step_seconds(previous.batch_size, previous.k, previous.context, seconds)
             if log is not None:
-                log.write(f"S {batch_size} {previous_k} {context} {start - previous[0]:.6f}\n")
-        steady = previous is not None and previous[2] == k
-        self._decode_launch = (start, batch.batch_size, k, self._decode_context, steady)
+                log.write(f"S {previous.batch_size} {previous.k} {previous.context} {seconds:.6f}\n")
+        steady = previous is not None and previous.k == k
+        self._decode_launch = DecodeLaunch(start, batch.batch_size, k, self._decode_context, steady)
 
     # ---- results -------------------------------------------------------------------------
 

@@ -155,7 +155,7 @@ class SpecPolicy(ABC):
         """would_speculate for `batch_size` requests that may all speculate, with acceptance at
         the estimator's prior instead of what it has seen: whether speculation could pay here at
         all. The scheduler asks it before admitting a request with the draft to refresh an
-        estimate that nothing has updated for a while (see Scheduler.draft_reads_prompt)."""
+        estimate that nothing has updated for a while (see SpecScheduling.draft_reads_prompt)."""
         return batch_size > 0 and self._at_prior(batch_size, context_tokens)
 
     def _at_prior(self, batch_size: int, context_tokens: int) -> bool:
@@ -173,7 +173,7 @@ class SpecPolicy(ABC):
     def observe_step_seconds(self, batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
         """What one steady decode step of k drafts cost the server: the wall time from its launch
         to the next decode launch, at this batch size and summed context (the scheduler's
-        sample rule: Scheduler._observe_decode_launch). Only the cost policy learns from it."""
+        sample rule: SpecScheduling.on_launch). Only the cost policy learns from it."""
 
     def forget(self, rid: str) -> None:
         if self.estimator is not None:
