@@ -114,7 +114,7 @@ class ServerArgs:
     speculative_num_draft_tokens: Optional[int] = None
     speculative_token_map: Optional[str] = None
     disable_speculative_step_graph: bool = False
-    # The per-step mode switch (docs/speculative_decoding.md, "Dynamic speculation").
+    # The per-step mode switch (docs/server_args.md, "Speculation policies").
     speculative_adaptive: bool = False
     speculative_adaptive_config: Optional[str] = None
     speculative_policy: Optional[str] = None
