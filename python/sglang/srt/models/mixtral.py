@@ -11,10 +11,10 @@ from sglang.srt.models.moe_decoder import MoeForCausalLM, MoeSpec
 class MixtralForCausalLM(MoeForCausalLM):
     feed_forward_name = "block_sparse_moe"
     expert_projections = ("w1", "w3", "w2")
-    # Mixtral always renormalises: a config asking otherwise is another model.
-    not_computed = ("shared_expert_intermediate_size",)
+    not_computed = ("shared_expert_intermediate_size",)  # Mixtral has no shared expert
 
     def moe_spec(self, config) -> MoeSpec:
+        # Mixtral always renormalises: a config asking otherwise is another model.
         norm = getattr(config, "norm_topk_prob", None)
         if norm is not None and not norm:
             raise ValueError("config.json sets norm_topk_prob = False, which MixtralForCausalLM is not served with")

@@ -66,9 +66,9 @@ def check_moe_supported(config, spec: MoeSpec, architecture: str, not_computed: 
             "(num_experts_per_tok must be between 1 and the number of experts)"
         )
     tp_size = tensor_parallel().size
-    for name, size in (("moe_intermediate_size", spec.intermediate_size), ("shared", spec.shared_intermediate_size)):
+    for name, size in (("routed", spec.intermediate_size), ("shared", spec.shared_intermediate_size)):
         if size % tp_size:
-            raise ValueError(f"--tp-size {tp_size} does not divide the experts' {name} {size}")
+            raise ValueError(f"--tp-size {tp_size} does not divide the {name} experts' intermediate size {size}")
 
 
 class SparseMoeBlock(nn.Module):
