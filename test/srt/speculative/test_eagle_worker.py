@@ -2,17 +2,22 @@
 greedy output is token-identical to plain decoding (tiny random pair and the shipped demo pair;
 single requests, mixed batches, radix-cache hits, requests that finish inside the accepted
 tokens); sampled output follows the target's distribution (chi-square against the exact
-distribution); KV accounting holds after every test, aborts included; stats are reported."""
+distribution); KV accounting holds after every test, aborts included; stats are reported; the
+start-up log names the model and the speculation policy."""
 
 from __future__ import annotations
 
 import gc
+import logging
 import time
 
 import pytest
 
 import sglang
 from sglang import demo
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.speculative.eagle_worker_v2 import EAGLEWorkerV2
 from sglang.test.runner_utils import OneRank
 from sglang.test.sampling_checks import chi_square_pvalue, exact_token_distributions
 from sglang.test.tiny_models import make_tiny_eagle3_draft
@@ -351,3 +356,32 @@ def test_catch_up_pieces_cover_every_position_in_order_within_the_cap():
             assert segments[0][0] == 0 and segments[-1][1] == n
             assert all(a[1] == b[0] for a, b in zip(segments, segments[1:]))
     assert catch_up_pieces(behind, 100) == [[(0, 0, 3), (2, 0, 11), (5, 0, 1), (7, 0, 4)]]  # one forward
+
+
+@pytest.mark.parametrize(
+    "policy, shown",
+    [
+        ("cost", "policy cost (each step plain or k in [1, 3])"),
+        ("always", "policy always"),
+        ("never", "policy never (plain steps only)"),
+    ],
+)
+def test_start_up_log_at_info_names_the_model_and_the_policy(caplog, policy, shown):
+    """What a user reads at INFO as a speculative server starts: the model (path, architecture,
+    dtype, device) once, and the EAGLE-3 line with the policy and the k it can choose."""
+    args = ServerArgs(
+        device="cpu",
+        dtype="float32",
+        speculative_algorithm="EAGLE3",
+        speculative_num_steps=3,
+        speculative_policy=policy,
+        max_total_tokens=1024,
+    )
+    config = ModelConfig.from_path(args.model_path, dtype="float32", device="cpu")
+    with caplog.at_level(logging.INFO, logger="sglang"):
+        EAGLEWorkerV2(args, config)
+    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert f"Model: {demo.TARGET_PATH} (LlamaForCausalLM, float32) on cpu" in lines, lines
+    eagle = next(line for line in lines if line.startswith("EAGLE-3:"))
+    assert f"draft {demo.DRAFT_PATH}" in eagle and "k = 3" in eagle and eagle.endswith(f"; {shown}"), eagle
+    assert sum(line.startswith("Model:") for line in lines) == 1, "the draft's runner logs no model line"

@@ -97,6 +97,8 @@ class ModelRunner:
         self.reserve_bytes = reserve_bytes
         self.extra_rows = extra_rows
         torch.manual_seed(server_args.random_seed)
+        if target is None and self.tp_rank == 0:
+            self._log_model()
         self.model = load_model(model_config, self.device, server_args.load_format)
         self.aux_layer_ids = None  # a draft's: the target layers whose hidden states it reads
         if target is None:
@@ -122,6 +124,19 @@ class ModelRunner:
             if capture_prefill_graphs:
                 runners.append(maybe_prefill_graph_runner(self))
             self.graph_runners += [runner for runner in runners if runner is not None]
+
+    def _log_model(self) -> None:
+        """The start-up line that says what is served, where (before the weights load)."""
+        cfg = self.model_config
+        device = f"cuda:{torch.cuda.current_device()}" if self.device == "cuda" else self.device
+        logger.info(
+            "Model: %s (%s, %s) on %s%s",
+            cfg.path,
+            cfg.architecture,
+            str(cfg.dtype).removeprefix("torch."),
+            device,
+            f", tensor parallel over {self.tp_size} ranks" if self.tp_size > 1 else "",
+        )
 
     def graph_memory_pool(self):
         """The memory pool every CUDA graph of this engine is captured into (made on first use).

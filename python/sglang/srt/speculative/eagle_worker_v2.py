@@ -129,12 +129,14 @@ class EAGLEWorkerV2(TpModelWorker):
         self.target_step_graphs: Optional[SpecStepGraphs] = None
         self._capture_graphs(draft_config, model_config, server_args)
         logger.info(
-            "EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s",
+            "EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s; policy %s%s",
             server_args.speculative_draft_model_path,
             draft_config.num_hidden_layers,
             self.draft_vocab_size,
             self.k,
             list(self.draft_runner.aux_layer_ids),
+            server_args.speculative_policy,
+            _policy_steps(self.reachable_steps, self.k),
         )
 
     def _make_runners(self, server_args: ServerArgs, model_config: ModelConfig) -> ModelConfig:
@@ -712,6 +714,16 @@ class EAGLEWorkerV2(TpModelWorker):
         result.token_logprobs = logprobs.gather(2, result.tokens[:, :, None]).squeeze(2)
         if top_n > 0:
             result.top_logprobs, result.top_logprob_ids = logprobs.topk(top_n, dim=-1)
+
+
+def _policy_steps(reachable: list[int], k: int) -> str:
+    """What the start-up line adds after the policy's name: the k it chooses from, where that is
+    more than k alone."""
+    if not reachable:
+        return " (plain steps only)"
+    if reachable == [k]:
+        return ""
+    return f" (each step plain or k in {reachable})"
 
 
 def _graph_sampling(reqs) -> bool:
