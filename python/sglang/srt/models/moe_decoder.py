@@ -11,9 +11,10 @@ from typing import Iterable
 import torch
 from torch import nn
 
-from sglang.srt.distributed.parallel_state import tensor_parallel
+from sglang.srt.distributed.parallel_state import tensor_model_parallel_all_reduce, tensor_parallel
+from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import Linear
+from sglang.srt.layers.linear import Linear, TpSource
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.router import select_experts
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -71,26 +72,50 @@ def check_moe_supported(config, spec: MoeSpec, architecture: str, not_computed: 
             raise ValueError(f"--tp-size {tp_size} does not divide the {name} experts' intermediate size {size}")
 
 
+class SharedExpert(nn.Module):
+    """Qwen2-MoE's shared expert: LlamaMLP's SwiGLU (the same checkpoint names and split), whose
+    down projection returns this rank's partial sum: the block adds the routed experts' partial
+    sum to it before its one all-reduce."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int):
+        super().__init__()
+        tp = tensor_parallel()
+        self.intermediate_size = intermediate_size // tp.size  # this rank's rows
+        self.gate_up_proj = Linear(hidden_size, 2 * self.intermediate_size, bias=False)
+        self.down_proj = Linear(self.intermediate_size, hidden_size, bias=False)
+        if tp.size > 1:
+            rows = self.intermediate_size
+            self.down_proj.weight.tp_source = TpSource(1, tp.rank * rows, rows, intermediate_size)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
 class SparseMoeBlock(nn.Module):
     """A layer's experts: the router (`gate`), the routed experts (FusedMoE, `experts`) and, where
-    the family has one, a shared expert every token goes through, scaled by a sigmoid gate."""
+    the family has one, a shared expert every token goes through, scaled by a sigmoid gate. Under
+    tensor parallelism the routed and shared experts' partial sums are added before the one
+    all-reduce."""
 
     def __init__(self, hidden_size: int, spec: MoeSpec):
         super().__init__()
         self.top_k, self.renormalize = spec.top_k, spec.renormalize
+        shared = bool(spec.shared_intermediate_size)
         self.gate = Linear(hidden_size, spec.num_experts, bias=False)  # held whole by every rank
-        self.experts = FusedMoE(spec.num_experts, hidden_size, spec.intermediate_size)
+        self.experts = FusedMoE(spec.num_experts, hidden_size, spec.intermediate_size, reduce_results=not shared)
         self.shared_expert = None
-        if spec.shared_intermediate_size:
-            self.shared_expert = LlamaMLP(hidden_size, spec.shared_intermediate_size)
-            self.shared_expert_gate = Linear(hidden_size, 1, bias=False)
+        if shared:
+            self.shared_expert = SharedExpert(hidden_size, spec.shared_intermediate_size)
+            self.shared_expert_gate = Linear(hidden_size, 1, bias=False)  # held whole by every rank
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = select_experts(self.gate(hidden), self.top_k, self.renormalize)
         out = self.experts(hidden, topk_weights, topk_ids)
-        if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert(hidden)
-        return out
+        if self.shared_expert is None:
+            return out
+        out = out + torch.sigmoid(self.shared_expert_gate(hidden)) * self.shared_expert(hidden)
+        return tensor_model_parallel_all_reduce(out) if tensor_parallel().size > 1 else out
 
 
 class MoeDecoderLayer(nn.Module):

@@ -25,7 +25,8 @@ def uses_fused_kernel(hidden: torch.Tensor) -> bool:
 
 
 class FusedMoE(nn.Module):
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, reduce_results: bool = True):
+        """`reduce_results=False`: return this rank's partial sum (the caller all-reduces it)."""
         super().__init__()
         tp = tensor_parallel()
         if intermediate_size % tp.size:
@@ -33,6 +34,7 @@ class FusedMoE(nn.Module):
         self.num_experts = num_experts
         self.intermediate_size = intermediate_size // tp.size  # this rank's rows of each expert
         self.tp_size = tp.size
+        self.reduce_results = reduce_results
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.intermediate_size, hidden_size))
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate_size))
 
@@ -42,4 +44,4 @@ class FusedMoE(nn.Module):
         else:
             fused_experts = fused_experts_reference
         out = fused_experts(hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
-        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
+        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 and self.reduce_results else out
