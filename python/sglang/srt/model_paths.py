@@ -25,6 +25,7 @@ def check_model_paths(server_args: ServerArgs) -> None:
         False,
         f"--model-path {server_args.model_path}",
     )
+    _check_quantization(server_args.model_path)
     if server_args.speculative_enabled:
         _check_model_dir("--speculative-draft-model-path", server_args.speculative_draft_model_path, need_config=True)
         draft = _check_draft(server_args)
@@ -36,6 +37,16 @@ def check_model_paths(server_args: ServerArgs) -> None:
         check_shardable(_read_config(server_args.model_path), server_args.tp_size)
         if server_args.speculative_enabled:
             check_shardable(draft.config, server_args.tp_size, "the EAGLE-3 draft")
+
+
+def _check_quantization(path: str) -> None:
+    """A quantized checkpoint must be in a layout served (layers/quantization), named otherwise."""
+    from sglang.srt.layers.quantization import read_quantization_config
+
+    try:
+        read_quantization_config(path, read_json_object(os.path.join(path, "config.json")))
+    except ValueError as e:
+        raise ValueError(f"--model-path {path}: {e}") from None
 
 
 def _check_draft(server_args: ServerArgs):

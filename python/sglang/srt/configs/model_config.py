@@ -31,6 +31,7 @@ class ModelConfig:
     num_attention_heads: int
     num_key_value_heads: int
     head_dim: int
+    quantization: Any = None  # layers/quantization's config of a quantized checkpoint
 
     @classmethod
     def from_path(
@@ -59,6 +60,10 @@ class ModelConfig:
             )
         num_heads = hf_config.num_attention_heads
         head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+        from sglang.srt.layers.quantization import read_quantization_config
+
+        config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(vars(hf_config))
+        quantization = read_quantization_config(path, config)
         return cls(
             path=path,
             hf_config=hf_config,
@@ -71,6 +76,7 @@ class ModelConfig:
             num_attention_heads=num_heads,
             num_key_value_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
             head_dim=head_dim,
+            quantization=quantization,
         )
 
 

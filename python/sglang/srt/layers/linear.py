@@ -64,10 +64,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 class Linear(nn.Linear):
-    """nn.Linear (same parameters and checkpoint names) whose product goes through `linear`."""
+    """nn.Linear (same parameters and checkpoint names) whose product goes through `linear`, or
+    through its quantization method where the checkpoint quantizes it (layers/quantization)."""
+
+    quant_method = None  # set by `quantize`
+
+    def quantize(self, method) -> None:
+        """Hold the weight as `method` stores it (it replaces the weight and adds its scales)."""
+        method.create_weights(self)
+        self.quant_method = method
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x, bias)
+        return linear(x, self.weight, bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self.matmul(x, self.bias)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,8 +113,8 @@ class RowParallelLinear(Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return linear(x, self.weight, self.bias)
-        out = tensor_model_parallel_all_reduce(linear(x, self.weight))
+            return self.matmul(x, self.bias)
+        out = tensor_model_parallel_all_reduce(self.matmul(x, None))
         return out if self.bias is None else out + self.bias
 
 

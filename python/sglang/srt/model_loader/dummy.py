@@ -19,8 +19,8 @@ def fill_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED) -> None:
     map and own head). Parameters on the meta device (placeholders filled later) are skipped."""
     generators: dict[torch.device, torch.Generator] = {}
     for name, param in model.named_parameters():
-        if param.device.type == "meta" or not param.is_floating_point():
-            continue
+        if param.device.type == "meta" or not param.is_floating_point() or hasattr(param, "scale_layout"):
+            continue  # an FP8 layer's scales keep the ones they were made with
         module = name.rpartition(".")[0].rpartition(".")[2]  # "model.layers.0.input_layernorm"
         if name.endswith("bias"):
             param.zero_()
@@ -30,7 +30,10 @@ def fill_dummy_weights(model: nn.Module, seed: int = DUMMY_SEED) -> None:
             generator = generators.get(param.device)
             if generator is None:
                 generator = generators[param.device] = torch.Generator(device=param.device).manual_seed(seed)
-            param.normal_(0.0, DUMMY_STD, generator=generator)
+            if param.element_size() == 1:  # FP8: drawn in float32 (no FP8 random kernels), then rounded
+                param.copy_(torch.empty(param.shape, device=param.device).normal_(0.0, DUMMY_STD, generator=generator))
+            else:
+                param.normal_(0.0, DUMMY_STD, generator=generator)
     after = getattr(model, "after_dummy_weights", None)
     if after is not None:
         after()

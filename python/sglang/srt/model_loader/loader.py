@@ -12,6 +12,7 @@ import torch
 from safetensors import safe_open
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.quantization import process_weights_after_loading, quantize_linear_layers, without_kv_scales
 from sglang.srt.model_loader.dummy import fill_dummy_weights
 from sglang.srt.models.registry import get_model_class
 
@@ -72,7 +73,9 @@ def load_model(model_config: ModelConfig, device: str, load_format: str = "auto"
         if files is None:
             fill_dummy_weights(model)
         else:
-            model.load_weights(iterate_weights(files))
+            weights = iterate_weights(files)
+            model.load_weights(weights if model_config.quantization is None else without_kv_scales(weights))
+        process_weights_after_loading(model)
     return model.eval()
 
 
@@ -98,7 +101,10 @@ def _build(model_config: ModelConfig, device: str) -> torch.nn.Module:
     torch.set_default_dtype(model_config.dtype)
     try:
         with torch.device(device):
-            return model_class(model_config.hf_config, context_len=model_config.context_len)
+            model = model_class(model_config.hf_config, context_len=model_config.context_len)
+            if model_config.quantization is not None:
+                quantize_linear_layers(model, model_config.quantization)
+            return model
     finally:
         torch.set_default_dtype(previous_dtype)
 

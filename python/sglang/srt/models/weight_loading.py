@@ -104,6 +104,10 @@ def load_named_weights(
         covered = dest.numel()
         if source is not None:
             tensor, dest = _rank_part(ckpt_name, tensor, dest, source)
+        layout = getattr(params[target], "scale_layout", None)  # a quantized layer's scale
+        if layout is not None:
+            tensor = layout.fit(ckpt_name, tensor, dest)
+        _check_float8(ckpt_name, tensor, dest)
         if tuple(tensor.shape) != tuple(dest.shape):
             raise ValueError(
                 f"weight {ckpt_name!r} has shape {tuple(tensor.shape)} in the checkpoint, "
@@ -135,8 +139,21 @@ def _destination(ckpt_name: str, fused: dict[str, FusedShard], experts: dict[str
             return target, dest, source if tp.size > 1 else None
     target, rows = _locate(ckpt_name, fused, params)
     param = params[target]
+    if hasattr(param, "scale_layout"):  # blocks or rows of scales, not of weights (layers/quantization)
+        return target, *param.scale_layout.destination(param, rows)
     dest = param.data if rows is None else param.data.narrow(0, rows.offset, rows.size)
     return target, dest, _tp_source(param, rows)
+
+
+def _check_float8(ckpt_name: str, tensor: torch.Tensor, dest: torch.Tensor) -> None:
+    """FP8 values copy only into FP8 parameters of the same format: converting them either way
+    would drop or misapply their scales."""
+    float8 = [t.dtype for t in (tensor, dest) if t.is_floating_point() and t.element_size() == 1]
+    if float8 and tensor.dtype != dest.dtype:
+        raise ValueError(
+            f"weight {ckpt_name!r} is {tensor.dtype} in the checkpoint, but the model holds it as {dest.dtype} "
+            f"(check quantization_config: which layers it quantizes, and their format)"
+        )
 
 
 def _tp_source(param: nn.Parameter, rows: FusedShard | None) -> TpSource | None:

@@ -1,0 +1,110 @@
+"""Quantized checkpoints: config.json's `quantization_config` (or ModelOpt's hf_quant_config.json), read
+once into a config object that tells each linear layer how its weights are stored and multiplied. The
+config classes sit behind a registry by `quant_method`, imported lazily; any other method is refused
+before start-up, by name."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from typing import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from sglang.srt.utils import read_json_object
+
+# quant_method -> (module, config class). Each class has `from_config(dict)`, `linear_method(names)`.
+_METHODS = {
+    "fp8": ("sglang.srt.layers.quantization.fp8", "Fp8Config"),
+    "compressed-tensors": ("sglang.srt.layers.quantization.compressed_tensors", "CompressedTensorsConfig"),
+    "modelopt": ("sglang.srt.layers.quantization.modelopt", "ModelOptFp8Config"),
+}
+MODELOPT_FILE = "hf_quant_config.json"
+# Per-tensor KV-cache scales some FP8 checkpoints carry: the KV cache is held in the model's dtype,
+# which needs none of them.
+KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")
+# config.json keys of mixture-of-experts models, whose FP8 experts are not served yet.
+_EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+
+
+def read_quantization_config(model_path: str, config: dict):
+    """The quantization config of a model directory (config.json as a dict), or None for an
+    unquantized checkpoint. A ValueError names what is not served."""
+    raw = config.get("quantization_config")
+    if raw is None and os.path.isfile(os.path.join(model_path, MODELOPT_FILE)):
+        raw = {"quant_method": "modelopt", **read_json_object(os.path.join(model_path, MODELOPT_FILE))}
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise ValueError(f"quantization_config must be an object, not {type(raw).__name__}")
+    method = raw.get("quant_method")
+    if method not in _METHODS:
+        raise ValueError(
+            f"quantization_config.quant_method {method!r} is not served; served: {', '.join(sorted(_METHODS))}"
+        )
+    if any(config.get(key) for key in _EXPERT_KEYS):
+        raise ValueError(f"{method} quantized mixture-of-experts models are not served yet (FP8 experts)")
+    module, name = _METHODS[method]
+    return getattr(importlib.import_module(module), name).from_config(raw)
+
+
+def matches(name: str, patterns: Iterable[str]) -> bool:
+    """Whether a checkpoint module name is listed: by its whole name, a trailing part of it
+    (`lm_head`, `mlp.down_proj`), a module above it, or a `re:` regular expression."""
+    for pattern in patterns:
+        if pattern.startswith("re:"):
+            if re.fullmatch(pattern[3:], name):
+                return True
+        elif name == pattern or name.endswith("." + pattern) or name.startswith(pattern + "."):
+            return True
+    return False
+
+
+def layer_checkpoint_names(module_name: str, fused: dict) -> list[str]:
+    """The checkpoint modules whose weights a layer holds: `...q_proj`, `...k_proj`, `...v_proj`
+    for a fused `...qkv_proj` (`fused`: the model's FusedShards), else its own name."""
+    head, _, last = module_name.rpartition(".")
+    prefix = f"{head}." if head else ""
+    names = [prefix + split for split, shard in fused.items() if shard.fused_name == last]
+    return names or [module_name]
+
+
+def quantize_linear_layers(model: nn.Module, quant_config) -> None:
+    """Gives each linear layer the checkpoint quantizes its linear method (its parameters become the
+    checkpoint's: FP8 weight and scales). A fused layer's projections must be stored alike."""
+    from sglang.srt.layers.linear import Linear
+
+    fused = model.fused_shards() if hasattr(model, "fused_shards") else {}
+    for name, module in model.named_modules():
+        if isinstance(module, Linear):
+            method = quant_config.linear_method(layer_checkpoint_names(name, fused))
+            if method is not None:
+                module.quantize(method)
+
+
+def process_weights_after_loading(model: nn.Module) -> None:
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None:
+            method.process_weights_after_loading(module)
+
+
+def without_kv_scales(weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    return ((name, tensor) for name, tensor in weights if not name.endswith(KV_SCALE_SUFFIXES))
+
+
+def linear_method_for(names: list[str], ignore: list[str], method, what: str):
+    """`method` for a layer whose checkpoint modules are `names`, None where `ignore` lists them
+    all; a fused layer whose projections are listed in part is refused (one format per matmul)."""
+    listed = [matches(name, ignore) for name in names]
+    if all(listed):
+        return None
+    if any(listed):
+        kept = [name for name, hit in zip(names, listed) if hit]
+        raise ValueError(
+            f"{what} leaves {', '.join(kept)} unquantized but not the projections fused with it "
+            f"({', '.join(n for n in names if n not in kept)}); a fused layer must be stored in one format"
+        )
+    return method

@@ -1,0 +1,223 @@
+"""FP8 linear layers: weights held in float8_e4m3fn with their scales, activations quantized to e4m3
+as the checkpoint's scheme says, and config.json's block-wise `quant_method: fp8`.
+
+The product here is the torch reference, which any FP8 kernel must equal: the activation is
+quantized (and dequantized) as the scheme prescribes, the weight dequantized, both multiplied in
+float32."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import torch
+from torch import nn
+
+from sglang.srt.distributed.parallel_state import tensor_parallel
+from sglang.srt.layers.linear import TpSource
+from sglang.srt.layers.quantization import linear_method_for
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+BLOCK = 128  # the one weight_block_size served, [128, 128]; activations in groups of 1 x 128
+_TINY = torch.finfo(torch.float32).tiny  # a scale for an all-zero group
+
+
+class WeightScales(enum.Enum):
+    BLOCK = "block"  # weight_scale_inv [ceil(N/128), ceil(K/128)]
+    CHANNEL = "channel"  # weight_scale [N, 1]
+    TENSOR = "tensor"  # weight_scale [1] per checkpoint projection, held once per output row
+
+
+class Activations(enum.Enum):
+    GROUP = "group"  # dynamic, per token and 128 input features
+    TOKEN = "token"  # dynamic, per token
+    TENSOR = "tensor"  # dynamic, one scale for the whole input
+    STATIC = "static"  # the checkpoint's input_scale
+    NONE = "none"  # weight-only: activations stay in the model's dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Scheme:
+    weights: WeightScales
+    activations: Activations
+    scale_name: str = "weight_scale"  # block-wise checkpoints: "weight_scale_inv"
+
+
+def _scale_of(amax: torch.Tensor) -> torch.Tensor:
+    return (amax / FP8_MAX).clamp(min=_TINY)
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale rounded to e4m3 (saturating at +-448)."""
+    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+
+
+def quantize_per_group(x: torch.Tensor, group: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] float32 -> (e4m3 [M, K], scales [M, ceil(K/group)]), each group of `group` features
+    of a row scaled by its amax / 448 (the last group may be shorter)."""
+    rows, k = x.shape
+    padded = torch.nn.functional.pad(x, (0, -k % group)).view(rows, -1, group)
+    scales = _scale_of(padded.abs().amax(dim=-1, keepdim=True))
+    return quantize(padded, scales).view(rows, -1)[:, :k], scales.squeeze(-1)
+
+
+def fake_quantize_activation(x: torch.Tensor, activations: Activations, input_scale=None) -> torch.Tensor:
+    """x [M, K] float32 quantized to e4m3 as `activations` says, and back to float32."""
+    if activations is Activations.NONE:
+        return x
+    if activations is Activations.GROUP:
+        q, scales = quantize_per_group(x)
+        return q.float() * scales.repeat_interleave(BLOCK, dim=1)[:, : x.shape[1]]
+    if activations is Activations.TOKEN:
+        scale = _scale_of(x.abs().amax(dim=-1, keepdim=True))
+    elif activations is Activations.TENSOR:
+        scale = _scale_of(x.abs().amax())
+    else:
+        scale = input_scale.float()
+    return quantize(x, scale).float() * scale
+
+
+def dequantize_weight(weight: torch.Tensor, scale: torch.Tensor, weights: WeightScales) -> torch.Tensor:
+    """The float32 weight [N, K]: each e4m3 entry times its block's, row's or tensor's scale."""
+    n, k = weight.shape
+    if weights is WeightScales.BLOCK:
+        scale = scale.repeat_interleave(BLOCK, dim=0)[:n].repeat_interleave(BLOCK, dim=1)[:, :k]
+    return weight.float() * scale.float()
+
+
+def fp8_linear(x, weight, weight_scale, scheme: Fp8Scheme, input_scale=None, bias=None) -> torch.Tensor:
+    """x @ W.T (+ bias) of an FP8 weight, in x's dtype: the reference (dequantize, float32 matmul)."""
+    features = x.shape[-1]
+    flat = fake_quantize_activation(x.reshape(-1, features).float(), scheme.activations, input_scale)
+    out = flat @ dequantize_weight(weight, weight_scale, scheme.weights).T
+    if bias is not None:
+        out = out + bias.float()
+    return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleLayout:
+    """Where a checkpoint scale lands in its parameter (`param.scale_layout`, read by the loader):
+    each entry covers `rows` x `cols` weight entries (`cols` None: all columns). `scalar`: the
+    checkpoint holds one value per projection, copied to each of its output rows."""
+
+    rows: int
+    cols: int | None
+    scalar: bool = False
+
+    def destination(self, param: nn.Parameter, shard) -> tuple[torch.Tensor, TpSource | None]:
+        """The view a checkpoint tensor fills (`shard`: the FusedShard of a fused layer, or None)
+        and the part of it this rank takes (None: all)."""
+        if shard is None:
+            return param.data, None if self.scalar else getattr(param, "tp_source", None)
+        start, size = _span(shard.offset, shard.size, self.rows, param.shape[0], "fused projection")
+        dest = param.data.narrow(0, start, size)
+        if self.scalar or tensor_parallel().size == 1:
+            return dest, None
+        full = shard.source_rows or shard.size
+        source_start, _ = _span(shard.source_start, shard.size, self.rows, -(-full // self.rows), "rank's rows")
+        return dest, TpSource(0, source_start, size, -(-full // self.rows))
+
+    def fit(self, name: str, tensor: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
+        if not self.scalar:
+            return tensor
+        if tensor.numel() != 1:
+            raise ValueError(f"{name!r} has shape {tuple(tensor.shape)}; a per-tensor scale holds one value")
+        return tensor.reshape(1, 1).expand(dest.shape)
+
+    def tp_source(self, weight_source: TpSource | None) -> TpSource | None:
+        """A scale's share of its checkpoint tensor, from its weight's (set at creation)."""
+        if weight_source is None or self.scalar:
+            return None
+        block = self.rows if weight_source.dim == 0 else self.cols
+        if block is None:  # one scale for all columns: every rank holds it whole
+            return None
+        full = -(-weight_source.full // block)
+        start, size = _span(weight_source.start, weight_source.size, block, full, "rank's share")
+        return TpSource(weight_source.dim, start, size, full)
+
+
+def _span(start: int, size: int, block: int, blocks: int, what: str) -> tuple[int, int]:
+    """Entries [start, start + size) in whole blocks: the blocks' (first, count). A span may end
+    inside a block only where the tensor ends."""
+    first, count = start // block, -(-size // block)
+    if start % block or (size % block and first + count != blocks):
+        raise ValueError(
+            f"a {what} of {size} rows from {start} does not fall on whole {block}-row FP8 scale blocks; "
+            f"block-wise FP8 needs each split of a weight to be a multiple of {block}"
+        )
+    return first, count
+
+
+class Fp8LinearMethod:
+    """A linear layer's FP8 parameters and product under one scheme."""
+
+    def __init__(self, scheme: Fp8Scheme):
+        self.scheme = scheme
+
+    def create_weights(self, layer: nn.Module) -> None:
+        """Replaces the layer's weight by an e4m3 one of the same shape, and adds its scales."""
+        n, k = layer.weight.shape
+        source = getattr(layer.weight, "tp_source", None)
+        device = layer.weight.device
+        layer.weight = _param(torch.empty(n, k, dtype=FP8, device=device), source)
+        weights = self.scheme.weights
+        if weights is WeightScales.BLOCK:
+            layout, shape = ScaleLayout(BLOCK, BLOCK), (-(-n // BLOCK), -(-k // BLOCK))
+        else:
+            layout, shape = ScaleLayout(1, None, scalar=weights is WeightScales.TENSOR), (n, 1)
+        scale = _param(torch.ones(shape, dtype=torch.float32, device=device), layout.tp_source(source), layout)
+        layer.register_parameter(self.scheme.scale_name, scale)
+        if self.scheme.activations is Activations.STATIC:
+            # One value per projection as loaded; a fused layer's projections read one input, so
+            # their largest scale serves all of them (process_weights_after_loading).
+            layout = ScaleLayout(1, None, scalar=True)
+            input_scale = _param(torch.ones(n, 1, dtype=torch.float32, device=device), None, layout)
+            layer.register_parameter("input_scale", input_scale)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if self.scheme.activations is Activations.STATIC:
+            layer.input_scale = nn.Parameter(layer.input_scale.data.max().reshape(1), requires_grad=False)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        scale = getattr(layer, self.scheme.scale_name)
+        return fp8_linear(x, layer.weight, scale, self.scheme, getattr(layer, "input_scale", None), bias)
+
+
+def _param(data: torch.Tensor, tp_source: TpSource | None, layout: ScaleLayout | None = None) -> nn.Parameter:
+    param = nn.Parameter(data, requires_grad=False)
+    if tp_source is not None and tensor_parallel().size > 1:
+        param.tp_source = tp_source
+    if layout is not None:
+        param.scale_layout = layout
+    return param
+
+
+class Fp8Config:
+    """config.json `quantization_config: {quant_method: fp8, fmt: e4m3, activation_scheme: dynamic,
+    weight_block_size: [128, 128]}` (Qwen3-*-FP8, DeepSeek style): e4m3 weights with
+    `weight_scale_inv` per 128 x 128 block, activations quantized per token and 128 features.
+    `modules_to_not_convert` / `ignored_layers` stay in the model's dtype."""
+
+    def __init__(self, ignore: list[str]):
+        self.ignore = ignore
+        self.method = Fp8LinearMethod(Fp8Scheme(WeightScales.BLOCK, Activations.GROUP, "weight_scale_inv"))
+
+    @classmethod
+    def from_config(cls, raw: dict) -> "Fp8Config":
+        fmt = raw.get("fmt", "e4m3")
+        if fmt != "e4m3":
+            raise ValueError(f"quantization_config.fmt {fmt!r} (fp8) is not served; served: e4m3")
+        scheme = raw.get("activation_scheme", "dynamic")
+        if scheme != "dynamic":
+            raise ValueError(f"quantization_config.activation_scheme {scheme!r} (fp8) is not served; served: dynamic")
+        block = raw.get("weight_block_size")
+        if list(block or []) != [BLOCK, BLOCK]:
+            raise ValueError(
+                f"quantization_config.weight_block_size {block!r} (fp8) is not served; served: [{BLOCK}, {BLOCK}]"
+            )
+        return cls(list(raw.get("modules_to_not_convert") or []) + list(raw.get("ignored_layers") or []))
+
+    def linear_method(self, names: list[str]) -> Fp8LinearMethod | None:
+        return linear_method_for(names, self.ignore, self.method, "quantization_config.modules_to_not_convert")
