@@ -13,7 +13,10 @@ NO_LORA = "LoRA adapters are not served; merge the adapter into the weights and 
 NO_PD = "prefill-decode disaggregation is not supported; run whole servers (--dp-size N behind sglang-router)"
 NO_MULTI_NODE = "servers span one host; run one server per node behind sglang-router"
 NO_EP = "expert parallelism is not supported (no mixture-of-experts model is served)"
-NO_QUANT = "quantized models are not served yet; serve a bfloat16 / float16 checkpoint"
+NO_QUANT = (
+    "online quantization is not served yet; FP8 checkpoints (block-wise fp8, compressed-tensors, ModelOpt) "
+    "load from --model-path as their config.json says"
+)
 NO_MM = "multimodal models are not served; this engine serves text models"
 NO_HUB = "nothing is downloaded; pass a local model directory to --model-path"
 CUDA_GRAPHS = (
