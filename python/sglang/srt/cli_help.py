@@ -14,6 +14,7 @@ HELP_GROUPS = {
         "--trust-remote-code",
         "--dtype",
         "--kv-cache-dtype",
+        "--quantization",
         "--load-format",
         "--device",
         "--context-length",

@@ -25,7 +25,7 @@ def check_model_paths(server_args: ServerArgs) -> None:
         False,
         f"--model-path {server_args.model_path}",
     )
-    _check_quantization(server_args.model_path)
+    _check_quantization(server_args.model_path, server_args.quantization)
     if server_args.speculative_enabled:
         _check_model_dir("--speculative-draft-model-path", server_args.speculative_draft_model_path, need_config=True)
         draft = _check_draft(server_args)
@@ -39,12 +39,13 @@ def check_model_paths(server_args: ServerArgs) -> None:
             check_shardable(draft.config, server_args.tp_size, "the EAGLE-3 draft")
 
 
-def _check_quantization(path: str) -> None:
-    """A quantized checkpoint must be in a layout served (layers/quantization), named otherwise."""
+def _check_quantization(path: str, online: str | None) -> None:
+    """A quantized checkpoint must be in a layout served (layers/quantization), named otherwise;
+    --quantization quantizes only an unquantized one."""
     from sglang.srt.layers.quantization import read_quantization_config
 
     try:
-        read_quantization_config(path, read_json_object(os.path.join(path, "config.json")))
+        read_quantization_config(path, read_json_object(os.path.join(path, "config.json")), online)
     except ValueError as e:
         raise ValueError(f"--model-path {path}: {e}") from None
 

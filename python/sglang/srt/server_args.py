@@ -19,6 +19,7 @@ from sglang.srt.server_args_refused import ATTENTION_BACKEND_ALTERNATIVE, Launch
 
 # "half" and "float" are upstream's aliases of float16 and float32.
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "half", "float")
+QUANTIZATION_CHOICES = ("fp8",)  # online; quantized checkpoints say their own (layers/quantization)
 KV_CACHE_DTYPE_CHOICES = ("auto",)  # the KV cache takes the model's dtype
 TOKENIZER_MODE_CHOICES = ("auto", "slow")
 # --log-requests-level: 0 ids and token counts, 1 also sampling parameters, 2 also the input and
@@ -64,6 +65,7 @@ class ServerArgs:
     trust_remote_code: bool = False
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
+    quantization: Optional[str] = None  # "fp8": quantize an unquantized checkpoint's linear layers at load
     load_format: str = "auto"
     device: Optional[str] = None
     context_length: Optional[int] = None
@@ -278,6 +280,8 @@ class ServerArgs:
                 "(the KV cache takes the model's dtype)"
             )
         _check_choice("--kv-cache-dtype", self.kv_cache_dtype, KV_CACHE_DTYPE_CHOICES)
+        if self.quantization is not None:
+            _check_choice("--quantization", self.quantization, QUANTIZATION_CHOICES)
         _check_choice("--log-requests-level", self.log_requests_level, LOG_REQUESTS_LEVEL_CHOICES)
         _check_positive("--max-prefill-tokens", self.max_prefill_tokens)
         _check_positive("--stream-interval", self.stream_interval)

@@ -14,6 +14,7 @@ from sglang.srt.server_args import (
     DTYPE_CHOICES,
     GRAMMAR_BACKEND_CHOICES,
     KV_CACHE_DTYPE_CHOICES,
+    QUANTIZATION_CHOICES,
     LOG_REQUESTS_LEVEL_CHOICES,
     LOAD_FORMAT_CHOICES,
     LOG_LEVEL_CHOICES,
@@ -89,6 +90,15 @@ def _add_model_args(parser: HelpGroups) -> None:
         default=_DEFAULTS["kv_cache_dtype"],
         help=f"KV cache dtype: {', '.join(KV_CACHE_DTYPE_CHOICES)} (the model's dtype); "
         "an FP8 KV cache (fp8_e4m3, fp8_e5m2) is not served yet.",
+    )
+    parser.add_argument(
+        "--quantization",
+        type=str,
+        default=_DEFAULTS["quantization"],
+        choices=QUANTIZATION_CHOICES,
+        help="'fp8': quantize an unquantized checkpoint's linear layers to FP8 at load (one scale per output "
+        "row; activations per token). Default: none; FP8 checkpoints need no flag (their config.json says "
+        "their layout).",
     )
     parser.add_argument(
         "--load-format",

@@ -14,8 +14,8 @@ NO_PD = "prefill-decode disaggregation is not supported; run whole servers (--dp
 NO_MULTI_NODE = "servers span one host; run one server per node behind sglang-router"
 NO_EP = "expert parallelism is not supported (no mixture-of-experts model is served)"
 NO_QUANT = (
-    "online quantization is not served yet; FP8 checkpoints (block-wise fp8, compressed-tensors, ModelOpt) "
-    "load from --model-path as their config.json says"
+    "not served yet: FP8 checkpoints (block-wise fp8, compressed-tensors, ModelOpt) load from --model-path as "
+    "their config.json says, and --quantization fp8 quantizes an unquantized checkpoint at load"
 )
 NO_MM = "multimodal models are not served; this engine serves text models"
 NO_HUB = "nothing is downloaded; pass a local model directory to --model-path"
@@ -38,7 +38,6 @@ REFUSED_FLAGS = {
     "--decode-attention-backend": "use --attention-backend triton (CUDA) or torch_native for every step",
     "--mm-attention-backend": NO_MM,
     # quantization
-    "--quantization": NO_QUANT,
     "--quantization-param-path": NO_QUANT,
     "--modelopt-quant": NO_QUANT,
     # model loading

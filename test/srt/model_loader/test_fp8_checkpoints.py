@@ -82,8 +82,8 @@ def checkpoints(sources, tmp_path_factory):
     return out
 
 
-def greedy_batch(model_path: str) -> list[list[int]]:
-    scheduler = Scheduler(ServerArgs(model_path=model_path, device="cpu", dtype="float32"))
+def greedy_batch(model_path: str, **server_args) -> list[list[int]]:
+    scheduler = Scheduler(ServerArgs(model_path=model_path, device="cpu", dtype="float32", **server_args))
     params = SamplingParams(max_new_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     for i, prompt in enumerate(PROMPTS):
         scheduler.add_request(TokenizedGenerateReqInput(str(i), prompt, params, stream=False))
@@ -249,3 +249,22 @@ def test_dummy_weights_of_an_fp8_model_are_fp8_with_unit_scales(checkpoints):
     layer = model.model.layers[1].self_attn.qkv_proj
     assert layer.weight.dtype == torch.float8_e4m3fn and layer.weight.float().std() > 0.01
     assert torch.equal(layer.weight_scale_inv, torch.ones_like(layer.weight_scale_inv))
+
+
+def test_online_fp8_quantizes_like_a_per_channel_checkpoint_and_serves_its_tokens(sources, tmp_path):
+    """--quantization fp8 quantizes each linear weight per output row at load, with activations per
+    token: the same model as a compressed-tensors per-channel FP8-dynamic checkpoint of the same
+    weights (whose tokens test_first_greedy_tokens_agree_with_dequantized_weights compares)."""
+    src = sources["llama"][0]
+    checkpoint = write_fp8_checkpoint(src, str(tmp_path / "channel"), "ct-channel-dynamic", ["lm_head"])
+    online = load_model(ModelConfig.from_path(src, "float32", quantization="fp8"), "cpu")
+    stored = dict(load_model(ModelConfig.from_path(checkpoint, "float32"), "cpu").named_parameters())
+    for name, param in online.named_parameters():
+        assert param.dtype == stored[name].dtype and torch.equal(param.float(), stored[name].float()), name
+    assert online.model.layers[0].self_attn.o_proj.weight.dtype == torch.float8_e4m3fn
+    assert greedy_batch(src, quantization="fp8") == greedy_batch(checkpoint)
+
+
+def test_online_fp8_of_a_quantized_checkpoint_is_refused(checkpoints):
+    with pytest.raises(ValueError, match="--quantization fp8: the checkpoint is already quantized"):
+        check_model_paths(ServerArgs(model_path=checkpoints["fp8-block"][0], device="cpu", quantization="fp8"))

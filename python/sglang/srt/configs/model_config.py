@@ -41,13 +41,21 @@ class ModelConfig:
         device: str = "cpu",
         context_length: Optional[int] = None,
         trust_remote_code: bool = False,
+        quantization: Optional[str] = None,
     ) -> "ModelConfig":
+        """`quantization`: --quantization (quantize an unquantized checkpoint at load)."""
         hf_config = load_hf_config(path, trust_remote_code)
-        return cls.from_hf_config(path, hf_config, resolve_dtype(dtype, hf_config, device), context_length)
+        dtype = resolve_dtype(dtype, hf_config, device)
+        return cls.from_hf_config(path, hf_config, dtype, context_length, quantization)
 
     @classmethod
     def from_hf_config(
-        cls, path: str, hf_config, dtype: torch.dtype, context_length: Optional[int] = None
+        cls,
+        path: str,
+        hf_config,
+        dtype: torch.dtype,
+        context_length: Optional[int] = None,
+        quantization: Optional[str] = None,
     ) -> "ModelConfig":
         """From a config already read (an EAGLE-3 draft's is normalised from its published layout)."""
         architectures = getattr(hf_config, "architectures", None) or []
@@ -63,7 +71,7 @@ class ModelConfig:
         from sglang.srt.layers.quantization import read_quantization_config
 
         config = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(vars(hf_config))
-        quantization = read_quantization_config(path, config)
+        quantization = read_quantization_config(path, config, quantization)
         return cls(
             path=path,
             hf_config=hf_config,

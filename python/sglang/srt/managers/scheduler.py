@@ -54,6 +54,7 @@ class Scheduler:
             server_args.device,
             server_args.context_length,
             server_args.trust_remote_code,
+            server_args.quantization,
         )
         if str(server_args.device).startswith("cuda"):
             COMPILE_WATCH.install()  # start-up compiles counted; from the end of __init__, warned about

@@ -29,12 +29,18 @@ KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 
 
-def read_quantization_config(model_path: str, config: dict):
+ONLINE_METHODS = ("fp8",)  # --quantization
+
+
+def read_quantization_config(model_path: str, config: dict, online: str | None = None):
     """The quantization config of a model directory (config.json as a dict), or None for an
-    unquantized checkpoint. A ValueError names what is not served."""
+    unquantized checkpoint; `online` (--quantization) quantizes an unquantized one at load. A
+    ValueError names what is not served."""
     raw = config.get("quantization_config")
     if raw is None and os.path.isfile(os.path.join(model_path, MODELOPT_FILE)):
         raw = {"quant_method": "modelopt", **read_json_object(os.path.join(model_path, MODELOPT_FILE))}
+    if online is not None:
+        return _online_config(online, raw, config)
     if raw is None:
         return None
     if not isinstance(raw, dict):
@@ -48,6 +54,21 @@ def read_quantization_config(model_path: str, config: dict):
         raise ValueError(f"{method} quantized mixture-of-experts models are not served yet (FP8 experts)")
     module, name = _METHODS[method]
     return getattr(importlib.import_module(module), name).from_config(raw)
+
+
+def _online_config(online: str, raw, config: dict):
+    if online not in ONLINE_METHODS:
+        raise ValueError(f"--quantization {online} is not served; served: {', '.join(ONLINE_METHODS)}")
+    if raw is not None:
+        method = raw.get("quant_method") if isinstance(raw, dict) else raw
+        raise ValueError(
+            f"--quantization {online}: the checkpoint is already quantized ({method}); drop --quantization"
+        )
+    if any(config.get(key) for key in _EXPERT_KEYS):
+        raise ValueError(f"--quantization {online} of mixture-of-experts models is not served yet (FP8 experts)")
+    from sglang.srt.layers.quantization.fp8 import OnlineFp8Config
+
+    return OnlineFp8Config()
 
 
 def matches(name: str, patterns: Iterable[str]) -> bool:

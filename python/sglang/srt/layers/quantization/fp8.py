@@ -185,6 +185,35 @@ class Fp8LinearMethod:
         return fp8_linear(x, layer.weight, scale, self.scheme, getattr(layer, "input_scale", None), bias)
 
 
+class OnlineFp8LinearMethod(Fp8LinearMethod):
+    """`--quantization fp8`: the checkpoint's weight loads as it is, then becomes e4m3 with one
+    scale per output row (its amax / 448); activations are quantized per token at run time."""
+
+    def __init__(self):
+        super().__init__(Fp8Scheme(WeightScales.CHANNEL, Activations.TOKEN))
+
+    def create_weights(self, layer: nn.Module) -> None:
+        pass  # the float weight is loaded first
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        weight = layer.weight.data.float()
+        scale = _scale_of(weight.abs().amax(dim=1, keepdim=True))
+        source = getattr(layer.weight, "tp_source", None)
+        layer.weight = _param(quantize(weight, scale), source)
+        layer.register_parameter("weight_scale", _param(scale, None))
+
+
+class OnlineFp8Config:
+    """`--quantization fp8` on an unquantized checkpoint: every linear layer (not the embedding,
+    the head or the norms) quantized per channel at load (OnlineFp8LinearMethod)."""
+
+    def __init__(self):
+        self.method = OnlineFp8LinearMethod()
+
+    def linear_method(self, names: list[str]) -> Fp8LinearMethod:
+        return self.method
+
+
 def _param(data: torch.Tensor, tp_source: TpSource | None, layout: ScaleLayout | None = None) -> nn.Parameter:
     param = nn.Parameter(data, requires_grad=False)
     if tp_source is not None and tensor_parallel().size > 1:
