@@ -268,3 +268,20 @@ def test_online_fp8_quantizes_like_a_per_channel_checkpoint_and_serves_its_token
 def test_online_fp8_of_a_quantized_checkpoint_is_refused(checkpoints):
     with pytest.raises(ValueError, match="--quantization fp8: the checkpoint is already quantized"):
         check_model_paths(ServerArgs(model_path=checkpoints["fp8-block"][0], device="cpu", quantization="fp8"))
+
+
+def test_engine_serves_the_block_wise_checkpoint_with_the_schedulers_tokens(checkpoints):
+    """Through sglang.Engine (the scheduler in its own process, reading the quantization config
+    there): the tokens the in-process scheduler gives, which the test above compares with the
+    dequantized model's."""
+    import sglang
+
+    path = checkpoints["fp8-block"][0]
+    engine = sglang.Engine(model_path=path, dtype="float32", device="cpu", log_level="warning")
+    try:
+        outs = engine.generate(
+            input_ids=PROMPTS, sampling_params={"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+        )
+    finally:
+        engine.shutdown()
+    assert [out["output_ids"] for out in outs] == greedy_batch(path)
