@@ -118,3 +118,13 @@ def test_scale_shares_under_tensor_parallelism_follow_their_weight_in_whole_bloc
     assert ScaleLayout(1, None, scalar=True).tp_source(TpSource(0, 64, 64, 128)) is None
     with pytest.raises(ValueError, match="whole 128-row FP8 scale blocks"):
         block.tp_source(TpSource(1, 64, 64, 128))
+
+
+def test_ignore_lists_match_names_suffixes_parents_regexes_and_wildcards():
+    from sglang.srt.layers.quantization import matches
+
+    name = "model.layers.3.mlp.down_proj"
+    for listed in (name, "down_proj", "mlp.down_proj", "model.layers.3", r"re:.*layers\.3\..*", "model.layers.*.mlp.*"):
+        assert matches(name, [listed]), listed
+    for other in ("up_proj", "model.layers.30", "own_proj", r"re:.*layers\.4\..*", "model.layers.*.self_attn.*"):
+        assert not matches(name, [other]), other

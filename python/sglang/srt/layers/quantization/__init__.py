@@ -5,6 +5,7 @@ before start-up, by name."""
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import os
 import re
@@ -73,10 +74,14 @@ def _online_config(online: str, raw, config: dict):
 
 def matches(name: str, patterns: Iterable[str]) -> bool:
     """Whether a checkpoint module name is listed: by its whole name, a trailing part of it
-    (`lm_head`, `mlp.down_proj`), a module above it, or a `re:` regular expression."""
+    (`lm_head`, `mlp.down_proj`), a module above it, a `re:` regular expression (compressed-tensors)
+    or a `*` wildcard (ModelOpt's `model.layers.*.mlp.gate`)."""
     for pattern in patterns:
         if pattern.startswith("re:"):
             if re.fullmatch(pattern[3:], name):
+                return True
+        elif "*" in pattern:
+            if fnmatch.fnmatchcase(name, pattern):
                 return True
         elif name == pattern or name.endswith("." + pattern) or name.startswith(pattern + "."):
             return True
