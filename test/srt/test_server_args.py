@@ -352,7 +352,7 @@ def test_a_directory_without_config_is_refused(tmp_path, capsys):
 @pytest.mark.parametrize(
     "architecture, message",
     [
-        ("MixtralForCausalLM", "not supported as a model to serve; supported: LlamaForCausalLM"),
+        ("DeepseekV3ForCausalLM", "not supported as a model to serve; supported: LlamaForCausalLM"),
         ("LlamaForCausalLMEagle3", "pass it as --speculative-draft-model-path"),
     ],
 )
