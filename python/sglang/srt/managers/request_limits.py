@@ -66,3 +66,23 @@ class RequestLimits:
                 f"({self.context_len}) allows",
                 field,
             )
+
+
+def unservable_reason(req, context_len: int, max_total_tokens: int, vocab_size: int) -> Optional[str]:
+    """Why the scheduler cannot serve this tokenized request, or None. The tokenizer manager checks
+    these too; the scheduler does not trust its inputs (an Engine or a replica may send them)."""
+    prompt_len, max_new = len(req.origin_input_ids), req.sampling_params.max_new_tokens
+    if prompt_len == 0:
+        return "the prompt is empty"
+    if prompt_len + max_new > context_len:
+        return f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new}) exceeds the context length ({context_len})"
+    if prompt_len + max_new > max_total_tokens:
+        return (
+            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new}) needs more KV slots than "
+            f"the pool holds ({max_total_tokens}); raise --max-total-tokens"
+        )
+    if max(req.origin_input_ids) >= vocab_size or min(req.origin_input_ids) < 0:
+        return f"input_ids must be in [0, {vocab_size})"
+    if req.logprob_start_len >= prompt_len:
+        return f"logprob_start_len ({req.logprob_start_len}) must be smaller than the prompt ({prompt_len} tokens)"
+    return None

@@ -27,6 +27,8 @@ from sglang.srt.constrained.grammar_backend import make_grammar_backend
 from sglang.srt.managers import input_logprobs
 from sglang.srt.managers.grammar_queue import GrammarQueue
 from sglang.srt.managers.kv_manager import KVManager
+from sglang.srt.managers.output_logprobs import LogprobRows
+from sglang.srt.managers.request_limits import unservable_reason
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import AdmissionBatcher, PrefillAdder, SchedulePolicy, running_decode_reserve
 from sglang.srt.managers.spec_scheduling import SpecScheduling
@@ -141,7 +143,8 @@ class Scheduler:
             logprob_start_len=recv.logprob_start_len,
         )
         req.require_reasoning = recv.require_reasoning
-        error, field = self._validate(req), None
+        memory, field = self.memory, None
+        error = unservable_reason(req, memory.context_len, memory.max_total_num_tokens, self.model_config.vocab_size)
         if not error and params.constrained:  # it waits for its grammar beside the queue
             error, field = self.grammar_queue.add(req), constraint_key(params)[0]
             if not error:
@@ -159,27 +162,6 @@ class Scheduler:
                 self.pending_outputs.append(req)
             else:
                 self.waiting_queue.append(req)
-
-    def _validate(self, req: Req) -> Optional[str]:
-        # The tokenizer manager checks these too; the scheduler must not trust its inputs.
-        prompt_len, max_new = len(req.origin_input_ids), req.sampling_params.max_new_tokens
-        if prompt_len == 0:
-            return "the prompt is empty"
-        if prompt_len + max_new > self.memory.context_len:
-            return (
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new}) exceeds the context "
-                f"length ({self.memory.context_len})"
-            )
-        if prompt_len + max_new > self.memory.max_total_num_tokens:
-            return (
-                f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new}) needs more KV slots than "
-                f"the pool holds ({self.memory.max_total_num_tokens}); raise --max-total-tokens"
-            )
-        if max(req.origin_input_ids) >= self.model_config.vocab_size or min(req.origin_input_ids) < 0:
-            return f"input_ids must be in [0, {self.model_config.vocab_size})"
-        if req.logprob_start_len >= prompt_len:
-            return f"logprob_start_len ({req.logprob_start_len}) must be smaller than the prompt ({prompt_len} tokens)"
-        return None
 
     def abort_request(self, recv: AbortReq) -> None:
         for req in list(self.grammar_queue.reqs):
@@ -451,7 +433,7 @@ class Scheduler:
         if batch.input_logprob_spans is not None:
             input_logprobs.record(batch.reqs, batch.input_logprob_spans, host)
         next_token_ids = host["next_token_ids"].tolist()
-        logprobs = _LogprobRows(host)
+        logprobs = LogprobRows(host)
         new_tokens = 0
         for i, (req, token_id) in enumerate(zip(batch.reqs, next_token_ids)):
             if req.finished():  # finished (or aborted) while this step was in flight
@@ -661,19 +643,3 @@ class Scheduler:
         if self.spec is not None:
             state.update(self.spec.summary(self.running_reqs))
         return state
-
-
-class _LogprobRows:
-    """The step's logprobs (host copies), handed out per request."""
-
-    def __init__(self, host: dict):
-        self.token = host["next_token_logprobs"].tolist() if "next_token_logprobs" in host else None
-        has_top = "top_logprobs" in host
-        self.top = host["top_logprobs"].tolist() if has_top else None
-        self.top_ids = host["top_logprob_ids"].tolist() if has_top else None
-
-    def record(self, req: Req, row: int, token_id: int) -> None:
-        req.output_token_logprobs.append((self.token[row], token_id))
-        if req.top_logprobs_num:
-            n = req.top_logprobs_num
-            req.output_top_logprobs.append(list(zip(self.top[row][:n], self.top_ids[row][:n])))
