@@ -282,16 +282,22 @@ def _clock(scheduler, step_times: bool):
 
 
 def make_pair(kind: str, workdir: str, weights: bool = True) -> tuple[str, str]:
-    """(target, draft) directories: the demo pair, or an 8B-shaped random pair made under
-    `workdir` once. weights=False writes the target's config.json and tokenizer only (its own
-    directory), for servers run with --load-format dummy."""
+    """(target, draft) directories: the demo pair, or a random pair made under `workdir` once: "8b"
+    (Llama-3.1-8B shapes) or any `make_random_model` config name (e.g. "qwen3-30b-a3b-8l"), with a
+    random bfloat16 EAGLE-3 draft of the target's hidden size reading three of its layers.
+    weights=False writes the target's config.json and tokenizer only (its own directory), for servers
+    run with --load-format dummy."""
     if kind == "demo":
         from sglang import demo
 
         return demo.TARGET_PATH, demo.DRAFT_PATH
     from sglang.test.tiny_models import make_tiny_eagle3_draft
+    from sglang.tools.make_random_model import CONFIGS
 
-    target = os.path.join(workdir, "llama-3.1-8b" if weights else "llama-3.1-8b-config")
+    config = "llama-3.1-8b" if kind == "8b" else kind
+    if config not in CONFIGS:
+        raise ValueError(f"unknown model kind {kind!r}: demo, 8b or one of {sorted(CONFIGS)}")
+    target = os.path.join(workdir, config if weights else f"{config}-config")
     if not os.path.isfile(os.path.join(target, "config.json")):
         subprocess.run(
             [
@@ -300,12 +306,14 @@ def make_pair(kind: str, workdir: str, weights: bool = True) -> tuple[str, str]:
                 "sglang.tools.make_random_model",
                 target,
                 "--config",
-                "llama-3.1-8b",
+                config,
                 *([] if weights else ["--no-weights"]),
             ],
             check=True,
         )
-    draft = os.path.join(workdir, "llama-3.1-8b-eagle3")
+    draft = os.path.join(workdir, f"{config}-eagle3")
     if not os.path.isfile(os.path.join(draft, "config.json")):
-        make_tiny_eagle3_draft(draft, target, draft_vocab_size=32000, dtype=torch.bfloat16, aux_layer_ids=[1, 15, 28])
+        layers = CONFIGS[config]["num_hidden_layers"]
+        aux = [1, layers // 2 - 1, layers - 4] if layers >= 8 else None  # EAGLE-3's published choice
+        make_tiny_eagle3_draft(draft, target, draft_vocab_size=32000, dtype=torch.bfloat16, aux_layer_ids=aux)
     return target, draft

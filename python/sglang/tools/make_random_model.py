@@ -1,6 +1,6 @@
 """Write a Hugging Face model directory with a real model's shapes and random weights.
 
-    python -m sglang.tools.make_random_model OUT_DIR --config llama-3.1-8b [--device cuda]
+    python -m sglang.tools.make_random_model OUT_DIR --config llama-3.1-8b [--device cuda] [--fp8 block|channel]
 
 Speed depends on shapes, not weight values, so benchmarks use these instead of downloads.
 Weights are drawn on the device (the GPU when there is one) in bfloat16 and written as
@@ -9,6 +9,12 @@ config's size, so every token id a benchmark samples decodes and the model accep
 With --no-weights only config.json and the tokenizer are written: enough for a server run
 with --load-format dummy, which draws random weights itself (seconds instead of minutes for
 8B shapes).
+With --fp8 the linear layers are stored in FP8 as published checkpoints store them (embeddings,
+head and norms stay bfloat16): `block` as Qwen3-*-FP8 / DeepSeek-V3 (config.json `quant_method:
+fp8`, e4m3 weights with a `weight_scale_inv` per 128 x 128 block, activations quantized per
+1 x 128 group), `channel` as RedHat's FP8-dynamic (compressed-tensors `float-quantized`, a
+`weight_scale` per output row, activations quantized per token). With --no-weights the config
+alone says so, and --load-format dummy builds the FP8 layers.
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import time
 
 import torch
 from safetensors.torch import save_file
+
+from sglang.tools.fp8_checkpoint import is_quantized_weight, quantized_tensors, write_quantization_settings
 
 _LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -77,7 +85,7 @@ CONFIGS = {
         tie_word_embeddings=True,
     ),
     # Mixture-of-experts: Qwen3-30B-A3B (61 GB in bf16) and a 12-layer cut of it (16 GB: two
-    # servers fit one H100), Mixtral-8x7B (93 GB) and an 8-layer cut (23 GB).
+    # servers fit one H100; an 8-layer one, 11 GB: five), Mixtral-8x7B (93 GB) and an 8-layer cut (23 GB).
     "qwen3-30b-a3b": dict(
         architectures=["Qwen3MoeForCausalLM"],
         model_type="qwen3_moe",
@@ -118,9 +126,12 @@ CONFIGS = {
     ),
 }
 CONFIGS["qwen3-30b-a3b-12l"] = dict(CONFIGS["qwen3-30b-a3b"], num_hidden_layers=12)
+CONFIGS["qwen3-30b-a3b-8l"] = dict(CONFIGS["qwen3-30b-a3b"], num_hidden_layers=8)  # five servers on one H100
 CONFIGS["mixtral-8x7b-8l"] = dict(CONFIGS["mixtral-8x7b"], num_hidden_layers=8)
 SHARD_BYTES = 5 << 30
 INIT_STD = 0.02
+FP8_LAYOUTS = {"block": "fp8-block", "channel": "ct-channel-dynamic"}  # --fp8 -> tools.fp8_checkpoint layout
+FP8_IGNORE = ["lm_head"]  # the head stays in bfloat16, as in the published FP8 checkpoints
 
 
 def weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
@@ -184,7 +195,9 @@ def _feed_forward_shapes(cfg: dict, layer: int, p: str) -> dict[str, tuple[int, 
     return shapes
 
 
-def write_weights(out_dir: str, cfg: dict, device: str, seed: int) -> int:
+def write_weights(out_dir: str, cfg: dict, device: str, seed: int, fp8_layout: str | None = None) -> int:
+    """Random bfloat16 weights (norms ones) in shards of about SHARD_BYTES, each linear weight
+    quantized as `fp8_layout` stores it when given; returns the bytes of all tensors written."""
     gen = torch.Generator(device=device).manual_seed(seed)
     shard, shard_bytes, shards, weight_map, total = {}, 0, [], {}, 0
     for name, shape in weight_shapes(cfg).items():
@@ -192,8 +205,12 @@ def write_weights(out_dir: str, cfg: dict, device: str, seed: int) -> int:
             tensor = torch.ones(shape, dtype=torch.bfloat16, device=device)
         else:
             tensor = torch.empty(shape, dtype=torch.bfloat16, device=device).normal_(0, INIT_STD, generator=gen)
-        shard[name] = tensor.cpu()
-        shard_bytes += tensor.numel() * 2
+        stored = {name: tensor}
+        if fp8_layout is not None and is_quantized_weight(name, FP8_IGNORE):
+            stored = quantized_tensors(name, tensor, fp8_layout)
+        for stored_name, stored_tensor in stored.items():
+            shard[stored_name] = stored_tensor.cpu()
+            shard_bytes += stored_tensor.nbytes
         if shard_bytes >= SHARD_BYTES:
             shards.append(shard)
             shard, shard_bytes = {}, 0
@@ -203,7 +220,7 @@ def write_weights(out_dir: str, cfg: dict, device: str, seed: int) -> int:
         file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file(tensors, os.path.join(out_dir, file), metadata={"format": "pt"})
         weight_map.update({name: file for name in tensors})
-        total += sum(t.numel() * 2 for t in tensors.values())
+        total += sum(t.nbytes for t in tensors.values())
     with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=1)
     return total
@@ -246,9 +263,21 @@ def _chain(*iterables):
         yield from it
 
 
-def make_random_model(out_dir: str, config: str, device: str | None = None, seed: int = 0, weights: bool = True) -> str:
+def make_random_model(
+    out_dir: str,
+    config: str,
+    device: str | None = None,
+    seed: int = 0,
+    weights: bool = True,
+    fp8: str | None = None,
+) -> str:
+    """`fp8`: None (bfloat16) or a key of FP8_LAYOUTS."""
     if config not in CONFIGS:
         raise ValueError(f"--config must be one of {', '.join(CONFIGS)}; got {config!r}")
+    if fp8 is not None and fp8 not in FP8_LAYOUTS:
+        raise ValueError(f"--fp8 must be one of {', '.join(FP8_LAYOUTS)}; got {fp8!r}")
+    if fp8 is not None and ("num_experts" in CONFIGS[config] or "num_local_experts" in CONFIGS[config]):
+        raise ValueError(f"--fp8: {config} is a mixture-of-experts model, whose FP8 experts are not served yet")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg = dict(CONFIGS[config], torch_dtype="bfloat16")
     os.makedirs(out_dir, exist_ok=True)
@@ -261,8 +290,11 @@ def make_random_model(out_dir: str, config: str, device: str | None = None, seed
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
         json.dump({"eos_token_id": tokenizer.eos_token_id, "do_sample": False}, f)
     tokenizer.save_pretrained(out_dir)
+    layout = FP8_LAYOUTS[fp8] if fp8 is not None else None
+    if layout is not None:
+        write_quantization_settings(out_dir, layout, FP8_IGNORE)
     if weights:
-        write_weights(out_dir, cfg, device, seed)
+        write_weights(out_dir, cfg, device, seed, layout)
     return out_dir
 
 
@@ -277,10 +309,18 @@ def main() -> None:
         action="store_true",
         help="write config.json and the tokenizer only, for a server run with --load-format dummy",
     )
+    parser.add_argument(
+        "--fp8",
+        choices=sorted(FP8_LAYOUTS),
+        default=None,
+        help="store the linear layers in FP8: block (quant_method fp8, 128 x 128 weight blocks) or channel "
+        "(compressed-tensors per-channel weights, dynamic per-token activations)",
+    )
     args = parser.parse_args()
     start = time.perf_counter()
-    make_random_model(args.out_dir, args.config, args.device, args.seed, weights=not args.no_weights)
-    print(f"wrote {args.config} to {args.out_dir} in {time.perf_counter() - start:.1f} s")
+    make_random_model(args.out_dir, args.config, args.device, args.seed, weights=not args.no_weights, fp8=args.fp8)
+    fp8 = f" (FP8 {args.fp8})" if args.fp8 else ""
+    print(f"wrote {args.config}{fp8} to {args.out_dir} in {time.perf_counter() - start:.1f} s")
 
 
 if __name__ == "__main__":

@@ -145,8 +145,24 @@ def _down_kernel(
         tl.store(out_ptrs, acc.to(out.dtype.element_ty), mask=valid[:, None] & col_ok[None, :])
 
 
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """Tile sizes of both kernels: rows per expert block, output columns and the reduction step."""
+
+    block_m: int = BLOCK_M
+    block_n: int = 64
+    block_k: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
 def fused_experts(
-    hidden: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    tiles: TileConfig | None = None,
 ) -> torch.Tensor:
     """hidden [T, H]; w13 [E, 2 * I, H] (gate rows, then up rows); w2 [E, H, I]; topk_weights and
     topk_ids [T, k]. Returns [T, H] in hidden's dtype: sum over slots of weight * expert(token)."""
@@ -161,21 +177,22 @@ def fused_experts(
     per_pair = hidden.new_empty(num_pairs, hidden_size)
     if num_pairs == 0:
         return per_pair
-    alignment = moe_align_block_size(topk_ids, num_experts)
+    tiles = tiles or TileConfig()
+    alignment = moe_align_block_size(topk_ids, num_experts, tiles.block_m)
     act = hidden.new_empty(num_pairs, inter)
     weights = topk_weights.reshape(-1).float().contiguous()
     num_blocks = alignment.block_experts.numel()
     precision = dot_precision(hidden.dtype)
-    block_n, block_k = 64, 64
+    block_n, block_k = tiles.block_n, tiles.block_k
+    launch = dict(BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision)
+    launch.update(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
     _gate_up_kernel[(num_blocks, triton.cdiv(inter, block_n))](
         hidden, w13, alignment.sorted_pairs, alignment.block_experts, alignment.num_padded, act,
-        num_pairs, top_k, inter, hidden_size, hidden.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
+        num_pairs, top_k, inter, hidden_size, hidden.stride(0), w13.stride(0), w13.stride(1), act.stride(0), **launch,
     )  # fmt: skip
     _down_kernel[(num_blocks, triton.cdiv(hidden_size, block_n))](
         act, w2, alignment.sorted_pairs, alignment.block_experts, alignment.num_padded, weights, per_pair,
-        num_pairs, hidden_size, inter, act.stride(0), w2.stride(0), w2.stride(1), per_pair.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision,
+        num_pairs, hidden_size, inter, act.stride(0), w2.stride(0), w2.stride(1), per_pair.stride(0), **launch,
     )  # fmt: skip
     return per_pair.view(num_tokens, top_k, hidden_size).sum(dim=1)
 

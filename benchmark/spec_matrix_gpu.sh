@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Dynamic speculation against the three static servers on steady loads, 8B shapes, k_max = 3, one H200.
+# Dynamic speculation against the static servers on steady loads, k_max = 3, one GPU. PAIR: the model pair
+# (8b: Llama-3.1-8B shapes, the default; or any make_random_model config, e.g. qwen3-30b-a3b-8l for MoE shapes).
 # Four servers up at once (no draft; always k = 3; k = 1 on every step; dynamic), measured in turn, ROUNDS
 # rounds in rotating order (interleaved_sweep.py), one load after another on the same servers. Each
 # request asks for its load's accept length (--accept-length-mix ACC:1; the speculative servers run with
@@ -10,9 +11,9 @@
 # exploration). LOAD_FORMAT=dummy: random weights drawn by each server, nothing written. COST_LOG=1: each speculative server writes its cost log (SGLANG_SPEC_COST_LOG). Everything lands in
 # OUT/matrix.tgz; OUT/summary.txt has every level's pooled tok/s, each server's spread between rounds
 # and the envelope report's verdicts.
-# Usage (GPU machine, repository root): bash benchmark/results/2026-12-04_matrix/run.sh OUT
+# Usage (GPU machine, repository root): bash benchmark/spec_matrix_gpu.sh OUT
 set -u -o pipefail
-OUT=${1:?usage: run.sh OUT}
+OUT=${1:?usage: spec_matrix_gpu.sh OUT}
 ROUNDS=${ROUNDS:-3} KV=${KV_TOKENS:-45000} BASE=${PORT:-30400}
 LOADS=${LOADS:-"in128_out512_acc2.5:128:512:2.5:1,4,16,64 in1024_out128_acc2.0:1024:128:2.0:1,4,16,32 in2048_out256_acc3.0:2048:256:3.0:1,4,16"}
 RAW=$OUT/raw
@@ -20,7 +21,7 @@ mkdir -p "$RAW"
 source benchmark/serve_lib.sh
 if [ -z "${MODEL:-}" ]; then  # MODEL / DRAFT / EXTRA_SERVER_ARGS: overrides for a dry run
   WEIGHTS=True; [ "${LOAD_FORMAT:-}" = dummy ] && WEIGHTS=False  # dummy: no 16 GB of random weights written
-  read -r MODEL DRAFT < <(python -c "from sglang.benchmark.speculative_levels import make_pair; print(*make_pair('8b', '/tmp/spec_envelope', weights=$WEIGHTS))" | tail -1)
+  read -r MODEL DRAFT < <(python -c "from sglang.benchmark.speculative_levels import make_pair; print(*make_pair('${PAIR:-8b}', '/tmp/spec_envelope', weights=$WEIGHTS))" | tail -1)
 fi
 [ -n "${MODEL:-}" ] && [ -n "${DRAFT:-}" ] || { echo "no model pair"; exit 1; }
 SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
@@ -70,7 +71,7 @@ for load in $LOADS; do
   for i in "${!NAMES[@]}"; do save_server_info $((BASE + i)) "$RAW/$lname/${NAMES[$i]}.server_info.json"; done
 done
 stop_monitor
-python benchmark/results/2026-12-04_matrix/summarize.py "$RAW" > "$OUT/summary.txt" 2>&1
+python benchmark/spec_matrix_summary.py "$RAW" > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 if compgen -G "$RAW/*.costlog.*.txt" > /dev/null; then
   python -m sglang.benchmark.cost_log_report "$RAW"/*.costlog.*.txt > "$OUT/cost_report.txt" 2>&1
