@@ -21,6 +21,10 @@ _EXPORTS = {
     "apply_rotary_and_store_kv_": "rotary",
     "fused_experts": "fused_moe",
     "moe_align_block_size": "fused_moe",
+    "block_fp8_gemm": "fp8_gemm",
+    "scaled_fp8_gemm": "fp8_gemm",
+    "block_fp8_skinny_gemm": "fp8_skinny_gemm",
+    "scaled_fp8_skinny_gemm": "fp8_skinny_gemm",
 }
 
 __all__ = list(_EXPORTS)

@@ -1,13 +1,15 @@
 """Makes Triton 3.6's CPU interpreter (TRITON_INTERPRET=1, used by the CPU tests) compute what
 the GPU computes for our kernels. Nothing here runs on a GPU.
 
-Three gaps, each patched only while interpreting:
+Four gaps, each patched only while interpreting:
 - a loop bound read from memory (`range(start, end)`) becomes a Python int through
   int(array), which numpy >= 2.4 refuses for the 1-element arrays the interpreter holds
   (triton-lang/triton#9171, fixed upstream after 3.6): convert through a 0-d view;
 - fp32 -> bf16 casts truncate, where the GPU rounds to nearest even: round;
 - tl.dot on bf16 tiles multiplies their raw uint16 bits: widen them to fp32 first
-  (exact, as on the GPU's tensor cores, which accumulate bf16 products in fp32).
+  (exact, as on the GPU's tensor cores, which accumulate bf16 products in fp32);
+- casts to e4m3 (tl.float8e4nv) truncate without carrying into the exponent and wrap past 448,
+  where the GPU rounds to nearest even and saturates (cvt.rn.satfinite): cast through torch.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def fix_interpreter() -> None:
 
     _patch_scalar_index(interpreter)
     _patch_bf16(interpreter, tl)
+    _patch_fp8(interpreter, tl)
     _applied = True
 
 
@@ -73,3 +76,32 @@ def _fp32_to_bf16_bits(data: np.ndarray) -> np.ndarray:
 
 def _bf16_bits_to_fp32(bits: np.ndarray) -> np.ndarray:
     return (np.ascontiguousarray(bits).astype(np.uint32) << 16).view(np.float32)
+
+
+def _patch_fp8(interpreter, tl) -> None:
+    builder = interpreter.InterpreterBuilder
+    cast_impl, fp_to_fp = builder.cast_impl, builder.create_fp_to_fp
+
+    def to_fp32(handle) -> np.ndarray:
+        if handle.dtype.scalar == tl.bfloat16:
+            return _bf16_bits_to_fp32(handle.data)
+        return np.asarray(handle.data, dtype=np.float32)
+
+    def cast_e4m3(self, src, dst_type, fallback):
+        if dst_type.scalar == tl.float8e4nv and src.dtype.scalar in (tl.float32, tl.float16, tl.bfloat16):
+            return interpreter.TensorHandle(_fp32_to_e4m3_bits(to_fp32(src)), tl.float8e4nv)
+        return fallback()
+
+    builder.cast_impl = lambda self, src, dst_type: cast_e4m3(
+        self, src, dst_type, lambda: cast_impl(self, src, dst_type)
+    )
+    builder.create_fp_to_fp = lambda self, src, dst_type, rounding_mode: cast_e4m3(
+        self, src, dst_type, lambda: fp_to_fp(self, src, dst_type, rounding_mode)
+    )
+
+
+def _fp32_to_e4m3_bits(data: np.ndarray) -> np.ndarray:
+    import torch
+
+    values = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
+    return values.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8).numpy()

@@ -1,26 +1,28 @@
 """FP8 linear layers: weights held in float8_e4m3fn with their scales, activations quantized to e4m3
 as the checkpoint's scheme says, and config.json's block-wise `quant_method: fp8`.
 
-The product here is the torch reference, which any FP8 kernel must equal: the activation is
-quantized (and dequantized) as the scheme prescribes, the weight dequantized, both multiplied in
-float32."""
+On CUDA the product goes through sgl_kernel's FP8 GEMMs (fp8_gemm; fp8_skinny_gemm for a few rows,
+unless SGLANG_DISABLE_SKINNY_GEMM=1); elsewhere through their torch references (fp8_reference:
+the activation quantized and dequantized as the scheme prescribes, the weight dequantized, both
+multiplied in float32), which the kernels are tested to equal."""
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+from typing import Callable
 
 import torch
 from torch import nn
 
+from sgl_kernel import fp8_reference
+from sgl_kernel.fp8_reference import FP8, FP8_MAX, quantize, quantize_per_group, scale_of  # noqa: F401
 from sglang.srt.distributed.parallel_state import tensor_parallel
+from sglang.srt.layers import linear
 from sglang.srt.layers.linear import TpSource
 from sglang.srt.layers.quantization import linear_method_for
 
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max  # 448
-BLOCK = 128  # the one weight_block_size served, [128, 128]; activations in groups of 1 x 128
-_TINY = torch.finfo(torch.float32).tiny  # a scale for an all-zero group
+BLOCK = fp8_reference.GROUP  # the one weight_block_size served, [128, 128]; activations in groups of 1 x 128
 
 
 class WeightScales(enum.Enum):
@@ -43,57 +45,58 @@ class Fp8Scheme:
     activations: Activations
     scale_name: str = "weight_scale"  # block-wise checkpoints: "weight_scale_inv"
 
-
-def _scale_of(amax: torch.Tensor) -> torch.Tensor:
-    return (amax / FP8_MAX).clamp(min=_TINY)
-
-
-def quantize(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x / scale rounded to e4m3 (saturating at +-448)."""
-    return (x / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-
-
-def quantize_per_group(x: torch.Tensor, group: int = BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] float32 -> (e4m3 [M, K], scales [M, ceil(K/group)]), each group of `group` features
-    of a row scaled by its amax / 448 (the last group may be shorter)."""
-    rows, k = x.shape
-    padded = torch.nn.functional.pad(x, (0, -k % group)).view(rows, -1, group)
-    scales = _scale_of(padded.abs().amax(dim=-1, keepdim=True))
-    return quantize(padded, scales).view(rows, -1)[:, :k], scales.squeeze(-1)
+    def __post_init__(self):
+        if (self.weights is WeightScales.BLOCK) != (self.activations is Activations.GROUP):
+            raise ValueError(
+                f"FP8 {self.weights.value} weight scales with {self.activations.value} activations are not "
+                "served; block-wise weights go with per-group activations, and only they"
+            )
 
 
 def fake_quantize_activation(x: torch.Tensor, activations: Activations, input_scale=None) -> torch.Tensor:
     """x [M, K] float32 quantized to e4m3 as `activations` says, and back to float32."""
-    if activations is Activations.NONE:
-        return x
-    if activations is Activations.GROUP:
-        q, scales = quantize_per_group(x)
-        return q.float() * scales.repeat_interleave(BLOCK, dim=1)[:, : x.shape[1]]
-    if activations is Activations.TOKEN:
-        scale = _scale_of(x.abs().amax(dim=-1, keepdim=True))
-    elif activations is Activations.TENSOR:
-        scale = _scale_of(x.abs().amax())
-    else:
-        scale = input_scale.float()
-    return quantize(x, scale).float() * scale
+    return fp8_reference.fake_quantize_activation(x, activations.value, input_scale)
 
 
 def dequantize_weight(weight: torch.Tensor, scale: torch.Tensor, weights: WeightScales) -> torch.Tensor:
     """The float32 weight [N, K]: each e4m3 entry times its block's, row's or tensor's scale."""
-    n, k = weight.shape
     if weights is WeightScales.BLOCK:
-        scale = scale.repeat_interleave(BLOCK, dim=0)[:n].repeat_interleave(BLOCK, dim=1)[:, :k]
-    return weight.float() * scale.float()
+        return fp8_reference.dequantize_block_weight(weight, scale)
+    return fp8_reference.dequantize_row_weight(weight, scale)
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Gemms:
+    """The two FP8 products of one implementation (kernels or references), with their signatures."""
+
+    block: Callable  # (x, weight, weight_scale_inv, bias=None)
+    scaled: Callable  # (x, weight, weight_scale, activations, input_scale=None, bias=None)
+
+
+REFERENCE_GEMMS = Fp8Gemms(fp8_reference.block_fp8_gemm_ref, fp8_reference.scaled_fp8_gemm_ref)
+
+
+def fp8_gemms(x: torch.Tensor) -> Fp8Gemms:
+    """The products for x: sgl_kernel's on CUDA, the torch references elsewhere."""
+    return kernel_gemms(x.numel() // max(1, x.shape[-1])) if x.is_cuda else REFERENCE_GEMMS
+
+
+def kernel_gemms(rows: int) -> Fp8Gemms:
+    """sgl_kernel's FP8 GEMMs for `rows` activation rows: the skinny kernel's up to its MAX_ROWS.
+    Imported on first use (triton is not a CPU dependency)."""
+    from sgl_kernel import fp8_gemm, fp8_skinny_gemm
+
+    if linear.skinny_gemm_enabled and rows <= fp8_skinny_gemm.MAX_ROWS:
+        return Fp8Gemms(fp8_skinny_gemm.block_fp8_skinny_gemm, fp8_skinny_gemm.scaled_fp8_skinny_gemm)
+    return Fp8Gemms(fp8_gemm.block_fp8_gemm, fp8_gemm.scaled_fp8_gemm)
 
 
 def fp8_linear(x, weight, weight_scale, scheme: Fp8Scheme, input_scale=None, bias=None) -> torch.Tensor:
-    """x @ W.T (+ bias) of an FP8 weight, in x's dtype: the reference (dequantize, float32 matmul)."""
-    features = x.shape[-1]
-    flat = fake_quantize_activation(x.reshape(-1, features).float(), scheme.activations, input_scale)
-    out = flat @ dequantize_weight(weight, weight_scale, scheme.weights).T
-    if bias is not None:
-        out = out + bias.float()
-    return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
+    """x @ W.T (+ bias) of an FP8 weight, in x's dtype."""
+    gemms = fp8_gemms(x)
+    if scheme.weights is WeightScales.BLOCK:
+        return gemms.block(x, weight, weight_scale, bias=bias)
+    return gemms.scaled(x, weight, weight_scale, scheme.activations.value, input_scale, bias=bias)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -197,7 +200,7 @@ class OnlineFp8LinearMethod(Fp8LinearMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         weight = layer.weight.data.float()
-        scale = _scale_of(weight.abs().amax(dim=1, keepdim=True))
+        scale = scale_of(weight.abs().amax(dim=1, keepdim=True))
         source = getattr(layer.weight, "tp_source", None)
         layer.weight = _param(quantize(weight, scale), source)
         layer.register_parameter("weight_scale", _param(scale, None))
