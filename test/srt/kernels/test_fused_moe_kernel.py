@@ -67,3 +67,42 @@ def test_block_alignment_pads_each_expert_to_whole_blocks(device):
     assert set(rows[12:]) <= {pad}
     assert alignment.num_padded.tolist() == [12]
     assert alignment.block_experts.tolist()[:3] == [0, 1, 3]
+
+
+@pytest.mark.parametrize(
+    "num_tokens, num_experts, top_k, renormalize",
+    [(1, 8, 2, True), (3, 5, 5, False), (17, 60, 3, True), (300, 128, 8, True), (40, 6, 1, False)],
+)
+def test_routing_kernel_equals_softmax_topk(num_tokens, num_experts, top_k, renormalize, device):
+    """The one-kernel routing (CUDA's path) gives select_experts' torch weights and ids."""
+    from sgl_kernel.fused_moe import route
+
+    logits = torch.randn(num_tokens, num_experts, generator=torch.Generator().manual_seed(num_experts)) * 3
+    weights, ids = route(logits.to(device), top_k, renormalize)
+    probs = torch.softmax(logits, dim=-1)
+    expected_w, expected_ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        expected_w = expected_w / expected_w.sum(dim=-1, keepdim=True)
+    assert ids.dtype == torch.int32 and ids.cpu().long().tolist() == expected_ids.tolist()
+    torch.testing.assert_close(weights.cpu(), expected_w, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_pairs, num_experts, block_m", [(1, 4, 16), (8, 128, 16), (600, 60, 16), (2048, 128, 32)])
+def test_block_alignment_keeps_each_experts_pairs_in_order(num_pairs, num_experts, block_m, device):
+    """Every pair lands once, in its expert's run, in the order the pairs came; each block's
+    expert is the run it lies in; the rows in use are the padded runs' total."""
+    from sgl_kernel.fused_moe import moe_align_block_size
+
+    ids = torch.randint(0, num_experts, (num_pairs,), generator=torch.Generator().manual_seed(num_pairs))
+    alignment = moe_align_block_size(ids.to(device), num_experts, block_m)
+    rows, blocks = alignment.sorted_pairs.cpu().long(), alignment.block_experts.cpu().long()
+    expected = []
+    for expert in range(num_experts):
+        pairs = (ids == expert).nonzero().flatten().tolist()
+        if pairs:
+            expected += pairs + [num_pairs] * (-len(pairs) % block_m)
+    assert rows[: len(expected)].tolist() == expected
+    assert (rows[len(expected) :] == num_pairs).all()
+    assert alignment.num_padded.cpu().tolist() == [len(expected)]
+    in_use = len(expected) // block_m
+    assert blocks[:in_use].tolist() == [ids[rows[b * block_m]].item() for b in range(in_use)]
