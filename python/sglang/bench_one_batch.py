@@ -49,7 +49,12 @@ class BenchArgs:
 
 def make_runner(server_args: ServerArgs) -> ModelRunner:
     config = ModelConfig.from_path(
-        server_args.model_path, server_args.dtype, server_args.device, server_args.context_length
+        server_args.model_path,
+        server_args.dtype,
+        server_args.device,
+        server_args.context_length,
+        server_args.trust_remote_code,
+        server_args.quantization,
     )
     return ModelRunner(config, server_args)
 
@@ -199,9 +204,9 @@ def main(argv=None) -> list[dict]:
     parser.add_argument(
         "--memory-floor",
         action="store_true",
-        help="also each decode step against its memory floor: (weight bytes, of a MoE layer only the experts "
-        "the step routes to, + the batch's KV bytes "
-        "at the mean context) / the device's measured copy bandwidth",
+        help="also each decode step against its memory floor: (weight bytes as held, FP8 weights at one byte "
+        "plus their scales, of a MoE layer only the experts the step routes to, + the batch's KV bytes at the "
+        "mean context in the KV cache's dtype) / the device's measured copy bandwidth",
     )
     args = parser.parse_args(argv)
     bench = BenchArgs(args.batch_size, args.input_len, args.output_len, args.result_filename, args.seed)

@@ -1,6 +1,10 @@
 """bench_one_batch on the CPU: every batch size gets a result line with the step timings."""
 
 import json
+import os
+
+import pytest
+import torch
 
 from sglang import bench_one_batch
 
@@ -129,3 +133,84 @@ def test_a_moe_models_floor_counts_only_the_routed_experts(tmp_path):
         weights = dense + sum(n * b for n, b in zip(result["routed_experts_per_layer"], per_expert))
         expected = (weights + batch * 9.5 * kv) / result["copy_bandwidth_bytes_per_s"]
         assert abs(result["memory_floor_step_s"] - expected) < 1e-12
+
+
+FLOOR_ARGS = ["--device", "cpu", "--batch-size", "2", "--input-len", "8", "--output-len", "3", "--warmup-steps", "1"]
+
+
+def floor_weight_bytes(result: dict, runner) -> float:
+    """The weight bytes a result's memory floor counts: its floor less the batch's KV reads."""
+    from sglang.benchmark import memory_floor
+
+    mean_context = result["input_len"] + result["output_len"] / 2
+    kv = result["batch_size"] * mean_context * memory_floor.kv_bytes_per_token(runner.token_to_kv_pool)
+    return result["memory_floor_step_s"] * result["copy_bandwidth_bytes_per_s"] - kv
+
+
+def checkpoint_tensor_bytes(path: str) -> int:
+    from safetensors.torch import load_file
+
+    files = [os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors")]
+    return sum(t.nbytes for f in files for t in load_file(f).values())
+
+
+@pytest.mark.parametrize("fp8", ["block", "channel"])
+def test_memory_floor_of_an_fp8_checkpoint_counts_its_bytes(tmp_path, monkeypatch, fp8):
+    """An FP8 checkpoint's floor reads what the checkpoint holds: one byte per linear weight entry,
+    its float32 scales, and the bfloat16 embeddings, head and norms."""
+    from sglang.tools import make_random_model as maker
+
+    tiny = dict(
+        maker.CONFIGS["llama-3.2-1b"],
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        vocab_size=1024,
+        max_position_embeddings=512,
+        rope_scaling=None,
+        tie_word_embeddings=False,
+    )
+    monkeypatch.setitem(maker.CONFIGS, "tiny", tiny)
+    path = maker.make_random_model(str(tmp_path / fp8), "tiny", device="cpu", fp8=fp8)
+    (result,) = bench_one_batch.main(["--model-path", path, *FLOOR_ARGS, "--memory-floor"])
+    runner = bench_one_batch.make_runner(bench_one_batch.ServerArgs(model_path=path, device="cpu"))
+    assert runner.model.model.layers[0].mlp.down_proj.weight.dtype == torch.float8_e4m3fn
+    assert floor_weight_bytes(result, runner) == pytest.approx(checkpoint_tensor_bytes(path), rel=1e-9)
+
+
+def test_memory_floor_with_online_fp8_counts_the_fp8_checkpoint_of_the_same_weights(tiny_model_paths, tmp_path):
+    """--quantization fp8 reaches bench_one_batch's model: the floor counts the bytes of the
+    per-channel FP8 checkpoint of the same weights, not the float32 checkpoint's."""
+    from sglang.test.fp8_checkpoints import write_fp8_checkpoint
+
+    src = tiny_model_paths["llama"]
+    args = ["--model-path", src, *FLOOR_ARGS, "--dtype", "float32", "--quantization", "fp8", "--memory-floor"]
+    (result,) = bench_one_batch.main(args)
+    runner = bench_one_batch.make_runner(
+        bench_one_batch.ServerArgs(model_path=src, device="cpu", dtype="float32", quantization="fp8")
+    )
+    channel = write_fp8_checkpoint(src, str(tmp_path / "channel"), "ct-channel-dynamic", ["lm_head"])
+    assert floor_weight_bytes(result, runner) == pytest.approx(checkpoint_tensor_bytes(channel), rel=1e-9)
+    assert checkpoint_tensor_bytes(channel) < 0.6 * checkpoint_tensor_bytes(src)
+
+
+def test_kv_bytes_per_token_follow_the_pools_dtype():
+    """The floor's KV term reads the pool's element size: an FP8 KV cache counts one byte an entry
+    whatever the model's dtype."""
+    from sglang.benchmark import memory_floor
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    per_token = {
+        dtype: memory_floor.kv_bytes_per_token(MHATokenToKVPool(8, dtype, 2, 16, 3, "cpu"))
+        for dtype in (torch.float32, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2)
+    }
+    entries = 2 * 2 * 16 * 3  # K and V, heads, head_dim, layers
+    assert per_token == {
+        torch.float32: 4 * entries,
+        torch.bfloat16: 2 * entries,
+        torch.float8_e4m3fn: entries,
+        torch.float8_e5m2: entries,
+    }

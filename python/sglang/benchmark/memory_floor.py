@@ -1,5 +1,7 @@
 """The memory floor of a decode step: the time to read the weights and the batch's KV cache once
-at the device's copy bandwidth, which no memory-bound decode step can beat. A mixture-of-experts
+at the device's copy bandwidth, which no memory-bound decode step can beat. Both are counted as
+held, in the bytes of their dtypes: an FP8 layer's weight at one byte an entry plus its scales,
+an FP8 KV cache at one byte an entry (the pool's element size, not the model's). A mixture-of-experts
 layer reads only the experts its tokens are routed to: its floor counts those (recorded over an
 eager forward by `recording_routed_experts`), not every expert."""
 
@@ -28,7 +30,7 @@ def copy_bandwidth(device: str, nbytes: int | None = None, iters: int = 10) -> f
 
 
 def kv_bytes_per_token(kv_pool) -> int:
-    """K and V bytes of one token over every layer of an MHATokenToKVPool."""
+    """K and V bytes of one token over every layer of an MHATokenToKVPool, in the pool's own dtype."""
     return sum(buf[0].numel() * buf.element_size() for buf in (*kv_pool.k_buffer, *kv_pool.v_buffer))
 
 

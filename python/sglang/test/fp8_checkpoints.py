@@ -11,88 +11,56 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
-from sglang.srt.layers.quantization import matches
-from sglang.srt.layers.quantization.fp8 import BLOCK, FP8, FP8_MAX, dequantize_weight, quantize, WeightScales
+from sglang.srt.layers.quantization.fp8 import FP8, WeightScales, dequantize_weight
+from sglang.test.tiny_models import make_tiny_model
+from sglang.tools.fp8_checkpoint import (
+    LINEAR_NAMES,
+    is_quantized_weight,
+    quantized_tensors,
+    write_quantization_settings,
+)
 
-LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-_CT_TOKEN = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "strategy": "token"}
-_CT_STATIC = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": "tensor"}
-
-# layout -> (weight scales, quantization settings: config.json's quantization_config, or None for
-# ModelOpt's hf_quant_config.json). `ignore` is filled in by write_fp8_checkpoint.
-LAYOUTS = {
-    "fp8-block": (
-        WeightScales.BLOCK,
-        {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [BLOCK, BLOCK]},
-    ),
-    "ct-channel-dynamic": (WeightScales.CHANNEL, {"weights": "channel", "input_activations": _CT_TOKEN}),
-    "ct-tensor-static": (WeightScales.TENSOR, {"weights": "tensor", "input_activations": _CT_STATIC}),
-    "ct-channel-weight-only": (WeightScales.CHANNEL, {"weights": "channel", "input_activations": None}),
-    "modelopt": (WeightScales.TENSOR, None),
-}
+# The sharp fixture (make_sharp_tiny_model): decoder projections drawn with the 0.02 standard
+# deviation real checkpoints are initialised with, embeddings with ten times that, so that each
+# layer adds an update to the residual stream a fraction of its size, as in a pre-norm transformer.
+LINEAR_STD = 0.02
+EMBED_STD = 0.2
 
 
-def quantize_weight(weight: torch.Tensor, scales: WeightScales) -> tuple[torch.Tensor, torch.Tensor]:
-    """(e4m3 weight, its scale as the layout stores it) of a float weight [N, K]."""
-    w = weight.float()
-    n, k = w.shape
-    if scales is WeightScales.BLOCK:
-        padded = torch.nn.functional.pad(w, (0, -k % BLOCK, 0, -n % BLOCK))
-        blocks = padded.view(padded.shape[0] // BLOCK, BLOCK, padded.shape[1] // BLOCK, BLOCK)
-        scale = blocks.abs().amax(dim=(1, 3)) / FP8_MAX
-        full = scale.repeat_interleave(BLOCK, 0)[:n].repeat_interleave(BLOCK, 1)[:, :k]
-        return quantize(w, full.clamp(min=1e-12)), scale
-    scale = (w.abs().amax(dim=1, keepdim=True) if scales is WeightScales.CHANNEL else w.abs().amax().reshape(1)) / 448
-    return quantize(w, scale.clamp(min=1e-12)), scale
+def make_sharp_tiny_model(path: str, arch: str, seed: int = 0, **config_overrides) -> str:
+    """A tiny random model (make_tiny_model) whose first greedy tokens rounding its activations to
+    e4m3 seldom moves. The default tiny models draw every weight with a standard deviation of 0.2,
+    so at width 128 each layer's output is ~25 times its input's and the logits are carried by
+    products of layers each rounded within 2^-4: the activation rounding moves them by ~10% of
+    their spread and swaps the near-ties a flat random distribution over 384 tokens is full of.
+    Here the layers' updates are modest (LINEAR_STD, EMBED_STD): the rounding moves logits by ~1%,
+    while the layers still decide about a third of the first tokens (a model that only copied its
+    embeddings would prove nothing: test_fp8_checkpoints checks that a wrong scale changes them)."""
+    make_tiny_model(path, arch, seed=seed, initializer_range=LINEAR_STD, **config_overrides)
+    file = os.path.join(path, "model.safetensors")
+    tensors = load_file(file)
+    tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"] * (EMBED_STD / LINEAR_STD)
+    save_file(tensors, file, metadata={"format": "pt"})
+    return path
 
 
 def write_fp8_checkpoint(src: str, dst: str, layout: str, ignore: list[str], input_amax: dict | None = None) -> str:
     """`src`'s model with its linear weights (all but those `ignore` names by module) in FP8 as
     `layout` stores them, at `dst`. Static layouts need `input_amax`: checkpoint module name ->
     the largest input magnitude seen in calibration (`calibrate`). ModelOpt's also carries
-    k_scale / v_scale (which the engine skips). Returns `dst`."""
-    scales_kind, settings = LAYOUTS[layout]
+    k_scale / v_scale. Returns `dst`."""
     tensors = load_file(os.path.join(src, "model.safetensors"))
     out = {}
     for name, tensor in tensors.items():
-        module = name.removesuffix(".weight")
-        if not (name.endswith(".weight") and module.rpartition(".")[2] in LINEAR_NAMES) or matches(module, ignore):
+        if not is_quantized_weight(name, ignore):
             out[name] = tensor
             continue
-        weight, scale = quantize_weight(tensor, scales_kind)
-        out[name] = weight
-        out[f"{module}.{'weight_scale_inv' if layout == 'fp8-block' else 'weight_scale'}"] = scale
-        if layout in ("ct-tensor-static", "modelopt"):
-            out[f"{module}.input_scale"] = torch.tensor([input_amax[module] / FP8_MAX])
-        if layout == "modelopt" and module.endswith(("k_proj", "v_proj")):
-            out[f"{module}.{module[-6]}_scale"] = torch.tensor([1.0])
+        amax = input_amax[name.removesuffix(".weight")] if input_amax is not None else None
+        out.update(quantized_tensors(name, tensor, layout, amax))
     _copy_directory(src, dst)
     save_file(out, os.path.join(dst, "model.safetensors"))
-    _write_quantization_settings(dst, layout, settings, ignore)
+    write_quantization_settings(dst, layout, ignore)
     return dst
-
-
-def _write_quantization_settings(dst: str, layout: str, settings: dict | None, ignore: list[str]) -> None:
-    config_path = os.path.join(dst, "config.json")
-    with open(config_path) as f:
-        config = json.load(f)
-    if layout == "fp8-block":
-        config["quantization_config"] = {**settings, "modules_to_not_convert": ignore}
-    elif layout.startswith("ct-"):
-        weights = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": settings["weights"]}
-        group = {"targets": ["Linear"], "weights": weights, "input_activations": settings["input_activations"]}
-        config["quantization_config"] = {
-            "quant_method": "compressed-tensors",
-            "format": "float-quantized",
-            "config_groups": {"group_0": group},
-            "ignore": ignore,
-        }
-    else:
-        modelopt = {"producer": {"name": "modelopt"}, "quantization": {"quant_algo": "FP8", "exclude_modules": ignore}}
-        with open(os.path.join(dst, "hf_quant_config.json"), "w") as f:
-            json.dump(modelopt, f)
-    with open(config_path, "w") as f:
-        json.dump(config, f, indent=2)
 
 
 def write_dequantized(fp8_dir: str, dst: str) -> str:

@@ -20,7 +20,7 @@ from sglang.srt.layers.quantization.fp8 import (
     fp8_linear,
     quantize_per_group,
 )
-from sglang.test.fp8_checkpoints import quantize_weight
+from sglang.tools.fp8_checkpoint import quantize_weight
 
 SHAPES = [(1, 200, 130), (7, 128, 256), (33, 300, 77), (300, 129, 257)]  # (batch, K, N)
 
