@@ -20,7 +20,8 @@ from sglang.srt.server_args_refused import ATTENTION_BACKEND_ALTERNATIVE, Launch
 # "half" and "float" are upstream's aliases of float16 and float32.
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16", "half", "float")
 QUANTIZATION_CHOICES = ("fp8",)  # online; quantized checkpoints say their own (layers/quantization)
-KV_CACHE_DTYPE_CHOICES = ("auto",)  # the KV cache takes the model's dtype
+# auto: the KV cache takes the model's dtype; FP8 formats with per-layer scales (mem_cache/memory_pool).
+KV_CACHE_DTYPE_CHOICES = ("auto", "fp8_e4m3", "fp8_e5m2")
 TOKENIZER_MODE_CHOICES = ("auto", "slow")
 # --log-requests-level: 0 ids and token counts, 1 also sampling parameters, 2 also the input and
 # output text cut to LOG_REQUESTS_TEXT_CHARS, 3 all of it.
@@ -274,11 +275,6 @@ class ServerArgs:
     def _check_upstream_extras(self) -> None:
         """The upstream flags of the model, logging and streaming that have a meaning here."""
         _check_choice("--tokenizer-mode", self.tokenizer_mode, TOKENIZER_MODE_CHOICES)
-        if str(self.kv_cache_dtype).startswith("fp8"):
-            raise ValueError(
-                f"--kv-cache-dtype {self.kv_cache_dtype}: an FP8 KV cache is not served yet; use auto "
-                "(the KV cache takes the model's dtype)"
-            )
         _check_choice("--kv-cache-dtype", self.kv_cache_dtype, KV_CACHE_DTYPE_CHOICES)
         if self.quantization is not None:
             _check_choice("--quantization", self.quantization, QUANTIZATION_CHOICES)

@@ -5,6 +5,9 @@ Stage 1 splits each sequence into `num_kv_splits` contiguous chunks and computes
 the softmax-weighted sum of V and the chunk's log-sum-exp; stage 2 merges the chunks. The
 launch grid depends only on shapes and `seq_lens` is read inside the kernels, so a CUDA
 graph captured once replays for any lengths.
+
+An FP8 KV cache (sgl_kernel.paged_kv) is read as it is stored: tiles widened to q's dtype,
+k_scale folded into the softmax scale and v_scale applied to each split's output.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel._interpreter import fix_interpreter
-from sgl_kernel.paged_kv import LOG2E, check_paged_attention_args, dot_precision, gathered_kv
+from sgl_kernel.paged_kv import LOG2E, check_paged_attention_args, dot_precision, gathered_kv, is_fp8_kv
 
 fix_interpreter()
 
@@ -36,7 +39,8 @@ def _decode_split_kernel(
     req_to_token,
     req_pool_indices,
     seq_lens,
-    qk_scale,  # sm_scale * log2(e)
+    qk_scale,  # sm_scale * k_scale * log2(e)
+    v_scale,
     stride_qb,
     stride_qh,
     stride_kt,
@@ -53,6 +57,7 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr,
     BLOCK: tl.constexpr,
     PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """One program: one request, one KV head with the GROUP query heads that share it, one split."""
     b, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
@@ -74,7 +79,7 @@ def _decode_split_kernel(
         slots = tl.load(req_to_token + row * stride_req + pos, mask=pos_ok, other=0).to(tl.int64)
         k = tl.load(
             k_buffer + slots[:, None] * stride_kt + kv_head * stride_kh + dims[None, :], mask=pos_ok[:, None], other=0.0
-        )
+        ).to(q_tile.dtype)
         scores = tl.dot(q_tile, tl.trans(k), input_precision=PRECISION) * qk_scale
         scores = tl.where(pos_ok[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -82,7 +87,7 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         v = tl.load(
             v_buffer + slots[:, None] * stride_vt + kv_head * stride_vh + dims[None, :], mask=pos_ok[:, None], other=0.0
-        )
+        ).to(q_tile.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         l_i = l_i * alpha + tl.sum(p, 1)
         m_i = m_new
@@ -90,6 +95,8 @@ def _decode_split_kernel(
     # An empty split stores nothing: stage 2 derives from seq_len which splits exist.
     store_ok = head_ok & (start < end)
     l_i = tl.where(store_ok, l_i, 1.0)
+    if KV_FP8:
+        acc = acc * v_scale
     part = workspace + b * stride_wb + heads * stride_wh + split * stride_ws
     tl.store(part[:, None] + dims[None, :], acc / l_i[:, None], mask=store_ok[:, None])
     tl.store(part + HEAD_DIM, m_i + tl.log2(l_i), mask=store_ok)
@@ -144,8 +151,11 @@ def decode_attention_fwd(
     sm_scale: float,
     num_kv_splits: int,
     workspace: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """q, o: [bs, H, D]; k_buffer, v_buffer: [slots, KV, D]; writes o and returns it."""
+    """q, o: [bs, H, D]; k_buffer, v_buffer: [slots, KV, D] in q's dtype or FP8 (real value =
+    stored x k_scale / v_scale); writes o and returns it."""
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
     _check_args(q, o, k_buffer, v_buffer, req_to_token, num_kv_splits)
@@ -164,7 +174,8 @@ def decode_attention_fwd(
         req_to_token,
         req_pool_indices,
         seq_lens,
-        sm_scale * LOG2E,
+        sm_scale * k_scale * LOG2E,
+        v_scale,
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
@@ -181,6 +192,7 @@ def decode_attention_fwd(
         NUM_SPLITS=num_kv_splits,
         BLOCK=block_n,
         PRECISION=dot_precision(q.dtype),
+        KV_FP8=is_fp8_kv(k_buffer),
         num_warps=4,
         num_stages=2,
     )
@@ -229,11 +241,15 @@ def decode_attention_ref(
     sm_scale: float,
     num_kv_splits: int = 1,
     workspace: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Torch reference, one request at a time in float32; num_kv_splits and workspace are unused."""
+    """Torch reference, one request at a time in float32 on the dequantized K/V; num_kv_splits
+    and workspace are unused."""
     group = q.shape[1] // k_buffer.shape[1]
     for i in range(q.shape[0]):
-        k, v = gathered_kv(k_buffer, v_buffer, req_to_token, req_pool_indices[i], int(seq_lens[i]), group)
+        row, seq_len = req_pool_indices[i], int(seq_lens[i])
+        k, v = gathered_kv(k_buffer, v_buffer, req_to_token, row, seq_len, group, k_scale, v_scale)
         probs = (torch.einsum("hd,shd->hs", q[i].float(), k) * sm_scale).softmax(-1)
         o[i] = torch.einsum("hs,shd->hd", probs, v).nan_to_num(0.0).to(o.dtype)  # seq_len 0 -> zeros
     return o

@@ -8,6 +8,9 @@ positions sits at position prefix + j and sees positions [0, prefix + j].
 A program's query tile holds BLOCK_T tokens x the GROUP query heads that share one KV head
 (GQA), so each K/V block is read once per group; short extends (verify: k+1 tokens) get a
 small tile instead of a mostly empty one.
+
+An FP8 KV cache (sgl_kernel.paged_kv) is read as it is stored: tiles widened to q's dtype,
+k_scale folded into the softmax scale and v_scale applied to the output.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel._interpreter import fix_interpreter
-from sgl_kernel.paged_kv import LOG2E, check_paged_attention_args, dot_precision, gathered_kv
+from sgl_kernel.paged_kv import LOG2E, check_paged_attention_args, dot_precision, gathered_kv, is_fp8_kv
 
 fix_interpreter()
 
@@ -56,8 +59,8 @@ def _attend_block(
         slots = tl.load(req_to_token + row * stride_req + pos, mask=pos_ok, other=0).to(tl.int64)
     else:
         slots = tl.load(req_to_token + row * stride_req + pos).to(tl.int64)
-    k = tl.load(k_buffer + slots[:, None] * stride_kt + kv_head * stride_kh + dims[None, :])
-    v = tl.load(v_buffer + slots[:, None] * stride_vt + kv_head * stride_vh + dims[None, :])
+    k = tl.load(k_buffer + slots[:, None] * stride_kt + kv_head * stride_kh + dims[None, :]).to(q_tile.dtype)
+    v = tl.load(v_buffer + slots[:, None] * stride_vt + kv_head * stride_vh + dims[None, :]).to(q_tile.dtype)
     scores = tl.dot(q_tile, tl.trans(k), input_precision=PRECISION) * qk_scale
     if MASKED:
         visible = pos_ok[None, :] & (pos[None, :] <= query_pos[:, None])
@@ -80,7 +83,8 @@ def _extend_kernel(
     seq_lens,
     extend_seq_lens,
     extend_start_loc,
-    qk_scale,  # sm_scale * log2(e): the kernel works in base 2
+    qk_scale,  # sm_scale * k_scale * log2(e): the kernel works in base 2
+    v_scale,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -96,6 +100,7 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
+    KV_FP8: tl.constexpr,
 ):
     """One program: one request, one KV head, BLOCK_T = BLOCK_M / GROUP_POW2 consecutive new
     tokens; tile row r is token r // GROUP_POW2 with query head r % GROUP_POW2 of the group."""
@@ -177,7 +182,10 @@ def _extend_kernel(
             True,
         )
 
-    out = (acc / l_i[:, None]).to(o.dtype.element_ty)
+    out = acc / l_i[:, None]
+    if KV_FP8:
+        out = out * v_scale
+    out = out.to(o.dtype.element_ty)
     o_rows = (first_token + new_index) * stride_ot + (kv_head * GROUP + in_group) * stride_oh
     tl.store(o + o_rows[:, None] + dims[None, :], out, mask=row_ok[:, None])
 
@@ -194,9 +202,12 @@ def extend_attention_fwd(
     extend_start_loc: torch.Tensor,
     max_extend_len: int,
     sm_scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """q, o: [num_tokens, H, D]; k_buffer, v_buffer: [slots, KV, D]; writes o and returns it.
-    `max_extend_len` (a host int, at least max(extend_seq_lens)) sizes the grid and the tile."""
+    """q, o: [num_tokens, H, D]; k_buffer, v_buffer: [slots, KV, D] in q's dtype or FP8 (real
+    value = stored x k_scale / v_scale); writes o and returns it. `max_extend_len` (a host int,
+    at least max(extend_seq_lens)) sizes the grid and the tile."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     check_paged_attention_args(q, o, k_buffer, v_buffer, req_to_token)
     bs, num_kv_heads = seq_lens.shape[0], k_buffer.shape[1]
@@ -215,7 +226,8 @@ def extend_attention_fwd(
         seq_lens,
         extend_seq_lens,
         extend_start_loc,
-        sm_scale * LOG2E,
+        sm_scale * k_scale * LOG2E,
+        v_scale,
         q.stride(0),
         q.stride(1),
         o.stride(0),
@@ -228,6 +240,7 @@ def extend_attention_fwd(
         GROUP=group,
         HEAD_DIM=head_dim,
         PRECISION=dot_precision(q.dtype),
+        KV_FP8=is_fp8_kv(k_buffer),
         **config,
     )
     return o
@@ -261,12 +274,15 @@ def extend_attention_ref(
     extend_start_loc: torch.Tensor,
     max_extend_len: int,
     sm_scale: float,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
-    """Torch reference, one request at a time in float32 (max_extend_len unused)."""
+    """Torch reference, one request at a time in float32 on the dequantized K/V (max_extend_len unused)."""
     group = q.shape[1] // k_buffer.shape[1]
     for i in range(seq_lens.shape[0]):
         seq_len, new_len, first = int(seq_lens[i]), int(extend_seq_lens[i]), int(extend_start_loc[i])
-        k, v = gathered_kv(k_buffer, v_buffer, req_to_token, req_pool_indices[i], seq_len, group)
+        row = req_pool_indices[i]
+        k, v = gathered_kv(k_buffer, v_buffer, req_to_token, row, seq_len, group, k_scale, v_scale)
         scores = torch.einsum("thd,shd->hts", q[first : first + new_len].float(), k) * sm_scale
         query_pos = torch.arange(seq_len - new_len, seq_len, device=q.device)
         visible = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]

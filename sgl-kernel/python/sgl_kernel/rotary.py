@@ -3,7 +3,8 @@
 The cos/sin table is precomputed per position (Llama 3 or linear scaling already folded
 in), so the kernel only gathers a row per token and rotates. A second kernel also writes the
 rotated k and v into the paged KV cache at the tokens' slots: one launch per layer instead of
-three (rotate, store K, store V), which matters where a decode step is latency bound.
+three (rotate, store K, store V), which matters where a decode step is latency bound. Into an
+FP8 cache it stores k / k_scale and v / v_scale, saturated to the format's finite range.
 """
 
 from __future__ import annotations
@@ -85,9 +86,12 @@ def _rotary_store_kernel(
     stride_vch,
     stride_pos,
     stride_loc,
+    k_inv_scale,
+    v_inv_scale,
     Q_HEADS_POW2: tl.constexpr,
     K_HEADS_POW2: tl.constexpr,
     HALF: tl.constexpr,
+    FP8_MAX: tl.constexpr,  # the cache's largest finite value if it is FP8, else 0
 ):
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(positions + t * stride_pos).to(tl.int64)
@@ -101,15 +105,23 @@ def _rotary_store_kernel(
     heads = tl.arange(0, K_HEADS_POW2)
     head_ok = (heads < num_k_heads)[:, None]
     cached = k_cache + slot * stride_kct + heads[:, None] * stride_kch + halves[None, :]
-    tl.store(cached, r1.to(k_cache.dtype.element_ty), mask=head_ok)
-    tl.store(cached + HALF, r2.to(k_cache.dtype.element_ty), mask=head_ok)
+    tl.store(cached, _to_cache(r1, k_inv_scale, k_cache, FP8_MAX), mask=head_ok)
+    tl.store(cached + HALF, _to_cache(r2, k_inv_scale, k_cache, FP8_MAX), mask=head_ok)
     dims = tl.arange(0, 2 * HALF)
     values = tl.load(v + t * stride_vt + heads[:, None] * stride_vh + dims[None, :], mask=head_ok, other=0.0)
     tl.store(
         v_cache + slot * stride_vct + heads[:, None] * stride_vch + dims[None, :],
-        values.to(v_cache.dtype.element_ty),
+        _to_cache(values, v_inv_scale, v_cache, FP8_MAX),
         mask=head_ok,
     )
+
+
+@triton.jit
+def _to_cache(x, inv_scale, cache, FP8_MAX: tl.constexpr):
+    """x in the cache's dtype: a plain cast, or for FP8 x * inv_scale saturated then rounded."""
+    if FP8_MAX > 0:
+        x = tl.clamp(x.to(tl.float32) * inv_scale, -FP8_MAX, FP8_MAX)
+    return x.to(cache.dtype.element_ty)
 
 
 def apply_rotary_and_store_kv_(
@@ -121,9 +133,12 @@ def apply_rotary_and_store_kv_(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     loc: torch.Tensor,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """As apply_rotary_embedding_, and then k_cache[loc] = k (rotated) and v_cache[loc] = v:
-    v [T, KV, D]; k_cache, v_cache [slots, KV, D] (cast to their dtype); loc [T] slot indices."""
+    v [T, KV, D]; k_cache, v_cache [slots, KV, D] (cast to their dtype; an FP8 cache stores
+    k / k_scale and v / v_scale, saturated); loc [T] slot indices."""
     _check(positions, q, k, cos_sin_cache)
     if v.shape != k.shape or v.stride(-1) != 1:
         raise ValueError(f"v {tuple(v.shape)} must match k {tuple(k.shape)} with a contiguous last dimension")
@@ -159,17 +174,27 @@ def apply_rotary_and_store_kv_(
             v_cache.stride(1),
             positions.stride(0),
             loc.stride(0),
+            1.0 / k_scale,
+            1.0 / v_scale,
             Q_HEADS_POW2=triton.next_power_of_2(q.shape[1]),
             K_HEADS_POW2=triton.next_power_of_2(k.shape[1]),
             HALF=head_dim // 2,
+            FP8_MAX=_fp8_max(k_cache.dtype),
             num_warps=4,
         )
 
 
-def apply_rotary_and_store_kv_ref(positions, q, k, v, cos_sin_cache, k_cache, v_cache, loc) -> None:
+def _fp8_max(dtype: torch.dtype) -> float:
+    return torch.finfo(dtype).max if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else 0.0
+
+
+def apply_rotary_and_store_kv_ref(
+    positions, q, k, v, cos_sin_cache, k_cache, v_cache, loc, k_scale=1.0, v_scale=1.0
+) -> None:
     apply_rotary_embedding_ref(positions, q, k, cos_sin_cache)
-    k_cache[loc] = k.to(k_cache.dtype)
-    v_cache[loc] = v.to(v_cache.dtype)
+    for x, cache, scale in ((k, k_cache, k_scale), (v, v_cache, v_scale)):
+        limit = _fp8_max(cache.dtype)
+        cache[loc] = (x.float() * (1.0 / scale)).clamp(-limit, limit).to(cache.dtype) if limit else x.to(cache.dtype)
 
 
 def apply_rotary_embedding_(

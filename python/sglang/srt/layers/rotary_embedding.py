@@ -37,13 +37,17 @@ class RotaryEmbedding(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         loc: torch.Tensor,
+        k_scale: float = 1.0,
+        v_scale: float = 1.0,
     ) -> None:
         """CUDA only: q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] rotated in
         place (views into the projection output are fine), then k and v written to the cache's
-        slots `loc`, in one kernel."""
+        slots `loc`, in one kernel (an FP8 cache gets k / k_scale and v / v_scale, saturated)."""
         from sgl_kernel import rotary
 
-        rotary.apply_rotary_and_store_kv_(positions, q, k, v, self.cos_sin_cache, k_cache, v_cache, loc)
+        rotary.apply_rotary_and_store_kv_(
+            positions, q, k, v, self.cos_sin_cache, k_cache, v_cache, loc, k_scale, v_scale
+        )
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

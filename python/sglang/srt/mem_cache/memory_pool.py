@@ -54,8 +54,32 @@ class ReqToTokenPool:
         return self.req_to_token[row, start:end].to(torch.int64)
 
 
+# --kv-cache-dtype values besides "auto" (the model's dtype), and the torch dtype each stores.
+FP8_KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def kv_cache_dtype(flag: str, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype the KV pool stores for --kv-cache-dtype `flag` (validated by ServerArgs)."""
+    return model_dtype if flag == "auto" else FP8_KV_CACHE_DTYPES[flag]
+
+
+def is_fp8(dtype: torch.dtype) -> bool:
+    return dtype in FP8_KV_CACHE_DTYPES.values()
+
+
+def quantize_kv(x: torch.Tensor, inv_scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """x * inv_scale saturated to dtype's finite range and rounded to it (a plain cast would
+    turn values past e4m3's 448 into NaN)."""
+    limit = torch.finfo(dtype).max
+    return (x.float() * inv_scale).clamp_(-limit, limit).to(dtype)
+
+
 class MHATokenToKVPool:
-    """Per-layer K and V buffers of shape [size + 1, num_kv_heads, head_dim]; row 0 is padding."""
+    """Per-layer K and V buffers of shape [size + 1, num_kv_heads, head_dim]; row 0 is padding.
+
+    In FP8 (e4m3 / e5m2) each layer has a K and a V scale (from the checkpoint, else 1.0): a
+    stored value times its scale is the real one. Writes divide by the scale and saturate; the
+    attention backends read the raw buffers and apply the scales in their kernels."""
 
     def __init__(
         self,
@@ -65,16 +89,24 @@ class MHATokenToKVPool:
         head_dim: int,
         num_layers: int,
         device: str | torch.device,
+        kv_scales: dict[int, tuple[float, float]] | None = None,
     ):
+        """kv_scales: {layer id: (k_scale, v_scale)}, FP8 only; a layer not in it gets 1.0."""
         self.size = size
         self.dtype = dtype
+        self.is_fp8 = is_fp8(dtype)
+        if kv_scales and not self.is_fp8:
+            raise ValueError(f"KV scales apply to an FP8 KV cache, not to {dtype}")
+        scales = [(kv_scales or {}).get(layer, (1.0, 1.0)) for layer in range(num_layers)]
+        self.k_scales = [float(k) for k, _ in scales]
+        self.v_scales = [float(v) for _, v in scales]
         shape = (size + 1, num_kv_heads, head_dim)
         self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
 
     @staticmethod
     def bytes_per_token(dtype: torch.dtype, num_kv_heads: int, head_dim: int, num_layers: int) -> int:
-        return 2 * num_kv_heads * head_dim * num_layers * torch.tensor([], dtype=dtype).element_size()
+        return 2 * num_kv_heads * head_dim * num_layers * dtype.itemsize
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.k_buffer[layer_id]
@@ -82,6 +114,21 @@ class MHATokenToKVPool:
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
         return self.v_buffer[layer_id]
 
+    def get_kv_scales(self, layer_id: int) -> tuple[float, float]:
+        """(k_scale, v_scale) of a layer: 1.0 and 1.0 unless the pool is FP8 with checkpoint scales."""
+        return self.k_scales[layer_id], self.v_scales[layer_id]
+
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.is_fp8:
+            k = quantize_kv(k, 1.0 / self.k_scales[layer_id], self.dtype)
+            v = quantize_kv(v, 1.0 / self.v_scales[layer_id], self.dtype)
         self.k_buffer[layer_id][loc] = k.to(self.dtype)
         self.v_buffer[layer_id][loc] = v.to(self.dtype)
+
+    def dequantized(self, layer_id: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of `slots` as float32 real values (tests and references)."""
+        k_scale, v_scale = self.get_kv_scales(layer_id)
+        return (
+            self.k_buffer[layer_id][slots].float() * k_scale,
+            self.v_buffer[layer_id][slots].float() * v_scale,
+        )

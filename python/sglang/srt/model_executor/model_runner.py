@@ -14,7 +14,7 @@ from sglang.srt.layers.attention import create_attention_backend
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool, is_fp8, kv_cache_dtype
 from sglang.srt.model_executor.cuda_graph_runner import (
     PrefillGraphRunner,
     maybe_graph_runner,
@@ -22,7 +22,8 @@ from sglang.srt.model_executor.cuda_graph_runner import (
 )
 from sglang.srt.model_executor import tp_mirror
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.model_loader.loader import load_model
+from sglang.srt.model_loader.kv_scales import read_kv_cache_scales
+from sglang.srt.model_loader.loader import files_of_format, load_model
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.server_args import ServerArgs
 
@@ -96,6 +97,10 @@ class ModelRunner:
         self.extra_positions = extra_positions
         self.reserve_bytes = reserve_bytes
         self.extra_rows = extra_rows
+        # --kv-cache-dtype is the target's; a draft's (one-layer) KV stays in its model's dtype.
+        self.kv_cache_dtype = (
+            model_config.dtype if self.is_draft else kv_cache_dtype(server_args.kv_cache_dtype, model_config.dtype)
+        )
         torch.manual_seed(server_args.random_seed)
         if target is None and self.tp_rank == 0:
             self._log_model()
@@ -148,10 +153,7 @@ class ModelRunner:
 
     def _plan_memory(self) -> MemoryConfig:
         cfg, args = self.model_config, self.server_args
-        per_token = (
-            MHATokenToKVPool.bytes_per_token(cfg.dtype, self.num_kv_heads, cfg.head_dim, cfg.num_hidden_layers)
-            + self.draft_kv_bytes_per_token
-        )
+        per_token = self._kv_bytes_per_token() + self.draft_kv_bytes_per_token
         detail = ""
         if self.device == "cuda":
             free, total = torch.cuda.mem_get_info()
@@ -197,24 +199,46 @@ class ModelRunner:
         )
         self.token_to_kv_pool = MHATokenToKVPool(
             mem.max_total_num_tokens,
-            cfg.dtype,
+            self.kv_cache_dtype,
             self.num_kv_heads,
             cfg.head_dim,
             cfg.num_hidden_layers,
             self.device,
+            kv_scales=self._kv_cache_scales(),
         )
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(mem.max_total_num_tokens, self.device)
         if self.tp_rank == 0:
-            kv_bytes = mem.max_total_num_tokens * MHATokenToKVPool.bytes_per_token(
-                cfg.dtype, self.num_kv_heads, cfg.head_dim, cfg.num_hidden_layers
-            )
             logger.info(
-                "KV cache: %d tokens (%.2f GiB); max running requests %d; context length %d",
+                "KV cache: %d tokens (%.2f GiB, %s); max running requests %d; context length %d",
                 mem.max_total_num_tokens,
-                kv_bytes / (1 << 30),
+                mem.max_total_num_tokens * self._kv_bytes_per_token() / (1 << 30),
+                str(self.kv_cache_dtype).removeprefix("torch."),
                 mem.max_running_requests,
                 mem.context_len,
             )
+
+    def _kv_bytes_per_token(self) -> int:
+        cfg = self.model_config
+        return MHATokenToKVPool.bytes_per_token(
+            self.kv_cache_dtype, self.num_kv_heads, cfg.head_dim, cfg.num_hidden_layers
+        )
+
+    def _kv_cache_scales(self) -> dict[int, tuple[float, float]] | None:
+        """An FP8 pool's per-layer (k_scale, v_scale) from the checkpoint (kv_scales); None otherwise."""
+        if not is_fp8(self.kv_cache_dtype):
+            return None
+        load_format, layers = self.server_args.load_format, self.model_config.num_hidden_layers
+        files = [] if load_format == "dummy" else files_of_format(self.model_config.path, load_format)
+        scales = read_kv_cache_scales(files, layers)
+        if self.tp_rank == 0:
+            logger.info(
+                "FP8 KV cache (--kv-cache-dtype %s): k/v scales of %d of %d layers from the checkpoint%s",
+                self.server_args.kv_cache_dtype,
+                len(scales),
+                layers,
+                ", 1.0 for the others" if len(scales) < layers else "",
+            )
+        return scales
 
     def _init_draft_pools(self, target: "ModelRunner") -> None:
         cfg = self.model_config
@@ -222,7 +246,7 @@ class ModelRunner:
         self.token_to_kv_pool_allocator = target.token_to_kv_pool_allocator
         self.token_to_kv_pool = MHATokenToKVPool(
             self.memory.max_total_num_tokens,
-            cfg.dtype,
+            self.kv_cache_dtype,
             self.num_kv_heads,
             cfg.head_dim,
             cfg.num_hidden_layers,

@@ -12,8 +12,9 @@ import torch
 from safetensors import safe_open
 
 from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.layers.quantization import process_weights_after_loading, quantize_linear_layers, without_kv_scales
+from sglang.srt.layers.quantization import process_weights_after_loading, quantize_linear_layers
 from sglang.srt.model_loader.dummy import fill_dummy_weights
+from sglang.srt.model_loader.kv_scales import without_kv_cache_scales
 from sglang.srt.models.registry import get_model_class
 
 INDEX_FILE = "model.safetensors.index.json"
@@ -73,8 +74,8 @@ def load_model(model_config: ModelConfig, device: str, load_format: str = "auto"
         if files is None:
             fill_dummy_weights(model)
         else:
-            weights = iterate_weights(files)
-            model.load_weights(weights if model_config.quantization is None else without_kv_scales(weights))
+            # KV cache scales belong to the KV pool (the model runner reads them: kv_scales).
+            model.load_weights(without_kv_cache_scales(iterate_weights(files)))
         process_weights_after_loading(model)
     return model.eval()
 

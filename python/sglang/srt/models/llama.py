@@ -133,6 +133,7 @@ class LlamaAttention(nn.Module):
                 pool.get_key_buffer(self.attn.layer_id),
                 pool.get_value_buffer(self.attn.layer_id),
                 forward_batch.out_cache_loc,
+                *pool.get_kv_scales(self.attn.layer_id),
             )
             out = self.attn(
                 q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch, save_kv_cache=False

@@ -1,6 +1,8 @@
 """The reference attention backend: gathers each request's KV from the pool and calls
 torch's scaled_dot_product_attention. Correct on CPU and CUDA for every forward mode;
-faster backends are tested against it."""
+faster backends are tested against it. An FP8 pool's K and V are widened to q's dtype (exact)
+and their scales applied as the triton kernels apply them: k_scale to the softmax scale,
+v_scale to the output."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ class TorchNativeAttnBackend(AttentionBackend):
                 v.view(-1, layer.num_kv_heads, layer.head_dim),
             )
         k_cache, v_cache = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+        k_scale, v_scale = pool.get_kv_scales(layer.layer_id)
         q = q.view(-1, layer.num_heads, layer.head_dim)
         out = torch.empty_like(q)
         start = 0
@@ -48,14 +51,17 @@ class TorchNativeAttnBackend(AttentionBackend):
                 continue
             slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[i], :seq_len].to(torch.int64)
             out[start : start + new_len] = _causal_attention(
-                q[start : start + new_len], k_cache[slots], v_cache[slots], layer.scaling
+                q[start : start + new_len], k_cache[slots], v_cache[slots], layer.scaling * k_scale, v_scale
             )
             start += new_len
         return out.view(-1, layer.num_heads * layer.head_dim)
 
 
-def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float) -> torch.Tensor:
-    """q: [new, H, D] for the last `new` positions of a sequence whose keys are k, v [seq, KV, D]."""
+def _causal_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, v_scale: float = 1.0
+) -> torch.Tensor:
+    """q: [new, H, D] for the last `new` positions of a sequence whose keys are k, v [seq, KV, D]
+    (values times v_scale are the real ones)."""
     new_len, seq_len = q.shape[0], k.shape[0]
     query_pos = torch.arange(seq_len - new_len, seq_len, device=q.device)
     mask = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
@@ -67,4 +73,5 @@ def _causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling
         scale=scaling,
         enable_gqa=True,
     )
-    return out.squeeze(0).transpose(0, 1)
+    out = out.squeeze(0).transpose(0, 1)
+    return out if v_scale == 1.0 else out * v_scale

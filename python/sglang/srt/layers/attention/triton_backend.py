@@ -1,5 +1,6 @@
 """The `triton` attention backend: sgl_kernel's paged decode attention (split-K) and extend
-attention over a cached prefix, both reading KV through req_to_token. Default on CUDA.
+attention over a cached prefix, both reading KV through req_to_token (an FP8 pool's K/V as
+stored, with the pool's per-layer scales applied in the kernels). Default on CUDA.
 
 Decode needs no per-batch metadata beyond the batch's own tensors, so a CUDA graph replays
 it with only its input buffers refreshed; graphs of extend-shaped modes (verify, draft extend)
@@ -153,6 +154,7 @@ class TritonAttnBackend(AttentionBackend):
             extend_starts,
             max_extend_len,
             layer.scaling,
+            *pool.get_kv_scales(layer.layer_id),
         )
         return out.view(-1, layer.num_heads * layer.head_dim)
 
@@ -160,6 +162,7 @@ class TritonAttnBackend(AttentionBackend):
         if save_kv_cache:
             self._save_kv(k, v, layer, fb)
         pool = fb.token_to_kv_pool
+        k_scale, v_scale = pool.get_kv_scales(layer.layer_id)
         q = q.view(-1, layer.num_heads, layer.head_dim)
         out = torch.empty_like(q)
         self._decode.decode_attention_fwd(
@@ -173,5 +176,7 @@ class TritonAttnBackend(AttentionBackend):
             layer.scaling,
             self.num_kv_splits,
             workspace=self._decode_workspace(q.shape[0]),
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
         return out.view(-1, layer.num_heads * layer.head_dim)
