@@ -8,7 +8,7 @@
 # KV for about 45K tokens each, so each load's levels stop where concurrency x (input + output) fits.
 # LOADS: "NAME:INPUT:OUTPUT:ACCEPT:LEVELS ..." (default the three loads below). NAMES: the servers (default
 # "no_draft always k1 dynamic"; a name ending in _b is its kind's A/A twin, dynamic_x dynamic with dense
-# exploration). LOAD_FORMAT=dummy: random weights drawn by each server, nothing written. COST_LOG=1: each speculative server writes its cost log (SGLANG_SPEC_COST_LOG). Everything lands in
+# exploration). STAGGER=1: servers start one after another (see below). LOAD_FORMAT=dummy: random weights drawn by each server, nothing written. COST_LOG=1: each speculative server writes its cost log (SGLANG_SPEC_COST_LOG). Everything lands in
 # OUT/matrix.tgz; OUT/summary.txt has every level's pooled tok/s, each server's spread between rounds
 # and the envelope report's verdicts.
 # Usage (GPU machine, repository root): bash benchmark/spec_matrix_gpu.sh OUT
@@ -40,6 +40,9 @@ for i in "${!NAMES[@]}"; do
   env "${ENV[@]}" python -m sglang.launch_server --model-path "$MODEL" --port $((BASE + i)) \
     --max-running-requests 256 --max-total-tokens "$KV" ${ARGS[$name]} ${LOAD_FORMAT:+--load-format $LOAD_FORMAT} ${EXTRA_SERVER_ARGS:-} > "$RAW/$name.server.log" 2>&1 &
   PIDS+=($!)
+  # STAGGER=1: the next server starts once this one is up, so no server's start-up timings (its step
+  # table, which prefill graphs beat eager launches) are taken while another loads the GPU.
+  if [ "${STAGGER:-0}" = 1 ]; then wait_healthy "$!" $((BASE + i)) "$RAW/$name.server.log" 400 || exit 1; fi
 done
 echo "== $(date +%T) starting ${NAMES[*]}"
 for i in "${!NAMES[@]}"; do
@@ -71,7 +74,7 @@ for load in $LOADS; do
   for i in "${!NAMES[@]}"; do save_server_info $((BASE + i)) "$RAW/$lname/${NAMES[$i]}.server_info.json"; done
 done
 stop_monitor
-python benchmark/spec_matrix_summary.py "$RAW" > "$OUT/summary.txt" 2>&1
+python -m sglang.benchmark.matrix_summary "$RAW" > "$OUT/summary.txt" 2>&1
 cat "$OUT/summary.txt"
 if compgen -G "$RAW/*.costlog.*.txt" > /dev/null; then
   python -m sglang.benchmark.cost_log_report "$RAW"/*.costlog.*.txt > "$OUT/cost_report.txt" 2>&1

@@ -2,7 +2,7 @@
 rounds' spread (max / min - 1: what the same server read between rounds seconds apart), dynamic /
 best static and dynamic's share of steps per k, then dynamic's learned costs.
 
-    python summarize.py RAW_DIR"""
+    python -m sglang.benchmark.matrix_summary RAW_DIR"""
 
 from __future__ import annotations
 
@@ -15,8 +15,12 @@ from collections import defaultdict
 def server_names(folder: str) -> list[str]:
     """The servers with a pooled result file in a load's folder, in a fixed order."""
     order = ("no_draft", "always", "k1", "dynamic")
-    names = [f[: -len(".jsonl")] for f in os.listdir(folder) if f.endswith(".jsonl") and not f.endswith(".rounds.jsonl")]
-    return sorted(names, key=lambda n: (order.index(n.removesuffix("_b")) if n.removesuffix("_b") in order else len(order), n))
+    names = [
+        f[: -len(".jsonl")] for f in os.listdir(folder) if f.endswith(".jsonl") and not f.endswith(".rounds.jsonl")
+    ]
+    return sorted(
+        names, key=lambda n: (order.index(n.removesuffix("_b")) if n.removesuffix("_b") in order else len(order), n)
+    )
 
 
 def rows(path: str) -> list[dict]:
@@ -30,8 +34,10 @@ def main(raw: str) -> None:
         if not os.path.isdir(folder) or not os.path.exists(os.path.join(folder, "dynamic.jsonl")):
             continue
         print(f"== {load}")
-        pooled = {name: {r["max_concurrency"]: r for r in rows(os.path.join(folder, f"{name}.jsonl"))}
-                  for name in server_names(folder)}
+        pooled = {
+            name: {r["max_concurrency"]: r for r in rows(os.path.join(folder, f"{name}.jsonl"))}
+            for name in server_names(folder)
+        }
         rounds = defaultdict(list)
         for name in pooled:
             for r in rows(os.path.join(folder, f"{name}.rounds.jsonl")):
@@ -59,10 +65,20 @@ def main(raw: str) -> None:
                 state = json.load(f)
             policy = (state.get("internal_states") or [state])[0].get("spec_policy", {})
             cost = policy.get("cost", {})
-            print("dynamic learned ms:", json.dumps(cost.get("learned_ms")), "samples:", json.dumps(cost.get("samples")))
+            print(
+                "dynamic learned ms:", json.dumps(cost.get("learned_ms")), "samples:", json.dumps(cost.get("samples"))
+            )
             print("dynamic prior ms:", json.dumps(cost.get("prior")))
-            print("exploration:", json.dumps(policy.get("exploration")), "switches:", policy.get("switches"),
-                  "decisions:", policy.get("decisions"), "last switch:", policy.get("last_switch"))
+            print(
+                "exploration:",
+                json.dumps(policy.get("exploration")),
+                "switches:",
+                policy.get("switches"),
+                "decisions:",
+                policy.get("decisions"),
+                "last switch:",
+                policy.get("last_switch"),
+            )
         report = os.path.join(folder, "report.txt")
         if os.path.exists(report):
             with open(report, encoding="utf-8") as f:
