@@ -146,3 +146,20 @@ def test_fair_order_lets_each_client_request_take_turns():
     assert names(schedule_policy.fair_order(big + small, [])) == ["big0", "small0", "big1", "big2", "big3"]
     unique = reqs("a", 1) + reqs("b", 1) + reqs("c", 1)
     assert schedule_policy.fair_order(unique, []) == unique  # nobody fans out: arrival order
+
+
+def test_the_adder_names_what_kept_the_next_request_out():
+    """The prefill pass's debug line says why the pass stopped growing."""
+    def req(n, rid):
+        return fake_req(random.Random(0), n, max_new=4)
+
+    adder = PrefillAdder(token_budget=100, available_kv=1000, free_running_slots=8)
+    assert adder.try_add(req(60, "a")) and adder.limit == "waiting queue"
+    assert adder.try_add(req(60, "b"))  # a first chunk of 40 tokens: the budget is spent
+    assert not adder.try_add(req(10, "c")) and adder.limit == "token budget"
+    adder = PrefillAdder(token_budget=100, available_kv=30, free_running_slots=8)
+    assert not adder.try_add(req(60, "d")) and adder.limit == "KV memory"
+    adder = PrefillAdder(token_budget=100, available_kv=1000, free_running_slots=1)
+    assert adder.try_add(req(10, "e")) and not adder.try_add(req(10, "f")) and adder.limit == "running requests"
+    adder = PrefillAdder(token_budget=100, available_kv=1000, free_running_slots=8, pass_fits=lambda reqs, n: reqs < 2)
+    assert adder.try_add(req(10, "g")) and not adder.try_add(req(10, "h")) and adder.limit == "prefill graphs"

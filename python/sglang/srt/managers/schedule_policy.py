@@ -188,21 +188,26 @@ class PrefillAdder:
         self.reqs: list[Req] = []
         self.planned = 0  # extend_len of the requests added
         self.reserved = 0  # their decode_reserve, each counted whether or not its prompt fit whole
+        self.limit = "waiting queue"  # what kept the next request out of this pass (the log's debug line)
 
     def try_add(self, req: Req, continuing_chunk: bool = False) -> bool:
-        """Sets req.extend_len and returns True if it fits (possibly as a first chunk)."""
+        """Sets req.extend_len and returns True if it fits (possibly as a first chunk); else
+        `limit` names what stopped it."""
         if self.token_budget <= 0 or (not continuing_chunk and self.free_running_slots <= 0):
+            self.limit = "token budget" if self.token_budget <= 0 else "running requests"
             return False
         remaining = req.seq_len - req.kv_len
         extend_len = min(remaining, self.token_budget)
         reserve = decode_reserve(req) if extend_len == remaining else 0
         if extend_len + reserve > self.available_kv:
+            self.limit = "KV memory"
             return False
         if (
             self.reqs
             and self.pass_fits is not None
             and self.pass_fits(len(self.reqs) + 1, self.planned + extend_len) is False
         ):
+            self.limit = "prefill graphs"
             return False
         req.extend_len = extend_len
         self.token_budget -= extend_len

@@ -294,6 +294,10 @@ class Scheduler:
                     break
         if not adder.reqs:
             return None
+        logger.debug(
+            "prefill pass: %d requests, %d tokens, %d running; kept to this size by the %s",
+            len(adder.reqs), adder.planned, len(self.running_reqs), adder.limit,
+        )  # fmt: skip
         slots = self.kv_manager.alloc_for_step(adder.reqs)
         if slots is None:  # the estimate above said it fits; memory says no
             self._undo_admission(adder.reqs)
@@ -310,10 +314,12 @@ class Scheduler:
 
     def _admit(self, req: Req, adder: PrefillAdder) -> bool:
         if adder.free_running_slots <= 0 or adder.token_budget <= 0:
+            adder.limit = "token budget" if adder.token_budget <= 0 else "running requests"
             return False
         if self.spec is not None:  # before the prefix match: a request without draft state can use more of the cache
             self.spec.decide_admission(req, adder.reqs)
         if not self.kv_manager.admit(req):
+            adder.limit = "KV memory"
             return False
         if not req.output_ids:  # first admission (a retracted request keeps its first count)
             req.cached_tokens = req.cached_len
