@@ -35,9 +35,9 @@ fix_interpreter()
 
 __all__ = ["block_fp8_gemm", "block_fp8_gemm_ref", "scaled_fp8_gemm", "scaled_fp8_gemm_ref", "quantize_rows"]
 
-E4M3_MAX: tl.constexpr = 448.0
-TINY: tl.constexpr = 1.1754943508222875e-38  # float32's smallest normal: the scale of an all-zero group
-GROUP_K: tl.constexpr = GROUP
+E4M3_MAX = tl.constexpr(448.0)
+TINY = tl.constexpr(1.1754943508222875e-38)  # float32's smallest normal: the scale of an all-zero group
+GROUP_K = tl.constexpr(GROUP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,7 +121,7 @@ def _block_fp8_gemm_kernel(
     s_ptrs = w_scale + (cols // GROUP_K) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for group in range(0, tl.cdiv(K, GROUP_K)):
-        xt, wt = load_tiles(x_ptrs, w_ptrs, m_ok, n_ok, group * GROUP_K + offs_k < K, EVEN_K)
+        xt, wt = load_tiles(x_ptrs, w_ptrs, m_ok, n_ok, offs_k + group * GROUP_K < K, EVEN_K)
         x_scale = scale_of(tl.max(tl.abs(xt.to(tl.float32)), axis=1))
         xq = quantize(xt.to(tl.float32), x_scale[:, None])
         w_s = tl.load(s_ptrs + group, mask=n_ok, other=0.0)
@@ -190,8 +190,8 @@ def _scaled_fp8_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         at, wt = load_tiles(a_ptrs, w_ptrs, m_ok, n_ok, k0 + offs_k < K, EVEN_K)
-        if A_FP8:
-            acc = tl.dot(at, tl.trans(wt), acc)
+        if A_FP8:  # Hopper's fp8 MMA accumulates in reduced precision: promote to fp32 every K step
+            acc = tl.dot(at, tl.trans(wt), acc, max_num_imprecise_acc=BLOCK_K)
         else:
             acc = tl.dot(at, tl.trans(wt.to(at.dtype)), acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K

@@ -117,8 +117,8 @@ def _fp8_skinny_gemm_kernel(
             xq = quantize(xt.to(tl.float32), x_scale[:, None])
             if BLOCK_M == 1:
                 partial += wt.to(tl.float32) * xq.to(tl.float32)
-            else:
-                acc = tl.dot(xq, tl.trans(wt), acc)
+            else:  # promoted to fp32 every K step (Hopper's fp8 MMA accumulates in reduced precision)
+                acc = tl.dot(xq, tl.trans(wt), acc, max_num_imprecise_acc=BLOCK_K)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if ACTIVATIONS != "group":

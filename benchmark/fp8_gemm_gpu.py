@@ -1,0 +1,203 @@
+"""bf16 matmul against each FP8 GEMM path at Llama-3.1-8B's linear shapes (qkv, o, gate_up, down)
+and 1, 8, 64, 256 rows, each call timed inside a CUDA graph (with its activation quantization), the
+weights rotated through copies that overflow L2 so every call streams its weight from memory as a
+model's layers do. Prints a table (microseconds per call, and bf16 / path) and writes JSON.
+
+    python benchmark/fp8_gemm_gpu.py --out fp8_gemm.json            # one H100: about a minute
+    python benchmark/fp8_gemm_gpu.py --out dry.json --dry-run       # CPU: tiny shapes, interpreter
+
+Paths: bf16 (torch.nn.functional.linear); block (block_fp8_gemm), block_skinny; token_scaled_mm,
+token_triton, token_skinny (per-row weight scales, per-token activations); static_scaled_mm,
+static_triton, static_skinny. The FP8 layers use the skinny kernel up to its MAX_ROWS rows, else
+block, or scaled_mm where it serves (bf16 on sm90), else triton.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+LLAMA_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+DRY_RUN_SHAPES = {"down": (72, 200)}  # N and K not multiples of 128
+ROWS = (1, 8, 64, 256)
+DRY_RUN_ROWS = (1, 17)
+L2_OVERFLOW_BYTES = 128 << 20  # H100's L2 is 50 MB
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--rows", type=int, nargs="+", help=f"activation rows (default {ROWS})")
+    parser.add_argument("--shapes", nargs="+", choices=sorted(LLAMA_8B), help="default: all")
+    parser.add_argument("--calls-per-graph", type=int, default=20)
+    parser.add_argument("--replays", type=int, default=10)
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU under the Triton interpreter")
+    return parser.parse_args(argv)
+
+
+def path_calls(x, weights: dict, rows: int, on_cuda: bool):
+    """name -> a function of the copy index that runs that path once on `rows` rows."""
+    from sgl_kernel.fp8_gemm import block_fp8_gemm, scaled_fp8_gemm
+    from sgl_kernel.fp8_skinny_gemm import MAX_ROWS, block_fp8_skinny_gemm, scaled_fp8_skinny_gemm
+    import torch
+
+    a, static = x[:rows], weights["input_scale"]
+    calls = {
+        "bf16": lambda i: torch.nn.functional.linear(a, weights["bf16"][i]),
+        "block": lambda i: block_fp8_gemm(a, *weights["block"][i]),
+        "token_triton": lambda i: scaled_fp8_gemm(a, *weights["row"][i], "token", backend="triton"),
+        "static_triton": lambda i: scaled_fp8_gemm(a, *weights["row"][i], "static", static, backend="triton"),
+    }
+    if on_cuda:
+        calls["token_scaled_mm"] = lambda i: scaled_fp8_gemm(a, *weights["row"][i], "token", backend="scaled_mm")
+        calls["static_scaled_mm"] = lambda i: scaled_fp8_gemm(
+            a, *weights["row"][i], "static", static, backend="scaled_mm"
+        )
+    if rows <= MAX_ROWS:
+        calls["block_skinny"] = lambda i: block_fp8_skinny_gemm(a, *weights["block"][i])
+        calls["token_skinny"] = lambda i: scaled_fp8_skinny_gemm(a, *weights["row"][i], "token")
+        calls["static_skinny"] = lambda i: scaled_fp8_skinny_gemm(a, *weights["row"][i], "static", static)
+    return calls
+
+
+def reference(path: str, x, weights: dict, rows: int):
+    """What `path` computes on the first weight copy, by the dequantizing torch reference."""
+    from sgl_kernel.fp8_reference import block_fp8_gemm_ref, scaled_fp8_gemm_ref
+
+    a = x[:rows]
+    if path.startswith("block"):
+        return block_fp8_gemm_ref(a, *weights["block"][0])
+    activations = path.split("_")[0]
+    return scaled_fp8_gemm_ref(a, *weights["row"][0], activations, weights["input_scale"])
+
+
+def make_weights(n: int, k: int, device: str, copies: dict) -> dict:
+    """Random weights of one shape: `copies[kind]` copies of each kind."""
+    import torch
+
+    from sgl_kernel.fp8_reference import GROUP, quantize
+
+    def fp8_pair(block: bool):
+        w = torch.randn(n, k, device=device) * k**-0.5
+        shape = (-(-n // GROUP), -(-k // GROUP)) if block else (n, 1)
+        scale = torch.full(shape, float(w.abs().max()) / 448, device=device)
+        return quantize(w, scale.max()), scale
+
+    return {
+        "bf16": [torch.randn(n, k, device=device).mul_(k**-0.5).bfloat16() for _ in range(copies["bf16"])],
+        "block": [fp8_pair(True) for _ in range(copies["fp8"])],
+        "row": [fp8_pair(False) for _ in range(copies["fp8"])],
+        "input_scale": torch.tensor([4.0 / 448], device=device),
+    }
+
+
+def time_cuda_graph(call, copies: int, calls_per_graph: int, replays: int) -> float:
+    """Microseconds per call: `calls_per_graph` calls (cycling through the weight copies) captured
+    in one graph, replayed `replays` times."""
+    import torch
+
+    for i in range(copies):  # compile, and warm the allocator outside the graph
+        call(i)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls_per_graph):
+            call(i % copies)
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(replays):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (replays * calls_per_graph)
+
+
+def time_cpu(call, copies: int) -> float:
+    call(0)
+    start = time.perf_counter()
+    call(0)
+    return (time.perf_counter() - start) * 1e6
+
+
+def measure(args) -> list[dict]:
+    import torch
+
+    from sgl_kernel.testing import relative_error
+
+    on_cuda = not args.dry_run
+    device = "cuda" if on_cuda else "cpu"
+    shapes = DRY_RUN_SHAPES if args.dry_run else {name: LLAMA_8B[name] for name in (args.shapes or LLAMA_8B)}
+    results = []
+    for shape, (n, k) in shapes.items():
+        copies = {
+            kind: max(1, min(8, -(-L2_OVERFLOW_BYTES // (n * k * size)))) for kind, size in (("bf16", 2), ("fp8", 1))
+        }
+        if args.dry_run:
+            copies = {"bf16": 1, "fp8": 1}
+        weights = make_weights(n, k, device, copies)
+        x = torch.randn(max(args.rows), k, device=device).bfloat16()
+        for rows in args.rows:
+            for path, call in path_calls(x, weights, rows, on_cuda).items():
+                count = copies["bf16" if path == "bf16" else "fp8"]
+                if path != "bf16":  # a path that computes something else is not timed
+                    error = relative_error(call(0), reference(path, x, weights, rows))
+                    if error > 1e-2:
+                        raise AssertionError(f"{path} at {shape} x {rows} rows differs from its reference by {error}")
+                us = (
+                    time_cuda_graph(call, count, args.calls_per_graph, args.replays)
+                    if on_cuda
+                    else time_cpu(call, count)
+                )
+                results.append({"shape": shape, "n": n, "k": k, "rows": rows, "path": path, "us": round(us, 2)})
+        del weights
+    return results
+
+
+def table(results: list[dict]) -> str:
+    paths = list(dict.fromkeys(r["path"] for r in results))
+    cells = {(r["shape"], r["rows"], r["path"]): r["us"] for r in results}
+    keys = list(dict.fromkeys((r["shape"], r["rows"]) for r in results))
+    lines = ["us per call (bf16 / path); - where the path takes no such rows"]
+    lines.append(f"{'shape':>8} {'rows':>5} " + " ".join(f"{p:>18}" for p in paths))
+    for shape, rows in keys:
+        base = cells[(shape, rows, "bf16")]
+        row = []
+        for p in paths:
+            us = cells.get((shape, rows, p))
+            row.append(f"{'-':>18}" if us is None else f"{us:>9.1f} ({base / us:4.2f}x)")
+        lines.append(f"{shape:>8} {rows:>5} " + " ".join(row))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    args.rows = args.rows or (DRY_RUN_ROWS if args.dry_run else ROWS)
+    if args.dry_run:
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # before the kernels' modules are imported
+    import torch
+    import triton
+
+    if not args.dry_run and not torch.cuda.is_available():
+        sys.exit("no CUDA device; --dry-run runs tiny shapes on the CPU")
+    results = measure(args)
+    print(table(results))
+    device = torch.cuda.get_device_name() if not args.dry_run else "cpu (interpreter)"
+    report = {
+        "device": device,
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "dry_run": args.dry_run,
+        "calls_per_graph": args.calls_per_graph,
+        "replays": args.replays,
+        "results": results,
+    }
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""benchmark/fp8_gemm_gpu.py: its dry run (tiny shapes, the Triton interpreter on the CPU) times
+every path that runs without CUDA, checks each against its reference first, prints the table and
+writes the JSON; its arguments parse as documented."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "fp8_gemm_gpu.py")
+spec = importlib.util.spec_from_file_location("fp8_gemm_gpu", PATH)
+fp8_gemm_gpu = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(fp8_gemm_gpu)
+
+
+def test_arguments_default_to_every_8b_shape():
+    args = fp8_gemm_gpu.parse_args(["--out", "x.json", "--shapes", "o", "down", "--rows", "1", "64"])
+    assert (args.shapes, args.rows, args.dry_run) == (["o", "down"], [1, 64], False)
+    assert fp8_gemm_gpu.parse_args(["--out", "x.json"]).shapes is None
+    assert set(fp8_gemm_gpu.LLAMA_8B) == {"qkv", "o", "gate_up", "down"}
+
+
+def test_dry_run_times_each_path_and_writes_json(tmp_path):
+    out = tmp_path / "fp8.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, PATH, "--dry-run", "--out", str(out)], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["dry_run"] and report["device"] == "cpu (interpreter)"
+    paths = {(r["shape"], r["rows"], r["path"]) for r in report["results"]}
+    for shape in fp8_gemm_gpu.DRY_RUN_SHAPES:
+        assert {p for s, rows, p in paths if s == shape and rows == 1} == {
+            "bf16",
+            "block",
+            "token_triton",
+            "static_triton",
+            "block_skinny",
+            "token_skinny",
+            "static_skinny",
+        }
+        assert {p for s, rows, p in paths if s == shape and rows == 17} == {
+            "bf16",
+            "block",
+            "token_triton",
+            "static_triton",
+        }
+    assert all(r["us"] > 0 for r in report["results"])
+    assert "us per call" in proc.stdout and "token_skinny" in proc.stdout
