@@ -3,7 +3,9 @@ references (computed on the GPU from the same e4m3 weights, in float32), the FP8
 CUDA path against their CPU path, and the wrappers inside a CUDA graph without host syncs.
 Run on the GPU machine: python -m pytest test/gpu/test_fp8_cuda.py -q
 
-Error measure: sgl_kernel.testing.relative_error; tolerances sgl_kernel.testing.TOLERANCE."""
+Error measure: sgl_kernel.testing.relative_error; tolerances sgl_kernel.testing.TOLERANCE, but 1e-3
+for float32 outputs: Hopper's fp8 MMA sums each 128-wide K step in reduced precision before the
+kernels add it in fp32 (as DeepSeek-V3's report measured), which the fp32 references do not."""
 
 import pytest
 import torch
@@ -11,12 +13,14 @@ import torch
 from sgl_kernel.fp8_gemm import block_fp8_gemm, block_fp8_gemm_ref, scaled_fp8_gemm, scaled_fp8_gemm_ref
 from sgl_kernel.fp8_reference import FP8, GROUP
 from sgl_kernel.fp8_skinny_gemm import MAX_ROWS, block_fp8_skinny_gemm, scaled_fp8_skinny_gemm
-from sgl_kernel.testing import TOLERANCE, relative_error
+from sgl_kernel.testing import TOLERANCE as DENSE_TOLERANCE
+from sgl_kernel.testing import relative_error
 
 SHAPES = [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)]  # (N, K): qkv, o, gate_up, down
 SHAPE_IDS = ["qkv", "o", "gate_up", "down"]
 ROWS = [1, 8, 64, 256]
 STATIC_SCALE = 4.0 / 448  # inputs past 4 saturate
+TOLERANCE = {**DENSE_TOLERANCE, torch.float32: 1e-3}
 
 
 def fp8_weight(n, k, scales, seed=0):
