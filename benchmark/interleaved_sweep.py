@@ -14,7 +14,7 @@ alike). Writes OUT/NAME.rounds.jsonl (every round's bench_serving line, with "ro
 "position" and its wall-clock span "started_unix" / "ended_unix", for monitor_report.py) and
 OUT/NAME.jsonl (one line per level, the rounds pooled: throughputs are total tokens over total
 measured time, counts and steps per k are summed, latency statistics are the rounds' means),
-the layout spec_envelope_report.py reads. --warmup-rounds N plays N rounds first at each level,
+the layout sglang.benchmark.envelope_report reads. --warmup-rounds N plays N rounds first at each level,
 written to OUT/NAME.warmup.jsonl and left out of the pooled line.
 
     python benchmark/interleaved_sweep.py repool OUT NAME NAME ...

@@ -225,7 +225,7 @@ if [ -z "${TRACE:-}" ] && [ -f "$N" ] && [ -f "$A" ] && [ -f "$D" ]; then
   # without it, always_b is the A/A control (reported, not judged).
   if [ -f "$D2" ] && [ -f "$B" ]; then KINDS=(--always "$A" --always "$B" --dynamic "$D" --dynamic "$D2")
   else KINDS=(--always "$A" --dynamic "$D" $( [ -f "$B" ] && echo --control "$B" )); fi
-  python benchmark/spec_envelope_report.py --no-draft "$N" "${KINDS[@]}" \
+  python -m sglang.benchmark.envelope_report --no-draft "$N" "${KINDS[@]}" \
     $( [ -f "$OUT/${CONFIG}_dynamic.server_info.json" ] && echo --server-info "$OUT/${CONFIG}_dynamic.server_info.json" ) --out "$OUT/${CONFIG}_envelope.json"
   python -m sglang.bench_serving plot "$N" "$A" "$D" --output "$OUT/${CONFIG}_envelope.png" \
     --title "envelope $CONFIG, 1 x H200"

@@ -1,19 +1,15 @@
-"""benchmark/fp8_gemm_gpu.py: its dry run (tiny shapes, the Triton interpreter on the CPU) times
+"""python -m sglang.benchmark.fp8_gemm: its dry run (tiny shapes, the Triton interpreter on the CPU) times
 every path that runs without CUDA, checks each against its reference first, prints the table and
 writes the JSON; its arguments parse as documented."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 
-PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "fp8_gemm_gpu.py")
-spec = importlib.util.spec_from_file_location("fp8_gemm_gpu", PATH)
-fp8_gemm_gpu = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(fp8_gemm_gpu)
+from sglang.benchmark import fp8_gemm as fp8_gemm_gpu
 
 
 def test_arguments_default_to_every_8b_shape():
@@ -27,7 +23,11 @@ def test_dry_run_times_each_path_and_writes_json(tmp_path):
     out = tmp_path / "fp8.json"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, PATH, "--dry-run", "--out", str(out)], capture_output=True, text=True, timeout=300, env=env
+        [sys.executable, "-m", "sglang.benchmark.fp8_gemm", "--dry-run", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(out.read_text())

@@ -1,19 +1,14 @@
-"""benchmark/spec_envelope_report.py: the envelope check of dynamic speculation from three
+"""python -m sglang.benchmark.envelope_report: the envelope check of dynamic speculation from three
 sweeps' JSON lines (goals: dynamic >= 0.98 x the better of no draft / always at every level,
 >= 0.99 x no draft at the largest)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 
 import pytest
 
-PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmark", "spec_envelope_report.py")
-spec = importlib.util.spec_from_file_location("spec_envelope_report", PATH)
-report = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(report)
+from sglang.benchmark import envelope_report as report
 
 
 def write(tmp_path, name: str, throughputs: dict[int, float], failed: int = 0) -> str:

@@ -203,7 +203,7 @@ def _scaled_fp8_gemm_kernel(
 
 
 def default_config(rows: int, n: int, k: int) -> Config:
-    """Tiles by row count; not yet tuned on a GPU (benchmark/fp8_gemm_gpu.py measures them)."""
+    """Tiles by row count; not yet tuned on a GPU (python -m sglang.benchmark.fp8_gemm measures them)."""
     if rows <= 64:
         block_m = max(16, triton.next_power_of_2(rows))
         return Config(block_m, 64, 128, 8, num_warps=4, num_stages=4)

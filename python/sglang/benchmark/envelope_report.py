@@ -1,7 +1,7 @@
 """The envelope check of dynamic speculation (issue 8) from three bench_serving sweeps against
 the same model: a server without a draft, one that always speculates, one with the mode switch.
 
-    python benchmark/spec_envelope_report.py --no-draft A.jsonl --always B.jsonl --dynamic C.jsonl \
+    python -m sglang.benchmark.envelope_report --no-draft A.jsonl --always B.jsonl --dynamic C.jsonl \
         [--server-info C.server_info.json] [--control B2.jsonl] --out report.json
 
 --control: a second sweep of a server configured like `always` (an A/A control). Its ratio to

@@ -3,8 +3,8 @@ and 1, 8, 64, 256 rows, each call timed inside a CUDA graph (with its activation
 weights rotated through copies that overflow L2 so every call streams its weight from memory as a
 model's layers do. Prints a table (microseconds per call, and bf16 / path) and writes JSON.
 
-    python benchmark/fp8_gemm_gpu.py --out fp8_gemm.json            # one H100: about a minute
-    python benchmark/fp8_gemm_gpu.py --out dry.json --dry-run       # CPU: tiny shapes, interpreter
+    python -m sglang.benchmark.fp8_gemm --out fp8_gemm.json            # one H100: about a minute
+    python -m sglang.benchmark.fp8_gemm --out dry.json --dry-run       # CPU: tiny shapes, interpreter
 
 Paths: bf16 (torch.nn.functional.linear); block (block_fp8_gemm), block_skinny; token_scaled_mm,
 token_triton, token_skinny (per-row weight scales, per-token activations); static_scaled_mm,
