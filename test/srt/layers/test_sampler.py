@@ -236,3 +236,28 @@ def test_batch_info_tensors():
 def test_batch_info_of_an_empty_batch():
     info = make_info([], seeds=[], vocab_size=10)
     assert len(info) == 0 and info.temperatures.shape == (0, 1) and info.greedy_mask.dtype == torch.bool
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_selecting_the_top_k_keeps_exactly_what_the_full_sort_keeps(seed, monkeypatch):
+    """The CPU's selection of a small top_k against the stable sort of the whole vocabulary, on
+    logits with many ties (at the k-th place too), -inf entries (grammar masks), top_p on some
+    rows, and rows without filters in the same batch."""
+    from sglang.srt.layers import sampler as sampler_module
+
+    generator = torch.Generator().manual_seed(seed)
+    vocab, batch = 500, 48
+    logits = torch.randint(-4, 4, (batch, vocab), generator=generator).float() / 2
+    logits[batch // 2 :] = torch.randn(batch - batch // 2, vocab, generator=generator)  # no ties at all
+    logits[torch.rand(batch, vocab, generator=generator) < 0.3] = -torch.inf
+    logits[0, :] = -torch.inf  # every token masked
+    logits[1, :] = 1.0  # every token tied
+    top_ks = torch.randint(1, 40 if seed % 2 else sampler_module.MAX_SELECTED_TOP_K + 1, (batch,), generator=generator)
+    top_ps = torch.rand(batch, generator=generator).clamp(min=0.05)
+    top_ps[::3] = 1.0
+    params = [SamplingParams(top_k=int(k), top_p=float(p)) for k, p in zip(top_ks, top_ps)]
+    params[5:8] = [SamplingParams(temperature=0.7)] * 3  # no filter in a filtered batch
+    info = make_info(params, vocab_size=vocab)
+    selected = apply_top_k_top_p_min_p(logits, info)
+    monkeypatch.setattr(sampler_module, "MAX_SELECTED_TOP_K", 0)  # the full sort
+    assert torch.equal(selected, apply_top_k_top_p_min_p(logits, info))

@@ -71,16 +71,65 @@ def apply_top_k_top_p_min_p(logits: torch.Tensor, info: SamplingBatchInfo) -> to
     return logits
 
 
+# On the CPU, a batch whose largest top_k is at most this selects its top_k tokens instead of
+# sorting the vocabulary: the same kept set, several times faster (measured: 48 rows of 6,144
+# tokens with top_k 6 in about 2 ms instead of 26 ms).
+MAX_SELECTED_TOP_K = 256
+
+
 def _apply_top_k_top_p(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    if not logits.is_cuda:  # the width is read on the host: free on the CPU, a sync on the GPU
+        top = _stable_top(logits, info)
+        if top is not None:
+            sorted_logits, sorted_ids, filtered_rows = top
+            drop_sorted = _drop_by_rank(sorted_logits, info, logits.shape[-1])
+            kept = torch.full_like(logits, -torch.inf).scatter_(
+                -1, sorted_ids, sorted_logits.masked_fill(drop_sorted, -torch.inf)
+            )
+            return kept if filtered_rows is None else torch.where(filtered_rows[:, None], kept, logits)
     # A stable sort breaks ties by token id, so the kept set never depends on the backend.
     sorted_logits, sorted_ids = torch.sort(logits, dim=-1, descending=True, stable=True)
-    ranks = torch.arange(logits.shape[-1], device=logits.device)
+    drop_sorted = _drop_by_rank(sorted_logits, info, logits.shape[-1])
+    drop = torch.empty_like(drop_sorted).scatter_(-1, sorted_ids, drop_sorted)
+    return logits.masked_fill(drop, -torch.inf)
+
+
+def _stable_top(logits: torch.Tensor, info: SamplingBatchInfo):
+    """(values, ids, filtered rows or None for all) of the first `width` places of the stable
+    descending sort, where every row either keeps at most `width` <= MAX_SELECTED_TOP_K tokens by
+    top_k or has no filter; None where a row needs more of the sort (top_p without a small top_k)."""
+    filtered = (info.top_ks < logits.shape[-1]) | (info.top_ps < 1.0)
+    width = int(info.top_ks[filtered].max()) if bool(filtered.any()) else 0
+    if not 0 < width <= MAX_SELECTED_TOP_K:
+        return None
+    threshold = torch.topk(logits, width, dim=-1).values[:, -1:]
+    selected = logits >= threshold
+    ids = selected.nonzero()[:, 1]
+    if ids.numel() != logits.shape[0] * width:
+        # Tokens tied with the width-th value that do not all fit: the sort keeps those of lowest id.
+        above = logits > threshold
+        ties = selected & ~above
+        selected = above | (ties & (ties.cumsum(-1) <= width - above.sum(-1, keepdim=True)))
+        ids = selected.nonzero()[:, 1]
+        if ids.numel() != logits.shape[0] * width:  # NaN logits: left to the sort
+            return None
+    ids = ids.view(-1, width)  # ascending token ids within a row
+    values, order = torch.sort(logits.gather(-1, ids), dim=-1, descending=True, stable=True)
+    return values, ids.gather(-1, order), None if bool(filtered.all()) else filtered
+
+
+def _drop_by_rank(sorted_logits: torch.Tensor, info: SamplingBatchInfo, vocab_size: int) -> torch.Tensor:
+    """Which of each row's first places in the stable descending sort (all of them, or the first
+    `width`) top_k and top_p leave out."""
+    width = sorted_logits.shape[-1]
+    ranks = torch.arange(width, device=sorted_logits.device)
     drop_sorted = ranks[None, :] >= info.top_ks[:, None]
     if info.need_top_p_sampling:
         top_k_logits = sorted_logits.masked_fill(drop_sorted, -torch.inf)
-        drop_sorted |= _outside_nucleus(top_k_logits, info.top_ps)
-    drop = torch.empty_like(drop_sorted).scatter_(-1, sorted_ids, drop_sorted)
-    return logits.masked_fill(drop, -torch.inf)
+        # Over the whole vocabulary, as the full sort sees it, so that the sums round the same.
+        top_k_logits = torch.nn.functional.pad(top_k_logits, (0, vocab_size - width), value=-torch.inf)
+        drop_sorted |= _outside_nucleus(top_k_logits, info.top_ps)[:, :width]
+    return drop_sorted
 
 
 def _outside_nucleus(sorted_logits: torch.Tensor, top_ps: torch.Tensor) -> torch.Tensor:
