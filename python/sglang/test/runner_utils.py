@@ -161,7 +161,7 @@ def fake_cuda_graphs(set_attr, batch_sizes: list[int]) -> None:
     the builtin setattr in a one-off script."""
     from sglang.srt.model_executor import cuda_graph_runner
     from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
-    from sglang.srt.speculative import eagle_worker_v2
+    from sglang.srt.speculative import eagle_cuda_graphs
 
     def capture_one(self, bs):
         run = lambda: self.model_runner.forward_eager(self._static_batch(bs))  # noqa: E731
@@ -175,6 +175,6 @@ def fake_cuda_graphs(set_attr, batch_sizes: list[int]) -> None:
     set_attr(CudaGraphRunner, "_capture_one", capture_one)
     set_attr(cuda_graph_runner, "capture_graph", fake_capture_graph)  # prefill graphs
     set_attr(ModelRunner, "graph_memory_pool", lambda self: None)
-    set_attr(eagle_worker_v2.SpecStepGraphs, "_capture_one", step_capture_one)
-    for module in (cuda_graph_runner, eagle_worker_v2):
+    set_attr(eagle_cuda_graphs.SpecStepGraphs, "_capture_one", step_capture_one)
+    for module in (cuda_graph_runner, eagle_cuda_graphs):
         set_attr(module, "graph_batch_sizes", lambda runner: list(batch_sizes))

@@ -17,7 +17,7 @@ from sglang.srt.model_executor import cuda_graph_runner
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, PrefillGraphRunner
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.speculative import eagle_worker_v2
+from sglang.srt.speculative import eagle_cuda_graphs
 from sglang.test.runner_utils import fake_cuda_graphs, run_to_completion
 
 BUCKETS = [1, 2, 4, 8]
@@ -40,13 +40,13 @@ def rerun_graphs(monkeypatch):
         return prefill_replay(self, fb)
 
     monkeypatch.setattr(PrefillGraphRunner, "replay", counted_prefill)
-    step_replay = eagle_worker_v2.SpecStepGraphs.replay
+    step_replay = eagle_cuda_graphs.SpecStepGraphs.replay
 
     def counted_step(self, rows, out_cache_loc, behind=None, opted_out=None):
         replays.append(("STEP" if self.draft else "TARGET_STEP", self.width, len(rows)))
         return step_replay(self, rows, out_cache_loc, behind, opted_out)
 
-    monkeypatch.setattr(eagle_worker_v2.SpecStepGraphs, "replay", counted_step)
+    monkeypatch.setattr(eagle_cuda_graphs.SpecStepGraphs, "replay", counted_step)
     original = CudaGraphRunner.replay
 
     def counted(self, fb):

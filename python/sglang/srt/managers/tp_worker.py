@@ -12,6 +12,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.constrained.bitmask import apply_token_mask, device_mask
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.penalties import PenaltyCounts
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
@@ -92,6 +93,15 @@ class TpModelWorker:
         """Launch the step and return at once; the tokens are on the device and on their way
         to the host (`wait_host`)."""
         forward_batch, offsets = batch.to_forward_batch(self.device)
+        result, _ = self.forward_and_sample(batch, forward_batch, offsets)
+        result.start_copy_to_host()
+        return result
+
+    def forward_and_sample(
+        self, batch: ScheduleBatch, forward_batch: ForwardBatch, offsets: torch.Tensor
+    ) -> tuple[GenerationBatchResult, SamplingBatchInfo]:
+        """The forward, its next tokens sampled (and counted for the penalties) and, where asked
+        for, their logprobs; with the batch's sampling info."""
         logits_output = self.model_runner.forward(forward_batch)
         info = self.sampling_info(batch.reqs)
         logits = self.adjust_logits(logits_output.next_token_logits, batch.grammars, info)
@@ -100,8 +110,7 @@ class TpModelWorker:
         result = GenerationBatchResult(logits_output, next_token_ids)
         if any(req.return_logprob for req in batch.reqs):
             self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
-        result.start_copy_to_host()
-        return result
+        return result, info
 
     def constrain(self, logits: torch.Tensor, grammars: Optional[list]) -> torch.Tensor:
         """The logits with the tokens each row's grammar forbids at -inf (`grammars`: one matcher

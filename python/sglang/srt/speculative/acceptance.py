@@ -15,32 +15,25 @@ INITIAL_ROWS = 16  # request rows made at start; the table doubles when they run
 
 
 class AcceptanceEstimator:
-    """Per-position acceptance estimates a_1..a_kmax, where a_i = P(draft token i is accepted |
-    drafts 1..i-1 were accepted).
+    """Per-position acceptance estimates a_1..a_kmax, a_i = P(draft i accepted | drafts 1..i-1
+    were). Per-position rates price every k from the same statistics, E[tokens | k] = 1 +
+    sum_{i<=k} prod_{j<=i} a_j, even a k that has not run lately.
 
-    Per-position rates (rather than one mean accept length) let the cost policy price every k
-    from the same statistics, E[tokens | k] = 1 + sum_{i<=k} prod_{j<=i} a_j, even a k that has
-    not run lately. The pooled estimate is an EMA over recent verifies of all requests. Each
-    request also has its own (some prompts are much easier to draft for than others): it starts
-    at new_request_rates and follows a running mean (that start weighted as
-    _REQUEST_PRIOR_WEIGHT observations) until that is slower than request_alpha, then an EMA at
-    request_alpha: quick to tell a new request apart, yet not swung by one request's luck (an
-    EMA at 0.2 of 0/1 outcomes moves by +-0.17 at a_i = 0.5, enough to flip the choice of k).
+    The pooled estimate is an EMA over recent verifies. Each request also has its own (some
+    prompts are much easier to draft for): it starts at new_request_rates and follows a running
+    mean (that start weighted as _REQUEST_PRIOR_WEIGHT observations) until that is slower than
+    request_alpha, then an EMA at request_alpha: quick to tell a new request apart, yet not swung
+    by one request's luck.
 
-    A position the current k does not reach is not observed, and a frozen low estimate there
-    starves: the policy never runs the deeper k again to see it recover. So each step moves the
-    positions it did not observe (pooled, and the batch's rows) a fraction `recovery` of the way
-    up to max(prior, long-run rate), the long-run rate being a slow EMA (alpha / 10) of what the
-    position showed when observed; estimates above that are left alone. A really poor position
-    then costs a dwell's worth of steps every few hundred, where both choices are worth about
-    the same.
+    A position the current k does not reach goes unobserved, and a frozen low estimate there
+    would keep the deeper k from ever running again. So each step moves the unobserved positions
+    a fraction `recovery` of the way up to max(prior, long-run rate), the long-run rate being a
+    slow EMA (alpha / 10) of what the position showed when observed.
 
-    Per-request state lives in numpy rows (reused after `forget`), so a step costs a few array
-    operations instead of a Python loop over the batch (~0.3 ms per step at batch 256). A step
-    updates the pooled rates at once and queues the rows' updates; _fold_rows folds the queue when
-    something reads the rows or MAX_PENDING_STEPS are queued, consecutive steps of one batch
-    sharing one gather and one scatter: within a serving loop, where numpy's code is cold, that
-    cost the host ~70-100 us a step instead of ~190-260 us."""
+    Per-request state lives in numpy rows (reused after `forget`): a step updates the pooled rates
+    at once and queues the rows' updates, which _fold_rows applies when something reads them or
+    MAX_PENDING_STEPS are queued (consecutive steps of one batch share one gather and scatter,
+    ~70-100 us a step on the host instead of ~190-260 us)."""
 
     def __init__(
         self, k_max: int, alpha: float = 0.05, prior: float = 0.5, request_alpha: float = 0.05, recovery: float = 0.002
@@ -61,8 +54,7 @@ class AcceptanceEstimator:
         self._pooled = [float(prior)] * k_max
         self.recovery = float(recovery)
         self._long_run = np.full(k_max, float(prior))  # slow EMA of each position's observed rate
-        # rid -> row of _rates / _seen; a row is created when a request is first observed (from
-        # then on its own data refine the pool's guess) and freed when it is forgotten.
+        # rid -> row of _rates / _seen, from a request's first observation until it is forgotten.
         self._per_request: dict[str, int] = {}
         self._free_rows: list[int] = list(range(INITIAL_ROWS - 1, -1, -1))  # popped from the end: row 0 first
         # A request's rates and observation counts share one row of _state (one gather and one
@@ -79,9 +71,7 @@ class AcceptanceEstimator:
         ]
         self._last_rids: list[str] = []
         self._last_rows = np.zeros(0, dtype=np.int64)
-        # Steps whose per-request updates are not folded into _state yet: (rows, tokens per
-        # request, k_step, recovery target). The pooled rates are updated at once; the rows when
-        # something reads them (_fold_rows), in one warm run of array operations.
+        # Steps not folded into _state yet: (rows, tokens per request, k_step, recovery target).
         self._pending: list[tuple[np.ndarray, list[int], int, Optional[np.ndarray]]] = []
         self._rows_to_free: list[int] = []  # rows of forgotten requests, freed once pending steps are folded
 
@@ -118,41 +108,37 @@ class AcceptanceEstimator:
 
     def new_request_rates(self) -> list[float]:
         """What a request not seen yet is expected to accept: per position the larger of the pooled
-        and the long-run rate. At small batches the pooled EMA follows the few running requests
-        step by step, so one prompt the draft cannot predict pulls it far down within tens of
-        steps; judged by it, the requests after a hard one were admitted without the draft (and,
-        decoding plainly, never showed otherwise). The long-run rate moves ten times slower: a
-        workload that stays hard still brings new requests down with it."""
+        and the long-run rate. At small batches one hard prompt pulls the pooled EMA far down within
+        tens of steps, which would keep the draft from the requests admitted after it; the long-run
+        rate moves ten times slower, so only a workload that stays hard brings new requests down."""
         return [max(pooled, float(long_run)) for pooled, long_run in zip(self._pooled, self._long_run)]
 
     def _observe(self, rids: list[str], num_out: list[int], k_step: int, counts: list[int]) -> None:
-        """Takes one step's outcomes: request r produced num_out[r] tokens (1..k_step + 1) from
-        k_step drafts (k_step 1 with num_out 1 or 2: a plain step's probe that missed or hit);
-        counts[n]: how many requests produced n. The pooled rates are updated now; the requests'
-        rows (their rates, and positions from k_step on recovering towards their target) are
-        queued for _fold_rows."""
-        target = self._recovery_target(k_step)
+        """One step's outcomes: request r produced num_out[r] tokens (1..k_step + 1) from k_step
+        drafts; counts[n]: how many requests produced n. Updates the pooled rates; queues the rows'."""
+        # Unobserved positions k_step.. recover towards max(prior, long-run rate) (None: none, or off).
+        target = np.maximum(self._long_run[k_step:], self.prior) if k_step < self.k_max and self.recovery else None
         self._pending.append((self._rows(rids), num_out, k_step, target))
-        # The pooled EMA takes the batch as one observation per position: 0-based position i was
+        # The pooled EMAs take the batch as one observation per position: 0-based position i was
         # observed by the requests that produced more than i tokens, accepted by those that
         # produced more than i + 1.
         accepted_here = counts[k_step + 1]
         for i in range(k_step - 1, -1, -1):
             observed_here = accepted_here + counts[i + 1]
             if observed_here:
-                self._update_pooled(i, accepted_here / observed_here)
+                rate = accepted_here / observed_here
+                self._pooled[i] += self.alpha * (rate - self._pooled[i])
+                self._long_run[i] += self.alpha / 10 * (rate - self._long_run[i])
             accepted_here = observed_here
-        if target is not None:
-            self._recover_pooled(k_step, target)
+        for i, goal in enumerate(() if target is None else target.tolist(), start=k_step):
+            if self._pooled[i] < goal:
+                self._pooled[i] += self.recovery * (goal - self._pooled[i])
         if len(self._pending) >= MAX_PENDING_STEPS:
             self._fold_rows()
 
     def _fold_rows(self) -> None:
         """Folds the queued steps into the requests' rows, in order: each step a running mean /
-        EMA per observed position and recovery of the unobserved ones. Consecutive steps of the
-        same batch share one gather and one scatter. Within a serving loop, where numpy's code is
-        cold, a step's array operations cost ~130 us at batch 16 done one step at a time; a few
-        steps in a row cost little more than one."""
+        EMA per observed position and recovery of the unobserved ones."""
         pending, self._pending = self._pending, []
         k_max, request_alpha, recovery, tables = self.k_max, self.request_alpha, self.recovery, self._outcome_tables
         state = self._state
@@ -179,60 +165,30 @@ class AcceptanceEstimator:
             self._free_rows.extend(self._rows_to_free)
             self._rows_to_free = []
 
-    def _update_pooled(self, position: int, rate: float) -> None:
-        """Fold one step's observed rate at 0-based `position` into the pooled and long-run EMAs."""
-        self._pooled[position] += self.alpha * (rate - self._pooled[position])
-        self._long_run[position] += self.alpha / 10 * (rate - self._long_run[position])
-
-    def _recovery_target(self, first: int) -> Optional[np.ndarray]:
-        """What 0-based positions first.. recover towards when unobserved: max(prior, long-run
-        rate) each (None where there are none, or recovery is off)."""
-        if first >= self.k_max or not self.recovery:
-            return None
-        return np.maximum(self._long_run[first:], self.prior)
-
-    def _recover_pooled(self, first: int, target: np.ndarray) -> None:
-        """0-based positions first.. went unobserved this step: move each pooled rate below its
-        target a fraction `recovery` of the way up (the batch's rows move alike, in _fold_rows)."""
-        for i, goal in enumerate(target.tolist(), start=first):
-            if self._pooled[i] < goal:
-                self._pooled[i] += self.recovery * (goal - self._pooled[i])
-
     def record_verify(self, rids: list[str], num_out: list[int], k_step: int) -> None:
         """One speculative step with k_step drafts: request rids[r] produced num_out[r] tokens
-        (1..k_step + 1). Position i was observed iff num_out >= i (every earlier draft was
-        accepted) and accepted iff num_out >= i + 1; unobserved positions say nothing.
-
-        The pooled EMA takes the whole batch as one observation per position (accepted / observed
-        in this batch), so one 256-request step moves it as much as a 1-request step does: the
-        estimate's memory is in steps, independent of the batch size."""
+        (1..k_step + 1). Position i was observed iff num_out >= i and accepted iff num_out >= i + 1.
+        The pooled EMAs take the batch as one observation per position, so their memory is in
+        steps, whatever the batch size."""
         if len(rids) != len(num_out):
             raise ValueError(f"record_verify: {len(rids)} request ids but {len(num_out)} output counts")
         if not 0 <= k_step <= self.k_max:
             raise ValueError(f"record_verify: k_step {k_step} is outside 0..{self.k_max}")
         if k_step == 0 or not rids:
             return
+        if min(num_out) < 1 or max(num_out) > k_step + 1:
+            rid, n = next((rid, n) for rid, n in zip(rids, num_out) if not 1 <= n <= k_step + 1)
+            raise ValueError(
+                f"record_verify: request {rid!r} produced {n} tokens from {k_step} drafts (expected 1..{k_step + 1})"
+            )
         counts = [0] * (k_step + 2)
-        try:
-            if min(num_out) < 1:
-                raise IndexError
-            for n in num_out:
-                counts[n] += 1
-        except IndexError:
-            bad = next(r for r, n in enumerate(num_out) if not 1 <= n <= k_step + 1)
-            self._bad_verify(rids[bad], int(num_out[bad]), k_step)
+        for n in num_out:
+            counts[n] += 1
         self._observe(rids, num_out, k_step, counts)
 
-    @staticmethod
-    def _bad_verify(rid: str, n: int, k_step: int) -> None:
-        raise ValueError(
-            f"record_verify: request {rid!r} produced {n} tokens from {k_step} drafts (expected 1..{k_step + 1})"
-        )
-
     def record_probe(self, rids: list[str], hits: list[bool]) -> None:
-        """A PLAIN step's free probe: whether the draft's top-1 proposal equalled the target's
-        token. It observes position 1 only, and keeps a_1 current while speculation is off, which
-        is what tells the cost policy when turning it back on would pay."""
+        """A PLAIN step's free probe: whether the draft's guess d_1 was the target's token. It keeps
+        a_1 current while speculation is off, which tells the policy when turning it on would pay."""
         if len(rids) != len(hits):
             raise ValueError(f"record_probe: {len(rids)} request ids but {len(hits)} probe results")
         if not rids:

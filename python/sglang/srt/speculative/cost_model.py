@@ -11,10 +11,12 @@ from typing import Optional
 
 
 class CostTable:
-    """Measured seconds per decode step: plain[bs] for a PLAIN step and spec[(bs, k)] for a
-    speculative step of k drafts (draft + verify + draft extend), at the captured batch-size
-    buckets. Measured by replaying the captured graphs at start-up, since the ratio of the two
-    depends on model, GPU and batch size in ways no formula gets right."""
+    """Measured seconds per decode step, replaying the captured graphs at start-up (the ratio of
+    plain to speculative steps depends on model, GPU and batch size in ways no formula gets
+    right): plain[bs] for a PLAIN step, spec[(bs, k)] for one of k drafts, at the graph buckets.
+    context_seconds[k]: what a step of k adds per token of context in the batch (its KV reads),
+    which the replays on an empty scratch row do not see; at batch 128 with 1k-token contexts
+    the target's KV read outweighs its weights."""
 
     def __init__(
         self,
@@ -22,11 +24,6 @@ class CostTable:
         spec: dict[tuple[int, int], float],
         context_seconds: Optional[dict[int, float]] = None,
     ):
-        """context_seconds[k]: seconds a step of k drafts adds per token of context in the batch
-        (its attention reading the KV cache), which the start-up replays on an empty scratch
-        row do not see: at batch 128 with 1k-token contexts the target's KV read is larger than
-        its weights, and plain and speculative steps pay it alike (a verify reads each
-        request's KV once), so leaving it out overstates what speculation costs there."""
         by_k: dict[int, dict[int, float]] = {0: dict(plain)} if plain else {}
         for (bs, k), seconds in spec.items():
             if k < 1:
@@ -44,10 +41,8 @@ class CostTable:
                 raise ValueError(
                     f"CostTable: context seconds for k={k} need a measured step time and a value >= 0, got {seconds}"
                 )
-        # k -> (sorted bucket sizes, their seconds), for a bisect per lookup. A step replays the
-        # graph of the smallest bucket >= its batch, so a step's true cost cannot fall as the
-        # bucket grows: a bucket measured slower than a larger one is timing noise, and takes the
-        # larger one's time.
+        # k -> (sorted bucket sizes, their seconds). A bucket measured slower than a larger one is
+        # timing noise (a step replays the smallest bucket >= its batch): it takes the larger's time.
         self._buckets = {}
         for k, table in by_k.items():
             sizes = sorted(table)
@@ -57,8 +52,7 @@ class CostTable:
             self._buckets[k] = (sizes, times)
 
     @property
-    def measured_steps(self) -> tuple[int, ...]:
-        """Every k with at least one measurement (0 = plain)."""
+    def measured_steps(self) -> tuple[int, ...]:  # every measured k (0 = plain)
         return tuple(sorted(self._buckets))
 
     def bucket(self, batch_size: int, k: int) -> int:
@@ -68,11 +62,9 @@ class CostTable:
         return sizes[min(bisect_left(sizes, batch_size), len(sizes) - 1)]
 
     def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
-        """Seconds of one step of k drafts (0 = plain) at this batch size: the smallest measured
-        bucket >= batch_size (the graph that would be replayed, padded), plus the KV read of
-        `context_tokens` (the batch's summed context). Beyond the largest bucket there is no
-        graph; the largest bucket's time is scaled by batch_size / largest, an extrapolation
-        that assumes compute-bound steps there (linear in tokens)."""
+        """Seconds of one step of k drafts (0 = plain): the smallest bucket >= batch_size (beyond
+        the largest, its time scaled by batch_size / largest, as compute-bound steps would be),
+        plus the KV read of `context_tokens` (the batch's summed context)."""
         entry = self._buckets.get(k)
         if entry is None:
             raise ValueError(f"CostTable: no measured step time for k={k} (measured k: {list(self.measured_steps)})")
@@ -119,9 +111,8 @@ def context_class_label(cls: int) -> str:
 
 
 class _Level:
-    """What steps cost at one key right now, against the prior (log): the median of the last
-    LEVEL_WINDOW residuals of the chosen k's samples there (the k of the last one is the anchor),
-    set from LEARN_FIRST_SAMPLES of them on."""
+    """What steps cost at one key now, as a log ratio to the prior: the median of the last
+    LEVEL_WINDOW residuals of the chosen k's samples (the last one's k is the anchor)."""
 
     def __init__(self):
         self.window: deque[float] = deque(maxlen=LEVEL_WINDOW)
@@ -134,8 +125,7 @@ class _Level:
 
     @property
     def value(self) -> float:
-        """The window's median; of an even count, the lower: one slow step moves nothing. Taken
-        when read (samples are folded several at a time, and only the last one's is read)."""
+        """The window's median (of an even count, the lower), taken when read."""
         if self._value is None:
             window = sorted(self.window)
             self._value = window[(len(window) - 1) // 2]
@@ -149,31 +139,20 @@ class _Level:
 
 class LearnedCost:
     """Seconds per decode step as the running server pays them, learned online over the start-up
-    table (the prior).
+    table (the prior). A sample is the wall time between two consecutive decode launches of the
+    same k (the scheduler's sample rule): the step's whole cost to the server, host work included,
+    which the start-up replays do not see (on 8B shapes at batch 256 they priced k = 1 a few
+    percent better than plain decoding where serving it was 8% worse).
 
-    A sample is the wall time between two consecutive decode launches of the same k with nothing
-    launched between (the scheduler's sample rule): one step's cost to the server end to end, with
-    its host work, sampling, result processing and the device time the host could not hide, none
-    of which the start-up replays see (on 8B shapes at batch 256 they priced k = 1 a few percent
-    better than plain decoding where serving it was 8% worse).
-
-    The cost is learned per key, (batch-size octave, context class), as a log ratio to the prior:
-    the octave (1, 2-3, 4-7, ...) of the graph bucket a step replays, and the context class of the
-    batch's mean context per request (context_class). The prior's context term scales a ratio
-    within its class only: measured beside other servers starting up it can read far too high.
-
-    At a key, the log ratio of k is the key's level plus k's offset. The level is what steps cost
-    there now: the median of the last LEVEL_WINDOW residuals of the chosen k's samples (a sample
-    less its k's offset). An offset is what k costs beside the chosen k: the median of k's last
-    LEARN_WINDOW samples taken while another k was chosen (exploration), each less the level then,
-    pooled with the octaves on either side (one octave sees few, and the choice would flip on
-    their noise). So a slowdown common to every k (a host busy with arrivals, retiring requests,
-    streams to send) moves every price at once, instead of making a k measured before it look
-    cheaper than the one that runs.
-
-    A k without an offset of its own at a key takes the nearest key's (distance: doublings of batch
-    size plus classes, within one class), else none (the prior's relative cost); a key without a
-    level takes the nearest key's level within one class, else the prior as it is."""
+    Costs are learned per key (the octave 1, 2-3, 4-7, ... of the graph bucket, the context class
+    of the mean context per request) as a log ratio to the prior: the key's level plus k's offset.
+    The level is what steps cost there now (_Level: residuals of the chosen k's samples, less its
+    offset). An offset is what k costs beside the chosen k: the median of k's last LEARN_WINDOW
+    samples taken while another k was chosen (exploration), each less the level then, pooled with
+    the octaves on either side. So a slowdown common to every k moves every price at once instead
+    of making a k measured before it look cheaper than the one that runs. A key without a level or
+    an offset of its own borrows the nearest key's (doublings of batch size plus classes, within
+    one class), else takes the prior as it is."""
 
     def __init__(self, prior: CostTable):
         self.prior = prior
@@ -209,10 +188,8 @@ class LearnedCost:
         return self.bucket(batch_size), 0 if short else context_class(batch_size, context_tokens)
 
     def observe_later(self, batch_size: int, k: int, context_tokens: int, seconds: float, chosen: bool = True) -> None:
-        """`observe`, folded in when a cost is next read: the sample arrives every decode step, and
-        within a serving loop, whose other work leaves this code and its tables cold, folding it at
-        once cost the host 10-20 us a step on the demo pair; a few samples folded together, the
-        policy's next evaluation being what reads them, cost a few microseconds each."""
+        """`observe`, folded in when a cost is next read: several samples folded together cost the
+        host a few us each, against 10-20 us each folded at once (cold code in a serving loop)."""
         self._pending.append((batch_size, k, context_tokens, seconds, chosen))
         if len(self._pending) >= MAX_PENDING:
             self._fold()
@@ -265,8 +242,7 @@ class LearnedCost:
 
     def _offset_of(self, key: tuple[int, int, int]) -> tuple[float, Optional[str]]:
         """(k's offset at the key, "own" / "near" / None): borrowed from the nearest key with one for
-        k, else 0. Offsets change only with exploration's samples, so what a key borrows is kept
-        until then: the chosen k's every sample asks for its offset."""
+        k, else 0; what a key borrows is kept until exploration's next sample."""
         if key in self._offset:
             return self._offset[key], "own"
         found = self._borrowed.get(key)
@@ -294,20 +270,16 @@ class LearnedCost:
     def known(self, batch_size: int, k: int, context_tokens: int = 0) -> bool:
         """Whether this key prices k from its own samples: its level is set, and k has run there
         (chosen, as the last to set the level, or explored beside the chosen k)."""
-        return self._lookup(batch_size, k, context_tokens)[1] == "learned"
+        return self.source(batch_size, k, context_tokens) == "learned"
 
     def source(self, batch_size: int, k: int, context_tokens: int = 0) -> str:
         """Where the cost of k here comes from: "learned" (this key's samples), "borrowed" (its
         level or k's offset from a nearby key) or "table" (the prior as it is)."""
-        return self._lookup(batch_size, k, context_tokens)[1]
+        return self._at(self.key(batch_size, context_tokens), k)[1]
 
     def ratio(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
         """learned / prior for a step of k at this batch size and summed context."""
-        return math.exp(self._lookup(batch_size, k, context_tokens)[0])
-
-    def _lookup(self, batch_size: int, k: int, context_tokens: int) -> tuple[float, str]:
-        """(log ratio, source) of k at this batch size and summed context."""
-        return self._at(self.key(batch_size, context_tokens), k)
+        return math.exp(self._at(self.key(batch_size, context_tokens), k)[0])
 
     def _at(self, where: tuple[int, int], k: int) -> tuple[float, str]:
         """(log ratio, source) of k at a key."""
@@ -336,11 +308,10 @@ class LearnedCost:
         return {k: prior(batch_size, k, context_tokens) * math.exp(self._at(where, k)[0]) for k in ks}
 
     def summary(self) -> dict:
-        """{"learned_ms": {k: {bucket: ms at no context}} (per bucket, the context class with the
-        most samples), "window_mean_ms": (the same from the mean of the window's ratios instead of
-        its median: where the two differ, steps of that kind vary, e.g. a costly step every few),
-        "samples": {k: {bucket: n}} (all classes), "learned_ms_by_context": {class label: {k:
-        {bucket: ms}}}} beside the prior's table, for logs, /get_server_info and /metrics."""
+        """{"learned_ms": {k: {bucket: ms at no context}} (the context class with the most samples),
+        "window_mean_ms": (the same from the window's mean: where it differs from the median, steps
+        vary), "samples": {k: {bucket: n}}, "learned_ms_by_context": {class label: {k: {bucket:
+        ms}}}} beside the prior's table, for logs, /get_server_info and /metrics."""
         if self._pending:
             self._fold()
         learned: dict[int, dict[int, float]] = {}

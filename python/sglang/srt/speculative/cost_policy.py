@@ -18,13 +18,11 @@ from sglang.srt.speculative.spec_policy import PolicyOptions, SpecPolicy, defaul
 logger = logging.getLogger(__name__)
 
 REEVALUATE_EVERY = 4  # steps between the cost policy's evaluations of an unchanged batch size
-# ... and where its last evaluation there found the best candidate ahead of every other by at least
-# FAR_APART (relative): a choice that clear is not undone by a few steps of drifting estimates.
+# ... where the last evaluation found the best candidate ahead of the next by at least FAR_APART.
 REEVALUATE_FAR_EVERY = 16
 FAR_APART = 0.15
-# An admission into a batch of at least this many requests, in the bucket the policy last evaluated
-# (within REEVALUATE_FAR_EVERY decode steps) where speculating won by FAR_APART, takes that verdict
-# instead of evaluating afresh: one request among this many moves the objective by less than that.
+# An admission into a batch of at least this many requests takes the last verdict at its key where
+# speculating won by FAR_APART lately: one request among this many moves the objective less.
 SETTLED_BATCH = 8
 
 
@@ -45,26 +43,17 @@ class Verdict:
 
 
 class CostPolicy(SpecPolicy):
-    """Pick the k with the most expected tokens per second at this batch:
-    sum over requests of expected_tokens(k, rid) / seconds(batch size, k), where seconds is what
-    a step of k costs the running server (LearnedCost: learned from its own steady decode steps,
-    over the start-up table as the prior).
+    """Pick the k with the most expected tokens per second at this batch: sum over requests of
+    expected_tokens(k, rid) / seconds(batch size, k), seconds being what a step of k costs the
+    running server (LearnedCost). Bounded exploration (Exploration) runs the other candidates now
+    and then for a few steps, so that their costs stay measured.
 
-    Bounded exploration (Exploration) runs the other candidates now and then for a few steps, so
-    that every candidate's cost at the current bucket stays measured; after a burst the policy
-    decides afresh, past its dwell.
-
-    Two guards keep it from flapping on noise, since each switch can cost a draft catch-up:
-    - hysteresis: leave the current k only if the best candidate beats it by more than this
-      fraction (relative);
-    - min_dwell: a newly chosen k is held for at least min_dwell steps (the step that chose it
-      included), whatever the objective says meanwhile. The one exception is a batch size whose
-      candidate set excludes the current k: then the policy moves at once.
-
-    candidates_by_bs (keys are batch-size lower bounds) restricts the candidates per batch size,
-    as upstream's --speculative-adaptive-config does; hysteresis_by_bs may likewise give
-    {"up": x, "down": y} margins per bucket for moves to a larger / smaller k, each falling back
-    to `hysteresis`."""
+    Two guards keep it from flapping on noise: leave the current k only if the best candidate
+    beats it by more than `hysteresis` (relative), and hold a newly chosen k for min_dwell steps,
+    unless the batch size's candidate set excludes it. candidates_by_bs (keys: batch-size lower
+    bounds) restricts the candidates per batch size, as upstream's --speculative-adaptive-config
+    does; hysteresis_by_bs may give {"up": x, "down": y} margins per bucket for moves to a larger
+    / smaller k."""
 
     name = "cost"
     help = (
@@ -112,7 +101,7 @@ class CostPolicy(SpecPolicy):
 
     @classmethod
     def reachable_steps(cls, options: PolicyOptions) -> list[int]:
-        candidates = options.candidates if options.candidates is not None else default_candidates(options.k_max)
+        candidates = _candidates(options)
         return sorted(k for k in set(candidates).union(*(options.candidates_by_bs or {}).values()) if k > 0)
 
     @classmethod
@@ -122,9 +111,8 @@ class CostPolicy(SpecPolicy):
                 "--speculative-policy cost needs a measured cost table (step times of the captured graphs); "
                 "none was given"
             )
-        candidates = options.candidates if options.candidates is not None else default_candidates(options.k_max)
         return cls(
-            candidates,
+            _candidates(options),
             cost,
             estimator,
             candidates_by_bs=options.candidates_by_bs,
@@ -151,9 +139,7 @@ class CostPolicy(SpecPolicy):
         return {k: (totals[k] + num_plain_only) / prices[k] for k in candidates}, prices
 
     def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
-        """What a step of k drafts costs the server at this batch size and summed context: the
-        learned cost where its steps have been measured, the start-up table's scaled by what
-        nearby buckets showed elsewhere."""
+        """What a step of k drafts costs the server at this batch size and summed context."""
         return self.cost.seconds(batch_size, k, context_tokens)
 
     def observe_step_seconds(self, batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
@@ -177,19 +163,16 @@ class CostPolicy(SpecPolicy):
 
     def _step_price(self, where: tuple[int, int], k: int, bs: int, context_tokens: int) -> float:
         """A step's seconds for exploration's accounting: as the last evaluation at this key priced
-        it (every candidate was), else afresh (pricing every step afresh cost the host a few us)."""
+        it, else afresh (pricing every step afresh costs the host a few us)."""
         verdict = self._verdict
         seconds = verdict.prices.get(k) if verdict is not None and verdict.where == where else None
         return seconds if seconds is not None else self.cost.seconds(bs, k, context_tokens)
 
     def _holds(self, candidates: list[int]) -> bool:
-        """Whether the current k stands at this step without an evaluation: within its dwell, or
-        past it in the bucket (and candidate set) of the last evaluation, between evaluations. Past
-        the dwell an unchanged bucket is re-evaluated every REEVALUATE_EVERY steps
-        (far_reevaluate_every where the last evaluation found the candidates far apart): the
-        objective costs the host ~10-30 us, a few percent of a small model's step. A batch that
-        grows or shrinks by a request within its bucket (at concurrency 4, every few steps) is no
-        reason to evaluate afresh."""
+        """Whether the current k stands without an evaluation: within its dwell, or at the key and
+        candidate set of the last evaluation, between re-evaluations every REEVALUATE_EVERY steps
+        (far_reevaluate_every where the candidates were far apart). The objective costs the host
+        ~10-30 us; a batch that changes by a request within its bucket needs no fresh one."""
         steps = self.steps_in_current
         if steps < self.min_dwell:
             return True
@@ -218,9 +201,6 @@ class CostPolicy(SpecPolicy):
             if k is not None:
                 return k
             cur, after_burst = back, True  # decide afresh from the k the burst left
-        # Batch sizes that replay the same graphs cost the same per step, so within a bucket (and
-        # context class and candidate set) only the requests' estimates and the learned costs move
-        # the choice.
         if cur is not None and cur in candidates and not after_burst and self._holds(candidates):
             return cur
         obj = self._evaluate(rids, candidates, context_tokens, num_plain_only)
@@ -231,9 +211,8 @@ class CostPolicy(SpecPolicy):
             self._note_decision(bs, cur, best, obj, after_burst, context_tokens)
             return best
         if not after_burst:
-            # A candidate whose offset to the chosen k rests on fewer than a window of samples is
-            # measured again soon, whatever it looks: a burst that straddled the end of a slow
-            # stretch can price it far off, and a k that was chosen until now has none.
+            # A candidate whose offset rests on less than a window of samples is measured again soon,
+            # whatever it looks: one burst over the end of a slow stretch can price it far off.
             unsure = frozenset(
                 k for k in candidates if k != cur and self.cost.paired_samples(bs, k, context_tokens) < LEARN_WINDOW
             )
@@ -276,9 +255,7 @@ class CostPolicy(SpecPolicy):
         candidates = self.candidates_for(bs)
         if candidates[0] > 0:  # every candidate speculates
             return True
-        # A request joining a large batch whose bucket speculates by a clear margin, as evaluated
-        # lately, speculates too (SETTLED_BATCH): admissions come every few steps at a busy level,
-        # and each fresh evaluation costs the host ~15 us at batch 16.
+        # SETTLED_BATCH: a fresh evaluation costs the host ~15 us at batch 16, at every admission.
         verdict = self._verdict
         if (
             verdict is not None
@@ -316,6 +293,10 @@ class CostPolicy(SpecPolicy):
             "last_switch": self.last_switch,
             "exploration": self.exploration.summary(),
         }
+
+
+def _candidates(options: PolicyOptions) -> list[int]:
+    return options.candidates if options.candidates is not None else default_candidates(options.k_max)
 
 
 def _bucket_lookup(keys: list[int], table: dict, batch_size: int, default):

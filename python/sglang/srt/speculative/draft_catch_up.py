@@ -1,16 +1,19 @@
-"""--speculative-draft-sync catch-up and adoption: the draft brought up to date over positions it
-missed (plain steps that ran the target only, or a request admitted without the draft), by
-DRAFT_EXTENDs over buffered or recomputed aux hidden states. DraftCatchUp owns the buffers and
-updates the worker's row state through its public interface."""
+"""The draft's passes outside a decode step, which bring it level with the target: DRAFT_EXTENDs
+over a prefill's positions (from the same forward's aux hidden states), and over positions it
+missed (--speculative-draft-sync catch-up's target-only plain steps, or a request admitted without
+the draft), from buffered or recomputed aux states. DraftCatchUp owns the buffers and updates the
+worker's row state through its public interface."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
 
 from sglang.srt.managers.schedule_batch import ScheduleBatch
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.utils import host_to_device
 
 # --speculative-draft-sync catch-up: aux hidden states kept per request for this many plain steps;
@@ -20,8 +23,8 @@ CATCH_UP_BUFFER = 64
 
 def catch_up_pieces(behind: list[tuple[int, int]], cap: int) -> list[list[tuple[int, int, int]]]:
     """Splits a catch-up over (request index, positions behind) into forwards of at most `cap`
-    positions: each piece is [(index, lo, hi)] (the request's positions lo .. hi - 1 counted
-    from the first it missed), a request at most once per piece and its segments in order."""
+    positions: pieces [(index, lo, hi)] (positions counted from the first missed), a request at
+    most once per piece and its segments in order."""
     pieces: list[list[tuple[int, int, int]]] = []
     current: list[tuple[int, int, int]] = []
     size = 0
@@ -41,50 +44,83 @@ def catch_up_pieces(behind: list[tuple[int, int]], cap: int) -> list[list[tuple[
 
 
 class DraftCatchUp:
-    """The draft's passes over positions it missed, for an EAGLEWorkerV2 (`worker`: its runners,
-    its rows' state on the device, sampling_info and store_next_draft). `tokens_per_forward`:
-    positions per catch-up forward (the prefill chunk size, which the memory plan leaves room
-    for); `buffered`: whether plain steps keep their aux states (--speculative-draft-sync
-    catch-up), of `aux_width` per position."""
+    """The draft's passes outside a decode step, for an EAGLEWorkerV2 (`worker`: its runners, row
+    state, sampling_info and store_next_draft). `tokens_per_forward`: positions per catch-up
+    forward (the prefill chunk size, which the memory plan leaves room for); `buffered`: whether
+    plain steps keep their aux states (--speculative-draft-sync catch-up)."""
 
-    def __init__(self, worker, rows: int, tokens_per_forward: int, buffered: bool, aux_width: int, aux_dtype):
+    def __init__(self, worker, rows: int, server_args, model_config):
         self.worker, self.device = worker, worker.device
-        self.tokens_per_forward = tokens_per_forward
-        self.buffered = buffered
-        if buffered:
-            # One column more than the buffer holds: positions past it are written there and
-            # dropped (the catch-up recomputes them), so a plain step needs no host branch.
-            shape = (rows, CATCH_UP_BUFFER + 1)
-            self.pending_aux = torch.zeros(*shape, aux_width, dtype=aux_dtype, device=self.device)
+        self.tokens_per_forward = server_args.chunked_prefill_size
+        self.buffered = server_args.speculative_draft_sync == "catch-up"
+        if self.buffered:
+            # A spare last column takes the positions past the buffer (recomputed at the catch-up),
+            # so a plain step needs no host branch.
+            shape, aux_width = (rows, CATCH_UP_BUFFER + 1), 3 * model_config.hidden_size
+            self.pending_aux = torch.zeros(*shape, aux_width, dtype=model_config.dtype, device=self.device)
             self.pending_tokens = torch.zeros(*shape, dtype=torch.int64, device=self.device)
 
+    def prefill(
+        self,
+        batch: ScheduleBatch,
+        fb: ForwardBatch,
+        aux: torch.Tensor,
+        next_ids: torch.Tensor,
+        info: SamplingBatchInfo,
+        offsets: torch.Tensor,
+        warm: list[int],
+    ) -> None:
+        """The draft over the prefill `fb`'s positions of the requests `warm` (indices into the
+        batch), each position fed the next prompt token (a chunk) or the sampled token (a
+        prompt's end); `aux`: the target's aux states of that forward."""
+        input_ids, finals = _shifted_tokens(batch, warm, self.device)
+        if len(warm) == batch.batch_size:
+            # The draft scores no prompt tokens: the target's logits give the prompt logprobs.
+            draft_fb = dataclasses.replace(
+                fb,
+                forward_mode=ForwardMode.DRAFT_EXTEND,
+                input_ids=input_ids,
+                input_ids_host=None,
+                capture_aux_hidden_states=False,
+                spec_hidden_states=aux,
+                input_logprob_rows=None,
+                input_logprob_targets=None,
+                input_top_logprobs_num=0,
+            )
+            warm_ids, warm_offsets = next_ids, offsets
+        else:
+            draft_fb, sub = _warm_part(fb, aux, input_ids, warm, self.device)
+            info = self.worker.sampling_info([batch.reqs[i] for i in warm])
+            warm_ids, warm_offsets = next_ids[sub], offsets[sub]
+        last = draft_fb.last_token_indices()
+        if len(finals) == len(warm):  # every prompt ends here (the common case): no row index needed
+            input_ids[last] = warm_ids
+        elif finals:
+            rows = host_to_device(finals, self.device)  # pinned: a plain .to() would wait for the target's forward
+            input_ids[last[rows]] = warm_ids[rows]
+        out = self.worker.draft_runner.forward(draft_fb)
+        self.worker.store_next_draft(
+            draft_fb.req_pool_indices, out.next_token_logits, out.hidden_states[last], info, warm_offsets + 1
+        )
+
     def buffer(self, rows: torch.Tensor, aux: torch.Tensor, next_ids: torch.Tensor, behind: torch.Tensor) -> None:
-        """A catch-up plain step keeps each row's aux states and sampled token at column `behind`
-        of its buffer; past the buffer they go to the spare last column and are dropped (the
-        catch-up then recomputes them)."""
+        """A catch-up plain step keeps each row's aux states and sampled token at column `behind`."""
         columns = behind.clamp(max=CATCH_UP_BUFFER)
         self.pending_aux[rows, columns] = aux.to(self.pending_aux.dtype)
         self.pending_tokens[rows, columns] = next_ids
 
     def adopt(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
-        """Requests the draft adopts (Req.draft.adopting; admitted without its pass over their
-        prompt): DRAFT_EXTENDs over each one's whole context, from aux states a target forward
-        recomputes, so its draft KV, hidden state and guess d_1 are a warm draft's. The host
-        knows every position's token: the steps since admission were plain, all processed but
-        the one in flight (whose token the device holds). The scheduler (SpecScheduling) marks
-        them adopted as the step launches."""
+        """Requests the draft adopts (Req.draft.adopting, admitted without its pass): DRAFT_EXTENDs
+        over each one's whole context from recomputed aux states, leaving what a warm draft would.
+        SpecScheduling marks them adopted as the step launches."""
         adopting = [(i, req.kv_len) for i, req in enumerate(batch.reqs) if req.draft.adopting]
         for piece in catch_up_pieces(adopting, self.tokens_per_forward):
             self._piece(batch, rows, piece, dict(adopting), recompute=True)
 
     def catch_up(self, batch: ScheduleBatch, rows: torch.Tensor) -> None:
-        """Before a speculative step: DRAFT_EXTENDs over the positions each request decoded in
-        plain steps since the draft last caught up (from the buffered aux states and tokens, or
-        from a target forward that recomputes them when a request's run outgrew the buffer), so
-        the draft's KV, hidden state and guess d_1 are those a warm draft would have. One
-        forward when the positions fit `tokens_per_forward`; more, in position order per request,
-        when they do not.
-        The scheduler (SpecScheduling) counts them caught up as the step launches."""
+        """Before a speculative step: DRAFT_EXTENDs over the positions each request decoded in plain
+        steps since the draft last caught up (buffered, or recomputed past the buffer), leaving what
+        a warm draft would. SpecScheduling counts them caught up as the step launches."""
         if not self.buffered:
             return
         behind = [(i, req.draft.behind) for i, req in enumerate(batch.reqs) if req.draft.behind > 0]
@@ -99,10 +135,9 @@ class DraftCatchUp:
         behind_of: dict[int, int],
         recompute: bool = False,
     ) -> None:
-        """One DRAFT_EXTEND over positions m - n + lo .. m - n + hi - 1 of each (request index,
-        lo, hi) in `piece`, where m is the request's next position and n = behind_of[index] the
-        positions it is behind; aux states from the catch-up buffer, or (`recompute`, or a run past
-        the buffer) a target forward."""
+        """One DRAFT_EXTEND over positions m - n + lo .. m - n + hi - 1 of each (request index, lo,
+        hi) in `piece` (m: its next position, n = behind_of[index]); aux states from the buffer, or
+        (`recompute`, or a run past the buffer) a target forward."""
         worker, device = self.worker, self.device
         idx = [i for i, _, _ in piece]
         reqs = [batch.reqs[i] for i in idx]
@@ -139,17 +174,14 @@ class DraftCatchUp:
         )
         out = worker.draft_runner.forward(fb)
         info = worker.sampling_info(reqs)
-        # Logits come per request (its last position), hidden states per token. A later piece
-        # of the same request overwrites what an earlier one stored.
+        # Logits come per request, hidden states per token; a request's later piece overwrites.
         worker.store_next_draft(
             rows_sub, out.next_token_logits, out.hidden_states[last], info, worker.next_offset[rows_sub]
         )
 
     def _recompute_aux(self, reqs, behind, piece, rows_sub, ends, positions, last):
-        """The aux states of a piece's positions, from a target forward over their tokens
-        (host-known: the steps since are plain, and all but the one in flight are processed). Its
-        KV goes to the padding slot: the target's own KV stays as decoded. Returns the draft's
-        inputs (each position's next token) and the aux states."""
+        """(the draft's inputs, aux states) of a piece's positions, from a target forward over their
+        host-known tokens whose KV goes to the padding slot (the target's own KV stays as decoded)."""
         tokens, shifted, prefix, seq_ends, at_end = [], [], [], [], []
         for j, (req, n, (_, lo, hi)) in enumerate(zip(reqs, behind, piece)):
             m = req.kv_len  # no speculative step of this request is in flight
@@ -182,3 +214,41 @@ class DraftCatchUp:
             at = host_to_device(at_end, self.device)
             input_ids[last[at]] = self.worker.next_input[rows_sub[at]]
         return input_ids, out.aux_hidden_states
+
+
+def _shifted_tokens(batch: ScheduleBatch, warm: list[int], device) -> tuple[torch.Tensor, list[int]]:
+    """The draft's input ids (each position's next token; 0 for the token sampled at a prompt's end,
+    filled in on the device) and the indices into `warm` of the prompts that end here."""
+    shifted, finals = [], []
+    for j, i in enumerate(warm):
+        req = batch.reqs[i]
+        end = req.kv_len + req.extend_len
+        shifted.extend(req.token_slice(req.kv_len + 1, end))
+        if end < req.seq_len:  # a chunk: the next prompt token follows
+            shifted.extend(req.token_slice(end, end + 1))
+        else:
+            finals.append(j)
+            shifted.append(0)
+    return host_to_device(shifted, device), finals
+
+
+def _warm_part(fb: ForwardBatch, aux: torch.Tensor, input_ids: torch.Tensor, warm: list[int], device):
+    """The DRAFT_EXTEND over the prefill `fb`'s requests `warm`, and those indices on the device."""
+    lens = fb.extend_seq_lens_cpu
+    starts = [0, *itertools.accumulate(lens)]
+    tokens = host_to_device([t for i in warm for t in range(starts[i], starts[i + 1])], device)
+    sub = host_to_device(warm, device)
+    draft_fb = ForwardBatch(
+        forward_mode=ForwardMode.DRAFT_EXTEND,
+        batch_size=len(warm),
+        input_ids=input_ids,
+        positions=fb.positions[tokens],
+        req_pool_indices=fb.req_pool_indices[sub],
+        seq_lens=fb.seq_lens[sub],
+        out_cache_loc=fb.out_cache_loc[tokens],
+        seq_lens_cpu=[fb.seq_lens_cpu[i] for i in warm],
+        extend_seq_lens_cpu=[lens[i] for i in warm],
+        extend_prefix_lens_cpu=[fb.extend_prefix_lens_cpu[i] for i in warm],
+        spec_hidden_states=aux[tokens],
+    )
+    return draft_fb, sub

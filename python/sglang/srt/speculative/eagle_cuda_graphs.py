@@ -1,6 +1,5 @@
-"""CUDA graphs of whole speculative decode steps: one graph per batch-size bucket and k (k = 0: the
-plain step), each holding the draft chain, the verify, acceptance and the draft extend, so a step
-of any k the policy chooses replays in one launch."""
+"""The EAGLE-3 worker's CUDA graphs: each forward's (capture_graphs), and whole decode steps, one
+graph per batch-size bucket and k (SpecStepGraphs), so a step of any k replays in one launch."""
 
 from __future__ import annotations
 
@@ -10,9 +9,18 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from sglang.srt.model_executor.cuda_graph_runner import capture_graph, memory_growth, reserved_bytes
+from sglang.srt.model_executor.cuda_graph_runner import (
+    CudaGraphRunner,
+    capture_graph,
+    graph_batch_sizes,
+    maybe_prefill_graph_runner,
+    memory_growth,
+    reserved_bytes,
+)
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.speculative.spec_policy import policy_class
 from sglang.srt.utils import HostStaging
 
 if TYPE_CHECKING:
@@ -21,13 +29,47 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def capture_graphs(worker: "EAGLEWorkerV2", draft_config, target_config, server_args):
+    """Each forward's graphs at every plain decode bucket and reachable k (verify, draft extend,
+    chain step, the plain step's two), added to the runners; then, unless disabled, the whole-step
+    graphs: returns (SpecStepGraphs by k, the target-only plain step's), ({}, None) without."""
+    sizes = graph_batch_sizes(worker.model_runner)
+    if sizes is None:
+        return {}, None
+    target, draft, steps = worker.model_runner, worker.draft_runner, worker.reachable_steps
+    aux_width = 3 * target_config.hidden_size
+    target_runners = [CudaGraphRunner(target, sizes, ForwardMode.TARGET_VERIFY, k + 1, capture_aux=True) for k in steps]
+    draft_runners = [
+        CudaGraphRunner(draft, sizes, ForwardMode.DRAFT_EXTEND, k + 1, spec_hidden_width=aux_width) for k in steps
+    ]
+    if any(k > 1 for k in steps):
+        draft_runners.append(
+            CudaGraphRunner(draft, sizes, ForwardMode.DECODE, 1, spec_hidden_width=draft_config.hidden_size)
+        )
+    # A plain step of this worker: the target decodes with aux capture, the draft extends by one.
+    target_runners.append(CudaGraphRunner(target, sizes, ForwardMode.DECODE, 1, capture_aux=True))
+    draft_runners.append(CudaGraphRunner(draft, sizes, ForwardMode.DRAFT_EXTEND, 1, spec_hidden_width=aux_width))
+    for runner in target_runners + draft_runners:
+        runner.capture()
+    # Prefills (and the draft's pass over them) of up to --prefill-cuda-graph-max-tokens; last,
+    # so that the fixed shapes above take the batches they fit.
+    target_runners.append(maybe_prefill_graph_runner(target, capture_aux=True))
+    draft_runners.append(maybe_prefill_graph_runner(draft, ForwardMode.DRAFT_EXTEND, spec_hidden_width=aux_width))
+    target.graph_runners += [runner for runner in target_runners if runner is not None]
+    draft.graph_runners += [runner for runner in draft_runners if runner is not None]
+    if server_args.disable_speculative_step_graph:
+        return {}, None
+    plain = [0] if policy_class(server_args.speculative_policy).plain_steps_follow_draft else []
+    # Built and captured one k after another; k = 0 is the plain step.
+    step_graphs = {k: SpecStepGraphs(worker, sizes, k).capture() for k in plain + steps}
+    # The plain step of a batch the draft follows not at all: the target alone.
+    return step_graphs, SpecStepGraphs(worker, sizes, 0, draft=False).capture()
+
+
 class SpecStepGraphs:
-    """One CUDA graph per batch-size bucket for a whole greedy speculative step with k drafts
-    (chain, verify, acceptance, draft extend, row updates): a step then costs the host one
-    replay instead of ~5 replays and ~50 small launches. k = 0 is the plain step (the target's
-    decode, its token, and the draft kept warm or the aux states buffered for a catch-up).
-    Padding rows point at the worker's scratch row (whose position is reset inside the graph)
-    and write their KV to slot 0."""
+    """One CUDA graph per batch-size bucket for a whole greedy step with k drafts (spec_body; k = 0:
+    plain_body): one replay instead of ~5 replays and ~50 small launches. Padding rows point at the
+    worker's scratch row (its position reset inside the graph) and write their KV to slot 0."""
 
     def __init__(self, worker: "EAGLEWorkerV2", batch_sizes: list[int], k: int, draft: bool = True):
         self.worker = worker
@@ -37,9 +79,8 @@ class SpecStepGraphs:
         self.max_bs = self.batch_sizes[-1]
         device = worker.device
         self.scratch = torch.tensor([worker.scratch_row], dtype=torch.int64, device=device)
-        # Every input of a replay in one device buffer, which one copy from a host staging
-        # buffer fills: request rows, KV slots, plain steps behind (a catch-up plain step), and
-        # opted-out flags (a speculative step; 1: the row takes plain decoding's token).
+        # A replay's inputs in one device buffer, filled by one copy from host staging: rows, KV
+        # slots, plain steps behind (catch-up plain step), opted-out flags (speculative step).
         n, width = self.max_bs, self.width
         self.inputs = torch.zeros(n * (width + 3), dtype=torch.int64, device=device)
         self.slots_at, self.behind_at, self.opted_at = n, n + n * width, 2 * n + n * width
@@ -56,7 +97,6 @@ class SpecStepGraphs:
         return bs <= self.max_bs and all_greedy and not logprobs
 
     def _run(self, bs: int):
-        """The captured work: the whole step over the static rows and slots of bucket bs."""
         self.worker.next_start.index_fill_(0, self.scratch, 0)  # padding rows start at position 0
         if self.k == 0:  # (tokens [bs], probe hits [bs] or None)
             tokens, _, hits = self.worker.plain_body(
@@ -78,7 +118,7 @@ class SpecStepGraphs:
         )
         return tokens, num_out
 
-    def capture(self) -> None:
+    def capture(self) -> "SpecStepGraphs":
         start, held = time.perf_counter(), reserved_bytes(self.worker.device)
         runners = (self.worker.model_runner, self.worker.draft_runner)
         for runner in runners:
@@ -102,6 +142,7 @@ class SpecStepGraphs:
             time.perf_counter() - start,
             memory_growth(self.worker.device, held),
         )
+        return self
 
     def _capture_one(self, bs: int) -> None:
         self.graphs[bs], self.outputs[bs] = capture_graph(
@@ -111,10 +152,8 @@ class SpecStepGraphs:
     def replay(
         self, rows: list[int], slots, behind: Optional[list[int]] = None, opted_out: Optional[list[bool]] = None
     ):
-        """(tokens, num_out) of a speculative step (`opted_out`: per row, whether it takes plain
-        decoding's token; None: none does); (tokens, probe hits or None) of a plain one. All
-        inputs are host values (`slots`: the step's KV slots, a host int64 tensor or array of
-        bs * width); they reach the device in one copy."""
+        """(tokens, num_out) of a speculative step, (tokens, probe hits or None) of a plain one, from
+        host inputs (`slots`: bs * width KV slots; `opted_out`: None where no row opts out)."""
         bs, width = len(rows), self.width
         graph_bs = next(b for b in self.batch_sizes if b >= bs)
         host = self.staging.fill()

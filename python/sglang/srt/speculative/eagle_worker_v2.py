@@ -11,22 +11,15 @@ from, and the draft's hidden output at the last verified position. With it, a de
                   one and the target's aux hidden states (DRAFT_EXTEND); its output at the last
                   accepted position gives the next step's d_1 and hidden state.
 
-Positions: the step starts with the target's KV covering 0 .. m - 1 and x (the last output
-token) at position m. The scheduler allocates slots for m .. m + k; the chain writes its draft
-KV at m .. m + k - 2, the verify writes target KV at m .. m + k, the extend overwrites the draft
-KV at m .. m + k with its step-0 entries. After acceptance of num_out tokens, the slots of
-positions m + num_out .. m + k are freed by the scheduler (their entries are never read: every
-later read is causal and stops at the last kept position).
-
-A prefill (EXTEND) runs the target with aux capture, samples the first token, then extends the
-draft over the same positions with the tokens shifted by one (the last one is the next prompt
-token for a chunk, the sampled token otherwise).
+Positions: the target's KV covers 0 .. m - 1 and x (the last output token) is at m. The chain
+writes draft KV at m .. m + k - 2, the verify target KV at m .. m + k, the extend draft KV at
+m .. m + k. The scheduler then frees the slots of m + num_out .. m + k (never read: later reads
+are causal and stop at the last kept position). The draft's pass over a prefill is DraftCatchUp's.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import logging
 from typing import Optional
 
@@ -41,7 +34,6 @@ from sglang.srt.managers.tp_worker import GenerationBatchResult, HostCopies, TpM
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_loader.eagle3_formats import draft_model_config
 from sglang.srt.model_loader.loader import weight_bytes
-from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner, graph_batch_sizes, maybe_prefill_graph_runner
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.penalties import PenaltyCounts
@@ -57,15 +49,15 @@ from sglang.srt.speculative.spec_sampling import (
 )
 from sglang.srt.speculative.spec_grammar import GrammarLookahead, masked_draft_logits
 from sglang.srt.speculative.draft_catch_up import DraftCatchUp
-from sglang.srt.speculative.eagle_cuda_graphs import SpecStepGraphs
-from sglang.srt.speculative.spec_policy import policy_class, reachable_steps
+from sglang.srt.speculative.eagle_cuda_graphs import capture_graphs
+from sglang.srt.speculative.spec_policy import reachable_steps
 from sglang.srt.speculative.spec_stats import PhaseTimer, SpecStats
 from sglang.srt.speculative.step_costs import measure_step_costs
 from sglang.srt.utils import host_to_device
 
 logger = logging.getLogger(__name__)
 
-# Speculative steps whose phases are timed (CUDA events): one in this many.
+# Speculative steps whose phases are timed (CUDA events, ~10 us a step): one in this many.
 PHASE_TIMED_EVERY = 8
 
 
@@ -86,14 +78,11 @@ class SpecStepResult(HostCopies):
 
 
 class EAGLEWorkerV2(TpModelWorker):
-    """The speculative worker. Besides TpModelWorker's interface (forward_batch_generation, ...),
-    the draft catch-up, the whole-step graphs and the start-up step costs use:
-    - `spec_body` / `plain_body`: one speculative / plain step over request rows on the device,
-      reading and writing device state only (so a graph can capture it);
-    - `store_next_draft`: the draft's guess d_1 and hidden state for the next step of some rows;
-    - the rows' state on the device (`next_input`, `next_start`, `next_offset`), the two model
-      runners, `scratch_row` (a request-table row no request gets), `reachable_steps` and
-      `step_graphs`."""
+    """The speculative worker. Besides TpModelWorker's interface, the draft catch-up, the whole-step
+    graphs and the start-up step costs use `spec_body` / `plain_body` (one step over request rows,
+    device state only, so a graph can capture it), `store_next_draft`, the rows' state
+    (`next_input`, `next_start`, `next_offset`), the two runners, `scratch_row` (a request-table
+    row no request gets), `reachable_steps` and `step_graphs`."""
 
     def __init__(self, server_args: ServerArgs, model_config: ModelConfig, hooks: BenchHooks = bench_hooks.OFF):
         self.device = server_args.device
@@ -103,31 +92,18 @@ class EAGLEWorkerV2(TpModelWorker):
         rows = self.model_runner.req_to_token_pool.size
         self.vocab_size = model_config.vocab_size
         self.draft_vocab_size = self.draft_model.draft_vocab_size
-        # Penalized requests: penalized in the prefill, the plain step and at every verify position
-        # (the drafts before it counted); the drafts themselves are not penalized.
+        # Penalties apply in the prefill, the plain step and at every verify position (the drafts
+        # before it counted), never to the drafts themselves.
         self.penalty_counts = PenaltyCounts(self.vocab_size, self.device)
         self._make_row_state(rows, draft_config, server_args.grammar_backend != "none")
-        # catch-up: plain steps run the target only and keep, per row, the aux states and sampled
-        # tokens of their positions for the draft extend that catches up at the next SPEC step.
         self.draft_sync = server_args.speculative_draft_sync
-        self.draft_catch_up = DraftCatchUp(
-            self,
-            rows,
-            tokens_per_forward=server_args.chunked_prefill_size,
-            buffered=self.draft_sync == "catch-up",
-            aux_width=3 * model_config.hidden_size,
-            aux_dtype=model_config.dtype,
-        )
+        self.draft_catch_up = DraftCatchUp(self, rows, server_args, model_config)
         self.stats = SpecStats(self.k)
         self._steps_since_timed = 0  # see _phase_timer
         simulated = hooks.simulated_accept_length  # benchmarks only (bench_hooks.SIMULATE_ACC_LEN_ENV)
         self.simulated = None if simulated is None else SimulatedAcceptance(simulated, self.k, rows, self.device)
-        # Every k > 0 the speculation policy can choose; graphs are captured for each.
-        self.policy_class = policy_class(server_args.speculative_policy)
-        self.reachable_steps = reachable_steps(server_args)
-        self.step_graphs: dict[int, SpecStepGraphs] = {}
-        self.target_step_graphs: Optional[SpecStepGraphs] = None
-        self._capture_graphs(draft_config, model_config, server_args)
+        self.reachable_steps = reachable_steps(server_args)  # every k > 0 the policy can choose
+        self.step_graphs, self.target_step_graphs = capture_graphs(self, draft_config, model_config, server_args)
         logger.info(
             "EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s; policy %s%s",
             server_args.speculative_draft_model_path,
@@ -140,8 +116,7 @@ class EAGLEWorkerV2(TpModelWorker):
         )
 
     def _make_runners(self, server_args: ServerArgs, model_config: ModelConfig) -> ModelConfig:
-        """The target's ModelRunner (its memory plan counting the draft) and the draft's; returns
-        the draft's config."""
+        """The target's ModelRunner (its memory plan counting the draft) and the draft's."""
         draft_config = draft_model_config(
             server_args.speculative_draft_model_path,
             server_args.dtype,
@@ -149,8 +124,7 @@ class EAGLEWorkerV2(TpModelWorker):
             model_config,
             server_args.load_format,
         )
-        # Verify and chain positions can run up to k past a request's last kept token: give both
-        # rotary tables and the request table that margin.
+        # Verify and chain positions run up to k past a request's last kept token.
         margin = MAX_SPECULATIVE_STEPS + 1
         model_config.hf_config.max_position_embeddings = model_config.context_len + margin
         draft_config.hf_config.max_position_embeddings = model_config.context_len + margin
@@ -160,89 +134,41 @@ class EAGLEWorkerV2(TpModelWorker):
             draft_config.head_dim,
             draft_config.num_hidden_layers,
         )
-        draft_weights = weight_bytes(draft_config, server_args.load_format)
         self.model_runner = ModelRunner(
             model_config,
             server_args,
             draft_kv_bytes_per_token=draft_kv,
             extra_positions=margin,
-            reserve_bytes=draft_weights,
+            reserve_bytes=weight_bytes(draft_config, server_args.load_format),
             extra_rows=1,
             capture_prefill_graphs=False,
         )
-        # A request-table row no request gets: the padding rows of the step graphs point at it.
         self.scratch_row = self.model_runner.req_to_token_pool.alloc()
         self.draft_runner = ModelRunner(draft_config, server_args, target=self.model_runner)
         self.draft_model = self.draft_runner.model
         return draft_config
 
     def _make_row_state(self, rows: int, draft_config: ModelConfig, grammars: bool) -> None:
-        """Each request row's state between steps, on the device (see the module docstring)."""
-        zeros = dict(device=self.device)
-        self.next_draft = torch.zeros(rows, dtype=torch.int64, **zeros)  # d_1, target ids
-        self.next_draft_probs = torch.zeros(rows, self.draft_vocab_size, dtype=torch.float32, **zeros)
-        # Constrained rows redraw d_1 under their grammar's mask from the draft's logits, kept by
-        # the steps of batches with a constrained request (`keep_draft_logits`).
+        device, draft_vocab = self.device, self.draft_vocab_size
+        self.next_draft = torch.zeros(rows, dtype=torch.int64, device=device)  # d_1, target ids
+        self.next_draft_probs = torch.zeros(rows, draft_vocab, dtype=torch.float32, device=device)
+        self.draft_to_target = self.draft_model.to_target_ids(torch.arange(draft_vocab, device=device))
+        # Constrained rows redraw d_1 under their grammar from these logits (kept while a batch has
+        # a constrained request).
+        self.keep_draft_logits = False
         self.next_draft_logits = None
         if grammars:
-            self.next_draft_logits = torch.zeros(rows, self.draft_vocab_size, dtype=draft_config.dtype, **zeros)
-            self.draft_to_target = self.draft_model.to_target_ids(torch.arange(self.draft_vocab_size, **zeros))
-        self.keep_draft_logits = False  # set per step: whether its batch has a constrained request
-        self.next_hidden = torch.zeros(rows, draft_config.hidden_size, dtype=draft_config.dtype, **zeros)
-        # The next step's input token x (verified, no KV yet), its position m, and its output
-        # index + 1 (the random stream of the step's first new token).
-        self.next_input = torch.zeros(rows, dtype=torch.int64, **zeros)
-        self.next_start = torch.zeros(rows, dtype=torch.int64, **zeros)
-        self.next_offset = torch.zeros(rows, dtype=torch.int64, **zeros)
+            self.next_draft_logits = torch.zeros(rows, draft_vocab, dtype=draft_config.dtype, device=device)
+        self.next_hidden = torch.zeros(rows, draft_config.hidden_size, dtype=draft_config.dtype, device=device)
+        # The next step's input token x (verified, no KV yet), its position m, and its output index.
+        self.next_input = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.next_start = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.next_offset = torch.zeros(rows, dtype=torch.int64, device=device)
 
-    def _capture_graphs(self, draft_config: ModelConfig, target_config: ModelConfig, server_args: ServerArgs) -> None:
-        """Graphs at every batch-size bucket of plain decode, for every k the policy can reach:
-        the target's verify (k + 1 tokens per request, aux captured) and the draft extend (k + 1
-        tokens, aux input); the draft's chain step (one token, its own hidden state as input); the
-        plain step's two forwards; and (unless disabled) one graph per k for a whole greedy step."""
-        sizes = graph_batch_sizes(self.model_runner)
-        if sizes is None:
-            return
-        aux_width = 3 * target_config.hidden_size
-        target_runners = [
-            CudaGraphRunner(self.model_runner, sizes, ForwardMode.TARGET_VERIFY, k + 1, capture_aux=True)
-            for k in self.reachable_steps
-        ]
-        draft_runners = [
-            CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, k + 1, spec_hidden_width=aux_width)
-            for k in self.reachable_steps
-        ]
-        if any(k > 1 for k in self.reachable_steps):
-            draft_runners.append(
-                CudaGraphRunner(
-                    self.draft_runner, sizes, ForwardMode.DECODE, 1, spec_hidden_width=draft_config.hidden_size
-                )
-            )
-        # A plain step of this worker: the target decodes with aux capture, the draft extends by one.
-        target_runners.append(CudaGraphRunner(self.model_runner, sizes, ForwardMode.DECODE, 1, capture_aux=True))
-        draft_runners.append(
-            CudaGraphRunner(self.draft_runner, sizes, ForwardMode.DRAFT_EXTEND, 1, spec_hidden_width=aux_width)
-        )
-        for runner in target_runners + draft_runners:
-            runner.capture()
-        # Prefills (and the draft's pass over them) of up to --prefill-cuda-graph-max-tokens; last,
-        # so that the fixed shapes above take the batches they fit.
-        target_runners.append(maybe_prefill_graph_runner(self.model_runner, capture_aux=True))
-        draft_runners.append(
-            maybe_prefill_graph_runner(self.draft_runner, ForwardMode.DRAFT_EXTEND, spec_hidden_width=aux_width)
-        )
-        self.model_runner.graph_runners += [runner for runner in target_runners if runner is not None]
-        self.draft_runner.graph_runners += [runner for runner in draft_runners if runner is not None]
-        if not server_args.disable_speculative_step_graph:
-            plain = [0] if self.policy_class.plain_steps_follow_draft else []
-            for k in plain + self.reachable_steps:  # k = 0: the plain step
-                self.step_graphs[k] = SpecStepGraphs(self, sizes, k)
-                self.step_graphs[k].capture()
-            # The plain step of a batch the draft follows not at all: the target alone.
-            self.target_step_graphs = SpecStepGraphs(self, sizes, 0, draft=False)
-            self.target_step_graphs.capture()
-
-    # ---- entry ---------------------------------------------------------------------------
+    def _advance_rows(self, rows, next_input, next_start, next_offset) -> None:
+        self.next_input[rows] = next_input
+        self.next_start[rows] = next_start
+        self.next_offset[rows] = next_offset
 
     def forward_batch_generation(self, batch: ScheduleBatch):
         self.keep_draft_logits = batch.grammars is not None
@@ -252,10 +178,7 @@ class EAGLEWorkerV2(TpModelWorker):
             return self.forward_plain_step(batch)
         return self.forward_spec_step(batch)
 
-    # ---- prefill -------------------------------------------------------------------------
-
     def prefill_pass_fits(self, num_reqs: int, num_tokens: int) -> Optional[bool]:
-        """As TpModelWorker's, for the target's prefill and the draft's pass over it both."""
         target = self.model_runner.prefill_pass_fits(num_reqs, num_tokens)
         if not target:
             return target
@@ -266,144 +189,44 @@ class EAGLEWorkerV2(TpModelWorker):
         # Requests admitted while speculation does not pay (Req.draft.cold) skip the draft's pass.
         warm = [i for i, req in enumerate(batch.reqs) if not req.draft.cold]
         fb.capture_aux_hidden_states = bool(warm)
-        out = self.model_runner.forward(fb)
-        info = self.sampling_info(batch.reqs)
-        next_ids = self.model_runner.sample(
-            self.adjust_logits(out.next_token_logits, batch.grammars, info), info, offsets
-        )
-        self.penalty_counts.count(next_ids, info.penalties)
-        result = GenerationBatchResult(out, next_ids)
-        if any(req.return_logprob for req in batch.reqs):
-            self._add_logprobs(result, max(req.top_logprobs_num for req in batch.reqs))
+        result, info = self.forward_and_sample(batch, fb, offsets)
+        next_ids = result.next_token_ids
         if warm:
-            self._draft_prefill(batch, fb, out.aux_hidden_states, next_ids, info, offsets, warm)
+            self.draft_catch_up.prefill(
+                batch, fb, result.logits_output.aux_hidden_states, next_ids, info, offsets, warm
+            )
         if self.simulated is not None:
             self.simulated.admit(batch.reqs, fb.req_pool_indices)
-        # For a request whose prompt is done, the sampled token is the first step's input.
-        self.next_input[fb.req_pool_indices] = next_ids
-        self.next_start[fb.req_pool_indices] = fb.seq_lens
-        self.next_offset[fb.req_pool_indices] = offsets + 1
+        self._advance_rows(fb.req_pool_indices, next_ids, fb.seq_lens, offsets + 1)
         result.start_copy_to_host()
         return result
 
-    def _draft_prefill(
-        self,
-        batch: ScheduleBatch,
-        fb: ForwardBatch,
-        aux: torch.Tensor,
-        next_ids: torch.Tensor,
-        info: SamplingBatchInfo,
-        offsets: torch.Tensor,
-        warm: list[int],
-    ) -> None:
-        """The draft over the prefill's positions of the requests `warm` (indices into the
-        batch), each position fed the token after it: the next prompt token for a chunk, the
-        sampled token at a prompt's end."""
-        shifted, finals = [], []
-        for j, i in enumerate(warm):
-            req = batch.reqs[i]
-            end = req.kv_len + req.extend_len
-            shifted.extend(req.token_slice(req.kv_len + 1, end))
-            if end < req.seq_len:  # a chunk: the next prompt token follows
-                shifted.extend(req.token_slice(end, end + 1))
-            else:
-                finals.append(j)
-                shifted.append(0)  # the sampled token, filled in on the device below
-        input_ids = host_to_device(shifted, self.device)
-        if len(warm) == batch.batch_size:
-            # The draft scores no prompt tokens: the target's logits give the prompt logprobs.
-            draft_fb = dataclasses.replace(
-                fb,
-                forward_mode=ForwardMode.DRAFT_EXTEND,
-                input_ids=input_ids,
-                input_ids_host=None,
-                capture_aux_hidden_states=False,
-                spec_hidden_states=aux,
-                input_logprob_rows=None,
-                input_logprob_targets=None,
-                input_top_logprobs_num=0,
-            )
-            warm_ids, warm_offsets = next_ids, offsets
-        else:
-            draft_fb, sub = self._warm_part(fb, aux, input_ids, warm)
-            info = self.sampling_info([batch.reqs[i] for i in warm])
-            warm_ids, warm_offsets = next_ids[sub], offsets[sub]
-        last = draft_fb.last_token_indices()
-        if len(finals) == len(warm):  # every prompt ends here (the common case): no row index needed
-            input_ids[last] = warm_ids
-        elif finals:
-            rows = host_to_device(finals, self.device)  # pinned: a plain .to() would wait for the target's forward
-            input_ids[last[rows]] = warm_ids[rows]
-        draft_out = self.draft_runner.forward(draft_fb)
-        self.store_next_draft(
-            draft_fb.req_pool_indices,
-            draft_out.next_token_logits,
-            draft_out.hidden_states[last],
-            info,
-            warm_offsets + 1,
-        )
-
-    def _warm_part(self, fb: ForwardBatch, aux: torch.Tensor, input_ids: torch.Tensor, warm: list[int]):
-        """The draft's DRAFT_EXTEND over the prefill `fb`'s requests `warm` (indices into it), and
-        those indices on the device."""
-        lens = fb.extend_seq_lens_cpu
-        starts = [0, *itertools.accumulate(lens)]
-        tokens = host_to_device([t for i in warm for t in range(starts[i], starts[i + 1])], self.device)
-        sub = host_to_device(warm, self.device)
-        draft_fb = ForwardBatch(
-            forward_mode=ForwardMode.DRAFT_EXTEND,
-            batch_size=len(warm),
-            input_ids=input_ids,
-            positions=fb.positions[tokens],
-            req_pool_indices=fb.req_pool_indices[sub],
-            seq_lens=fb.seq_lens[sub],
-            out_cache_loc=fb.out_cache_loc[tokens],
-            seq_lens_cpu=[fb.seq_lens_cpu[i] for i in warm],
-            extend_seq_lens_cpu=[lens[i] for i in warm],
-            extend_prefix_lens_cpu=[fb.extend_prefix_lens_cpu[i] for i in warm],
-            spec_hidden_states=aux[tokens],
-        )
-        return draft_fb, sub
-
-    # ---- one speculative step ------------------------------------------------------------
-
     def forward_spec_step(self, batch: ScheduleBatch) -> SpecStepResult:
-        """Reads each request's input token, position and output index from the device rows,
-        so it can be launched before the previous step's accepted lengths reach the host. A
-        greedy step without logprobs replays one graph for the whole step when one is captured."""
+        """Reads each request's input, position and output index from the device rows, so it can
+        launch before the previous step's accepted lengths reach the host."""
         k = self.k if batch.spec_steps is None else batch.spec_steps
-        bs = batch.batch_size
         timer = self._phase_timer()
         row_ids = [req.req_pool_idx for req in batch.reqs]
         rows = self._draft_work(batch, row_ids)
-        logprobs = any(req.return_logprob for req in batch.reqs)
-        greedy = _graph_sampling(batch.reqs)
-        # Requests the draft does not follow (opted out, or admitted without the draft's pass)
-        # take plain decoding's token.
+        # Requests the draft does not follow take plain decoding's token.
         opted = [not req.speculates for req in batch.reqs]
         any_opted = any(opted)
         graphs = self.step_graphs.get(k)
-        grammars = batch.grammars  # constrained batches run eagerly: their masks come from the host
-        if graphs is not None and grammars is None and graphs.can_run(bs, greedy, logprobs):
+        if _replays(graphs, batch):
             tokens, num_out = graphs.replay(
                 row_ids, batch.out_cache_loc_host.numpy(), opted_out=opted if any_opted else None
             )
             if timer is not None:
                 timer.mark("step")
-            result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
-        else:
-            rows = host_to_device(row_ids, self.device) if rows is None else rows
-            opted_out = host_to_device(opted, self.device).bool() if any_opted else None
-            info = self.sampling_info(batch.reqs)
-            lookahead = None if grammars is None else GrammarLookahead(grammars, self.vocab_size, self.device)
-            tokens, num_out, target_logits = self.spec_body(
-                rows, self._device_slots(batch), k, info, timer, opted_out=opted_out, grammar=lookahead
-            )
-            result = SpecStepResult(tokens=tokens, num_out=num_out, timer=timer)
-            if logprobs:
-                self._add_step_logprobs(result, target_logits, max(req.top_logprobs_num for req in batch.reqs))
-        result.start_copy_to_host()
-        return result
+            return self._launched(batch, SpecStepResult(tokens=tokens, num_out=num_out, timer=timer))
+        rows = host_to_device(row_ids, self.device) if rows is None else rows
+        opted_out = host_to_device(opted, self.device).bool() if any_opted else None
+        info = self.sampling_info(batch.reqs)
+        grammar = None if batch.grammars is None else GrammarLookahead(batch.grammars, self.vocab_size, self.device)
+        tokens, num_out, target_logits = self.spec_body(
+            rows, self._device_slots(batch), k, info, timer, opted_out=opted_out, grammar=grammar
+        )
+        return self._launched(batch, SpecStepResult(tokens=tokens, num_out=num_out, timer=timer), target_logits)
 
     def spec_body(
         self,
@@ -416,28 +239,35 @@ class EAGLEWorkerV2(TpModelWorker):
         opted_out: Optional[torch.Tensor] = None,
         grammar: Optional[GrammarLookahead] = None,
     ):
-        """One speculative step of the requests in `rows` over the slots `out_cache_loc`
-        ([bs * (k + 1)]); returns (tokens [bs, k + 1], num_out [bs], target logits). Everything
-        else it reads and writes is device state, so the whole step can be captured in a graph
-        (`capturing`: sub-forwards run eagerly, inside the capture). `opted_out` (bool[bs]):
-        rows whose requests never speculate; they take the target's next token as a plain step
-        samples it, and their drafts are dropped. `grammar`: the constrained rows' masks, per
-        position, for the drafts and the verification (spec_grammar.py; eager steps only)."""
+        """One speculative step of `rows` over the slots `out_cache_loc` ([bs * (k + 1)]); returns
+        (tokens [bs, k + 1], num_out [bs], target logits). All else it touches is device state, so
+        a graph can capture it (`capturing`: sub-forwards run eagerly). `opted_out` (bool[bs]):
+        rows that take plain decoding's token. `grammar`: the constrained rows' masks (eager only)."""
         bs, width = rows.shape[0], k + 1
         forward_target = self.model_runner.forward_eager if capturing else self.model_runner.forward
         forward_draft = self.draft_runner.forward_eager if capturing else self.draft_runner.forward
         starts = self.next_start[rows]  # m: position of each request's input token
         offsets = self.next_offset[rows]  # output index of each row's first token this step
         slots = out_cache_loc.view(bs, width)
-        # The step's slots hold positions m .. m + k: record them in the request table here,
-        # on the device, since the host may not know m yet.
+        # The slots hold positions m .. m + k: the table is written here, as the host may not know m.
         steps = torch.arange(width, device=self.device)
         table = self.model_runner.req_to_token_pool.req_to_token
         table[rows[:, None], starts[:, None] + steps] = slots.to(table.dtype)
         drafts, draft_probs = self._draft_chain(rows, starts, offsets, slots, k, info, forward_draft, grammar)
         if timer is not None:
             timer.mark("draft")
-        verify_fb = self._verify_batch(rows, starts, steps, drafts, out_cache_loc)
+        # The target over [x, d_1 .. d_k] at positions m .. m + k, aux states captured.
+        verify_fb = _rows_batch(
+            ForwardMode.TARGET_VERIFY,
+            rows,
+            torch.cat([self.next_input[rows][:, None], torch.stack(drafts, dim=1)], dim=1).reshape(-1),
+            (starts[:, None] + steps).reshape(-1),
+            starts + width,
+            out_cache_loc,
+            width,
+            return_all_logits=True,
+            capture_aux_hidden_states=True,
+        )
         verify_out = forward_target(verify_fb)
         target_logits = verify_out.next_token_logits.view(bs, width, -1)
         verdict = self._accept(rows, target_logits, drafts, draft_probs, info, starts, offsets, opted_out, grammar)
@@ -456,28 +286,9 @@ class EAGLEWorkerV2(TpModelWorker):
             timer.mark("extend")
         return verdict.tokens, verdict.num_out, target_logits
 
-    def _verify_batch(self, rows, starts, steps, drafts, out_cache_loc) -> ForwardBatch:
-        """The target over [x, d_1 .. d_k] at positions m .. m + k, aux states captured."""
-        bs, width = rows.shape[0], len(drafts) + 1
-        return ForwardBatch(
-            forward_mode=ForwardMode.TARGET_VERIFY,
-            batch_size=bs,
-            input_ids=torch.cat([self.next_input[rows][:, None], torch.stack(drafts, dim=1)], dim=1).reshape(-1),
-            positions=(starts[:, None] + steps).reshape(-1),
-            req_pool_indices=rows,
-            seq_lens=starts + width,
-            out_cache_loc=out_cache_loc,
-            seq_lens_cpu=None,
-            extend_seq_lens_cpu=[width] * bs,
-            extend_prefix_lens_cpu=None,
-            return_all_logits=True,
-            capture_aux_hidden_states=True,
-        )
-
     def _draft_chain(self, rows, starts, offsets, slots, k: int, info, forward_draft, grammar):
-        """d_1 .. d_k (target ids) and, when sampling, q of each: d_1 is stored; each of the k - 1
-        draft forwards proposes the next, its KV at positions m .. m + k - 2."""
-        bs = rows.shape[0]
+        """d_1 .. d_k (target ids) and, when sampling, q of each: d_1 is stored, the k - 1 forwards
+        propose the rest."""
         drafts = [self.next_draft[rows]]
         draft_probs = [] if info.is_all_greedy else [self.next_draft_probs[rows]]
         if grammar is not None:  # constrained rows redraw d_1 under their grammar
@@ -492,18 +303,9 @@ class EAGLEWorkerV2(TpModelWorker):
             )
         hidden = self.next_hidden[rows]
         for j in range(1, k):
-            fb = ForwardBatch(
-                forward_mode=ForwardMode.DECODE,
-                batch_size=bs,
-                input_ids=drafts[-1],
-                positions=starts + j - 1,
-                req_pool_indices=rows,
-                seq_lens=starts + j,
-                out_cache_loc=slots[:, j - 1].contiguous(),
-                seq_lens_cpu=None,
-                extend_seq_lens_cpu=[1] * bs,
-                extend_prefix_lens_cpu=None,
-                spec_hidden_states=hidden,
+            positions, seq_lens, slot = starts + j - 1, starts + j, slots[:, j - 1].contiguous()
+            fb = _rows_batch(
+                ForwardMode.DECODE, rows, drafts[-1], positions, seq_lens, slot, 1, spec_hidden_states=hidden
             )
             out = forward_draft(fb)
             logits = out.next_token_logits
@@ -517,10 +319,9 @@ class EAGLEWorkerV2(TpModelWorker):
         return drafts, draft_probs
 
     def _accept(self, rows, target_logits, drafts, draft_probs, info, starts, offsets, opted_out, grammar):
-        """The verdict on the drafts (ChainVerdict): greedy, rejection sampling or simulated, each
-        position judged against the distribution plain decoding samples from there (the grammar's
-        mask, then the penalties with the drafts before it counted as generated, then logit_bias);
-        opted-out rows take plain decoding's token. Counts the accepted tokens for the penalties."""
+        """The verdict on the drafts (ChainVerdict), each position judged against the distribution
+        plain decoding samples from there (grammar mask, penalties counting the drafts before it,
+        logit_bias); opted-out rows take plain decoding's token."""
         bs, k = rows.shape[0], len(drafts)
         draft_tokens = torch.stack(drafts, dim=1)
         if grammar is not None:
@@ -537,9 +338,7 @@ class EAGLEWorkerV2(TpModelWorker):
         else:
             q = torch.stack(draft_probs, dim=1)  # [bs, k, draft vocab]
             q_full = torch.zeros(bs, k, self.vocab_size, dtype=torch.float32, device=self.device)
-            q_full.index_add_(
-                2, self.draft_model.to_target_ids(torch.arange(self.draft_vocab_size, device=self.device)), q
-            )
+            q_full.index_add_(2, self.draft_to_target, q)
             verdict = verify_sampled(target_logits, draft_tokens, q_full, info, offsets)
         if opted_out is not None:
             plain = self.model_runner.sample(target_logits[:, 0], info, offsets)
@@ -550,59 +349,55 @@ class EAGLEWorkerV2(TpModelWorker):
         return verdict
 
     def _after_verify(self, rows, extend_out, verdict: ChainVerdict, width: int, info, starts, offsets) -> None:
-        """The rows' state for the next step: the draft's guess and hidden state at the last
-        accepted position, and the last output token (the bonus or the resampled one) as input."""
+        """The rows' state for the next step, from the last accepted position."""
         last_kept = torch.arange(rows.shape[0], device=self.device) * width + verdict.num_out - 1
         logits, hidden = extend_out.next_token_logits[last_kept], extend_out.hidden_states[last_kept]
         self.store_next_draft(rows, logits, hidden, info, offsets + verdict.num_out)
-        self.next_input[rows] = verdict.tokens.gather(1, (verdict.num_out - 1)[:, None]).squeeze(1)
-        self.next_start[rows] = starts + verdict.num_out
-        self.next_offset[rows] = offsets + verdict.num_out
+        last_token = verdict.tokens.gather(1, (verdict.num_out - 1)[:, None]).squeeze(1)
+        self._advance_rows(rows, last_token, starts + verdict.num_out, offsets + verdict.num_out)
 
     def forward_plain_step(self, batch: ScheduleBatch) -> SpecStepResult:
-        """A decode step without speculation that leaves the same state a speculative step would:
-        the target decodes one token (capturing its aux states), and a one-token draft extend at
-        the same position keeps the draft's KV, hidden state and next guess current. So the next
-        step can speculate again with no catch-up, and the output is plain decoding's. A batch
-        with no request the draft follows (see Req.draft.cold) runs the target alone. Under catch-up
-        each followed request falls one position further behind (SpecScheduling counts it, Req.draft)."""
+        """A decode step without speculation that leaves the draft current (plain_body), so the next
+        step can speculate; a batch with no request the draft follows runs the target alone."""
         row_ids = [req.req_pool_idx for req in batch.reqs]
         rows = self._draft_work(batch, row_ids, catch_up=False)
-        # No request the draft follows: the target alone, through plain decoding's graphs.
         follow = any(req.speculates for req in batch.reqs)
-        behind = None
-        if self.draft_sync == "catch-up" and follow:
-            behind = [req.draft.behind for req in batch.reqs]
-        logprobs = any(req.return_logprob for req in batch.reqs)
-        greedy = _graph_sampling(batch.reqs)
+        behind = [req.draft.behind for req in batch.reqs] if self.draft_sync == "catch-up" and follow else None
         graphs = self.step_graphs.get(0) if follow else self.target_step_graphs
-        grammars = batch.grammars
-        if graphs is not None and grammars is None and graphs.can_run(batch.batch_size, greedy, logprobs):
+        target_logits = None
+        if _replays(graphs, batch):
             next_ids, hits = graphs.replay(row_ids, batch.out_cache_loc_host.numpy(), behind)
         else:
             rows = host_to_device(row_ids, self.device) if rows is None else rows
             behind = None if behind is None else host_to_device(behind, self.device)
+            slots, info = self._device_slots(batch), self.sampling_info(batch.reqs)
             next_ids, target_logits, hits = self.plain_body(
-                rows, self._device_slots(batch), self.sampling_info(batch.reqs), behind, draft=follow, grammars=grammars
+                rows, slots, info, behind, draft=follow, grammars=batch.grammars
             )
-        # num_out None: one token each (the host needs no copy to know it); no phase timer.
+        # num_out None: one token each, which the host knows without a copy.
         result = SpecStepResult(tokens=next_ids[:, None], num_out=None, probe_hits=hits)
-        if logprobs:
-            self._add_step_logprobs(result, target_logits[:, None], max(r.top_logprobs_num for r in batch.reqs))
+        return self._launched(batch, result, target_logits)
+
+    def _launched(self, batch: ScheduleBatch, result: SpecStepResult, target_logits=None) -> SpecStepResult:
+        """`result` with logprobs where asked (from the raw logits, as the plain worker's), sent host-ward."""
+        if any(req.return_logprob for req in batch.reqs):
+            if target_logits.dim() == 2:  # a plain step's
+                target_logits = target_logits[:, None]
+            logprobs = torch.log_softmax(target_logits.float(), dim=-1)
+            result.token_logprobs = logprobs.gather(2, result.tokens[:, :, None]).squeeze(2)
+            top_n = max(req.top_logprobs_num for req in batch.reqs)
+            if top_n > 0:
+                result.top_logprobs, result.top_logprob_ids = logprobs.topk(top_n, dim=-1)
         result.start_copy_to_host()
         return result
 
     def _phase_timer(self) -> Optional["PhaseTimer"]:
-        """A phase timer for one speculative step in PHASE_TIMED_EVERY (the first included): the
-        phase times are a mean over recent steps, and two timing events cost a step ~10 us."""
         self._steps_since_timed = (self._steps_since_timed + 1) % PHASE_TIMED_EVERY
         return PhaseTimer(self.device) if self._steps_since_timed == 1 % PHASE_TIMED_EVERY else None
 
     def _draft_work(self, batch: ScheduleBatch, row_ids: list[int], catch_up: bool = True) -> Optional[torch.Tensor]:
-        """Before a decode step: the draft's passes that bring requests it adopts (and, before a
-        speculative step, requests behind it; `catch_up`) level with the target. Returns the
-        rows on the device if it made them for that, else None (a step replayed from a graph
-        takes its rows as host values)."""
+        """The draft's passes that bring the requests it adopts (and with `catch_up` those behind it)
+        level before a step; returns the rows on the device if it made them."""
         if not any(req.draft.adopting or (catch_up and req.draft.behind) for req in batch.reqs):
             return None
         rows = host_to_device(row_ids, self.device)
@@ -612,8 +407,6 @@ class EAGLEWorkerV2(TpModelWorker):
         return rows
 
     def _device_slots(self, batch: ScheduleBatch) -> torch.Tensor:
-        """The decode step's KV slots on the device, for the steps not replayed from a graph
-        (which copy the host slots with the rest of their inputs)."""
         if batch.out_cache_loc is None:
             batch.out_cache_loc = batch.out_cache_loc_host.to(self.device, non_blocking=True)
         return batch.out_cache_loc
@@ -628,31 +421,24 @@ class EAGLEWorkerV2(TpModelWorker):
         draft: bool = True,
         grammars: Optional[list] = None,
     ):
-        """The plain step of the requests in `rows` over the slots `out_cache_loc` ([bs]): the
-        target decodes one token (capturing its aux states), then the draft follows it, warm or
-        catch-up. Returns (tokens [bs], target logits, probe hits [bs] or None). `behind`:
-        int64[bs] on the device, each row's plain steps since the draft last caught up (catch-up
-        only). Like the speculative body it reads and writes device state only, so it can be
-        captured (`capturing`: sub-forwards run eagerly, inside the capture). `draft` False:
-        no row is followed by the draft; the target decodes alone, without aux states. `grammars`:
-        each row's matcher or None (eager steps only), masking the target's token."""
+        """The plain step of `rows` over the slots `out_cache_loc` ([bs]): the target decodes one
+        token with aux capture, then the draft follows: a one-token extend (warm), or the aux states
+        buffered at column `behind` (catch-up). Returns (tokens, target logits, probe hits or None).
+        Capturable like spec_body. `draft` False: the target alone, without aux states."""
         bs = rows.shape[0]
         forward_target = self.model_runner.forward_eager if capturing else self.model_runner.forward
         forward_draft = self.draft_runner.forward_eager if capturing else self.draft_runner.forward
         starts, offsets = self.next_start[rows], self.next_offset[rows]
         table = self.model_runner.req_to_token_pool.req_to_token
         table[rows, starts] = out_cache_loc.to(table.dtype)
-        fb = ForwardBatch(
-            forward_mode=ForwardMode.DECODE,
-            batch_size=bs,
-            input_ids=self.next_input[rows],
-            positions=starts,
-            req_pool_indices=rows,
-            seq_lens=starts + 1,
-            out_cache_loc=out_cache_loc,
-            seq_lens_cpu=None,
-            extend_seq_lens_cpu=[1] * bs,
-            extend_prefix_lens_cpu=None,
+        fb = _rows_batch(
+            ForwardMode.DECODE,
+            rows,
+            self.next_input[rows],
+            starts,
+            starts + 1,
+            out_cache_loc,
+            1,
             capture_aux_hidden_states=draft,
         )
         out = forward_target(fb)
@@ -665,22 +451,18 @@ class EAGLEWorkerV2(TpModelWorker):
             self.draft_catch_up.buffer(rows, out.aux_hidden_states, next_ids, behind)
         elif draft:
             hits = self._keep_draft_warm(fb, out, next_ids, info, offsets, forward_draft)
-        self.next_input[rows] = next_ids
-        self.next_start[rows] = starts + 1
-        self.next_offset[rows] = offsets + 1
+        self._advance_rows(rows, next_ids, starts + 1, offsets + 1)
         return next_ids, out.next_token_logits, hits
 
     def _keep_draft_warm(self, fb: ForwardBatch, out, next_ids, info, offsets, forward_draft) -> torch.Tensor:
-        """A warm plain step's draft: a one-token extend at the same position keeps it current.
-        Returns the probe hits (bool[bs]): whether its stored guess d_1 was the target's token, an
-        acceptance sample for free."""
+        """A warm plain step's draft extend; returns the probe hits (bool[bs]): whether the stored
+        guess d_1 was the target's token, an acceptance sample for free."""
         rows, starts = fb.req_pool_indices, fb.positions
         if self.simulated is None:
             hits = self.next_draft[rows] == next_ids
         else:
             hits = self.simulated.probe_hits(starts, rows)
-        # One token per row: every token's logits are the last ones (and need no host-made
-        # index, which a graph capture could not copy).
+        # Every token is its row's last: no host-made index, which a capture could not copy.
         draft_fb = dataclasses.replace(
             fb,
             forward_mode=ForwardMode.DRAFT_EXTEND,
@@ -694,7 +476,6 @@ class EAGLEWorkerV2(TpModelWorker):
         return hits
 
     def measure_step_costs(self, repeats: int = 3) -> dict:
-        """Seconds per decode step of each shape the policy can choose (step_costs.py)."""
         return measure_step_costs(self, repeats)
 
     def store_next_draft(self, rows, logits, hidden, info: SamplingBatchInfo, offsets) -> None:
@@ -707,29 +488,44 @@ class EAGLEWorkerV2(TpModelWorker):
         if self.keep_draft_logits:
             self.next_draft_logits[rows] = logits.to(self.next_draft_logits.dtype)
 
-    @staticmethod
-    def _add_step_logprobs(result: SpecStepResult, target_logits: torch.Tensor, top_n: int) -> None:
-        # From the raw logits (before temperature and filters), as the plain worker reports them.
-        logprobs = torch.log_softmax(target_logits.float(), dim=-1)
-        result.token_logprobs = logprobs.gather(2, result.tokens[:, :, None]).squeeze(2)
-        if top_n > 0:
-            result.top_logprobs, result.top_logprob_ids = logprobs.topk(top_n, dim=-1)
+
+def _rows_batch(mode, rows, input_ids, positions, seq_lens, out_cache_loc, width: int, **fields) -> ForwardBatch:
+    """A forward of `width` tokens per row, whose lengths only the device knows."""
+    bs = rows.shape[0]
+    return ForwardBatch(
+        forward_mode=mode,
+        batch_size=bs,
+        input_ids=input_ids,
+        positions=positions,
+        req_pool_indices=rows,
+        seq_lens=seq_lens,
+        out_cache_loc=out_cache_loc,
+        seq_lens_cpu=None,
+        extend_seq_lens_cpu=[width] * bs,
+        extend_prefix_lens_cpu=None,
+        **fields,
+    )
 
 
 def _policy_steps(reachable: list[int], k: int) -> str:
-    """What the start-up line adds after the policy's name: the k it chooses from, where that is
-    more than k alone."""
     if not reachable:
         return " (plain steps only)"
-    if reachable == [k]:
-        return ""
-    return f" (each step plain or k in {reachable})"
+    return "" if reachable == [k] else f" (each step plain or k in {reachable})"
 
 
 def _graph_sampling(reqs) -> bool:
-    """Whether every request samples as the whole-step graphs do: greedy, with no logit_bias and
-    no penalty (the graphs apply neither); other batches run eagerly."""
+    """Whether every request samples as the whole-step graphs do: greedy, no logit_bias or penalty."""
     return all(
         req.sampling_params.is_greedy and not req.sampling_params.logit_bias and not req.sampling_params.penalized
         for req in reqs
+    )
+
+
+def _replays(graphs, batch: ScheduleBatch) -> bool:
+    """Whether a step replays its whole-step graph (no logprobs, no grammars: their masks are host-made)."""
+    logprobs = any(req.return_logprob for req in batch.reqs)
+    return (
+        graphs is not None
+        and batch.grammars is None
+        and graphs.can_run(batch.batch_size, _graph_sampling(batch.reqs), logprobs)
     )

@@ -1,6 +1,5 @@
 """Bounded exploration for the cost policy: now and then a candidate k other than the chosen one
-runs for a few steps, so that its learned cost at the current batch-size bucket and context class
-stays known."""
+runs for a few steps, so that its learned cost at the current key stays known."""
 
 from __future__ import annotations
 
@@ -9,8 +8,7 @@ import math
 from typing import Hashable, Optional
 
 EXPLORE_STEPS = 4  # steps per exploration burst: with the pipelined sample rule, 3 cost samples
-# (objective shortfall of a candidate against the chosen k, steps between its bursts at a bucket):
-# near candidates are refreshed often, far ones rarely, so the price of knowing stays small.
+# (shortfall against the chosen k, steps between bursts at a key): near candidates often, far rarely.
 EXPLORE_INTERVALS = ((0.05, 128), (0.15, 384), (math.inf, 1536))
 EXPLORE_MAX_SHARE = 0.02  # exploration never takes more than this share of decode steps
 EXPLORE_CREDIT_START = 2 * EXPLORE_STEPS  # a fresh server may explore twice before earning credit
@@ -18,8 +16,6 @@ EXPLORE_CREDIT_START = 2 * EXPLORE_STEPS  # a fresh server may explore twice bef
 
 @dataclasses.dataclass
 class Burst:
-    """A running exploration burst."""
-
     k: int  # the candidate it runs
     steps_left: int
     returns_to: int  # the chosen k, which the policy decides afresh from after the burst
@@ -27,16 +23,11 @@ class Burst:
 
 
 class Exploration:
-    """When to run which other candidate, and what it cost.
-
-    Each (key, k) remembers the decode step at which k last ran there, the key being the policy's
-    (batch-size bucket, context class). A candidate is due when its age passes the interval for
-    its shortfall (1 - objective[k] / objective[chosen]), one it has never run at this key at
-    once; a burst runs it EXPLORE_STEPS steps, then the policy
-    decides afresh with what was learned. A credit (EXPLORE_MAX_SHARE per decode step, a burst
-    spends EXPLORE_STEPS) caps the share of exploration steps whatever the load does. The cost
-    is counted as the shortfall of each exploration step: the tokens per second it gave up,
-    as a share of what the chosen k would have given, by the policy's own estimate."""
+    """When to run which other candidate, and what it cost. A candidate is due at a key when the
+    steps since it last ran there pass the interval for its shortfall (1 - objective[k] /
+    objective[chosen]); a burst runs it EXPLORE_STEPS steps, then the policy decides afresh. A
+    credit (EXPLORE_MAX_SHARE per decode step) caps exploration's share of steps; its cost is
+    each exploration step's shortfall, by the policy's own estimate."""
 
     def __init__(
         self,
@@ -95,9 +86,8 @@ class Exploration:
     def start_if_due(
         self, bucket: Hashable, chosen: int, objective: dict[int, float], unsure: frozenset = frozenset()
     ) -> Optional[int]:
-        """A candidate to run now instead of `chosen`, or None. The first step of the burst counts.
-        Candidates in `unsure` (whose cost here rests on few samples) are due at the shortest
-        interval, however far behind they look: one unlucky burst must not keep a k away for long."""
+        """A candidate to run now instead of `chosen` (this step is the burst's first), or None.
+        `unsure` candidates (costs on few samples) are due at the shortest interval."""
         if self._credit < self.burst_steps or not objective.get(chosen):
             return None
         due = []
@@ -112,8 +102,7 @@ class Exploration:
                 due.append((-overdue, shortfall, k))
         if not due:
             return None
-        # The most overdue first (one never run here before all), so that none waits on another
-        # that is due as often as it runs; between equals, the nearest: its cost decides the most.
+        # The most overdue first (never run here before all); between equals, the nearest.
         _, shortfall, k = min(due)
         self._credit -= self.burst_steps
         self.bursts += 1

@@ -1,12 +1,8 @@
-"""Grammar masks inside a speculative step (chain drafting). Position j of the step (0 .. k) is
-masked by each constrained row's grammar state after its output so far and the drafts d_1 .. d_j:
-the draft proposes d_{j+1} under that mask and verification scores position j under it. The
-matchers walk the drafts ahead on the host and are rolled back at the end; the scheduler then
-advances them over the accepted tokens only.
-
-A draft the grammar forbids (possible only where no draft-vocabulary token is allowed) ends the
-walk for its row: verification masks its position, so it is rejected (its target probability is
-0), and the positions after it are never reached, so their masks do not matter."""
+"""Grammar masks inside a speculative step. Position j (0 .. k) is masked by each constrained row's
+grammar after its output and the drafts d_1 .. d_j: the draft proposes d_{j+1} and verification
+scores position j under that mask. The matchers walk the drafts on the host and are rolled back
+at the end (the scheduler advances them over the accepted tokens). A forbidden draft (only where
+no draft-vocabulary token is allowed) ends its row's walk and is rejected by verification."""
 
 from __future__ import annotations
 
@@ -53,9 +49,8 @@ class GrammarLookahead:
     def redraw_first_draft(
         self, kept_logits, draft_to_target, to_target_ids, info, offsets, drafts: list, draft_probs: list
     ) -> None:
-        """d_1 of the constrained rows drawn again, with the same random numbers, from the draft's
-        logits the previous step kept (draft vocabulary), under the mask of the step's first
-        position; in place in `drafts` (target ids) and `draft_probs` (q, when sampling)."""
+        """d_1 of the constrained rows drawn again (same random numbers) from the draft's kept
+        logits under the first position's mask, in place in `drafts` and `draft_probs`."""
         logits = masked_draft_logits(kept_logits.float(), self.next_mask(), draft_to_target)
         drafts[0] = torch.where(self.constrained_rows, to_target_ids(draw_draft(logits, info, offsets)), drafts[0])
         if draft_probs:
@@ -70,7 +65,7 @@ class GrammarLookahead:
 
 def draft_mask(target_mask: torch.Tensor, draft_to_target: torch.Tensor) -> torch.Tensor:
     """bool[bs, draft vocab] from a target-vocabulary mask; a row that allows no draft token is left
-    unmasked (its draft is then forbidden, and rejected by verification)."""
+    unmasked (its draft is rejected by verification)."""
     mask = target_mask[:, draft_to_target]
     return mask | ~mask.any(dim=-1, keepdim=True)
 

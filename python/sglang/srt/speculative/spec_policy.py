@@ -1,19 +1,14 @@
 """The per-step mode switch of speculative decoding: before each decode step the scheduler asks a
 policy how many draft tokens k to verify (k = 0 is PLAIN, a target-only decode step).
 
-Speculation pays off when the expected tokens per verify outweigh the extra cost of drafting and
-verifying k + 1 positions. At small batches the target step is memory bound and verifying extra
-positions is nearly free; at large batches it is compute bound and the same step costs several
-times a plain one. The cost policy compares both with measured step times and the acceptance
-observed so far; the simpler policies (always, never, a batch-size threshold) are there for
-baselines and for users who know their load.
+At small batches the target step is memory bound and verifying extra positions is nearly free; at
+large batches it is compute bound and a verify costs several times a plain step. The cost policy
+weighs both with measured step times and observed acceptance; always, never and a batch-size
+threshold are there for baselines and for users who know their load.
 
-The policies sit in a registry (end of this module) that everything outside asks: ServerArgs for
-the names, --help and the flag checks, the worker for the k it captures graphs for, the scheduler
-for the policy. Adding one is a SpecPolicy subclass and register_policy(name, class).
-
-Everything here is pure Python: it runs on the scheduler's CPU once per decode step, so it must
-not touch the device or sync with it."""
+The policies sit in a registry (end of this module) that ServerArgs, the worker and the scheduler
+ask; adding one is a SpecPolicy subclass and register_policy(name, class). Pure Python, once per
+decode step on the scheduler's CPU: nothing here touches the device."""
 
 from __future__ import annotations
 
@@ -32,8 +27,7 @@ logger = logging.getLogger(__name__)
 
 @dataclasses.dataclass(frozen=True)
 class PolicyOptions:
-    """What the --speculative-* flags tell a policy (options_from_args reads them); each policy
-    takes what it needs, after its `check`."""
+    """What the --speculative-* flags tell a policy (options_from_args reads them)."""
 
     k_max: int  # --speculative-num-steps
     threshold: Optional[int] = None  # --speculative-threshold
@@ -47,11 +41,8 @@ class PolicyOptions:
 
 class SpecPolicy(ABC):
     """Base policy. choose() is the template: subclasses decide in _choose(); the base counts
-    steps per k and switches (a step whose k differs from the previous step's; the first step
-    is not a switch), which is what the logs and /metrics report.
-
-    The class attributes and classmethods answer for the flags before a policy exists (the
-    registry below asks them): its words in --help, the k it can reach, what it needs."""
+    steps per k and switches (a step whose k differs from the previous one's) for the logs and
+    /metrics. The class attributes and classmethods answer for the flags before a policy exists."""
 
     name = "base"
     help = ""  # its part of --speculative-policy's help
@@ -104,18 +95,15 @@ class SpecPolicy(ABC):
         self.current_k: Optional[int] = None
         self.num_switches = 0
         self.steps_per_k: dict[int, int] = {}
-        # Steps run in a row with current_k, the step that chose it included (for dwell).
-        self.steps_in_current = 0
-        # Expected tokens per second of each candidate k at the last evaluation (policies that price
-        # steps fill it; shown in the decode log line).
+        self.steps_in_current = 0  # steps run in a row with current_k, the one that chose it included
+        # Expected tokens per second of each candidate k at the last evaluation (for the log line).
         self.last_objective: dict[int, float] = {}
 
     def choose(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0, explore: bool = False) -> int:
-        """k for the next decode step of this batch; 0 = PLAIN. rids: its decode requests that may
-        speculate; num_plain_only: those that opted out (one token a step whatever k is);
-        context_tokens: the summed context length of all of them. A batch with no request that
-        may speculate decodes plainly. `explore`: where the policy would decode plainly, take its
-        cheapest speculative step instead (to measure acceptance; the scheduler asks for it)."""
+        """k for the next decode step of this batch; 0 = PLAIN. rids: its requests that may
+        speculate; num_plain_only: those that opted out; context_tokens: their summed context.
+        `explore`: where the policy would decode plainly, take its cheapest speculative step
+        instead (to measure acceptance; the scheduler asks for it)."""
         k = 0 if num_plain_only and not rids else self._choose(rids, context_tokens, num_plain_only)
         if explore and k == 0 and rids:
             k = self._explore_k(len(rids) + num_plain_only)
@@ -123,7 +111,6 @@ class SpecPolicy(ABC):
         return k
 
     def _count_step(self, k: int) -> None:
-        """Counts a step of k: per k, in a row, and a switch where k changed."""
         if k == self.current_k:
             self.steps_in_current += 1
         else:
@@ -141,10 +128,9 @@ class SpecPolicy(ABC):
         return 1
 
     def would_speculate(self, rids: list[str], context_tokens: int = 0, num_plain_only: int = 0) -> bool:
-        """Whether a decode batch like this would speculate, judged afresh: no hysteresis, no
-        dwell, nothing recorded. The scheduler asks it when admitting a request, with the batch
-        the request joins: the draft reads the prompts only of requests admitted while
-        speculation pays (the others decode plainly, so a busy server pays nothing for it)."""
+        """Whether a decode batch like this would speculate, judged afresh (no hysteresis, no
+        dwell, nothing recorded): the scheduler asks it when admitting a request, with the batch
+        the request joins, since the draft reads only the prompts admitted while speculation pays."""
         return bool(rids) and self._would_speculate(rids, context_tokens, num_plain_only)
 
     @abstractmethod
@@ -152,10 +138,8 @@ class SpecPolicy(ABC):
         """would_speculate for a batch with at least one request that may speculate."""
 
     def would_speculate_at_prior(self, batch_size: int, context_tokens: int = 0) -> bool:
-        """would_speculate for `batch_size` requests that may all speculate, with acceptance at
-        the estimator's prior instead of what it has seen: whether speculation could pay here at
-        all. The scheduler asks it before admitting a request with the draft to refresh an
-        estimate that nothing has updated for a while (see SpecScheduling.draft_reads_prompt)."""
+        """would_speculate for `batch_size` requests with acceptance at the estimator's prior: whether
+        speculation could pay here at all (SpecScheduling.draft_reads_prompt's exploration)."""
         return batch_size > 0 and self._at_prior(batch_size, context_tokens)
 
     def _at_prior(self, batch_size: int, context_tokens: int) -> bool:
@@ -171,9 +155,8 @@ class SpecPolicy(ABC):
             self.estimator.record_probe(rids, hits)
 
     def observe_step_seconds(self, batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
-        """What one steady decode step of k drafts cost the server: the wall time from its launch
-        to the next decode launch, at this batch size and summed context (the scheduler's
-        sample rule: SpecScheduling.on_launch). Only the cost policy learns from it."""
+        """What one steady decode step of k drafts cost the server, from its launch to the next
+        (SpecScheduling.on_launch). Only the cost policy learns from it."""
 
     def forget(self, rid: str) -> None:
         if self.estimator is not None:
@@ -206,8 +189,7 @@ class AlwaysPolicy(SpecPolicy):
 
 
 class NeverPolicy(SpecPolicy):
-    """Never speculate: the baseline, with the draft loaded (the scheduler gives it no request,
-    so it never runs)."""
+    """Never speculate: the baseline, with the draft loaded but never run."""
 
     name = "never"
     help = "plain steps only; the draft is loaded but never runs"
@@ -224,8 +206,7 @@ class NeverPolicy(SpecPolicy):
 
 
 class ThresholdPolicy(SpecPolicy):
-    """Speculate with k_max while the decode batch has at most `threshold` requests: the simple
-    rule for users who have measured where speculation stops paying on their hardware."""
+    """Speculate with k_max while the decode batch has at most `threshold` requests."""
 
     name = "threshold"
     help = "speculate while the decode batch has at most --speculative-threshold requests"
@@ -321,9 +302,9 @@ def reachable_steps(args) -> list[int]:
 
 
 def make_policy(name: str, k_max: int, *, cost=None, exploration=None, **flags) -> SpecPolicy:
-    """The policy named by --speculative-policy, with an acceptance estimator for every policy
-    (so acceptance is reported even when it does not drive the choice). `flags`: PolicyOptions'
-    fields; `cost`: the start-up CostTable where the policy needs_step_costs. Errors name the flag."""
+    """The policy named by --speculative-policy, with an acceptance estimator (reported by every
+    policy). `flags`: PolicyOptions' fields; `cost`: the start-up CostTable where the policy
+    needs_step_costs. Errors name the flag."""
     cls, options = policy_class(name), PolicyOptions(k_max, **flags)
     cls.check(options)
     estimator = AcceptanceEstimator(k_max, alpha=options.ema_alpha if options.ema_alpha is not None else 0.05)
@@ -331,8 +312,8 @@ def make_policy(name: str, k_max: int, *, cost=None, exploration=None, **flags) 
 
 
 def policy_from_args(args, measure_step_costs: Callable[[], dict], exploration=None) -> SpecPolicy:
-    """make_policy for the policy ServerArgs names; where it needs_step_costs, from the step
-    costs `measure_step_costs()` returns (the worker's EAGLEWorkerV2.measure_step_costs)."""
+    """make_policy for the policy ServerArgs names; where it needs_step_costs, from
+    `measure_step_costs()` (EAGLEWorkerV2.measure_step_costs)."""
     cost = None
     if policy_class(args.speculative_policy).needs_step_costs:
         measured = measure_step_costs()

@@ -29,8 +29,7 @@ STREAM_RESAMPLE = 13  # Gumbel noise of the token drawn at the first rejection (
 
 
 def filtered_probs(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """float32[rows, V]: the distribution each row samples from (one-hot at the argmax for
-    greedy rows). `info` has one row per logits row."""
+    """float32[rows, V]: the distribution each row samples from (one-hot argmax for greedy rows)."""
     logits = logits.float()
     # scatter rather than one_hot, which checks its indices on the host (a device sync).
     greedy = torch.zeros_like(logits).scatter_(1, logits.argmax(-1, keepdim=True), 1.0)
@@ -70,11 +69,9 @@ def verify_sampled(
     info: SamplingBatchInfo,
     offsets: torch.Tensor,
 ) -> ChainVerdict:
-    """Chain rejection sampling.
-
-    target_logits: [bs, k + 1, V]; drafts: int64[bs, k] (target ids); draft_probs: float32
-    [bs, k, V], q of each draft step over the target vocabulary (zero outside the draft's);
-    offsets: int64[bs], the output index of each row's first token this step."""
+    """Chain rejection sampling. target_logits: [bs, k + 1, V]; drafts: int64[bs, k] (target ids);
+    draft_probs: float32[bs, k, V], each draft's q over the target vocabulary; offsets: int64[bs],
+    the output index of each row's first token this step."""
     bs, width, vocab = target_logits.shape
     k = width - 1
     step_info = _repeat_rows(info, width)

@@ -31,8 +31,7 @@ class SpecStats:
         self.window_tokens = 0
 
     def record_step(self, num_out: list[int], phase_seconds: Optional[dict[str, float]], k_step: int) -> None:
-        """One speculative step: each request-verify's tokens, and the phase times if the step
-        was timed (None: not; the worker times a sample of its steps)."""
+        """One speculative step: each request-verify's tokens, and its phase times if timed."""
         self.steps_by_k[k_step] = self.steps_by_k.get(k_step, 0) + 1
         self.num_steps += 1
         self.num_drafts += k_step * len(num_out)
@@ -61,8 +60,7 @@ class SpecStats:
         return mean
 
     def mean_phase_ms(self) -> dict[str, float]:
-        """Mean ms per recent step of each phase: draft / verify / extend for steps run forward
-        by forward, `step` for steps replayed as one graph."""
+        """Mean ms per recent step of each phase (draft / verify / extend, or `step` for a graph)."""
         totals: dict[str, list[float]] = {}
         for phases in self.recent_phase_s:
             for name, seconds in phases.items():

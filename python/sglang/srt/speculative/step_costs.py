@@ -1,6 +1,5 @@
-"""What each decode step shape of the EAGLE-3 worker costs, measured at start-up by replaying
-its graphs on the scratch row: the speculation policy's prior (cost_model.CostTable), which the
-costs it learns from the running server refine."""
+"""What each decode step shape of the EAGLE-3 worker costs, measured at start-up by replaying its
+graphs on the scratch row: the cost policy's prior (cost_model.CostTable)."""
 
 from __future__ import annotations
 
@@ -19,22 +18,17 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
-# Each cost is the fastest of this many timed batches: a server sharing its device with others
-# starting up sees some batches slowed by their kernels (four 8B servers started together read a
-# plain step at batch 256 as 21.5 ms, and the context term 8x high).
+# Each cost is the fastest of this many timed batches: other servers starting on the device slow
+# some batches (four 8B servers started together read batch 256's plain step as 21.5 ms).
 TRIALS = 3
-# How long a server waits for another one on its device to finish measuring before it measures
-# anyway (a table takes seconds; the lock goes with a process that dies).
-LOCK_TIMEOUT_S = 120.0
+LOCK_TIMEOUT_S = 120.0  # wait for another server on the device to finish measuring, at most
 
 
 def measure_step_costs(worker, repeats: int = 3) -> dict:
-    """Seconds per decode step of a plain step and of each reachable k, at every graph
-    bucket (replaying the graphs a real step replays), or eagerly at batch size 1 without
-    graphs. Every row of these steps is the scratch row and every slot the padding slot 0,
-    so no request's state is touched. Returns {"plain": {bs: s}, "spec": {(bs, k): s},
-    "context": {k: s per context token}} (see _context_seconds_per_token below). Servers on one
-    device measure one at a time (device_lock)."""
+    """Seconds per plain step and per step of each reachable k, at every graph bucket (or eagerly
+    at batch size 1 without graphs), on the scratch row and padding slot 0, so no request's state
+    is touched: {"plain": {bs: s}, "spec": {(bs, k): s}, "context": {k: s per context token}}.
+    Servers on one device measure one at a time (device_lock)."""
     with device_lock(_device_key(worker)):
         return _measure(worker, repeats)
 
@@ -71,10 +65,8 @@ def _padding_slots(worker, n: int) -> torch.Tensor:
 
 
 def _context_seconds_per_token(worker) -> dict[int, float]:
-    """What one token of context adds to a step of each k, from the KV bytes the step's
-    attention reads and the device's measured copy bandwidth: the target's KV once (a verify
-    reads each request's KV once for all its k + 1 tokens), the draft's once per draft
-    forward (k chain steps and the extend; a warm plain step's one-token extend)."""
+    """What one token of context adds to a step of each k, from the KV bytes its attention reads at
+    the measured copy bandwidth: the target's once, the draft's once per draft forward."""
 
     def kv_bytes(runner) -> int:
         pool = runner.token_to_kv_pool
@@ -90,8 +82,7 @@ def _context_seconds_per_token(worker) -> dict[int, float]:
 
 
 def _copy_bandwidth(worker, nbytes: int = 1 << 26, repeats: int = 10) -> float:
-    """Bytes per second moved (read + written) by a device-to-device copy of `nbytes` (64 MiB
-    each way: past the L2 cache, small beside what the memory plan leaves free)."""
+    """Bytes per second moved (read + written) by a device copy of `nbytes` (64 MiB: past L2)."""
     if worker.device != "cuda":
         nbytes = 1 << 24
     src = torch.empty(nbytes, dtype=torch.uint8, device=worker.device)
@@ -112,8 +103,7 @@ def _seconds_per_call(worker, run, repeats: int) -> float:
 
 
 def fastest_call(device: str, call, repeats: int, trials: int = TRIALS) -> float:
-    """Seconds per call of `call`, from the fastest of `trials` timed batches of `repeats` calls:
-    what the call costs when nothing else holds the device."""
+    """Seconds per call of `call`, from the fastest of `trials` timed batches of `repeats` calls."""
     best = float("inf")
     for _ in range(trials):
         if device == "cuda":
@@ -137,10 +127,9 @@ def _device_key(worker) -> str:
 
 @contextlib.contextmanager
 def device_lock(key: str, timeout_s: float | None = None):
-    """Held while a server measures its step costs, so that servers starting together on one
-    device do not time each other's kernels: an flock on a file in the temp folder named by the
-    device, waited for up to `timeout_s` (LOCK_TIMEOUT_S); past that, or where the file cannot be
-    opened, the costs are measured without it, logged."""
+    """Held while a server measures its step costs, so that servers starting together on one device
+    do not time each other's kernels: an flock on a temp file named by the device, waited for up
+    to `timeout_s`; past that, or where the file cannot be opened, measured without it, logged."""
     timeout_s = LOCK_TIMEOUT_S if timeout_s is None else timeout_s
     path = os.path.join(tempfile.gettempdir(), f"sglang-step-costs-{key}.lock")
     try:
@@ -158,11 +147,7 @@ def device_lock(key: str, timeout_s: float | None = None):
                 path,
                 timeout_s,
             )
-        try:
-            yield
-        finally:
-            if locked:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        yield  # closing the file releases the lock
 
 
 def _flock_within(handle, timeout_s: float) -> bool:
