@@ -41,7 +41,9 @@ for i in "${!NAMES[@]}"; do
     --max-running-requests 256 --max-total-tokens "$KV" ${ARGS[$name]} ${LOAD_FORMAT:+--load-format $LOAD_FORMAT} ${EXTRA_SERVER_ARGS:-} > "$RAW/$name.server.log" 2>&1 &
   PIDS+=($!)
   # STAGGER=1: the next server starts once this one is up, so no server's start-up timings (its step
-  # table, which prefill graphs beat eager launches) are taken while another loads the GPU.
+  # table, which prefill graphs beat eager launches) are taken while another loads the GPU. Each then
+  # sees the others' memory as used: raise --mem-fraction-static (EXTRA_SERVER_ARGS), or the last
+  # ones refuse to start (their KV is capped by KV_TOKENS either way).
   if [ "${STAGGER:-0}" = 1 ]; then wait_healthy "$!" $((BASE + i)) "$RAW/$name.server.log" 400 || exit 1; fi
 done
 echo "== $(date +%T) starting ${NAMES[*]}"
