@@ -8,6 +8,12 @@ multiplies a block's tokens by that expert's gate and up rows and stores silu(ga
 multiplies those by the expert's down projection and by the router's weight. The top-k weighted
 sum is the sum over each token's slots at the end. Blocks past the routed rows do nothing, so an
 expert no token goes to is never read; every size is fixed by the token count (CUDA graphs).
+
+Block-wise FP8 experts (`w13_scale`, `w2_scale` given; the FP8 constexpr, so the bf16 kernels
+compile as before): e4m3 weights with a float32 scale per 128 x 128 block. Each K step is one
+128-wide group: the step's activations are quantized per row in the kernel (amax / 448, as
+fp8_gemm's block kernel and fp8_reference), one fp8 dot accumulates in fp32, and the step's
+partial product is scaled by the rows' and the weight block's scales before it is added.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ import triton
 import triton.language as tl
 
 from sgl_kernel._interpreter import fix_interpreter
+from sgl_kernel.fp8_gemm import quantize, scale_of
+from sgl_kernel.fp8_reference import FP8, GROUP
 from sgl_kernel.paged_kv import dot_precision
 
 fix_interpreter()
@@ -145,9 +153,20 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int 
 
 
 @triton.jit
+def _fp8_step(a, w_ptrs, w_mask, w_scale):
+    """One 128-wide K step of an FP8 product: a [M, 128] quantized per row, times the e4m3 weight
+    tile [128, N], in fp32, scaled by the rows' scales and the weight's block scales [N]."""
+    a_scale = scale_of(tl.max(tl.abs(a.to(tl.float32)), axis=1))
+    aq = quantize(a.to(tl.float32), a_scale[:, None])
+    w = tl.load(w_ptrs, mask=w_mask, other=0.0)
+    return tl.dot(aq, w) * a_scale[:, None] * w_scale[None, :]
+
+
+@triton.jit
 def _gate_up_kernel(
     hidden,
     w13,
+    w13_scale,
     sorted_pairs,
     block_experts,
     num_padded,
@@ -160,11 +179,17 @@ def _gate_up_kernel(
     stride_we,
     stride_wn,
     stride_act,
+    stride_se,
+    stride_sn,
+    up_scale_row,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    FP8: tl.constexpr,
 ):
+    """FP8: w13_scale [E, 2 * ceil(N / 128), ceil(K / 128)], the gate's block rows, then the
+    up's from `up_scale_row`."""
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M < tl.load(num_padded):
         pairs = tl.load(sorted_pairs + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -183,10 +208,19 @@ def _gate_up_kernel(
                 hidden + tokens[:, None] * stride_h + ks[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0
             )
             w_mask = k_ok[:, None] & col_ok[None, :]
-            gate = tl.load(w_base + cols[None, :] * stride_wn + ks[:, None], mask=w_mask, other=0.0)
-            up = tl.load(w_base + (cols[None, :] + N) * stride_wn + ks[:, None], mask=w_mask, other=0.0)
-            acc_gate = tl.dot(a, gate, acc_gate, input_precision=PRECISION)
-            acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
+            gate_ptrs = w_base + cols[None, :] * stride_wn + ks[:, None]
+            up_ptrs = w_base + (cols[None, :] + N) * stride_wn + ks[:, None]
+            if FP8:
+                s_base = w13_scale + expert * stride_se + k0 // BLOCK_K
+                gate_s = tl.load(s_base + (cols // BLOCK_K) * stride_sn, mask=col_ok, other=0.0)
+                up_s = tl.load(s_base + (up_scale_row + cols // BLOCK_K) * stride_sn, mask=col_ok, other=0.0)
+                acc_gate += _fp8_step(a, gate_ptrs, w_mask, gate_s)
+                acc_up += _fp8_step(a, up_ptrs, w_mask, up_s)
+            else:
+                gate = tl.load(gate_ptrs, mask=w_mask, other=0.0)
+                up = tl.load(up_ptrs, mask=w_mask, other=0.0)
+                acc_gate = tl.dot(a, gate, acc_gate, input_precision=PRECISION)
+                acc_up = tl.dot(a, up, acc_up, input_precision=PRECISION)
         y = acc_gate / (1.0 + tl.exp(-acc_gate)) * acc_up
         out_ptrs = act + pairs[:, None] * stride_act + cols[None, :]
         tl.store(out_ptrs, y.to(act.dtype.element_ty), mask=valid[:, None] & col_ok[None, :])
@@ -196,6 +230,7 @@ def _gate_up_kernel(
 def _down_kernel(
     act,
     w2,
+    w2_scale,
     sorted_pairs,
     block_experts,
     num_padded,
@@ -208,11 +243,15 @@ def _down_kernel(
     stride_we,
     stride_wn,
     stride_out,
+    stride_se,
+    stride_sn,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
+    FP8: tl.constexpr,
 ):
+    """FP8: w2_scale [E, ceil(N / 128), ceil(K / 128)]."""
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M < tl.load(num_padded):
         pairs = tl.load(sorted_pairs + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -226,10 +265,13 @@ def _down_kernel(
             ks = k0 + tl.arange(0, BLOCK_K)
             k_ok = ks < K
             a = tl.load(act + pairs[:, None] * stride_act + ks[None, :], mask=valid[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(
-                w_base + cols[None, :] * stride_wn + ks[:, None], mask=k_ok[:, None] & col_ok[None, :], other=0.0
-            )
-            acc = tl.dot(a, w, acc, input_precision=PRECISION)
+            w_ptrs = w_base + cols[None, :] * stride_wn + ks[:, None]
+            w_mask = k_ok[:, None] & col_ok[None, :]
+            if FP8:
+                s_ptrs = w2_scale + expert * stride_se + (cols // BLOCK_K) * stride_sn + k0 // BLOCK_K
+                acc += _fp8_step(a, w_ptrs, w_mask, tl.load(s_ptrs, mask=col_ok, other=0.0))
+            else:
+                acc = tl.dot(a, tl.load(w_ptrs, mask=w_mask, other=0.0), acc, input_precision=PRECISION)
         weight = tl.load(topk_weights + pairs, mask=valid, other=0.0)
         acc = acc * weight[:, None]
         out_ptrs = out + pairs[:, None] * stride_out + cols[None, :]
@@ -254,15 +296,21 @@ def fused_experts(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     tiles: TileConfig | None = None,
+    *,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """hidden [T, H]; w13 [E, 2 * I, H] (gate rows, then up rows); w2 [E, H, I]; topk_weights and
-    topk_ids [T, k]. Returns [T, H] in hidden's dtype: sum over slots of weight * expert(token)."""
+    topk_ids [T, k]. Returns [T, H] in hidden's dtype: sum over slots of weight * expert(token).
+    Block-wise FP8 experts: w13 and w2 e4m3 with w13_scale [E, 2 * ceil(I/128), ceil(H/128)] (the
+    gate's block rows, then the up's) and w2_scale [E, ceil(H/128), ceil(I/128)] float32."""
     num_tokens, top_k = topk_ids.shape
     num_experts, hidden_size, inter = w2.shape
     if w13.shape != (num_experts, 2 * inter, hidden_size) or hidden.shape != (num_tokens, hidden_size):
         raise ValueError(
             f"shapes do not fit: hidden {tuple(hidden.shape)}, w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}"
         )
+    fp8 = _check_block_scales(w13, w2, w13_scale, w2_scale)
     hidden, w13, w2 = hidden.contiguous(), w13.contiguous(), w2.contiguous()
     num_pairs = num_tokens * top_k
     per_pair = hidden.new_empty(num_pairs, hidden_size)
@@ -271,23 +319,49 @@ def fused_experts(
     # Measured on an H100 at Qwen3-30B-A3B's experts (128 x 768 x 2048, top 8): within 2% of the
     # best tile set found from 1 to 256 tokens; 32-row blocks pay from about 1,000 routed pairs.
     tiles = tiles or (TileConfig(block_m=32) if num_pairs >= 1024 else TileConfig())
+    if fp8 and tiles.block_k != GROUP:
+        raise ValueError(f"FP8 experts step K by one {GROUP}-wide scale group; got block_k {tiles.block_k}")
     alignment = moe_align_block_size(topk_ids, num_experts, tiles.block_m)
     act = hidden.new_empty(num_pairs, inter)
     weights = topk_weights.reshape(-1).float().contiguous()
     num_blocks = alignment.block_experts.numel()
     precision = dot_precision(hidden.dtype)
     block_n, block_k = tiles.block_n, tiles.block_k
-    launch = dict(BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision)
+    launch = dict(BLOCK_M=tiles.block_m, BLOCK_N=block_n, BLOCK_K=block_k, PRECISION=precision, FP8=fp8)
     launch.update(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    s13, s2 = (w13_scale.contiguous(), w2_scale.contiguous()) if fp8 else (weights, weights)  # unread unless FP8
+    s13_strides = (s13.stride(0), s13.stride(1)) if fp8 else (0, 0)
+    s2_strides = (s2.stride(0), s2.stride(1)) if fp8 else (0, 0)
     _gate_up_kernel[(num_blocks, triton.cdiv(inter, block_n))](
-        hidden, w13, alignment.sorted_pairs, alignment.block_experts, alignment.num_padded, act,
-        num_pairs, top_k, inter, hidden_size, hidden.stride(0), w13.stride(0), w13.stride(1), act.stride(0), **launch,
+        hidden, w13, s13, alignment.sorted_pairs, alignment.block_experts, alignment.num_padded, act,
+        num_pairs, top_k, inter, hidden_size, hidden.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
+        *s13_strides, triton.cdiv(inter, GROUP), **launch,
     )  # fmt: skip
     _down_kernel[(num_blocks, triton.cdiv(hidden_size, block_n))](
-        act, w2, alignment.sorted_pairs, alignment.block_experts, alignment.num_padded, weights, per_pair,
-        num_pairs, hidden_size, inter, act.stride(0), w2.stride(0), w2.stride(1), per_pair.stride(0), **launch,
+        act, w2, s2, alignment.sorted_pairs, alignment.block_experts, alignment.num_padded, weights, per_pair,
+        num_pairs, hidden_size, inter, act.stride(0), w2.stride(0), w2.stride(1), per_pair.stride(0),
+        *s2_strides, **launch,
     )  # fmt: skip
     return per_pair.view(num_tokens, top_k, hidden_size).sum(dim=1)
+
+
+def _check_block_scales(w13, w2, w13_scale, w2_scale) -> bool:
+    """Whether the experts are block-wise FP8 (both scales given, for e4m3 weights of their shapes)."""
+    if w13_scale is None and w2_scale is None:
+        return False
+    num_experts, hidden_size, inter = w2.shape
+    gate_blocks, hidden_blocks = triton.cdiv(inter, GROUP), triton.cdiv(hidden_size, GROUP)
+    shapes = {
+        "w13_scale": (w13_scale, (num_experts, 2 * gate_blocks, hidden_blocks)),
+        "w2_scale": (w2_scale, (num_experts, hidden_blocks, gate_blocks)),
+    }
+    for name, (scale, shape) in shapes.items():
+        if scale is None or tuple(scale.shape) != shape:
+            got = None if scale is None else tuple(scale.shape)
+            raise ValueError(f"{name} must be {shape} for w13 {tuple(w13.shape)}, w2 {tuple(w2.shape)}; got {got}")
+    if w13.dtype != FP8 or w2.dtype != FP8:
+        raise ValueError(f"block-scaled experts must be {FP8}; got {w13.dtype} and {w2.dtype}")
+    return True
 
 
 def fused_experts_ref(
