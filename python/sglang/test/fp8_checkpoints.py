@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from sglang.srt.layers.quantization.fp8 import FP8, WeightScales, dequantize_weight
 from sglang.test.tiny_models import make_tiny_model
+from sglang.test.tiny_moe_models import MOE_ARCHITECTURES, make_tiny_moe_model
 from sglang.tools.fp8_checkpoint import (
     LINEAR_NAMES,
     is_quantized_weight,
@@ -25,6 +26,13 @@ from sglang.tools.fp8_checkpoint import (
 # layer adds an update to the residual stream a fraction of its size, as in a pre-norm transformer.
 LINEAR_STD = 0.02
 EMBED_STD = 0.2
+# A tiny MoE's experts (a few dozen intermediate rows each, two of them per token) drawn at
+# LINEAR_STD would add a few percent to the logits, within what activation quantization moves: at
+# twice that their SwiGLU output is eight times larger and they move the logits as a layer does.
+EXPERT_STD = 2 * LINEAR_STD
+# Routers at LINEAR_STD give logits a few hundredths apart: every routing a near-tie that rounding
+# an activation flips, swapping an expert. Trained routers are decisive; these are drawn ten times wider.
+ROUTER_STD = 10 * LINEAR_STD
 
 
 def make_sharp_tiny_model(path: str, arch: str, seed: int = 0, **config_overrides) -> str:
@@ -36,10 +44,15 @@ def make_sharp_tiny_model(path: str, arch: str, seed: int = 0, **config_override
     Here the layers' updates are modest (LINEAR_STD, EMBED_STD): the rounding moves logits by ~1%,
     while the layers still decide about a third of the first tokens (a model that only copied its
     embeddings would prove nothing: test_fp8_checkpoints checks that a wrong scale changes them)."""
-    make_tiny_model(path, arch, seed=seed, initializer_range=LINEAR_STD, **config_overrides)
+    make = make_tiny_moe_model if arch in MOE_ARCHITECTURES else make_tiny_model  # the MoE families too
+    make(path, arch, seed=seed, initializer_range=LINEAR_STD, **config_overrides)
     file = os.path.join(path, "model.safetensors")
     tensors = load_file(file)
     tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"] * (EMBED_STD / LINEAR_STD)
+    for name in [name for name in tensors if ".experts." in name]:
+        tensors[name] = tensors[name] * (EXPERT_STD / LINEAR_STD)
+    for name in [name for name in tensors if name.endswith(("mlp.gate.weight", "block_sparse_moe.gate.weight"))]:
+        tensors[name] = tensors[name] * (ROUTER_STD / LINEAR_STD)
     save_file(tensors, file, metadata={"format": "pt"})
     return path
 

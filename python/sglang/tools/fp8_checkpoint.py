@@ -13,7 +13,9 @@ import torch
 from sglang.srt.layers.quantization import MODELOPT_FILE, matches
 from sglang.srt.layers.quantization.fp8 import BLOCK, FP8_MAX, WeightScales, quantize
 
-LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# The projections FP8 checkpoints quantize (routers, `mlp.gate`, never): attention, MLPs and experts
+# (Mixtral's experts are w1 gate, w3 up, w2 down).
+LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "w1", "w2", "w3")
 _CT_TOKEN = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": True, "strategy": "token"}
 _CT_STATIC = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False, "strategy": "tensor"}
 

@@ -290,16 +290,6 @@ def test_modelopt_algorithm_not_served_is_refused(sources, tmp_path):
         check_model_paths(ServerArgs(model_path=path, device="cpu"))
 
 
-def test_fp8_mixture_of_experts_is_refused(sources, tmp_path):
-    path = _with_quantization(sources["llama"][0], tmp_path / "moe", BLOCK)
-    with open(os.path.join(path, "config.json")) as f:
-        config = json.load(f)
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump({**config, "num_experts": 8}, f)
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        check_model_paths(ServerArgs(model_path=path, device="cpu"))
-
-
 def test_fused_projections_ignored_in_part_are_refused(checkpoints, sources, tmp_path):
     path = _with_quantization(sources["llama"][0], tmp_path / "part", {**BLOCK, "modules_to_not_convert": ["k_proj"]})
     with pytest.raises(ValueError, match="leaves model.layers.0.self_attn.k_proj unquantized"):

@@ -68,6 +68,7 @@ class Linear(nn.Linear):
     through its quantization method where the checkpoint quantizes it (layers/quantization)."""
 
     quant_method = None  # set by `quantize`
+    quantizable = True  # False: kept in the model's dtype whatever the checkpoint's quantization (routers)
 
     def quantize(self, method) -> None:
         """Hold the weight as `method` stores it (it replaces the weight and adds its scales)."""

@@ -72,6 +72,13 @@ def check_moe_supported(config, spec: MoeSpec, architecture: str, not_computed: 
             raise ValueError(f"--tp-size {tp_size} does not divide the {name} experts' intermediate size {size}")
 
 
+class Router(Linear):
+    """A router's projection (or the shared expert's gate): held whole by every rank, and kept in
+    the model's dtype whatever the checkpoint quantizes (the published FP8 checkpoints keep them so)."""
+
+    quantizable = False
+
+
 class SharedExpert(nn.Module):
     """Qwen2-MoE's shared expert: LlamaMLP's SwiGLU (the same checkpoint names and split), whose
     down projection returns this rank's partial sum: the block adds the routed experts' partial
@@ -102,12 +109,12 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.top_k, self.renormalize = spec.top_k, spec.renormalize
         shared = bool(spec.shared_intermediate_size)
-        self.gate = Linear(hidden_size, spec.num_experts, bias=False)  # held whole by every rank
+        self.gate = Router(hidden_size, spec.num_experts, bias=False)
         self.experts = FusedMoE(spec.num_experts, hidden_size, spec.intermediate_size, reduce_results=not shared)
         self.shared_expert = None
         if shared:
             self.shared_expert = SharedExpert(hidden_size, spec.shared_intermediate_size)
-            self.shared_expert_gate = Linear(hidden_size, 1, bias=False)  # held whole by every rank
+            self.shared_expert_gate = Router(hidden_size, 1, bias=False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         topk_weights, topk_ids = select_experts(self.gate(hidden), self.top_k, self.renormalize)

@@ -47,7 +47,8 @@ class ExpertShard:
     tp_full: int
 
 
-EXPERT_NAME = re.compile(r"^(?P<module>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.weight$")
+EXPERT_NAME = re.compile(r"^(?P<module>.+\.experts)\.(?P<expert>\d+)\.(?P<proj>[^.]+)\.(?P<kind>weight(_scale_inv)?)$")
+SCALE_SUFFIX = "_scale_inv"  # block-wise FP8: `...experts.<e>.<proj>.weight_scale_inv` -> `<stacked>_scale_inv`
 
 
 def expert_shards(moe, hidden_size: int, gate: str, up: str, down: str) -> dict[str, ExpertShard]:
@@ -125,24 +126,32 @@ def _destination(ckpt_name: str, fused: dict[str, FusedShard], experts: dict[str
     match = EXPERT_NAME.match(ckpt_name)
     if match and match["proj"] in experts:
         shard = experts[match["proj"]]
-        target = f"{match['module']}.{shard.stacked_name}"
+        scale = match["kind"] != "weight"
+        target = f"{match['module']}.{shard.stacked_name}" + (SCALE_SUFFIX if scale else "")
         if target in params:
-            param, expert = params[target], int(match["expert"])
-            if expert >= param.shape[0]:
-                raise ValueError(
-                    f"checkpoint weight {ckpt_name!r} is for expert {expert}, "
-                    f"but config.json gives {param.shape[0]} experts"
-                )
-            dest = param.data[expert].narrow(0, shard.offset, shard.size)
-            tp = tensor_parallel()
-            source = TpSource(shard.tp_dim, tp.rank * dest.shape[shard.tp_dim], dest.shape[shard.tp_dim], shard.tp_full)
-            return target, dest, source if tp.size > 1 else None
+            return target, *_expert_destination(ckpt_name, params[target], int(match["expert"]), shard, scale)
     target, rows = _locate(ckpt_name, fused, params)
     param = params[target]
     if hasattr(param, "scale_layout"):  # blocks or rows of scales, not of weights (layers/quantization)
         return target, *param.scale_layout.destination(param, rows)
     dest = param.data if rows is None else param.data.narrow(0, rows.offset, rows.size)
     return target, dest, _tp_source(param, rows)
+
+
+def _expert_destination(ckpt_name: str, param, expert: int, shard: ExpertShard, scale: bool):
+    """The rows of expert `expert`'s slab that one checkpoint projection (or its block scales)
+    fills, and this rank's part of it. A projection's scales start on a block row of their own."""
+    if expert >= param.shape[0]:
+        raise ValueError(
+            f"checkpoint weight {ckpt_name!r} is for expert {expert}, but config.json gives {param.shape[0]} experts"
+        )
+    block = param.scale_layout.rows if scale else 1
+    dest = param.data[expert].narrow(0, -(-shard.offset // block), -(-shard.size // block))
+    tp = tensor_parallel()
+    if tp.size == 1:
+        return dest, None
+    size = dest.shape[shard.tp_dim]  # whole blocks on every rank (Fp8MoEMethod refuses other splits)
+    return dest, TpSource(shard.tp_dim, tp.rank * size, size, -(-shard.tp_full // block))
 
 
 def _check_float8(ckpt_name: str, tensor: torch.Tensor, dest: torch.Tensor) -> None:
@@ -209,9 +218,10 @@ def _checkpoint_names(param_name: str, fused: dict, experts: dict, param) -> lis
     """The checkpoint names that fill a parameter: its experts' projections if it is a stacked
     expert weight, its split names if it is fused, else its own."""
     module, _, stacked = param_name.rpartition(".")
-    stacked_from = [proj for proj, shard in experts.items() if shard.stacked_name == stacked]
+    kind = "weight_scale_inv" if stacked.endswith(SCALE_SUFFIX) else "weight"
+    stacked_from = [proj for proj, shard in experts.items() if shard.stacked_name == stacked.removesuffix(SCALE_SUFFIX)]
     if module.endswith(".experts") and stacked_from:
-        return [f"{module}.{e}.{proj}.weight" for e in range(param.shape[0]) for proj in stacked_from]
+        return [f"{module}.{e}.{proj}.{kind}" for e in range(param.shape[0]) for proj in stacked_from]
     splits = [
         param_name.replace(f".{shard.fused_name}.", f".{split_name}.")
         for split_name, shard in fused.items()

@@ -5,6 +5,10 @@ Under tensor parallelism every rank holds every expert, split along the intermed
 its I / tp rows of gate and up, the matching columns of down; the ranks' partial outputs are
 summed (one all-reduce), as in a row-parallel linear layer.
 
+A block-wise FP8 checkpoint's experts (`quantize`, layers/quantization/fp8.Fp8MoEMethod) are held
+in e4m3 with `w13_weight_scale_inv` [E, 2 * ceil(I/128), ceil(H/128)] and `w2_weight_scale_inv`
+[E, ceil(H/128), ceil(I/128)] beside them.
+
 On CUDA the experts run as `sgl_kernel.fused_experts` (grouped GEMMs over the experts with tokens,
 no host synchronisation, so CUDA graphs capture them); on the CPU as the torch reference.
 """
@@ -37,11 +41,23 @@ class FusedMoE(nn.Module):
         self.reduce_results = reduce_results
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.intermediate_size, hidden_size))
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.intermediate_size))
+        self.quant_method = None  # set by `quantize`
+
+    def quantize(self, method) -> None:
+        """Hold the experts as `method` stores them (it replaces the weights and adds their scales)."""
+        method.create_weights(self)
+        self.quant_method = method
+
+    def block_scales(self) -> dict[str, torch.Tensor]:
+        """The FP8 experts' scales as fused_experts takes them (none for unquantized experts)."""
+        if self.quant_method is None:
+            return {}
+        return dict(w13_scale=self.w13_weight_scale_inv, w2_scale=self.w2_weight_scale_inv)
 
     def forward(self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         if uses_fused_kernel(hidden):
             from sgl_kernel import fused_experts  # triton is not a CPU dependency
         else:
             fused_experts = fused_experts_reference
-        out = fused_experts(hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids)
+        out = fused_experts(hidden, self.w13_weight, self.w2_weight, topk_weights, topk_ids, **self.block_scales())
         return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 and self.reduce_results else out

@@ -26,8 +26,9 @@ MODELOPT_FILE = "hf_quant_config.json"
 # Per-tensor KV-cache scales some FP8 checkpoints carry: the KV cache is held in the model's dtype,
 # which needs none of them.
 KV_SCALE_SUFFIXES = (".k_scale", ".v_scale")
-# config.json keys of mixture-of-experts models, whose FP8 experts are not served yet.
+# config.json keys of mixture-of-experts models, whose experts are served in FP8 block-wise only.
 _EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
+_MOE_METHODS = ("fp8",)  # quant_methods whose config gives FusedMoE layers a method (`moe_method`)
 
 
 ONLINE_METHODS = ("fp8",)  # --quantization
@@ -51,8 +52,11 @@ def read_quantization_config(model_path: str, config: dict, online: str | None =
         raise ValueError(
             f"quantization_config.quant_method {method!r} is not served; served: {', '.join(sorted(_METHODS))}"
         )
-    if any(config.get(key) for key in _EXPERT_KEYS):
-        raise ValueError(f"{method} quantized mixture-of-experts models are not served yet (FP8 experts)")
+    if method not in _MOE_METHODS and any(config.get(key) for key in _EXPERT_KEYS):
+        raise ValueError(
+            f"{method} quantized mixture-of-experts models are not served yet; FP8 experts are served "
+            "block-wise (quant_method fp8, weight_block_size [128, 128])"
+        )
     module, name = _METHODS[method]
     return getattr(importlib.import_module(module), name).from_config(raw)
 
@@ -98,16 +102,27 @@ def layer_checkpoint_names(module_name: str, fused: dict) -> list[str]:
 
 
 def quantize_linear_layers(model: nn.Module, quant_config) -> None:
-    """Gives each linear layer the checkpoint quantizes its linear method (its parameters become the
-    checkpoint's: FP8 weight and scales). A fused layer's projections must be stored alike."""
+    """Gives each linear layer the checkpoint quantizes its linear method, and each FusedMoE layer
+    its experts' method (their parameters become the checkpoint's: FP8 weights and scales). A fused
+    layer's projections, and a layer's experts, must be stored alike. Routers are never quantized."""
     from sglang.srt.layers.linear import Linear
+    from sglang.srt.layers.moe.layer import FusedMoE
 
     fused = model.fused_shards() if hasattr(model, "fused_shards") else {}
     for name, module in model.named_modules():
-        if isinstance(module, Linear):
+        method = None
+        if isinstance(module, Linear) and module.quantizable:
             method = quant_config.linear_method(layer_checkpoint_names(name, fused))
-            if method is not None:
-                module.quantize(method)
+        elif isinstance(module, FusedMoE):
+            names = expert_checkpoint_names(name, module.num_experts, model.expert_projections)
+            method = quant_config.moe_method(names)
+        if method is not None:
+            module.quantize(method)
+
+
+def expert_checkpoint_names(module_name: str, num_experts: int, projections: Iterable[str]) -> list[str]:
+    """The checkpoint modules a FusedMoE layer holds: `<module>.<e>.<projection>` for every expert."""
+    return [f"{module_name}.{e}.{proj}" for e in range(num_experts) for proj in projections]
 
 
 def process_weights_after_loading(model: nn.Module) -> None:

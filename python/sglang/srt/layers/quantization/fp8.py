@@ -188,6 +188,36 @@ class Fp8LinearMethod:
         return fp8_linear(x, layer.weight, scale, self.scheme, getattr(layer, "input_scale", None), bias)
 
 
+class Fp8MoEMethod:
+    """A FusedMoE layer's experts in block-wise FP8: the stacked weights e4m3, each expert's
+    projections scaled per 128 x 128 block. The gate's and the up's scales are stacked as their
+    weights are, each starting on a block row of its own (the gate's ceil(I/128) rows, then the
+    up's), so an intermediate size that is no multiple of 128 still gives each block one projection.
+    Under tensor parallelism each rank's intermediate rows must be whole blocks."""
+
+    def create_weights(self, layer: nn.Module) -> None:
+        num_experts, hidden, inter = layer.w2_weight.shape
+        if layer.tp_size > 1 and inter % BLOCK:
+            raise ValueError(
+                f"--tp-size {layer.tp_size} splits the experts' intermediate size {inter * layer.tp_size} into "
+                f"{inter} rows per rank, which is not a multiple of the {BLOCK}-row blocks of "
+                f"quantization_config.weight_block_size; use a --tp-size that leaves whole blocks on each rank"
+            )
+        device = layer.w2_weight.device
+        layer.w13_weight = _param(torch.empty(num_experts, 2 * inter, hidden, dtype=FP8, device=device), None)
+        layer.w2_weight = _param(torch.empty(num_experts, hidden, inter, dtype=FP8, device=device), None)
+        inter_blocks, hidden_blocks = -(-inter // BLOCK), -(-hidden // BLOCK)
+        layout = ScaleLayout(BLOCK, BLOCK)
+        for name, shape in (
+            ("w13_weight_scale_inv", (num_experts, 2 * inter_blocks, hidden_blocks)),
+            ("w2_weight_scale_inv", (num_experts, hidden_blocks, inter_blocks)),
+        ):
+            layer.register_parameter(name, _param(torch.ones(shape, dtype=torch.float32, device=device), None, layout))
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        pass  # the kernels read the checkpoint's layout as loaded
+
+
 class OnlineFp8LinearMethod(Fp8LinearMethod):
     """`--quantization fp8`: the checkpoint's weight loads as it is, then becomes e4m3 with one
     scale per output row (its amax / 448); activations are quantized per token at run time."""
@@ -230,11 +260,14 @@ class Fp8Config:
     """config.json `quantization_config: {quant_method: fp8, fmt: e4m3, activation_scheme: dynamic,
     weight_block_size: [128, 128]}` (Qwen3-*-FP8, DeepSeek style): e4m3 weights with
     `weight_scale_inv` per 128 x 128 block, activations quantized per token and 128 features.
-    `modules_to_not_convert` / `ignored_layers` stay in the model's dtype."""
+    `modules_to_not_convert` / `ignored_layers` stay in the model's dtype. A mixture-of-experts
+    model's routed experts are FP8 the same way (Fp8MoEMethod); its routers never are (the
+    published checkpoints list every layer's `mlp.gate`)."""
 
     def __init__(self, ignore: list[str]):
         self.ignore = ignore
         self.method = Fp8LinearMethod(Fp8Scheme(WeightScales.BLOCK, Activations.GROUP, "weight_scale_inv"))
+        self.moe = Fp8MoEMethod()
 
     @classmethod
     def from_config(cls, raw: dict) -> "Fp8Config":
@@ -253,3 +286,7 @@ class Fp8Config:
 
     def linear_method(self, names: list[str]) -> Fp8LinearMethod | None:
         return linear_method_for(names, self.ignore, self.method, "quantization_config.modules_to_not_convert")
+
+    def moe_method(self, names: list[str]) -> Fp8MoEMethod | None:
+        """For a FusedMoE layer whose checkpoint modules (every expert's projections) are `names`."""
+        return linear_method_for(names, self.ignore, self.moe, "quantization_config.modules_to_not_convert")
