@@ -7,18 +7,16 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import multiprocessing as mp
 import shutil
 import threading
 import time
 from typing import AsyncIterator, Iterator, Optional, Union
 
 from sglang.srt.hf_transformers_utils import get_tokenizer
-from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
+from sglang.srt.managers import child_processes
+from sglang.srt.managers.child_processes import WATCHDOG_EXIT_CODE, child_context, start_child, start_tp_followers
 from sglang.srt.managers.io_struct import GenerateReqInput
-from sglang.srt.managers.scheduler_process import WATCHDOG_EXIT_CODE, run_scheduler_process
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
-from sglang.srt.managers.tp_follower_process import start_tp_followers
 from sglang.srt.server_args import PortArgs, ServerArgs, check_model_paths
 from sglang.srt.utils import configure_logger
 
@@ -32,19 +30,17 @@ class Subprocesses:
     """The scheduler and detokenizer processes of one engine, the other tensor-parallel ranks
     (tp_size > 1), and their IPC directory."""
 
-    def __init__(self, server_args: ServerArgs):
+    def __init__(self, server_args: ServerArgs, preloaded: bool = False):
+        """preloaded: start them from a fork server that has imported the engine, on the CPU
+        (`child_processes.child_context`)."""
         self.port_args = PortArgs.create(server_args.tp_size)
         self.watchdog_timeout = server_args.watchdog_timeout
-        ctx = mp.get_context("spawn")
+        ctx = child_context(server_args.device, preloaded)
         reader, writer = ctx.Pipe(duplex=False)
-        self.scheduler = ctx.Process(
-            target=run_scheduler_process,
-            name="sglang-scheduler",
-            args=(server_args, self.port_args, writer),
-            daemon=True,
+        self.scheduler = start_child(
+            ctx, child_processes.SCHEDULER, "sglang-scheduler", (server_args, self.port_args, writer)
         )
-        self.scheduler.start()
-        self.tp_followers = start_tp_followers(server_args, self.port_args.tp_init_address)
+        self.tp_followers = start_tp_followers(server_args, self.port_args.tp_init_address, ctx)
         self.detokenizer = None
         try:
             # Loaded while the scheduler starts, and handed to the detokenizer: a process that loads
@@ -52,13 +48,12 @@ class Subprocesses:
             self.tokenizer = get_tokenizer(
                 server_args.tokenizer_path, server_args.tokenizer_mode, server_args.trust_remote_code
             )
-            self.detokenizer = ctx.Process(
-                target=run_detokenizer_process,
-                name="sglang-detokenizer",
-                args=(server_args, self.port_args, _picklable(self.tokenizer)),
-                daemon=True,
+            self.detokenizer = start_child(
+                ctx,
+                child_processes.DETOKENIZER,
+                "sglang-detokenizer",
+                (server_args, self.port_args, _picklable(self.tokenizer)),
             )
-            self.detokenizer.start()
             writer.close()
             self.model_info = self._wait_ready(reader)
         except BaseException:
@@ -226,7 +221,7 @@ class Engine:
         check_model_paths(self.server_args)
         configure_logger(self.server_args.log_level)
         self._closed = False
-        self.subprocesses = Subprocesses(self.server_args)
+        self.subprocesses = Subprocesses(self.server_args, preloaded=True)
         self.loop = asyncio.new_event_loop()
         self._loop_thread = threading.Thread(target=self.loop.run_forever, name="sglang-engine-loop", daemon=True)
         self._loop_thread.start()

@@ -21,6 +21,7 @@ import zmq
 from sglang.srt.bench_hooks import PROFILE_ENV
 from sglang.srt.distributed.parallel_state import init_tensor_parallel
 from sglang.srt.gc_pauses import settle_after_startup
+from sglang.srt.managers.child_processes import WATCHDOG_EXIT_CODE
 from sglang.srt.managers.io_struct import AbortReq, ControlReply, ControlReq, TokenizedGenerateReqInput
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.managers.step_times import make_step_clock, write_period_files, write_text
@@ -31,8 +32,6 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 1000
 PARENT_CHECK_S = 1.0  # while busy, how often the loop checks that its parent still lives
 PROFILE_TOP = 60
-# The scheduler's exit code when its watchdog stops it (the HTTP server names the watchdog).
-WATCHDOG_EXIT_CODE = 3
 
 
 class StepWatchdog:

@@ -5,7 +5,6 @@ own; it ends when rank 0 says stop, when rank 0 goes, or when the server stops i
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import os
 import signal
 import threading
@@ -16,6 +15,7 @@ import torch
 
 from sglang.srt.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
 from sglang.srt.gc_pauses import settle_after_startup
+from sglang.srt.managers.child_processes import start_tp_followers  # noqa: F401 (where bench_one_batch imports it)
 from sglang.srt.managers.scheduler_process import PARENT_CHECK_S, cpu_intra_op_threads, select_gpu
 from sglang.srt.model_executor import tp_mirror
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -53,20 +53,6 @@ def run_tp_follower_process(server_args: ServerArgs, tp_rank: int, init_address:
         logger.error("tensor-parallel rank %d failed:\n%s", tp_rank, traceback.format_exc())
         os._exit(1)
     destroy_tensor_parallel()
-
-
-def start_tp_followers(server_args: ServerArgs, init_address: str) -> list:
-    """Starts ranks 1 .. tp_size - 1 (daemon processes, `spawn`), which meet rank 0 at init_address."""
-    ctx = mp.get_context("spawn")
-    followers = [
-        ctx.Process(
-            target=run_tp_follower_process, name=f"sglang-tp{rank}", args=(server_args, rank, init_address), daemon=True
-        )
-        for rank in range(1, server_args.tp_size)
-    ]
-    for proc in followers:
-        proc.start()
-    return followers
 
 
 def _make_runner(model_config, server_args, target, **kwargs) -> ModelRunner:
