@@ -71,6 +71,13 @@ def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def tensor_model_parallel_max(x: torch.Tensor) -> torch.Tensor:
+    """The elementwise largest `x` over the ranks, in place."""
+    if _state.size > 1:
+        dist.all_reduce(x, op=dist.ReduceOp.MAX, group=_state.group)
+    return x
+
+
 def tensor_model_parallel_all_gather(x: torch.Tensor) -> torch.Tensor:
     """The ranks' `x` side by side along the last dimension, in rank order."""
     if _state.size == 1:
@@ -117,8 +124,42 @@ def check_shardable(config, tp_size: int, what: str = "the model") -> None:
         problems.append(f"its {kv_heads} key-value heads neither divide by {tp_size} nor divide it")
     if intermediate is not None and intermediate % tp_size:
         problems.append(f"its intermediate_size {intermediate} does not divide by {tp_size}")
+    if not problems:
+        problems = _block_scale_problems(config, tp_size)
     if problems:
         raise ValueError(f"--tp-size {tp_size} cannot split {what}: {'; '.join(problems)}")
+
+
+def _block_scale_problems(config, tp_size: int) -> list[str]:
+    """Block-scaled weights (quantization_config.weight_block_size [rows, cols]: block-wise FP8)
+    split with their scales, so each rank's share of a weight must be whole blocks: its output
+    rows of q/k/v and gate/up (column-parallel) and its input columns of o_proj and down_proj
+    (row-parallel). A share that would cut a block is named here rather than loaded wrong."""
+    quantization = getattr(config, "quantization_config", None)
+    block = quantization.get("weight_block_size") if isinstance(quantization, dict) else None
+    if not block:
+        return []
+    rows, cols = block
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    q_rows = heads // tp_size * head_dim
+    shares = [  # (what, entries per rank, the block side it must be a multiple of)
+        ("query rows of q_proj", q_rows, rows),
+        ("key-value rows of k_proj and v_proj", kv_heads_per_rank(kv_heads, tp_size) * head_dim, rows),
+        ("input columns of o_proj", q_rows, cols),
+    ]
+    for key in ("intermediate_size", "moe_intermediate_size"):
+        size = getattr(config, key, None)
+        if size:
+            shares.append((f"{key} rows of gate_proj and up_proj", size // tp_size, rows))
+            shares.append((f"{key} input columns of down_proj", size // tp_size, cols))
+    return [
+        f"block-wise quantization (weight_block_size {list(block)}) splits the scales with the weights, but "
+        f"each rank's {count} {share} are not a multiple of {side}"
+        for share, count, side in shares
+        if count % side
+    ]
 
 
 def tensor_model_parallel_min(value: int, device: str) -> int:

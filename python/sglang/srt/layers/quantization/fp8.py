@@ -17,7 +17,7 @@ from torch import nn
 
 from sgl_kernel import fp8_reference
 from sgl_kernel.fp8_reference import FP8, FP8_MAX, quantize, quantize_per_group, scale_of  # noqa: F401
-from sglang.srt.distributed.parallel_state import tensor_parallel
+from sglang.srt.distributed.parallel_state import tensor_model_parallel_max, tensor_parallel
 from sglang.srt.layers import linear
 from sglang.srt.layers.linear import TpSource
 from sglang.srt.layers.quantization import linear_method_for
@@ -230,8 +230,13 @@ class OnlineFp8LinearMethod(Fp8LinearMethod):
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         weight = layer.weight.data.float()
-        scale = scale_of(weight.abs().amax(dim=1, keepdim=True))
+        amax = weight.abs().amax(dim=1, keepdim=True)
         source = getattr(layer.weight, "tp_source", None)
+        if source is not None and source.dim == 1:
+            # A row-parallel rank holds part of each row: the row's scale is its largest over all
+            # the ranks, so that N ranks hold the slices of the weight one rank would.
+            amax = tensor_model_parallel_max(amax)
+        scale = scale_of(amax)
         layer.weight = _param(quantize(weight, scale), source)
         layer.register_parameter("weight_scale", _param(scale, None))
 
