@@ -181,6 +181,32 @@ def test_memory_floor_of_an_fp8_checkpoint_counts_its_bytes(tmp_path, monkeypatc
     assert floor_weight_bytes(result, runner) == pytest.approx(checkpoint_tensor_bytes(path), rel=1e-9)
 
 
+def test_memory_floor_of_an_fp8_moe_checkpoint_counts_its_routed_experts_fp8_bytes(tmp_path, monkeypatch):
+    """A block-wise FP8 mixture-of-experts checkpoint (make_random_model --fp8 block): the floor reads
+    the checkpoint's other tensors as stored and, of each MoE layer, the routed experts' share of
+    its e4m3 weights and float32 block scales."""
+    from safetensors.torch import load_file
+
+    from sglang.tools import make_random_model as maker
+
+    shape = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2)
+    shape.update(num_key_value_heads=2, head_dim=64, vocab_size=1024, max_position_embeddings=512)
+    experts = dict(moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2)
+    monkeypatch.setitem(maker.CONFIGS, "tiny-moe", dict(maker.CONFIGS["qwen3-30b-a3b"], **shape, **experts))
+    path = maker.make_random_model(str(tmp_path / "moe"), "tiny-moe", device="cpu", fp8="block")
+    (result,) = bench_one_batch.main(["--model-path", path, *FLOOR_ARGS, "--memory-floor"])
+    runner = bench_one_batch.make_runner(bench_one_batch.ServerArgs(model_path=path, device="cpu"))
+    assert runner.model.model.layers[0].mlp.experts.w13_weight.dtype == torch.float8_e4m3fn
+    files = [os.path.join(path, f) for f in os.listdir(path) if f.endswith(".safetensors")]
+    tensors = {name: t for f in files for name, t in load_file(f).items()}
+    per_layer = [sum(t.nbytes for n, t in tensors.items() if f"layers.{i}.mlp.experts." in n) for i in range(2)]
+    dense = sum(t.nbytes for t in tensors.values()) - sum(per_layer)
+    routed = result["routed_experts_per_layer"]
+    assert all(2 <= n <= 8 for n in routed)
+    expected = dense + sum(n * layer_bytes / 8 for n, layer_bytes in zip(routed, per_layer))
+    assert floor_weight_bytes(result, runner) == pytest.approx(expected, rel=1e-9)
+
+
 def test_memory_floor_with_online_fp8_counts_the_fp8_checkpoint_of_the_same_weights(tiny_model_paths, tmp_path):
     """--quantization fp8 reaches bench_one_batch's model: the floor counts the bytes of the
     per-channel FP8 checkpoint of the same weights, not the float32 checkpoint's."""

@@ -13,8 +13,10 @@ With --fp8 the linear layers are stored in FP8 as published checkpoints store th
 head and norms stay bfloat16): `block` as Qwen3-*-FP8 / DeepSeek-V3 (config.json `quant_method:
 fp8`, e4m3 weights with a `weight_scale_inv` per 128 x 128 block, activations quantized per
 1 x 128 group), `channel` as RedHat's FP8-dynamic (compressed-tensors `float-quantized`, a
-`weight_scale` per output row, activations quantized per token). With --no-weights the config
-alone says so, and --load-format dummy builds the FP8 layers.
+`weight_scale` per output row, activations quantized per token). A mixture-of-experts config's
+experts go block-wise only (`block`, as Qwen3-30B-A3B-FP8: every expert's projections in e4m3, the
+routers listed in `modules_to_not_convert` with the head and norms). With --no-weights the config
+alone says so, and --load-format dummy builds the FP8 layers and experts.
 """
 
 from __future__ import annotations
@@ -134,6 +136,20 @@ FP8_LAYOUTS = {"block": "fp8-block", "channel": "ct-channel-dynamic"}  # --fp8 -
 FP8_IGNORE = ["lm_head"]  # the head stays in bfloat16, as in the published FP8 checkpoints
 
 
+def fp8_ignore(cfg: dict) -> list[str]:
+    """`modules_to_not_convert`: the head, and in a mixture-of-experts model each layer's norms and
+    router, as Qwen3-30B-A3B-FP8's config.json lists them."""
+    if not is_moe(cfg):
+        return FP8_IGNORE
+    router = "block_sparse_moe.gate" if cfg["model_type"] == "mixtral" else "mlp.gate"
+    modules = ("input_layernorm", router, "post_attention_layernorm")
+    return FP8_IGNORE + [f"model.layers.{i}.{m}" for i in range(cfg["num_hidden_layers"]) for m in modules]
+
+
+def is_moe(cfg: dict) -> bool:
+    return "num_experts" in cfg or "num_local_experts" in cfg
+
+
 def weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     hidden = cfg["hidden_size"]
     head_dim = cfg.get("head_dim") or hidden // cfg["num_attention_heads"]
@@ -199,6 +215,7 @@ def write_weights(out_dir: str, cfg: dict, device: str, seed: int, fp8_layout: s
     """Random bfloat16 weights (norms ones) in shards of about SHARD_BYTES, each linear weight
     quantized as `fp8_layout` stores it when given; returns the bytes of all tensors written."""
     gen = torch.Generator(device=device).manual_seed(seed)
+    ignore = fp8_ignore(cfg)
     shard, shard_bytes, shards, weight_map, total = {}, 0, [], {}, 0
     for name, shape in weight_shapes(cfg).items():
         if name.endswith("norm.weight"):
@@ -206,7 +223,7 @@ def write_weights(out_dir: str, cfg: dict, device: str, seed: int, fp8_layout: s
         else:
             tensor = torch.empty(shape, dtype=torch.bfloat16, device=device).normal_(0, INIT_STD, generator=gen)
         stored = {name: tensor}
-        if fp8_layout is not None and is_quantized_weight(name, FP8_IGNORE):
+        if fp8_layout is not None and is_quantized_weight(name, ignore):
             stored = quantized_tensors(name, tensor, fp8_layout)
         for stored_name, stored_tensor in stored.items():
             shard[stored_name] = stored_tensor.cpu()
@@ -276,8 +293,10 @@ def make_random_model(
         raise ValueError(f"--config must be one of {', '.join(CONFIGS)}; got {config!r}")
     if fp8 is not None and fp8 not in FP8_LAYOUTS:
         raise ValueError(f"--fp8 must be one of {', '.join(FP8_LAYOUTS)}; got {fp8!r}")
-    if fp8 is not None and ("num_experts" in CONFIGS[config] or "num_local_experts" in CONFIGS[config]):
-        raise ValueError(f"--fp8: {config} is a mixture-of-experts model, whose FP8 experts are not served yet")
+    if fp8 not in (None, "block") and is_moe(CONFIGS[config]):
+        raise ValueError(
+            f"--fp8 {fp8}: {config} is a mixture-of-experts model, whose experts are served in FP8 block-wise only"
+        )
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     cfg = dict(CONFIGS[config], torch_dtype="bfloat16")
     os.makedirs(out_dir, exist_ok=True)
@@ -292,7 +311,7 @@ def make_random_model(
     tokenizer.save_pretrained(out_dir)
     layout = FP8_LAYOUTS[fp8] if fp8 is not None else None
     if layout is not None:
-        write_quantization_settings(out_dir, layout, FP8_IGNORE)
+        write_quantization_settings(out_dir, layout, fp8_ignore(cfg))
     if weights:
         write_weights(out_dir, cfg, device, seed, layout)
     return out_dir

@@ -242,10 +242,77 @@ def test_fp8_dummy_weights_serve(tmp_path, monkeypatch):
     assert len(tokens) == 3 and all(0 <= t < 1024 for t in tokens)
 
 
-def test_fp8_of_a_mixture_of_experts_config_is_refused_before_writing(tmp_path):
-    with pytest.raises(ValueError, match="--fp8: mixtral-8x7b is a mixture-of-experts model"):
-        maker.make_random_model(str(tmp_path / "moe"), "mixtral-8x7b", device="cpu", fp8="block")
+def test_fp8_channel_of_a_mixture_of_experts_config_is_refused_before_writing(tmp_path):
+    with pytest.raises(ValueError, match="--fp8 channel: mixtral-8x7b is a mixture-of-experts model, whose experts"):
+        maker.make_random_model(str(tmp_path / "moe"), "mixtral-8x7b", device="cpu", fp8="channel")
     assert not os.path.exists(tmp_path / "moe")
+
+
+def test_fp8_moe_config_without_weights_gives_dummy_fp8_experts_of_qwen3_30b_shapes(tmp_path, monkeypatch):
+    """--config qwen3-30b-a3b --fp8 block --no-weights, then --load-format dummy: Qwen3-30B-A3B-FP8's
+    layout (built on the meta device): every layer's 128 experts stacked in e4m3 with their block
+    scales, the routers in bfloat16 (listed in modules_to_not_convert, as the published config
+    lists them), and the weights take the bytes the FP8 checkpoint holds."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_loader.loader import load_model, weight_bytes
+
+    out = str(tmp_path / "qwen3-30b-fp8")
+    monkeypatch.setattr(
+        "sys.argv", ["make_random_model", out, "--config", "qwen3-30b-a3b", "--fp8", "block", "--no-weights"]
+    )
+    maker.main()
+    with open(os.path.join(out, "config.json")) as f:
+        ignore = json.load(f)["quantization_config"]["modules_to_not_convert"]
+    assert "lm_head" in ignore and "model.layers.47.mlp.gate" in ignore
+    config = ModelConfig.from_path(out)
+    params = dict(load_model(config, "meta", load_format="dummy").named_parameters())
+    experts = "model.layers.47.mlp.experts"
+    assert params[f"{experts}.w13_weight"].shape == (128, 1536, 2048)
+    assert params[f"{experts}.w2_weight"].shape == (128, 2048, 768)
+    assert params[f"{experts}.w13_weight"].dtype == params[f"{experts}.w2_weight"].dtype == torch.float8_e4m3fn
+    assert params[f"{experts}.w13_weight_scale_inv"].shape == (128, 12, 16)
+    assert params[f"{experts}.w2_weight_scale_inv"].shape == (128, 16, 6)
+    assert params["model.layers.47.mlp.gate.weight"].dtype == torch.bfloat16
+    assert params["model.layers.47.self_attn.qkv_proj.weight"].dtype == torch.float8_e4m3fn
+    shapes = maker.weight_shapes(maker.CONFIGS["qwen3-30b-a3b"])
+    projections = {n: s for n, s in shapes.items() if n.endswith("_proj.weight")}
+    linear = sum(torch.Size(s).numel() for s in projections.values())
+    other = sum(torch.Size(s).numel() for n, s in shapes.items() if n not in projections)
+    blocks = sum(-(-s[0] // 128) * -(-s[1] // 128) for s in projections.values())
+    assert weight_bytes(config, "dummy") == linear + 2 * other + 4 * blocks
+
+
+def test_fp8_moe_model_is_written_with_fp8_experts_and_serves(tmp_path, monkeypatch):
+    """A tiny Qwen3-MoE written with --fp8 block: each expert's projections in e4m3 with their
+    block scales, the router in bfloat16; the engine loads it and decodes; so do dummy weights."""
+    from safetensors import safe_open
+
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+
+    tiny = dict(maker.CONFIGS["qwen3-30b-a3b"], **TINY_FP8)
+    monkeypatch.setitem(
+        maker.CONFIGS, "tiny-moe", dict(tiny, moe_intermediate_size=96, num_experts=4, num_experts_per_tok=2)
+    )
+    path = maker.make_random_model(str(tmp_path / "m"), "tiny-moe", device="cpu", fp8="block")
+    with safe_open(_only_shard(path), "pt") as f:
+        assert f.get_tensor("model.layers.1.mlp.experts.3.up_proj.weight").dtype == torch.float8_e4m3fn
+        assert f.get_tensor("model.layers.1.mlp.experts.3.down_proj.weight_scale_inv").shape == (1, 1)
+        assert f.get_tensor("model.layers.1.mlp.gate.weight").dtype == torch.bfloat16
+    for load_format in ("auto", "dummy"):
+        scheduler = Scheduler(ServerArgs(model_path=path, device="cpu", load_format=load_format))
+        experts = scheduler.tp_worker.model_runner.model.model.layers[1].mlp.experts
+        assert experts.w13_weight.dtype == torch.float8_e4m3fn
+        params = SamplingParams(max_new_tokens=3, temperature=0, ignore_eos=True)
+        scheduler.add_request(TokenizedGenerateReqInput("r", [1, 2, 3], params, stream=False))
+        tokens = []
+        while scheduler.has_work():
+            out = scheduler.step()
+            if out:
+                tokens += out.new_token_ids[0]
+        assert len(tokens) == 3 and all(0 <= t < 1024 for t in tokens)
 
 
 def _only_shard(path: str) -> str:
