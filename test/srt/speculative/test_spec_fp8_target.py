@@ -2,7 +2,8 @@
 greedy output is the FP8 target's own plain greedy output (verification scores with the same
 quantized model plain decoding uses), for a block-wise and a per-channel FP8 target; the draft,
 unquantized, runs in the target's activation dtype. Tiny random pairs (whose draft is rarely
-right) and the demo pair's target quantized to FP8 (whose trained draft is: accepted drafts).
+right), among them a Qwen3-MoE target with block-wise FP8 experts, and the demo pair's target
+quantized to FP8 (whose trained draft is: accepted drafts).
 
 Exact up to near ties: an FP8 model quantizes each activation to e4m3 at run time, and a float32
 product's last bit, which depends on how many rows it multiplies (a verify of k + 1 tokens, a
@@ -93,6 +94,33 @@ def test_speculation_on_an_fp8_target_gives_its_plain_greedy_output(pairs, plain
     if policy == "always":
         steps = {int(k): n for k, n in scheduler.get_internal_state()["spec_steps_by_k"].items()}
         assert steps.get(3, 0) > 0 and set(steps) == {3}
+
+
+# Qwen3-MoE: layers 0 and 2 of 8 block-wise FP8 experts (96 intermediate rows: partial blocks), layer 1 dense.
+MOE_SHAPE = dict(SHAPE, moe_intermediate_size=96)
+MOE_IGNORE = ["lm_head", *(f"model.layers.{i}.mlp.gate" for i in range(3))]  # the head and the routers
+
+
+@pytest.fixture(scope="module")
+def moe_pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("spec_fp8_moe")
+    src = make_sharp_tiny_model(str(root / "float"), "qwen3_moe", **MOE_SHAPE)
+    target = write_fp8_checkpoint(src, str(root / "fp8"), "fp8-block", MOE_IGNORE)
+    return target, make_tiny_eagle3_draft(str(root / "draft"), target, draft_vocab_size=200)
+
+
+def test_speculation_on_an_fp8_moe_target_gives_its_plain_greedy_output(moe_pair):
+    """Always on: each verify routes k + 1 tokens per request through the FP8 experts, and the
+    output is the target's plain greedy output (up to near ties)."""
+    target, draft = moe_pair
+    plain, _ = run(target, None, None)
+    outputs, scheduler = run(target, draft, SPEC["always"])
+    assert_same_up_to_near_ties(target, PROMPTS, plain, outputs)
+    assert [len(outputs[f"r{i}"]) for i in range(len(PROMPTS))] == MAX_NEW
+    experts = scheduler.tp_worker.model_runner.model.model.layers[2].mlp.experts
+    assert experts.w13_weight.dtype == experts.w2_weight.dtype == torch.float8_e4m3fn
+    steps = {int(k): n for k, n in scheduler.get_internal_state()["spec_steps_by_k"].items()}
+    assert steps.get(3, 0) > 0 and set(steps) == {3}
 
 
 CODE = ["def add(a, b):\n", "for i in range(10):\n", "import os\nimport sys\n\n\ndef main(", "class Stack:\n    def"]
