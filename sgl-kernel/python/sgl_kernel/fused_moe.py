@@ -153,11 +153,16 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int 
 
 
 @triton.jit
-def _fp8_step(a, w_ptrs, w_mask, w_scale):
-    """One 128-wide K step of an FP8 product: a [M, 128] quantized per row, times the e4m3 weight
-    tile [128, N], in fp32, scaled by the rows' scales and the weight's block scales [N]."""
+def _quantize_group(a):
+    """A K step's activations [M, 128] as e4m3, each row by its amax / 448, and the rows' scales."""
     a_scale = scale_of(tl.max(tl.abs(a.to(tl.float32)), axis=1))
-    aq = quantize(a.to(tl.float32), a_scale[:, None])
+    return quantize(a.to(tl.float32), a_scale[:, None]), a_scale
+
+
+@triton.jit
+def _fp8_step(aq, a_scale, w_ptrs, w_mask, w_scale):
+    """One 128-wide K step of an FP8 product: the quantized activations times the e4m3 weight tile
+    [128, N] in fp32, scaled by the rows' scales and the weight's block scales [N]."""
     w = tl.load(w_ptrs, mask=w_mask, other=0.0)
     return tl.dot(aq, w) * a_scale[:, None] * w_scale[None, :]
 
@@ -214,8 +219,9 @@ def _gate_up_kernel(
                 s_base = w13_scale + expert * stride_se + k0 // BLOCK_K
                 gate_s = tl.load(s_base + (cols // BLOCK_K) * stride_sn, mask=col_ok, other=0.0)
                 up_s = tl.load(s_base + (up_scale_row + cols // BLOCK_K) * stride_sn, mask=col_ok, other=0.0)
-                acc_gate += _fp8_step(a, gate_ptrs, w_mask, gate_s)
-                acc_up += _fp8_step(a, up_ptrs, w_mask, up_s)
+                aq, a_scale = _quantize_group(a)
+                acc_gate += _fp8_step(aq, a_scale, gate_ptrs, w_mask, gate_s)
+                acc_up += _fp8_step(aq, a_scale, up_ptrs, w_mask, up_s)
             else:
                 gate = tl.load(gate_ptrs, mask=w_mask, other=0.0)
                 up = tl.load(up_ptrs, mask=w_mask, other=0.0)
@@ -269,7 +275,8 @@ def _down_kernel(
             w_mask = k_ok[:, None] & col_ok[None, :]
             if FP8:
                 s_ptrs = w2_scale + expert * stride_se + (cols // BLOCK_K) * stride_sn + k0 // BLOCK_K
-                acc += _fp8_step(a, w_ptrs, w_mask, tl.load(s_ptrs, mask=col_ok, other=0.0))
+                aq, a_scale = _quantize_group(a)
+                acc += _fp8_step(aq, a_scale, w_ptrs, w_mask, tl.load(s_ptrs, mask=col_ok, other=0.0))
             else:
                 acc = tl.dot(a, tl.load(w_ptrs, mask=w_mask, other=0.0), acc, input_precision=PRECISION)
         weight = tl.load(topk_weights + pairs, mask=valid, other=0.0)

@@ -107,3 +107,34 @@ def test_empty_batch_and_alignment():
     assert alignment.tokens_per_expert.tolist() == [2, 2, 0, 2]
     assert ids.reshape(-1)[alignment.sorted_pairs].tolist() == [0, 0, 1, 1, 3, 3]
     assert alignment.sorted_pairs.tolist() == [1, 2, 3, 5, 0, 4]  # token order within an expert
+
+
+def test_fp8_reference_is_the_dequantized_experts_within_activation_rounding():
+    """Block-wise FP8 experts whose gate and up differ in scale a hundredfold and whose
+    intermediate size (96) leaves each projection a partial block of its own: the reference is the
+    float experts of the dequantized weights up to e4m3 rounding of the activations (a few percent),
+    so each projection's scales are read from its own block rows (swapping them moves the output
+    past twice the tolerance)."""
+    from sgl_kernel.fp8_reference import dequantize_block_weight
+    from sglang.srt.layers.quantization.fp8 import WeightScales
+    from sglang.tools.fp8_checkpoint import quantize_weight
+
+    w13, w2, gen = random_experts(4, 160, 96, seed=5)
+    w13[:, 96:] *= 100  # up rows
+    quantized = [[quantize_weight(p, WeightScales.BLOCK) for p in (w[:96], w[96:])] for w in w13]
+    q13 = torch.stack([torch.cat([gate[0], up[0]]) for gate, up in quantized])
+    s13 = torch.stack([torch.cat([gate[1], up[1]]) for gate, up in quantized])
+    q2, s2 = (torch.stack(t) for t in zip(*(quantize_weight(w, WeightScales.BLOCK) for w in w2)))
+    dequantized13 = torch.stack(
+        [torch.cat([dequantize_block_weight(g[0], g[1]), dequantize_block_weight(u[0], u[1])]) for g, u in quantized]
+    )
+    dequantized2 = torch.stack([dequantize_block_weight(q, s) for q, s in zip(q2, s2)])
+    hidden = torch.randn(9, 160, generator=gen)
+    weights, ids = select_experts(torch.randn(9, 4, generator=gen), 2, True)
+    got = fused_experts_reference(hidden, q13, q2, weights, ids, w13_scale=s13, w2_scale=s2)
+    expected = plain_experts(hidden, dequantized13, dequantized2, weights, ids)
+    scale = expected.abs().max().item()
+    torch.testing.assert_close(got, expected, atol=0.05 * scale, rtol=0)
+    swapped = torch.cat([s13[:, 1:], s13[:, :1]], dim=1)
+    wrong = fused_experts_reference(hidden, q13, q2, weights, ids, w13_scale=swapped, w2_scale=s2)
+    assert (wrong - expected).abs().max() > 2 * 0.05 * scale  # the tolerance above catches a misread
