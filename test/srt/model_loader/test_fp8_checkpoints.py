@@ -23,6 +23,7 @@ from sglang.srt.model_loader.loader import load_model
 from sglang.srt.model_paths import check_model_paths
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
+from sglang.test.fp8_agreement import MAX_NOISE, MIN_AGREEING, TIE_BOUND, Agreement
 from sglang.test.fp8_checkpoints import calibrate, make_sharp_tiny_model, write_dequantized, write_fp8_checkpoint
 from sglang.test.runner_utils import prefill
 from sglang.test.tiny_models import make_tiny_model
@@ -60,17 +61,6 @@ FUSED_INTO = {
     "gate_proj": "gate_up_proj",
     "up_proj": "gate_up_proj",
 }
-MIN_AGREEING = 15
-# How far activation quantization may move the logits: the RMS over the vocabulary of FP8 minus
-# dequantized logits, in standard deviations of the dequantized ones. e4m3 rounds each activation
-# within 2^-4 of itself, which moves a projection's output by about 3% (test_fp8.py); the sharp
-# fixture's layers update the residual stream by a fraction of its size, so the logits move by
-# 0.6% to 1.4% (measured per layout). A scale off by a factor of two moves them by 70%.
-MAX_NOISE = 0.03
-# A prompt's first tokens can differ where the FP8 model's token is within reach of the reference's
-# top token: its gap below the difference of two logits each moved by about `noise`, bounded at
-# four standard deviations of that difference (sqrt(2) * noise each).
-TIE_BOUND = 4 * 2**0.5
 
 
 @pytest.fixture(scope="module")
@@ -141,13 +131,13 @@ def test_first_greedy_tokens_agree_with_dequantized_weights(checkpoints, layout)
     FP8 quantizes nothing else: every token and logit agrees."""
     fp8, dequantized = checkpoints[layout]
     quantization = "fp8" if layout == ONLINE else None
-    agreement = Agreement.measure(fp8, dequantized, quantization)
+    agreement = measure_agreement(fp8, dequantized, quantization)
     print(layout, agreement.summary())
     if layout == "ct-channel-weight-only":
         assert agreement.differ == [] and agreement.noise.max() < 1e-5
         return
     assert agreement.noise.max() <= MAX_NOISE, agreement.summary()
-    assert len(PROMPTS) - len(agreement.differ) >= MIN_AGREEING, agreement.summary()
+    assert agreement.agreeing >= MIN_AGREEING, agreement.summary()
     for i, gap in zip(agreement.differ, agreement.gaps):
         assert gap < TIE_BOUND * agreement.noise[i], agreement.summary()
 
@@ -163,10 +153,10 @@ def test_a_wrong_weight_scale_fails_the_agreement(checkpoints, tmp_path, wrong):
     for name in [n for n in tensors if n.endswith("weight_scale_inv")]:
         tensors[name] = tensors[name] * 2 if wrong == "doubled" else torch.ones_like(tensors[name])
     save_file(tensors, os.path.join(broken, "model.safetensors"))
-    agreement = Agreement.measure(broken, dequantized)
+    agreement = measure_agreement(broken, dequantized)
     print(wrong, agreement.summary())
     assert agreement.noise.min() > 5 * MAX_NOISE
-    assert len(PROMPTS) - len(agreement.differ) < MIN_AGREEING
+    assert agreement.agreeing < MIN_AGREEING
 
 
 def test_the_sharp_models_layers_move_logits_far_more_than_activation_quantization(checkpoints):
@@ -186,31 +176,12 @@ def test_the_sharp_models_layers_move_logits_far_more_than_activation_quantizati
         assert moved.min() > 3 * MAX_NOISE, (layout, moved)
 
 
-class Agreement:
-    """First tokens and logits of an FP8 model (this engine) against its dequantized float32
-    reference (transformers) on PROMPTS."""
-
-    def __init__(self, got: list[int], want: list[int], fp8_logits: torch.Tensor, reference: torch.Tensor):
-        spread = reference.std(dim=-1)
-        self.noise = (fp8_logits - reference).pow(2).mean(dim=-1).sqrt() / spread  # per prompt
-        self.differ = [i for i, (a, b) in enumerate(zip(got, want)) if a != b]
-        # the reference's lead of its top token over the FP8 model's, in its logits' deviations
-        self.gaps = [((reference[i].max() - reference[i, got[i]]) / spread[i]).item() for i in self.differ]
-
-    @classmethod
-    def measure(cls, fp8: str, dequantized: str, quantization: str | None = None) -> "Agreement":
-        got = [tokens[0] for tokens in greedy_batch(fp8, 1, quantization=quantization)]
-        want = [tokens[0] for tokens in greedy_batch(dequantized, 1)]
-        fp8_logits = _engine_first_logits(fp8, quantization)
-        assert fp8_logits.argmax(dim=-1).tolist() == got  # the scheduler's greedy token is the runner's argmax
-        return cls(got, want, fp8_logits, _reference_first_logits(dequantized))
-
-    def summary(self) -> str:
-        gaps = ", ".join(f"{gap:.3f} (noise {self.noise[i]:.4f})" for i, gap in zip(self.differ, self.gaps))
-        return (
-            f"first tokens agree on {len(PROMPTS) - len(self.differ)} of {len(PROMPTS)}; logit noise "
-            f"{self.noise.mean():.4f} mean, {self.noise.max():.4f} max; gaps where they differ: [{gaps}]"
-        )
+def measure_agreement(fp8: str, dequantized: str, quantization: str | None = None) -> Agreement:
+    """The FP8 model (this engine) against its dequantized float32 reference (transformers) on PROMPTS."""
+    fp8_logits = _engine_first_logits(fp8, quantization)
+    got = [tokens[0] for tokens in greedy_batch(fp8, 1, quantization=quantization)]
+    assert fp8_logits.argmax(dim=-1).tolist() == got  # the scheduler's greedy token is the runner's argmax
+    return Agreement(fp8_logits, _reference_first_logits(dequantized))
 
 
 def _engine_first_logits(path: str, quantization: str | None = None) -> torch.Tensor:
