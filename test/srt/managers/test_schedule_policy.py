@@ -150,6 +150,7 @@ def test_fair_order_lets_each_client_request_take_turns():
 
 def test_the_adder_names_what_kept_the_next_request_out():
     """The prefill pass's debug line says why the pass stopped growing."""
+
     def req(n, rid):
         return fake_req(random.Random(0), n, max_new=4)
 
