@@ -8,8 +8,9 @@ Four gaps, each patched only while interpreting:
 - fp32 -> bf16 casts truncate, where the GPU rounds to nearest even: round;
 - tl.dot on bf16 tiles multiplies their raw uint16 bits: widen them to fp32 first
   (exact, as on the GPU's tensor cores, which accumulate bf16 products in fp32);
-- casts to e4m3 (tl.float8e4nv) truncate without carrying into the exponent and wrap past 448,
-  where the GPU rounds to nearest even and saturates (cvt.rn.satfinite): cast through torch.
+- casts to e4m3 (tl.float8e4nv) and e5m2 (tl.float8e5) truncate (e4m3 without carrying into the
+  exponent, wrapping past 448), where the GPU rounds to nearest even and saturates
+  (cvt.rn.satfinite): cast through torch, clamped to the format's largest finite value.
 """
 
 from __future__ import annotations
@@ -87,21 +88,26 @@ def _patch_fp8(interpreter, tl) -> None:
             return _bf16_bits_to_fp32(handle.data)
         return np.asarray(handle.data, dtype=np.float32)
 
-    def cast_e4m3(self, src, dst_type, fallback):
-        if dst_type.scalar == tl.float8e4nv and src.dtype.scalar in (tl.float32, tl.float16, tl.bfloat16):
-            return interpreter.TensorHandle(_fp32_to_e4m3_bits(to_fp32(src)), tl.float8e4nv)
+    formats = {tl.float8e4nv: "float8_e4m3fn", tl.float8e5: "float8_e5m2"}
+
+    def cast_fp8(self, src, dst_type, fallback):
+        fmt = formats.get(dst_type.scalar)
+        if fmt is not None and src.dtype.scalar in (tl.float32, tl.float16, tl.bfloat16):
+            return interpreter.TensorHandle(_fp32_to_fp8_bits(to_fp32(src), fmt), dst_type.scalar)
         return fallback()
 
-    builder.cast_impl = lambda self, src, dst_type: cast_e4m3(
+    builder.cast_impl = lambda self, src, dst_type: cast_fp8(
         self, src, dst_type, lambda: cast_impl(self, src, dst_type)
     )
-    builder.create_fp_to_fp = lambda self, src, dst_type, rounding_mode: cast_e4m3(
+    builder.create_fp_to_fp = lambda self, src, dst_type, rounding_mode: cast_fp8(
         self, src, dst_type, lambda: fp_to_fp(self, src, dst_type, rounding_mode)
     )
 
 
-def _fp32_to_e4m3_bits(data: np.ndarray) -> np.ndarray:
+def _fp32_to_fp8_bits(data: np.ndarray, fmt: str) -> np.ndarray:
     import torch
 
+    dtype = getattr(torch, fmt)
+    largest = torch.finfo(dtype).max
     values = torch.from_numpy(np.ascontiguousarray(data, dtype=np.float32))
-    return values.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+    return values.clamp(-largest, largest).to(dtype).view(torch.uint8).numpy()

@@ -95,16 +95,14 @@ def test_mismatched_k_and_v_dtypes_are_refused(device):
 
 @pytest.mark.parametrize("cache_dtype", FP8)
 def test_rotary_store_into_fp8_cache_divides_by_the_scales_and_saturates(cache_dtype, device):
-    if cache_dtype == torch.float8_e5m2 and device == "cpu":
-        # sgl_kernel._interpreter rounds e4m3 casts as the GPU does; e5m2 casts still truncate there.
-        pytest.skip("Triton 3.6's interpreter truncates fp32 -> e5m2 casts (the GPU rounds): test/gpu runs it")
     tokens, heads, head_dim = 5, 4, 32
     rope = RotaryEmbedding(head_dim, 64, {"rope_theta": 10000.0}).to(device)
     positions = torch.tensor([0, 3, 9, 17, 63], device=device)
     loc = torch.tensor([3, 9, 1, 7, 4], device=device)
     gen = torch.Generator().manual_seed(0)
-    # Values past the format's largest finite one (x / scale > 448 for e4m3) must saturate.
-    base = (torch.randn(tokens, heads + 2 * NUM_KV_HEADS, head_dim, generator=gen) * 30).to(device)
+    # Values past the format's largest finite one (x / scale > 448 for e4m3, 57344 for e5m2) must saturate.
+    spread = 30 * torch.finfo(cache_dtype).max / 448
+    base = (torch.randn(tokens, heads + 2 * NUM_KV_HEADS, head_dim, generator=gen) * spread).to(device)
     results = []
     for fn in (apply_rotary_and_store_kv_, apply_rotary_and_store_kv_ref):
         qkv = base.clone()
