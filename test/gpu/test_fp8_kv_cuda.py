@@ -114,7 +114,8 @@ def test_rotary_store_into_fp8_cache_equals_its_reference(cache_dtype, dtype):
     positions = torch.randint(0, 4096, (tokens,), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     loc = torch.randperm(200, device="cuda")[:tokens] + 1
     gen = torch.Generator(device="cuda").manual_seed(1)
-    base = (torch.randn(tokens, HEADS + 2 * KV_HEADS, HEAD_DIM, generator=gen, device="cuda") * 30).to(dtype)
+    spread = 30 * torch.finfo(cache_dtype).max / 448  # past the format's largest value (x / K_SCALE): saturates
+    base = (torch.randn(tokens, HEADS + 2 * KV_HEADS, HEAD_DIM, generator=gen, device="cuda") * spread).to(dtype)
     caches = []
     for fn in (apply_rotary_and_store_kv_, apply_rotary_and_store_kv_ref):
         qkv = base.clone()
