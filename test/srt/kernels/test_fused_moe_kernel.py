@@ -90,7 +90,9 @@ def test_routing_kernel_equals_softmax_topk(num_tokens, num_experts, top_k, reno
     torch.testing.assert_close(weights.cpu(), expected_w, atol=1e-6, rtol=1e-5)
 
 
-@pytest.mark.parametrize("num_pairs, num_experts, block_m", [(1, 4, 16), (8, 128, 16), (600, 60, 16), (2048, 128, 32)])
+@pytest.mark.parametrize(
+    "num_pairs, num_experts, block_m", [(1, 4, 16), (8, 128, 16), (600, 60, 16), (2048, 128, 32), (5000, 128, 16)]
+)
 def test_block_alignment_keeps_each_experts_pairs_in_order(num_pairs, num_experts, block_m, device):
     """Every pair lands once, in its expert's run, in the order the pairs came; each block's
     expert is the run it lies in; the rows in use are the padded runs' total."""
