@@ -136,8 +136,8 @@ def _align_kernel(
 
 
 # _align_kernel is one program, so its time grows with the pairs: at decode sizes it costs a few us
-# where the sort below cost ~30 (batch 1 to 64, H100), but a prefill pass of 4,096 tokens of
-# Qwen3-30B-A3B (32K pairs) took 14% longer with it. Past this many pairs the sort does it.
+# where the sort below cost ~30 (batch 1 to 64, H100), but prefill passes of Qwen3-30B-A3B took 9%
+# longer with it at 4,096 tokens (32K pairs) and 14% at 32,768. Past this many pairs the sort does it.
 ALIGN_KERNEL_MAX_PAIRS = 4096
 
 
