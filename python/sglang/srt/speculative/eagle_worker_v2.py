@@ -179,10 +179,11 @@ class EAGLEWorkerV2(TpModelWorker):
         return self.forward_spec_step(batch)
 
     def prefill_pass_fits(self, num_reqs: int, num_tokens: int) -> Optional[bool]:
-        target = self.model_runner.prefill_pass_fits(num_reqs, num_tokens)
-        if not target:
-            return target
-        return self.draft_runner.prefill_pass_fits(num_reqs, num_tokens) is not False
+        """The target's answer alone. Where the target keeps a graph the draft fits too (same
+        buckets; the draft drops a graph only where its eager launch wins). Past the target's graphs
+        the target is device-bound, and the draft's eager launches hide behind its work; asking the
+        draft there would cap a large target's prefill passes at the graphs' size."""
+        return self.model_runner.prefill_pass_fits(num_reqs, num_tokens)
 
     def forward_prefill(self, batch: ScheduleBatch) -> GenerationBatchResult:
         fb, offsets = batch.to_forward_batch(self.device)
