@@ -3,6 +3,7 @@ token is accepted given the ones before it were, pooled over the batch and per r
 
 from __future__ import annotations
 
+import itertools
 from typing import Optional
 
 import numpy as np
@@ -35,24 +36,10 @@ class AcceptanceEstimator:
     MAX_PENDING_STEPS are queued (consecutive steps of one batch share one gather and scatter,
     ~70-100 us a step on the host instead of ~190-260 us)."""
 
-    def __init__(
-        self, k_max: int, alpha: float = 0.05, prior: float = 0.5, request_alpha: float = 0.05, recovery: float = 0.002
-    ):
-        if k_max < 1:
-            raise ValueError(f"k_max must be >= 1, got {k_max}")
-        for label, value in (("alpha", alpha), ("request_alpha", request_alpha)):
-            if not 0.0 < value <= 1.0:
-                raise ValueError(f"{label} must be in (0, 1], got {value}")
-        if not 0.0 <= recovery <= 1.0:
-            raise ValueError(f"recovery must be in [0, 1], got {recovery}")
-        if not 0.0 <= prior <= 1.0:
-            raise ValueError(f"prior must be in [0, 1], got {prior}")
-        self.k_max = k_max
-        self.alpha = alpha
-        self.request_alpha = request_alpha
+    def __init__(self, k_max: int, alpha=0.05, prior=0.5, request_alpha=0.05, recovery=0.002):
+        self.k_max, self.alpha, self.request_alpha, self.recovery = k_max, alpha, request_alpha, float(recovery)
         self.prior = float(prior)  # each rate before any evidence
         self._pooled = [float(prior)] * k_max
-        self.recovery = float(recovery)
         self._long_run = np.full(k_max, float(prior))  # slow EMA of each position's observed rate
         # rid -> row of _rates / _seen, from a request's first observation until it is forgotten.
         self._per_request: dict[str, int] = {}
@@ -85,14 +72,11 @@ class AcceptanceEstimator:
         Consecutive steps mostly see the same batch: its rows are kept for the next call."""
         if rids == self._last_rids:
             return self._last_rows
-        rows = []
         for rid in rids:
-            row = self._per_request.get(rid)
-            if row is None:
-                row = self._new_row()
-                self._per_request[rid] = row
-            rows.append(row)
-        self._last_rids, self._last_rows = list(rids), np.asarray(rows, dtype=np.int64)
+            if rid not in self._per_request:
+                self._per_request[rid] = self._new_row()
+        self._last_rids = list(rids)
+        self._last_rows = np.asarray([self._per_request[rid] for rid in rids], dtype=np.int64)
         return self._last_rows
 
     def _new_row(self) -> int:
@@ -119,9 +103,9 @@ class AcceptanceEstimator:
         # Unobserved positions k_step.. recover towards max(prior, long-run rate) (None: none, or off).
         target = np.maximum(self._long_run[k_step:], self.prior) if k_step < self.k_max and self.recovery else None
         self._pending.append((self._rows(rids), num_out, k_step, target))
-        # The pooled EMAs take the batch as one observation per position: 0-based position i was
-        # observed by the requests that produced more than i tokens, accepted by those that
-        # produced more than i + 1.
+        # The pooled EMAs take the batch as one observation per position (their memory is in steps,
+        # whatever the batch size): 0-based position i was observed by the requests that produced
+        # more than i tokens, accepted by those that produced more than i + 1.
         accepted_here = counts[k_step + 1]
         for i in range(k_step - 1, -1, -1):
             observed_here = accepted_here + counts[i + 1]
@@ -131,8 +115,7 @@ class AcceptanceEstimator:
                 self._long_run[i] += self.alpha / 10 * (rate - self._long_run[i])
             accepted_here = observed_here
         for i, goal in enumerate(() if target is None else target.tolist(), start=k_step):
-            if self._pooled[i] < goal:
-                self._pooled[i] += self.recovery * (goal - self._pooled[i])
+            self._pooled[i] += self.recovery * max(goal - self._pooled[i], 0.0)
         if len(self._pending) >= MAX_PENDING_STEPS:
             self._fold_rows()
 
@@ -142,12 +125,11 @@ class AcceptanceEstimator:
         pending, self._pending = self._pending, []
         k_max, request_alpha, recovery, tables = self.k_max, self.request_alpha, self.recovery, self._outcome_tables
         state = self._state
-        i = 0
-        while i < len(pending):
-            rows = pending[i][0]
+        for _, steps in itertools.groupby(pending, key=lambda step: id(step[0])):  # a run of one batch's
+            steps = list(steps)
+            rows = steps[0][0]
             block = state[rows]
-            while i < len(pending) and pending[i][0] is rows:
-                _, num_out, k_step, target = pending[i]
+            for _, num_out, k_step, target in steps:
                 observed, accepted = tables[k_step]
                 n = np.asarray(num_out, dtype=np.int64)
                 mask, outcome = observed[n], accepted[n]
@@ -159,7 +141,6 @@ class AcceptanceEstimator:
                 if target is not None:
                     tail = block[:, k_step:k_max]
                     block[:, k_step:k_max] = tail + recovery * np.maximum(target[None, :] - tail, 0.0)
-                i += 1
             state[rows] = block
         if self._rows_to_free:
             self._free_rows.extend(self._rows_to_free)
@@ -167,11 +148,7 @@ class AcceptanceEstimator:
 
     def record_verify(self, rids: list[str], num_out: list[int], k_step: int) -> None:
         """One speculative step with k_step drafts: request rids[r] produced num_out[r] tokens
-        (1..k_step + 1). Position i was observed iff num_out >= i and accepted iff num_out >= i + 1.
-        The pooled EMAs take the batch as one observation per position, so their memory is in
-        steps, whatever the batch size."""
-        if len(rids) != len(num_out):
-            raise ValueError(f"record_verify: {len(rids)} request ids but {len(num_out)} output counts")
+        (1..k_step + 1). Position i was observed iff num_out >= i and accepted iff num_out >= i + 1."""
         if not 0 <= k_step <= self.k_max:
             raise ValueError(f"record_verify: k_step {k_step} is outside 0..{self.k_max}")
         if k_step == 0 or not rids:
@@ -181,22 +158,16 @@ class AcceptanceEstimator:
             raise ValueError(
                 f"record_verify: request {rid!r} produced {n} tokens from {k_step} drafts (expected 1..{k_step + 1})"
             )
-        counts = [0] * (k_step + 2)
-        for n in num_out:
-            counts[n] += 1
-        self._observe(rids, num_out, k_step, counts)
+        self._observe(rids, num_out, k_step, np.bincount(num_out, minlength=k_step + 2).tolist())
 
     def record_probe(self, rids: list[str], hits: list[bool]) -> None:
         """A PLAIN step's free probe: whether the draft's guess d_1 was the target's token. It keeps
         a_1 current while speculation is off, which tells the policy when turning it on would pay."""
-        if len(rids) != len(hits):
-            raise ValueError(f"record_probe: {len(rids)} request ids but {len(hits)} probe results")
         if not rids:
             return
         # A probe is a one-draft step: 2 tokens where the draft was right, else 1.
         num_out = [2 if hit else 1 for hit in hits]
-        num_hits = sum(num_out) - len(num_out)
-        self._observe(rids, num_out, 1, [0, len(hits) - num_hits, num_hits])
+        self._observe(rids, num_out, 1, np.bincount(num_out, minlength=3).tolist())
 
     def rates(self, rid: Optional[str] = None) -> list[float]:
         """a_1..a_kmax for the request (new_request_rates for one not seen yet), or the pooled
@@ -213,8 +184,6 @@ class AcceptanceEstimator:
     def expected_tokens(self, k: int, rid: Optional[str] = None) -> float:
         """Expected tokens one verify of k drafts yields: 1 + sum_{i<=k} prod_{j<=i} a_j (the
         bonus token plus each draft, which counts only if all before it were accepted)."""
-        if not 0 <= k <= self.k_max:
-            raise ValueError(f"expected_tokens: k {k} is outside 0..{self.k_max}")
         prod = expected = 1.0
         for a in self.rates(rid)[:k]:
             prod *= a
@@ -225,7 +194,7 @@ class AcceptanceEstimator:
         """Sum over the batch of expected_tokens(k', rid) for every k' in 0..k: what the cost
         policy needs each step, in a few array operations."""
         if k == 0 or not rids:
-            return [float(len(rids))] + [float(len(rids))] * k
+            return [float(len(rids))] * (k + 1)
         if self._pending:
             self._fold_rows()
         if rids == self._last_rids:  # every request of the batch is tracked

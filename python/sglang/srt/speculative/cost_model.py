@@ -7,6 +7,7 @@ import math
 import statistics
 from bisect import bisect_left
 from collections import deque
+from itertools import accumulate
 from typing import Optional
 
 
@@ -18,23 +19,10 @@ class CostTable:
     which the replays on an empty scratch row do not see; at batch 128 with 1k-token contexts
     the target's KV read outweighs its weights."""
 
-    def __init__(
-        self,
-        plain: dict[int, float],
-        spec: dict[tuple[int, int], float],
-        context_seconds: Optional[dict[int, float]] = None,
-    ):
+    def __init__(self, plain: dict[int, float], spec: dict[tuple[int, int], float], context_seconds=None):
         by_k: dict[int, dict[int, float]] = {0: dict(plain)} if plain else {}
         for (bs, k), seconds in spec.items():
-            if k < 1:
-                raise ValueError(f"CostTable: spec entry ({bs}, {k}) must have k >= 1 (k = 0 is the plain table)")
             by_k.setdefault(k, {})[bs] = seconds
-        for k, table in by_k.items():
-            for bs, seconds in table.items():
-                if bs < 1 or not seconds > 0:
-                    raise ValueError(
-                        f"CostTable: k={k} batch size {bs}: need batch size >= 1 and seconds > 0, got {seconds}"
-                    )
         self.context_seconds = dict(context_seconds or {})
         for k, seconds in self.context_seconds.items():
             if k not in by_k or not seconds >= 0:
@@ -46,10 +34,7 @@ class CostTable:
         self._buckets = {}
         for k, table in by_k.items():
             sizes = sorted(table)
-            times = [table[bs] for bs in sizes]
-            for i in range(len(times) - 2, -1, -1):
-                times[i] = min(times[i], times[i + 1])
-            self._buckets[k] = (sizes, times)
+            self._buckets[k] = (sizes, list(accumulate((table[bs] for bs in reversed(sizes)), min))[::-1])
 
     @property
     def measured_steps(self) -> tuple[int, ...]:  # every measured k (0 = plain)
@@ -68,8 +53,6 @@ class CostTable:
         entry = self._buckets.get(k)
         if entry is None:
             raise ValueError(f"CostTable: no measured step time for k={k} (measured k: {list(self.measured_steps)})")
-        if batch_size < 1:
-            raise ValueError(f"CostTable: batch size must be >= 1, got {batch_size}")
         sizes, times = entry
         i = bisect_left(sizes, batch_size)
         step = times[i] if i < len(sizes) else times[-1] * batch_size / sizes[-1]
@@ -77,14 +60,10 @@ class CostTable:
 
     def summary(self) -> dict:
         """{"plain_ms": {bs: ms}, "spec_ms": {k: {bs: ms}}} for logs and /get_server_info."""
-
-        def ms(k: int) -> dict[int, float]:
-            sizes, times = self._buckets[k]
-            return {bs: round(1e3 * t, 4) for bs, t in zip(sizes, times)}
-
+        ms = {k: {bs: round(1e3 * t, 4) for bs, t in zip(*sizes_times)} for k, sizes_times in self._buckets.items()}
         return {
-            "plain_ms": ms(0) if 0 in self._buckets else {},
-            "spec_ms": {k: ms(k) for k in self.measured_steps if k > 0},
+            "plain_ms": ms.get(0, {}),
+            "spec_ms": {k: ms[k] for k in self.measured_steps if k > 0},
             "context_ns_per_token": {k: round(1e9 * s, 4) for k, s in sorted(self.context_seconds.items())},
         }
 
@@ -96,27 +75,12 @@ MAX_PENDING = 64  # samples given to LearnedCost.observe_later are folded in by 
 CONTEXT_CLASS_TOKENS = 512  # mean context per request below this is context class 0; each class above doubles it
 
 
-def context_class(batch_size: int, context_tokens: int) -> int:
-    """The class of a batch's mean context per request: 0 below CONTEXT_CLASS_TOKENS, then one
-    class per doubling (1: 512-1023 tokens, 2: 1024-2047, 3: 2048-4095, ...)."""
-    mean = context_tokens / max(batch_size, 1)
-    return 0 if mean < CONTEXT_CLASS_TOKENS else 1 + int(math.log2(mean / CONTEXT_CLASS_TOKENS))
-
-
-def context_class_label(cls: int) -> str:
-    if cls == 0:
-        return f"<{CONTEXT_CLASS_TOKENS}"
-    low = CONTEXT_CLASS_TOKENS << (cls - 1)
-    return f"{low}-{2 * low - 1}"
-
-
 class _Level:
     """What steps cost at one key now, as a log ratio to the prior: the median of the last
     LEVEL_WINDOW residuals of the chosen k's samples (the last one's k is the anchor)."""
 
     def __init__(self):
         self.window: deque[float] = deque(maxlen=LEVEL_WINDOW)
-        self._value: Optional[float] = 0.0  # None: the window moved since the median was taken
         self.anchor: Optional[int] = None
 
     @property
@@ -125,15 +89,11 @@ class _Level:
 
     @property
     def value(self) -> float:
-        """The window's median (of an even count, the lower), taken when read."""
-        if self._value is None:
-            window = sorted(self.window)
-            self._value = window[(len(window) - 1) // 2]
-        return self._value
+        """The window's median (of an even count, the lower)."""
+        return sorted(self.window)[(len(self.window) - 1) // 2]
 
     def update(self, k: int, residual: float) -> None:
         self.window.append(residual)
-        self._value = None
         self.anchor = k
 
 
@@ -165,14 +125,9 @@ class LearnedCost:
         self._borrowed: dict[tuple[int, int, int], tuple[float, Optional[str]]] = {}  # _offset_of, kept
         self._recent: dict[tuple[int, int, int], deque[float]] = {}  # the last log ratios, for the summary
         self.samples: dict[tuple[int, int, int], int] = {}
-        # Samples given to `observe_later`, folded in (in order) before anything reads a cost.
-        self._pending: list[tuple[int, int, int, float, bool]] = []
+        self._pending: list[tuple[int, int, int, float, bool]] = []  # observe_later's, not folded in yet
         # (key, k) -> _at's answer, until the next sample (admissions price the same key many times).
         self._at_cache: dict[tuple[tuple[int, int], int], tuple[float, str]] = {}
-
-    @property
-    def measured_steps(self) -> tuple[int, ...]:
-        return self.prior.measured_steps
 
     def bucket(self, batch_size: int) -> int:
         """The learned costs' batch-size group: the octave (1, 2-3, 4-7, ...) of the graph bucket
@@ -183,9 +138,12 @@ class LearnedCost:
         return octave
 
     def key(self, batch_size: int, context_tokens: int = 0) -> tuple[int, int]:
-        """(batch-size octave, context class): steps alike in cost, for the policy's exploration."""
-        short = context_tokens < CONTEXT_CLASS_TOKENS * batch_size
-        return self.bucket(batch_size), 0 if short else context_class(batch_size, context_tokens)
+        """(batch-size octave, context class): steps alike in cost, for the policy's exploration. The
+        class of the mean context per request is 0 below CONTEXT_CLASS_TOKENS, then one per doubling
+        (1: 512-1023 tokens, 2: 1024-2047, ...)."""
+        mean = context_tokens / max(batch_size, 1)
+        cls = 0 if mean < CONTEXT_CLASS_TOKENS else 1 + int(math.log2(mean / CONTEXT_CLASS_TOKENS))
+        return self.bucket(batch_size), cls
 
     def observe_later(self, batch_size: int, k: int, context_tokens: int, seconds: float, chosen: bool = True) -> None:
         """`observe`, folded in when a cost is next read: several samples folded together cost the
@@ -195,6 +153,8 @@ class LearnedCost:
             self._fold()
 
     def _fold(self) -> None:
+        if not self._pending:
+            return
         pending, self._pending = self._pending, []
         for sample in pending:
             self.observe(*sample)
@@ -202,8 +162,7 @@ class LearnedCost:
     def observe(self, batch_size: int, k: int, context_tokens: int, seconds: float, chosen: bool = True) -> None:
         """One steady step of k drafts at this batch size and summed context took `seconds`;
         `chosen`: k was the policy's choice (False: another k was, and this step explored k)."""
-        if self._pending:  # an earlier sample first
-            self._fold()
+        self._fold()  # an earlier sample first
         if k not in self._measured or batch_size < 1 or not 0 < seconds < math.inf:
             return
         self._at_cache.clear()
@@ -213,10 +172,7 @@ class LearnedCost:
         self.samples[key] = self.samples.get(key, 0) + 1
         self._recent.setdefault(key, deque(maxlen=LEARN_WINDOW)).append(x)
         if chosen:
-            level = self._levels.get(where)
-            if level is None:
-                level = self._levels[where] = _Level()
-            level.update(k, x - self._offset_of(key)[0])
+            self._levels.setdefault(where, _Level()).update(k, x - self._offset_of(key)[0])
         else:
             self._pairs.setdefault(key, deque(maxlen=LEARN_WINDOW)).append(x - self._level_of(where)[0])
             self._pool_offsets(key)
@@ -233,12 +189,11 @@ class LearnedCost:
 
     def _nearest(self, keys, bucket: int, cls: int):
         """The key among `keys` ((bucket, class, ...)) nearest to (bucket, cls) within one class."""
-        near = [
-            (abs(math.log2(key[0] / bucket)) + abs(key[1] - cls), abs(key[1] - cls), key)
-            for key in keys
-            if abs(key[1] - cls) <= 1
-        ]
-        return min(near)[2] if near else None
+
+        def distance(key):  # doublings of batch size plus classes; between equals the nearer class
+            return abs(math.log2(key[0] / bucket)) + abs(key[1] - cls), abs(key[1] - cls), key
+
+        return min((key for key in keys if abs(key[1] - cls) <= 1), key=distance, default=None)
 
     def _offset_of(self, key: tuple[int, int, int]) -> tuple[float, Optional[str]]:
         """(k's offset at the key, "own" / "near" / None): borrowed from the nearest key with one for
@@ -247,8 +202,7 @@ class LearnedCost:
             return self._offset[key], "own"
         found = self._borrowed.get(key)
         if found is None:
-            bucket, cls, k = key
-            near = self._nearest([other for other in self._offset if other[2] == k], bucket, cls)
+            near = self._nearest([other for other in self._offset if other[2] == key[2]], *key[:2])
             found = self._borrowed[key] = (self._offset[near], "near") if near is not None else (0.0, None)
         return found
 
@@ -262,8 +216,7 @@ class LearnedCost:
 
     def paired_samples(self, batch_size: int, k: int, context_tokens: int = 0) -> int:
         """How many samples k's offset at this key rests on (its own window and its neighbours')."""
-        if self._pending:
-            self._fold()
+        self._fold()
         bucket, cls = self.key(batch_size, context_tokens)
         return sum(len(self._pairs.get((b, cls, k), ())) for b in (bucket // 2, bucket, 2 * bucket))
 
@@ -277,14 +230,9 @@ class LearnedCost:
         level or k's offset from a nearby key) or "table" (the prior as it is)."""
         return self._at(self.key(batch_size, context_tokens), k)[1]
 
-    def ratio(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
-        """learned / prior for a step of k at this batch size and summed context."""
-        return math.exp(self._at(self.key(batch_size, context_tokens), k)[0])
-
     def _at(self, where: tuple[int, int], k: int) -> tuple[float, str]:
         """(log ratio, source) of k at a key."""
-        if self._pending:
-            self._fold()
+        self._fold()
         found = self._at_cache.get((where, k))
         if found is None:
             level, level_from = self._level_of(where)
@@ -298,7 +246,7 @@ class LearnedCost:
         return found
 
     def seconds(self, batch_size: int, k: int, context_tokens: int = 0) -> float:
-        return self.prior.seconds(batch_size, k, context_tokens) * self.ratio(batch_size, k, context_tokens)
+        return self.seconds_each(batch_size, (k,), context_tokens)[k]
 
     def seconds_each(self, batch_size: int, ks, context_tokens: int = 0) -> dict[int, float]:
         """{k: seconds(batch_size, k, context_tokens)} for several k at once: the key is looked up once
@@ -312,20 +260,16 @@ class LearnedCost:
         "window_mean_ms": (the same from the window's mean: where it differs from the median, steps
         vary), "samples": {k: {bucket: n}}, "learned_ms_by_context": {class label: {k: {bucket:
         ms}}}} beside the prior's table, for logs, /get_server_info and /metrics."""
-        if self._pending:
-            self._fold()
-        learned: dict[int, dict[int, float]] = {}
-        means: dict[int, dict[int, float]] = {}
-        samples: dict[int, dict[int, int]] = {}
-        by_context: dict[str, dict[int, dict[int, float]]] = {}
+        self._fold()
+        learned, means, samples, by_context = {}, {}, {}, {}  # as the docstring says
         shown: dict[tuple[int, int], int] = {}  # (k, bucket) -> samples of the class shown
-        priced = set(self._offset) | {
-            (*where, level.anchor) for where, level in self._levels.items() if level.set and level.anchor is not None
-        }
+        priced = set(self._offset) | {(*where, level.anchor) for where, level in self._levels.items() if level.set}
         for bucket, cls, k in sorted(priced):
             prior_ms = 1e3 * self.prior.seconds(bucket, k)
             ms = round(prior_ms * math.exp(self._at((bucket, cls), k)[0]), 4)
-            by_context.setdefault(context_class_label(cls), {}).setdefault(k, {})[bucket] = ms
+            low = CONTEXT_CLASS_TOKENS << cls >> 1  # class cls > 0: mean contexts low .. 2 * low - 1
+            label = f"{low}-{2 * low - 1}" if cls else f"<{CONTEXT_CLASS_TOKENS}"
+            by_context.setdefault(label, {}).setdefault(k, {})[bucket] = ms
             n = self.samples[(bucket, cls, k)]
             if n > shown.get((k, bucket), 0):
                 shown[(k, bucket)] = n

@@ -29,17 +29,8 @@ class Exploration:
     credit (EXPLORE_MAX_SHARE per decode step) caps exploration's share of steps; its cost is
     each exploration step's shortfall, by the policy's own estimate."""
 
-    def __init__(
-        self,
-        steps: int = EXPLORE_STEPS,
-        max_share: float = EXPLORE_MAX_SHARE,
-        intervals: tuple[tuple[float, int], ...] = EXPLORE_INTERVALS,
-    ):
-        if steps < 1 or not 0 <= max_share <= 1:
-            raise ValueError(f"exploration needs steps >= 1 and a share in [0, 1], got {steps}, {max_share}")
-        self.burst_steps = steps
-        self.max_share = max_share
-        self.intervals = intervals
+    def __init__(self, steps: int = EXPLORE_STEPS, max_share: float = EXPLORE_MAX_SHARE, intervals=EXPLORE_INTERVALS):
+        self.burst_steps, self.max_share, self.intervals = steps, max_share, intervals
         self._credit = float(EXPLORE_CREDIT_START) if max_share else 0.0
         self._credit_cap = float(max(EXPLORE_CREDIT_START, 2 * steps))
         self._last_run: dict[tuple[Hashable, int], int] = {}
@@ -58,8 +49,7 @@ class Exploration:
         if self._step_explores:
             self.lost_seconds += seconds * self._burst.shortfall
             self._step_explores = False
-        credit = self._credit + self.max_share
-        self._credit = credit if credit < self._credit_cap else self._credit_cap
+        self._credit = min(self._credit + self.max_share, self._credit_cap)
         self._last_run[(bucket, k)] = self.decode_steps
 
     @property
@@ -106,23 +96,17 @@ class Exploration:
         _, shortfall, k = min(due)
         self._credit -= self.burst_steps
         self.bursts += 1
-        self._burst = Burst(k, self.burst_steps - 1, chosen, shortfall)
-        self._step_explores = True
-        self.steps += 1
-        return k
+        self._burst = Burst(k, self.burst_steps, chosen, shortfall)
+        return self.continue_burst([k])[0]  # its first step
 
     def summary(self) -> dict:
-        steps = max(self.decode_steps, 1)
         return {
             "steps": self.steps,
             "bursts": self.bursts,
-            "share": round(self.steps / steps, 5),
+            "share": round(self.steps / max(self.decode_steps, 1), 5),
             "cost_share": round(self.lost_seconds / self.decode_seconds, 5) if self.decode_seconds else 0.0,
         }
 
 
 def _interval(intervals: tuple[tuple[float, int], ...], shortfall: float) -> int:
-    for bound, interval in intervals:
-        if shortfall < bound:
-            return interval
-    return intervals[-1][1]
+    return next((interval for bound, interval in intervals if shortfall < bound), intervals[-1][1])

@@ -6,9 +6,8 @@ large batches it is compute bound and a verify costs several times a plain step.
 weighs both with measured step times and observed acceptance; always, never and a batch-size
 threshold are there for baselines and for users who know their load.
 
-The policies sit in a registry (end of this module) that ServerArgs, the worker and the scheduler
-ask; adding one is a SpecPolicy subclass and register_policy(name, class). Pure Python, once per
-decode step on the scheduler's CPU: nothing here touches the device."""
+Adding a policy is a SpecPolicy subclass and register_policy(name, class) (the registry at the end,
+which ServerArgs, the worker and the scheduler ask). Pure Python: nothing here touches the device."""
 
 from __future__ import annotations
 
@@ -91,8 +90,9 @@ class SpecPolicy(ABC):
 
     def __init__(self, k_max: int, estimator: Optional[AcceptanceEstimator] = None):
         self.k_max = k_max
-        self.estimator = estimator
+        self.estimator = estimator if estimator is not None else AcceptanceEstimator(k_max)
         self.current_k: Optional[int] = None
+        self.decided_k = 0  # the last choose's k before an acceptance probe (`explore`)
         self.num_switches = 0
         self.steps_per_k: dict[int, int] = {}
         self.steps_in_current = 0  # steps run in a row with current_k, the one that chose it included
@@ -104,25 +104,20 @@ class SpecPolicy(ABC):
         speculate; num_plain_only: those that opted out; context_tokens: their summed context.
         `explore`: where the policy would decode plainly, take its cheapest speculative step
         instead (to measure acceptance; the scheduler asks for it)."""
-        k = 0 if num_plain_only and not rids else self._choose(rids, context_tokens, num_plain_only)
+        k = self.decided_k = 0 if num_plain_only and not rids else self._choose(rids, context_tokens, num_plain_only)
         if explore and k == 0 and rids:
             k = self._explore_k(len(rids) + num_plain_only)
-        self._count_step(k)
+        if k != self.current_k:  # a switch, unless it is the first step
+            self.num_switches += self.current_k is not None
+            self.current_k, self.steps_in_current = k, 0
+        self.steps_in_current += 1
+        self.steps_per_k[k] = self.steps_per_k.get(k, 0) + 1
         return k
 
-    def _count_step(self, k: int) -> None:
-        if k == self.current_k:
-            self.steps_in_current += 1
-        else:
-            if self.current_k is not None:
-                self.num_switches += 1
-            self.current_k = k
-            self.steps_in_current = 1
-        self.steps_per_k[k] = self.steps_per_k.get(k, 0) + 1
-
-    @abstractmethod
     def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
-        """The policy's k for this batch; current_k and steps_in_current describe the steps so far."""
+        """The policy's k for this batch (current_k and steps_in_current describe the steps so far):
+        k_max where it would speculate."""
+        return self.k_max if self._would_speculate(rids, context_tokens, num_plain_only) else 0
 
     def _explore_k(self, batch_size: int) -> int:
         return 1
@@ -147,31 +142,26 @@ class SpecPolicy(ABC):
         return self._would_speculate([""] * batch_size, context_tokens, 0)
 
     def observe_verify(self, rids: list[str], num_out: list[int], k_step: int) -> None:
-        if self.estimator is not None:
-            self.estimator.record_verify(rids, num_out, k_step)
+        self.estimator.record_verify(rids, num_out, k_step)
 
     def observe_probe(self, rids: list[str], hits: list[bool]) -> None:
-        if self.estimator is not None:
-            self.estimator.record_probe(rids, hits)
+        self.estimator.record_probe(rids, hits)
 
     def observe_step_seconds(self, batch_size: int, k: int, context_tokens: int, seconds: float) -> None:
         """What one steady decode step of k drafts cost the server, from its launch to the next
         (SpecScheduling.on_launch). Only the cost policy learns from it."""
 
     def forget(self, rid: str) -> None:
-        if self.estimator is not None:
-            self.estimator.forget(rid)
+        self.estimator.forget(rid)
 
     def summary(self) -> dict:
-        out: dict = {
+        return {
             "name": self.name,
             "k": self.current_k,
             "switches": self.num_switches,
             "steps_per_k": dict(sorted(self.steps_per_k.items())),
+            **self.estimator.summary(),
         }
-        if self.estimator is not None:
-            out.update(self.estimator.summary())
-        return out
 
 
 class AlwaysPolicy(SpecPolicy):
@@ -180,9 +170,6 @@ class AlwaysPolicy(SpecPolicy):
     name = "always"
     help = "k = --speculative-num-steps; the default without --speculative-adaptive"
     plain_steps_follow_draft = False  # it decodes plainly only a batch that has no request to speculate
-
-    def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
-        return self.k_max
 
     def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
         return True
@@ -197,9 +184,6 @@ class NeverPolicy(SpecPolicy):
     @classmethod
     def reachable_steps(cls, options: PolicyOptions) -> list[int]:
         return []
-
-    def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
-        return 0
 
     def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
         return False
@@ -227,9 +211,6 @@ class ThresholdPolicy(SpecPolicy):
     @classmethod
     def create(cls, options: PolicyOptions, estimator: AcceptanceEstimator, cost, exploration) -> SpecPolicy:
         return cls(options.k_max, options.threshold, estimator)
-
-    def _choose(self, rids: list[str], context_tokens: int, num_plain_only: int) -> int:
-        return self.k_max if self._would_speculate(rids, context_tokens, num_plain_only) else 0
 
     def _would_speculate(self, rids: list[str], context_tokens: int, num_plain_only: int) -> bool:
         return len(rids) + num_plain_only <= self.threshold
@@ -271,24 +252,13 @@ def policy_help() -> str:
     return ", ".join(f"{name} ({policy_class(name).help})" for name in _POLICIES)
 
 
-def default_candidates(k_max: int) -> list[int]:
-    """The k the cost policy chooses from unless told: plain, one draft and k_max."""
-    return sorted({0, 1, k_max})
-
-
 def options_from_args(args) -> PolicyOptions:
     """The policy's options from ServerArgs (its --speculative-adaptive-config file read)."""
     path = args.speculative_adaptive_config
     config = parse_adaptive_config(path) if path is not None else {}
-    return PolicyOptions(
-        k_max=args.speculative_num_steps,
-        threshold=args.speculative_threshold,
-        candidates=args.speculative_candidate_steps,
-        candidates_by_bs=config.get("candidates_by_bs"),
-        hysteresis_by_bs=config.get("hysteresis_by_bs"),
-        ema_alpha=config.get("ema_alpha"),
-        config_path=path,
-    )
+    from_config = {key: config.get(key) for key in ("candidates_by_bs", "hysteresis_by_bs", "ema_alpha")}
+    flags = (args.speculative_num_steps, args.speculative_threshold, args.speculative_candidate_steps)
+    return PolicyOptions(*flags, config_path=path, **from_config)  # k_max, threshold, candidates
 
 
 def check_flags(args) -> None:
