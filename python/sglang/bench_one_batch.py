@@ -31,7 +31,6 @@ from sglang.srt.model_executor import tp_mirror
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
-from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils import free_port
 
@@ -84,9 +83,7 @@ class StaticBatch:
         self.slot_table = self.slots.view(bs, total)
         self.rows_t = torch.tensor(self.rows, dtype=torch.int64, device=self.device)
         self.seq_len = 0
-        self.sampling = SamplingBatchInfo.from_params(
-            [SamplingParams(temperature=0)] * bs, [0] * bs, runner.model_config.vocab_size, self.device
-        )
+        self.sampling = SamplingBatchInfo.greedy(bs, runner.model_config.vocab_size, self.device)
         self.offsets = torch.zeros(bs, dtype=torch.int64, device=self.device)
 
     def prefill(self) -> torch.Tensor:

@@ -78,6 +78,14 @@ class GenerationBatchResult(HostCopies):
     )
 
 
+def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor, top_n: int) -> tuple:
+    """(log p of `tokens` [...], the top_n log p [..., top_n] and their ids, or None, None) from
+    logits [..., V]: the raw logits (before temperature and filters), as the model scores tokens."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    chosen = logprobs.gather(-1, tokens[..., None]).squeeze(-1)
+    return (chosen, *logprobs.topk(top_n, dim=-1)) if top_n > 0 else (chosen, None, None)
+
+
 class TpModelWorker:
     # The last batch's requests, their sampling tensors, and whether a penalized one had no
     # penalty row yet (see sampling_info).
@@ -177,12 +185,9 @@ class TpModelWorker:
 
     @staticmethod
     def _add_logprobs(result: GenerationBatchResult, top_n: int) -> None:
-        # From the raw logits (before temperature and filters), as the model scores the tokens.
         output = result.logits_output
-        logprobs = torch.log_softmax(output.next_token_logits.float(), dim=-1)
-        result.next_token_logprobs = logprobs.gather(1, result.next_token_ids[:, None]).squeeze(1)
-        if top_n > 0:
-            result.top_logprobs, result.top_logprob_ids = logprobs.topk(top_n, dim=-1)
+        logprobs = token_logprobs(output.next_token_logits, result.next_token_ids, top_n)
+        result.next_token_logprobs, result.top_logprobs, result.top_logprob_ids = logprobs
         result.input_token_logprobs = output.input_token_logprobs
         result.input_top_logprobs = output.input_top_logprobs
         result.input_top_logprob_ids = output.input_top_logprob_ids

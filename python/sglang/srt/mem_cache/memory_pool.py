@@ -108,6 +108,11 @@ class MHATokenToKVPool:
     def bytes_per_token(dtype: torch.dtype, num_kv_heads: int, head_dim: int, num_layers: int) -> int:
         return 2 * num_kv_heads * head_dim * num_layers * dtype.itemsize
 
+    @property
+    def token_bytes(self) -> int:
+        """The bytes one token's K and V take over every layer."""
+        return len(self.k_buffer) * 2 * self.k_buffer[0][0].numel() * self.k_buffer[0].element_size()
+
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.k_buffer[layer_id]
 

@@ -45,6 +45,11 @@ class SamplingBatchInfo:
     penalties: Optional[PenaltyRows] = None
 
     @classmethod
+    def greedy(cls, batch_size: int, vocab_size: int, device: torch.device | str) -> SamplingBatchInfo:
+        """Every row greedy, unbiased and unpenalized (a CUDA graph's or a timing's sampling)."""
+        return cls.from_params([SamplingParams(temperature=0)] * batch_size, [0] * batch_size, vocab_size, device)
+
+    @classmethod
     def from_params(
         cls,
         params: list[SamplingParams],
