@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 
 
 def eos_token_ids(model_path: str, tokenizer_path: str) -> set[int]:
@@ -202,6 +203,55 @@ class HostStaging:
             self.used[i] = True
         self.next = (i + 1) % len(self.buffers)
         return target
+
+
+# Each timing is the fastest of this many timed batches: other servers starting on the device slow
+# some batches (four 8B servers started together read batch 256's plain step as 21.5 ms).
+TIMING_TRIALS = 3
+
+
+def fastest_call(device: str, call, repeats: int, trials: int = TIMING_TRIALS) -> float:
+    """Seconds per call of `call`, from the fastest of `trials` timed batches of `repeats` calls."""
+    import torch
+
+    best = float("inf")
+    for _ in range(trials):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            call()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) / repeats)
+    return best
+
+
+class PhaseTimer:
+    """Wall time of the phases of one step (CUDA events on the GPU, read when the step is done)."""
+
+    def __init__(self, device: str):
+        self.cuda = device == "cuda"
+        self.marks: list[tuple[str, object]] = [("start", self._now())]
+
+    def _now(self):
+        if self.cuda:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(step_stream("cuda"))
+            return event
+        return time.perf_counter()
+
+    def mark(self, name: str) -> None:
+        self.marks.append((name, self._now()))
+
+    def seconds(self) -> dict[str, float]:
+        """Phase -> seconds; on the GPU only once the step has finished."""
+        out = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            out[name] = a.elapsed_time(b) / 1e3 if self.cuda else b - a
+        return out
 
 
 def is_port_available(port: int) -> bool:

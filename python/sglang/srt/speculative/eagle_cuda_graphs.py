@@ -19,7 +19,6 @@ from sglang.srt.model_executor.cuda_graph_runner import (
 )
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
-from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.speculative.spec_policy import policy_class
 from sglang.srt.utils import HostStaging
 
@@ -38,17 +37,18 @@ def capture_graphs(worker: "EAGLEWorkerV2", draft_config, target_config, server_
         return {}, None
     target, draft, steps = worker.model_runner, worker.draft_runner, worker.reachable_steps
     aux_width = 3 * target_config.hidden_size
-    target_runners = [CudaGraphRunner(target, sizes, ForwardMode.TARGET_VERIFY, k + 1, capture_aux=True) for k in steps]
-    draft_runners = [
-        CudaGraphRunner(draft, sizes, ForwardMode.DRAFT_EXTEND, k + 1, spec_hidden_width=aux_width) for k in steps
+    # Verify and draft extend of k + 1 tokens; k = 0 is this worker's plain step: the target decodes
+    # with aux capture, the draft extends by one.
+    target_runners = [
+        CudaGraphRunner(target, sizes, ForwardMode.TARGET_VERIFY if k else ForwardMode.DECODE, k + 1, capture_aux=True)
+        for k in [*steps, 0]
     ]
-    if any(k > 1 for k in steps):
-        draft_runners.append(
-            CudaGraphRunner(draft, sizes, ForwardMode.DECODE, 1, spec_hidden_width=draft_config.hidden_size)
-        )
-    # A plain step of this worker: the target decodes with aux capture, the draft extends by one.
-    target_runners.append(CudaGraphRunner(target, sizes, ForwardMode.DECODE, 1, capture_aux=True))
-    draft_runners.append(CudaGraphRunner(draft, sizes, ForwardMode.DRAFT_EXTEND, 1, spec_hidden_width=aux_width))
+    draft_runners = [
+        CudaGraphRunner(draft, sizes, ForwardMode.DRAFT_EXTEND, k + 1, spec_hidden_width=aux_width) for k in [*steps, 0]
+    ]
+    if any(k > 1 for k in steps):  # the chain's draft steps
+        chain_width = draft_config.hidden_size
+        draft_runners.append(CudaGraphRunner(draft, sizes, ForwardMode.DECODE, 1, spec_hidden_width=chain_width))
     for runner in target_runners + draft_runners:
         runner.capture()
     # Prefills (and the draft's pass over them) of up to --prefill-cuda-graph-max-tokens; last,
@@ -72,63 +72,37 @@ class SpecStepGraphs:
     worker's scratch row (its position reset inside the graph) and write their KV to slot 0."""
 
     def __init__(self, worker: "EAGLEWorkerV2", batch_sizes: list[int], k: int, draft: bool = True):
-        self.worker = worker
-        self.k, self.width = k, k + 1
+        self.worker, self.k, self.width = worker, k, k + 1
         self.draft = draft  # False (k = 0 only): the target alone, for batches the draft does not follow
-        self.batch_sizes = sorted(batch_sizes)
-        self.max_bs = self.batch_sizes[-1]
-        device = worker.device
-        self.scratch = torch.tensor([worker.scratch_row], dtype=torch.int64, device=device)
+        self.batch_sizes, self.max_bs = sorted(batch_sizes), max(batch_sizes)
+        self.scratch = torch.tensor([worker.scratch_row], dtype=torch.int64, device=worker.device)
         # A replay's inputs in one device buffer, filled by one copy from host staging: rows, KV
-        # slots, plain steps behind (catch-up plain step), opted-out flags (speculative step).
-        n, width = self.max_bs, self.width
-        self.inputs = torch.zeros(n * (width + 3), dtype=torch.int64, device=device)
-        self.slots_at, self.behind_at, self.opted_at = n, n + n * width, 2 * n + n * width
-        self.rows = self.inputs[:n]
-        self.slots = self.inputs[self.slots_at : self.behind_at]
-        self.behind = self.inputs[self.behind_at : self.opted_at]
-        self.opted_out = self.inputs[self.opted_at :]
+        # slots, and a value per row: plain steps behind (k = 0, catch-up) or opted out (k > 0).
+        n = self.max_bs
+        self.inputs = torch.zeros(n * (self.width + 2), dtype=torch.int64, device=worker.device)
+        self.slots_at, self.per_row_at = n, n + n * self.width
+        self.rows, self.slots, self.per_row = self.inputs.split([n, n * self.width, n])  # views
         self.rows.fill_(worker.scratch_row)
-        self.staging = HostStaging(self.inputs.numel(), device)
-        self.graphs: dict = {}
-        self.outputs: dict = {}
-
-    def can_run(self, bs: int, all_greedy: bool, logprobs: bool) -> bool:
-        return bs <= self.max_bs and all_greedy and not logprobs
+        self.staging = HostStaging(self.inputs.numel(), worker.device)
+        self.graphs, self.outputs = {}, {}
 
     def _run(self, bs: int):
-        self.worker.next_start.index_fill_(0, self.scratch, 0)  # padding rows start at position 0
+        worker, info = self.worker, self.greedy_info[bs]
+        rows, slots, per_row = self.rows[:bs], self.slots[: bs * self.width], self.per_row[:bs]
+        worker.next_start.index_fill_(0, self.scratch, 0)  # padding rows start at position 0
         if self.k == 0:  # (tokens [bs], probe hits [bs] or None)
-            tokens, _, hits = self.worker.plain_body(
-                self.rows[:bs],
-                self.slots[:bs],
-                self.greedy_info[bs],
-                self.behind[:bs],
-                capturing=True,
-                draft=self.draft,
-            )
+            tokens, _, hits = worker.plain_body(rows, slots, info, per_row, capturing=True, draft=self.draft)
             return tokens, hits
-        tokens, num_out, _ = self.worker.spec_body(
-            self.rows[:bs],
-            self.slots[: bs * self.width],
-            self.k,
-            self.greedy_info[bs],
-            capturing=True,
-            opted_out=self.opted_out[:bs] != 0,
-        )
+        tokens, num_out, _ = worker.spec_body(rows, slots, self.k, info, capturing=True, opted_out=per_row != 0)
         return tokens, num_out
 
     def capture(self) -> "SpecStepGraphs":
         start, held = time.perf_counter(), reserved_bytes(self.worker.device)
-        runners = (self.worker.model_runner, self.worker.draft_runner)
-        for runner in runners:
+        for runner in (self.worker.model_runner, self.worker.draft_runner):
             runner.attn_backend.init_cuda_graph_state(self.max_bs * self.width)
         # Built before capture: a host-to-device copy inside a graph would read a freed buffer.
         self.greedy_info = {
-            bs: SamplingBatchInfo.from_params(
-                [SamplingParams(temperature=0)] * bs, [0] * bs, self.worker.vocab_size, self.worker.device
-            )
-            for bs in self.batch_sizes
+            bs: SamplingBatchInfo.greedy(bs, self.worker.vocab_size, self.worker.device) for bs in self.batch_sizes
         }
         for bs in reversed(self.batch_sizes):
             self._capture_one(bs)
@@ -162,14 +136,10 @@ class SpecStepGraphs:
         at = self.slots_at
         host[at : at + bs * width] = slots
         host[at + bs * width : at + graph_bs * width] = 0
-        if self.k == 0:
-            host[self.behind_at : self.behind_at + graph_bs] = 0
-            if behind is not None:
-                host[self.behind_at : self.behind_at + bs] = behind
-        else:
-            host[self.opted_at : self.opted_at + graph_bs] = 0
-            if opted_out is not None:
-                host[self.opted_at : self.opted_at + bs] = opted_out
+        at, per_row = self.per_row_at, behind if self.k == 0 else opted_out
+        host[at : at + graph_bs] = 0
+        if per_row is not None:
+            host[at : at + bs] = per_row
         self.staging.send(self.inputs)
         self.graphs[graph_bs].replay()
         tokens, second = self.outputs[graph_bs]

@@ -20,6 +20,7 @@ are causal and stop at the last kept position). The draft's pass over a prefill 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Optional
 
@@ -30,7 +31,7 @@ from sglang.srt.bench_hooks import BenchHooks
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed.parallel_state import kv_heads_per_rank, tensor_parallel
 from sglang.srt.managers.schedule_batch import ScheduleBatch
-from sglang.srt.managers.tp_worker import GenerationBatchResult, HostCopies, TpModelWorker
+from sglang.srt.managers.tp_worker import GenerationBatchResult, HostCopies, TpModelWorker, token_logprobs
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.model_loader.eagle3_formats import draft_model_config
 from sglang.srt.model_loader.loader import weight_bytes
@@ -40,20 +41,14 @@ from sglang.srt.sampling.penalties import PenaltyCounts
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.simulated_acceptance import SimulatedAcceptance
 from sglang.srt.server_args import MAX_SPECULATIVE_STEPS, ServerArgs
-from sglang.srt.speculative.spec_sampling import (
-    ChainVerdict,
-    draw_draft,
-    filtered_probs,
-    verify_greedy,
-    verify_sampled,
-)
+from sglang.srt.speculative.spec_sampling import ChainVerdict, draw_draft, filtered_probs, verify_greedy, verify_sampled
 from sglang.srt.speculative.spec_grammar import GrammarLookahead, masked_draft_logits
-from sglang.srt.speculative.draft_catch_up import DraftCatchUp
+from sglang.srt.speculative.draft_catch_up import DraftCatchUp, draft_extend, rows_batch
 from sglang.srt.speculative.eagle_cuda_graphs import capture_graphs
 from sglang.srt.speculative.spec_policy import reachable_steps
-from sglang.srt.speculative.spec_stats import PhaseTimer, SpecStats
+from sglang.srt.speculative.spec_stats import SpecStats
 from sglang.srt.speculative.step_costs import measure_step_costs
-from sglang.srt.utils import host_to_device
+from sglang.srt.utils import PhaseTimer, host_to_device
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +65,7 @@ class SpecStepResult(HostCopies):
     token_logprobs: Optional[torch.Tensor] = None  # float32[bs, k + 1]
     top_logprobs: Optional[torch.Tensor] = None  # float32[bs, k + 1, N]
     top_logprob_ids: Optional[torch.Tensor] = None
-    timer: Optional["PhaseTimer"] = None
+    timer: Optional[PhaseTimer] = None
     # A plain step's free probe: whether the draft's guess d_1 was the target's token (bool[bs]).
     probe_hits: Optional[torch.Tensor] = None
 
@@ -85,13 +80,10 @@ class EAGLEWorkerV2(TpModelWorker):
     row no request gets), `reachable_steps` and `step_graphs`."""
 
     def __init__(self, server_args: ServerArgs, model_config: ModelConfig, hooks: BenchHooks = bench_hooks.OFF):
-        self.device = server_args.device
-        self.model_config = model_config
-        self.k = server_args.speculative_num_steps
+        self.device, self.model_config, self.k = server_args.device, model_config, server_args.speculative_num_steps
         draft_config = self._make_runners(server_args, model_config)
         rows = self.model_runner.req_to_token_pool.size
         self.vocab_size = model_config.vocab_size
-        self.draft_vocab_size = self.draft_model.draft_vocab_size
         # Penalties apply in the prefill, the plain step and at every verify position (the drafts
         # before it counted), never to the drafts themselves.
         self.penalty_counts = PenaltyCounts(self.vocab_size, self.device)
@@ -104,42 +96,37 @@ class EAGLEWorkerV2(TpModelWorker):
         self.simulated = None if simulated is None else SimulatedAcceptance(simulated, self.k, rows, self.device)
         self.reachable_steps = reachable_steps(server_args)  # every k > 0 the policy can choose
         self.step_graphs, self.target_step_graphs = capture_graphs(self, draft_config, model_config, server_args)
+        steps = self.reachable_steps
+        plan = "" if steps == [self.k] else f" (each step plain or k in {steps})" if steps else " (plain steps only)"
         logger.info(
             "EAGLE-3: draft %s (%d layer, draft vocabulary %d), k = %d, aux layers %s; policy %s%s",
             server_args.speculative_draft_model_path,
             draft_config.num_hidden_layers,
-            self.draft_vocab_size,
+            len(self.draft_to_target),
             self.k,
             list(self.draft_runner.aux_layer_ids),
             server_args.speculative_policy,
-            _policy_steps(self.reachable_steps, self.k),
+            plan,
         )
 
     def _make_runners(self, server_args: ServerArgs, model_config: ModelConfig) -> ModelConfig:
         """The target's ModelRunner (its memory plan counting the draft) and the draft's."""
-        draft_config = draft_model_config(
-            server_args.speculative_draft_model_path,
-            server_args.dtype,
-            self.device,
-            model_config,
-            server_args.load_format,
-        )
+        path, load_format = server_args.speculative_draft_model_path, server_args.load_format
+        draft_config = draft_model_config(path, server_args.dtype, self.device, model_config, load_format)
         # Verify and chain positions run up to k past a request's last kept token.
         margin = MAX_SPECULATIVE_STEPS + 1
         model_config.hf_config.max_position_embeddings = model_config.context_len + margin
         draft_config.hf_config.max_position_embeddings = model_config.context_len + margin
+        heads = kv_heads_per_rank(draft_config.num_key_value_heads, tensor_parallel().size)
         draft_kv = MHATokenToKVPool.bytes_per_token(
-            draft_config.dtype,
-            kv_heads_per_rank(draft_config.num_key_value_heads, tensor_parallel().size),
-            draft_config.head_dim,
-            draft_config.num_hidden_layers,
+            draft_config.dtype, heads, draft_config.head_dim, draft_config.num_hidden_layers
         )
         self.model_runner = ModelRunner(
             model_config,
             server_args,
             draft_kv_bytes_per_token=draft_kv,
             extra_positions=margin,
-            reserve_bytes=weight_bytes(draft_config, server_args.load_format),
+            reserve_bytes=weight_bytes(draft_config, load_format),
             extra_rows=1,
             capture_prefill_graphs=False,
         )
@@ -149,21 +136,17 @@ class EAGLEWorkerV2(TpModelWorker):
         return draft_config
 
     def _make_row_state(self, rows: int, draft_config: ModelConfig, grammars: bool) -> None:
-        device, draft_vocab = self.device, self.draft_vocab_size
-        self.next_draft = torch.zeros(rows, dtype=torch.int64, device=device)  # d_1, target ids
-        self.next_draft_probs = torch.zeros(rows, draft_vocab, dtype=torch.float32, device=device)
-        self.draft_to_target = self.draft_model.to_target_ids(torch.arange(draft_vocab, device=device))
+        zeros, draft_vocab = functools.partial(torch.zeros, device=self.device), self.draft_model.draft_vocab_size
+        self.draft_to_target = self.draft_model.to_target_ids(torch.arange(draft_vocab, device=self.device))
+        self.next_draft = zeros(rows, dtype=torch.int64)  # d_1, target ids
+        self.next_draft_probs = zeros(rows, draft_vocab, dtype=torch.float32)
         # Constrained rows redraw d_1 under their grammar from these logits (kept while a batch has
         # a constrained request).
         self.keep_draft_logits = False
-        self.next_draft_logits = None
-        if grammars:
-            self.next_draft_logits = torch.zeros(rows, draft_vocab, dtype=draft_config.dtype, device=device)
-        self.next_hidden = torch.zeros(rows, draft_config.hidden_size, dtype=draft_config.dtype, device=device)
+        self.next_draft_logits = zeros(rows, draft_vocab, dtype=draft_config.dtype) if grammars else None
+        self.next_hidden = zeros(rows, draft_config.hidden_size, dtype=draft_config.dtype)
         # The next step's input token x (verified, no KV yet), its position m, and its output index.
-        self.next_input = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.next_start = torch.zeros(rows, dtype=torch.int64, device=device)
-        self.next_offset = torch.zeros(rows, dtype=torch.int64, device=device)
+        self.next_input, self.next_start, self.next_offset = (zeros(rows, dtype=torch.int64) for _ in range(3))
 
     def _advance_rows(self, rows, next_input, next_start, next_offset) -> None:
         self.next_input[rows] = next_input
@@ -192,10 +175,7 @@ class EAGLEWorkerV2(TpModelWorker):
         fb.capture_aux_hidden_states = bool(warm)
         result, info = self.forward_and_sample(batch, fb, offsets)
         next_ids = result.next_token_ids
-        if warm:
-            self.draft_catch_up.prefill(
-                batch, fb, result.logits_output.aux_hidden_states, next_ids, info, offsets, warm
-            )
+        self.draft_catch_up.prefill(batch, fb, result.logits_output.aux_hidden_states, next_ids, info, offsets, warm)
         if self.simulated is not None:
             self.simulated.admit(batch.reqs, fb.req_pool_indices)
         self._advance_rows(fb.req_pool_indices, next_ids, fb.seq_lens, offsets + 1)
@@ -205,41 +185,26 @@ class EAGLEWorkerV2(TpModelWorker):
     def forward_spec_step(self, batch: ScheduleBatch) -> SpecStepResult:
         """Reads each request's input, position and output index from the device rows, so it can
         launch before the previous step's accepted lengths reach the host."""
-        k = self.k if batch.spec_steps is None else batch.spec_steps
-        timer = self._phase_timer()
+        k, timer = batch.spec_steps, self._phase_timer()
         row_ids = [req.req_pool_idx for req in batch.reqs]
         rows = self._draft_work(batch, row_ids)
-        # Requests the draft does not follow take plain decoding's token.
-        opted = [not req.speculates for req in batch.reqs]
-        any_opted = any(opted)
+        opted = [not req.speculates for req in batch.reqs]  # rows that take plain decoding's token
         graphs = self.step_graphs.get(k)
         if _replays(graphs, batch):
-            tokens, num_out = graphs.replay(
-                row_ids, batch.out_cache_loc_host.numpy(), opted_out=opted if any_opted else None
-            )
+            tokens, num_out = graphs.replay(row_ids, batch.out_cache_loc_host.numpy(), opted_out=opted)
             if timer is not None:
                 timer.mark("step")
             return self._launched(batch, SpecStepResult(tokens=tokens, num_out=num_out, timer=timer))
         rows = host_to_device(row_ids, self.device) if rows is None else rows
-        opted_out = host_to_device(opted, self.device).bool() if any_opted else None
-        info = self.sampling_info(batch.reqs)
+        opted_out = host_to_device(opted, self.device).bool() if any(opted) else None
+        info, slots = self.sampling_info(batch.reqs), self._device_slots(batch)
         grammar = None if batch.grammars is None else GrammarLookahead(batch.grammars, self.vocab_size, self.device)
         tokens, num_out, target_logits = self.spec_body(
-            rows, self._device_slots(batch), k, info, timer, opted_out=opted_out, grammar=grammar
+            rows, slots, k, info, timer, opted_out=opted_out, grammar=grammar
         )
         return self._launched(batch, SpecStepResult(tokens=tokens, num_out=num_out, timer=timer), target_logits)
 
-    def spec_body(
-        self,
-        rows: torch.Tensor,
-        out_cache_loc: torch.Tensor,
-        k: int,
-        info: SamplingBatchInfo,
-        timer: Optional["PhaseTimer"] = None,
-        capturing: bool = False,
-        opted_out: Optional[torch.Tensor] = None,
-        grammar: Optional[GrammarLookahead] = None,
-    ):
+    def spec_body(self, rows, out_cache_loc, k: int, info, timer=None, capturing=False, opted_out=None, grammar=None):
         """One speculative step of `rows` over the slots `out_cache_loc` ([bs * (k + 1)]); returns
         (tokens [bs, k + 1], num_out [bs], target logits). All else it touches is device state, so
         a graph can capture it (`capturing`: sub-forwards run eagerly). `opted_out` (bool[bs]):
@@ -251,37 +216,25 @@ class EAGLEWorkerV2(TpModelWorker):
         offsets = self.next_offset[rows]  # output index of each row's first token this step
         slots = out_cache_loc.view(bs, width)
         # The slots hold positions m .. m + k: the table is written here, as the host may not know m.
-        steps = torch.arange(width, device=self.device)
+        positions = starts[:, None] + torch.arange(width, device=self.device)
         table = self.model_runner.req_to_token_pool.req_to_token
-        table[rows[:, None], starts[:, None] + steps] = slots.to(table.dtype)
+        table[rows[:, None], positions] = slots.to(table.dtype)
         drafts, draft_probs = self._draft_chain(rows, starts, offsets, slots, k, info, forward_draft, grammar)
         if timer is not None:
             timer.mark("draft")
         # The target over [x, d_1 .. d_k] at positions m .. m + k, aux states captured.
-        verify_fb = _rows_batch(
-            ForwardMode.TARGET_VERIFY,
-            rows,
-            torch.cat([self.next_input[rows][:, None], torch.stack(drafts, dim=1)], dim=1).reshape(-1),
-            (starts[:, None] + steps).reshape(-1),
-            starts + width,
-            out_cache_loc,
-            width,
-            return_all_logits=True,
-            capture_aux_hidden_states=True,
+        verify_ids = torch.cat([self.next_input[rows][:, None], torch.stack(drafts, dim=1)], dim=1).reshape(-1)
+        verify_fb = rows_batch(
+            ForwardMode.TARGET_VERIFY, rows, verify_ids, positions.reshape(-1), starts + width, out_cache_loc, width
         )
+        verify_fb.return_all_logits = verify_fb.capture_aux_hidden_states = True
         verify_out = forward_target(verify_fb)
         target_logits = verify_out.next_token_logits.view(bs, width, -1)
         verdict = self._accept(rows, target_logits, drafts, draft_probs, info, starts, offsets, opted_out, grammar)
         if timer is not None:
             timer.mark("verify")
         # Draft extend over the verified positions, fed the output tokens (shifted by one).
-        extend_fb = dataclasses.replace(
-            verify_fb,
-            forward_mode=ForwardMode.DRAFT_EXTEND,
-            input_ids=verdict.tokens.reshape(-1),
-            capture_aux_hidden_states=False,
-            spec_hidden_states=verify_out.aux_hidden_states,
-        )
+        extend_fb = draft_extend(verify_fb, verdict.tokens.reshape(-1), verify_out.aux_hidden_states)
         self._after_verify(rows, forward_draft(extend_fb), verdict, width, info, starts, offsets)
         if timer is not None:
             timer.mark("extend")
@@ -294,18 +247,12 @@ class EAGLEWorkerV2(TpModelWorker):
         draft_probs = [] if info.is_all_greedy else [self.next_draft_probs[rows]]
         if grammar is not None:  # constrained rows redraw d_1 under their grammar
             grammar.redraw_first_draft(
-                self.next_draft_logits[rows],
-                self.draft_to_target,
-                self.draft_model.to_target_ids,
-                info,
-                offsets,
-                drafts,
-                draft_probs,
+                self.next_draft_logits[rows], self.draft_to_target, info, offsets, drafts, draft_probs
             )
         hidden = self.next_hidden[rows]
         for j in range(1, k):
             positions, seq_lens, slot = starts + j - 1, starts + j, slots[:, j - 1].contiguous()
-            fb = _rows_batch(
+            fb = rows_batch(
                 ForwardMode.DECODE, rows, drafts[-1], positions, seq_lens, slot, 1, spec_hidden_states=hidden
             )
             out = forward_draft(fb)
@@ -313,7 +260,7 @@ class EAGLEWorkerV2(TpModelWorker):
             if grammar is not None:  # d_{j+1} under the mask after d_1 .. d_j
                 grammar.advance(drafts[-1])
                 logits = masked_draft_logits(logits, grammar.next_mask(), self.draft_to_target)
-            drafts.append(self.draft_model.to_target_ids(draw_draft(logits, info, offsets + j)))
+            drafts.append(self.draft_to_target[draw_draft(logits, info, offsets + j)])
             if not info.is_all_greedy:  # q is only read by rejection sampling
                 draft_probs.append(filtered_probs(logits, info))
             hidden = out.hidden_states
@@ -323,7 +270,6 @@ class EAGLEWorkerV2(TpModelWorker):
         """The verdict on the drafts (ChainVerdict), each position judged against the distribution
         plain decoding samples from there (grammar mask, penalties counting the drafts before it,
         logit_bias); opted-out rows take plain decoding's token."""
-        bs, k = rows.shape[0], len(drafts)
         draft_tokens = torch.stack(drafts, dim=1)
         if grammar is not None:
             grammar.advance(drafts[-1])
@@ -337,9 +283,8 @@ class EAGLEWorkerV2(TpModelWorker):
         elif info.is_all_greedy:
             verdict = verify_greedy(target_logits, draft_tokens)
         else:
-            q = torch.stack(draft_probs, dim=1)  # [bs, k, draft vocab]
-            q_full = torch.zeros(bs, k, self.vocab_size, dtype=torch.float32, device=self.device)
-            q_full.index_add_(2, self.draft_to_target, q)
+            q = torch.stack(draft_probs, dim=1)  # float32[bs, k, draft vocab], to the target vocabulary:
+            q_full = q.new_zeros(*q.shape[:2], self.vocab_size).index_add_(2, self.draft_to_target, q)
             verdict = verify_sampled(target_logits, draft_tokens, q_full, info, offsets)
         if opted_out is not None:
             plain = self.model_runner.sample(target_logits[:, 0], info, offsets)
@@ -382,17 +327,13 @@ class EAGLEWorkerV2(TpModelWorker):
     def _launched(self, batch: ScheduleBatch, result: SpecStepResult, target_logits=None) -> SpecStepResult:
         """`result` with logprobs where asked (from the raw logits, as the plain worker's), sent host-ward."""
         if any(req.return_logprob for req in batch.reqs):
-            if target_logits.dim() == 2:  # a plain step's
-                target_logits = target_logits[:, None]
-            logprobs = torch.log_softmax(target_logits.float(), dim=-1)
-            result.token_logprobs = logprobs.gather(2, result.tokens[:, :, None]).squeeze(2)
-            top_n = max(req.top_logprobs_num for req in batch.reqs)
-            if top_n > 0:
-                result.top_logprobs, result.top_logprob_ids = logprobs.topk(top_n, dim=-1)
+            logits = target_logits if target_logits.dim() == 3 else target_logits[:, None]  # a plain step's: [bs, V]
+            logprobs = token_logprobs(logits, result.tokens, max(req.top_logprobs_num for req in batch.reqs))
+            result.token_logprobs, result.top_logprobs, result.top_logprob_ids = logprobs
         result.start_copy_to_host()
         return result
 
-    def _phase_timer(self) -> Optional["PhaseTimer"]:
+    def _phase_timer(self) -> Optional[PhaseTimer]:
         self._steps_since_timed = (self._steps_since_timed + 1) % PHASE_TIMED_EVERY
         return PhaseTimer(self.device) if self._steps_since_timed == 1 % PHASE_TIMED_EVERY else None
 
@@ -412,43 +353,23 @@ class EAGLEWorkerV2(TpModelWorker):
             batch.out_cache_loc = batch.out_cache_loc_host.to(self.device, non_blocking=True)
         return batch.out_cache_loc
 
-    def plain_body(
-        self,
-        rows: torch.Tensor,
-        out_cache_loc: torch.Tensor,
-        info: SamplingBatchInfo,
-        behind: Optional[torch.Tensor] = None,
-        capturing: bool = False,
-        draft: bool = True,
-        grammars: Optional[list] = None,
-    ):
+    def plain_body(self, rows, out_cache_loc, info, behind=None, capturing=False, draft=True, grammars=None):
         """The plain step of `rows` over the slots `out_cache_loc` ([bs]): the target decodes one
         token with aux capture, then the draft follows: a one-token extend (warm), or the aux states
         buffered at column `behind` (catch-up). Returns (tokens, target logits, probe hits or None).
         Capturable like spec_body. `draft` False: the target alone, without aux states."""
-        bs = rows.shape[0]
         forward_target = self.model_runner.forward_eager if capturing else self.model_runner.forward
         forward_draft = self.draft_runner.forward_eager if capturing else self.draft_runner.forward
         starts, offsets = self.next_start[rows], self.next_offset[rows]
         table = self.model_runner.req_to_token_pool.req_to_token
         table[rows, starts] = out_cache_loc.to(table.dtype)
-        fb = _rows_batch(
-            ForwardMode.DECODE,
-            rows,
-            self.next_input[rows],
-            starts,
-            starts + 1,
-            out_cache_loc,
-            1,
-            capture_aux_hidden_states=draft,
-        )
+        fb = rows_batch(ForwardMode.DECODE, rows, self.next_input[rows], starts, starts + 1, out_cache_loc, 1)
+        fb.capture_aux_hidden_states = draft
         out = forward_target(fb)
         next_ids = self.model_runner.sample(self.adjust_logits(out.next_token_logits, grammars, info), info, offsets)
         self.penalty_counts.count(next_ids, info.penalties)
         hits = None
         if draft and self.draft_sync == "catch-up":
-            if behind is None:
-                behind = torch.zeros(bs, dtype=torch.int64, device=self.device)
             self.draft_catch_up.buffer(rows, out.aux_hidden_states, next_ids, behind)
         elif draft:
             hits = self._keep_draft_warm(fb, out, next_ids, info, offsets, forward_draft)
@@ -458,21 +379,10 @@ class EAGLEWorkerV2(TpModelWorker):
     def _keep_draft_warm(self, fb: ForwardBatch, out, next_ids, info, offsets, forward_draft) -> torch.Tensor:
         """A warm plain step's draft extend; returns the probe hits (bool[bs]): whether the stored
         guess d_1 was the target's token, an acceptance sample for free."""
-        rows, starts = fb.req_pool_indices, fb.positions
-        if self.simulated is None:
-            hits = self.next_draft[rows] == next_ids
-        else:
-            hits = self.simulated.probe_hits(starts, rows)
+        rows, simulated = fb.req_pool_indices, self.simulated
+        hits = self.next_draft[rows] == next_ids if simulated is None else simulated.probe_hits(fb.positions, rows)
         # Every token is its row's last: no host-made index, which a capture could not copy.
-        draft_fb = dataclasses.replace(
-            fb,
-            forward_mode=ForwardMode.DRAFT_EXTEND,
-            input_ids=next_ids,
-            capture_aux_hidden_states=False,
-            spec_hidden_states=out.aux_hidden_states,
-            return_all_logits=True,
-        )
-        draft_out = forward_draft(draft_fb)
+        draft_out = forward_draft(draft_extend(fb, next_ids, out.aux_hidden_states, return_all_logits=True))
         self.store_next_draft(rows, draft_out.next_token_logits, draft_out.hidden_states, info, offsets + 1)
         return hits
 
@@ -481,8 +391,7 @@ class EAGLEWorkerV2(TpModelWorker):
 
     def store_next_draft(self, rows, logits, hidden, info: SamplingBatchInfo, offsets) -> None:
         """Draw d_1 for the step after this one and keep it with q and the hidden state."""
-        draft_ids = draw_draft(logits, info, offsets)
-        self.next_draft[rows] = self.draft_model.to_target_ids(draft_ids)
+        self.next_draft[rows] = self.draft_to_target[draw_draft(logits, info, offsets)]
         if not info.is_all_greedy:  # a greedy request never reads its q
             self.next_draft_probs[rows] = filtered_probs(logits, info)
         self.next_hidden[rows] = hidden.to(self.next_hidden.dtype)
@@ -490,43 +399,15 @@ class EAGLEWorkerV2(TpModelWorker):
             self.next_draft_logits[rows] = logits.to(self.next_draft_logits.dtype)
 
 
-def _rows_batch(mode, rows, input_ids, positions, seq_lens, out_cache_loc, width: int, **fields) -> ForwardBatch:
-    """A forward of `width` tokens per row, whose lengths only the device knows."""
-    bs = rows.shape[0]
-    return ForwardBatch(
-        forward_mode=mode,
-        batch_size=bs,
-        input_ids=input_ids,
-        positions=positions,
-        req_pool_indices=rows,
-        seq_lens=seq_lens,
-        out_cache_loc=out_cache_loc,
-        seq_lens_cpu=None,
-        extend_seq_lens_cpu=[width] * bs,
-        extend_prefix_lens_cpu=None,
-        **fields,
-    )
-
-
-def _policy_steps(reachable: list[int], k: int) -> str:
-    if not reachable:
-        return " (plain steps only)"
-    return "" if reachable == [k] else f" (each step plain or k in {reachable})"
-
-
 def _graph_sampling(reqs) -> bool:
     """Whether every request samples as the whole-step graphs do: greedy, no logit_bias or penalty."""
-    return all(
-        req.sampling_params.is_greedy and not req.sampling_params.logit_bias and not req.sampling_params.penalized
-        for req in reqs
-    )
+    params = [req.sampling_params for req in reqs]
+    return all(p.is_greedy and not p.logit_bias and not p.penalized for p in params)
 
 
 def _replays(graphs, batch: ScheduleBatch) -> bool:
-    """Whether a step replays its whole-step graph (no logprobs, no grammars: their masks are host-made)."""
-    logprobs = any(req.return_logprob for req in batch.reqs)
-    return (
-        graphs is not None
-        and batch.grammars is None
-        and graphs.can_run(batch.batch_size, _graph_sampling(batch.reqs), logprobs)
-    )
+    """Whether a step replays its whole-step graph: one fits, every request samples as it does, and
+    none asks for logprobs or a grammar (whose masks are host-made)."""
+    if graphs is None or batch.grammars is not None or batch.batch_size > graphs.max_bs:
+        return False
+    return _graph_sampling(batch.reqs) and not any(req.return_logprob for req in batch.reqs)

@@ -33,26 +33,21 @@ class GrammarLookahead:
     def advance(self, tokens: torch.Tensor) -> None:
         """Walks each live matcher over its row's draft (int64[bs]; read on the host)."""
         for row, token in enumerate(tokens.tolist()):
-            matcher = self.matchers[row]
-            if not self.live[row]:
-                continue
-            if matcher.accept_token(token):
-                self.walked[row] += 1
-                self.live[row] = not matcher.is_terminated()
-            else:
-                self.live[row] = False
+            if self.live[row]:
+                matcher = self.matchers[row]
+                accepted = matcher.accept_token(token)
+                self.walked[row] += accepted
+                self.live[row] = accepted and not matcher.is_terminated()
 
     def verify_mask(self) -> torch.Tensor:
         """bool[bs, k + 1, vocab]: the masks of the step's positions, in order."""
         return torch.stack(self.masks, dim=1)
 
-    def redraw_first_draft(
-        self, kept_logits, draft_to_target, to_target_ids, info, offsets, drafts: list, draft_probs: list
-    ) -> None:
+    def redraw_first_draft(self, kept_logits, draft_to_target, info, offsets, drafts: list, draft_probs: list) -> None:
         """d_1 of the constrained rows drawn again (same random numbers) from the draft's kept
         logits under the first position's mask, in place in `drafts` and `draft_probs`."""
         logits = masked_draft_logits(kept_logits.float(), self.next_mask(), draft_to_target)
-        drafts[0] = torch.where(self.constrained_rows, to_target_ids(draw_draft(logits, info, offsets)), drafts[0])
+        drafts[0] = torch.where(self.constrained_rows, draft_to_target[draw_draft(logits, info, offsets)], drafts[0])
         if draft_probs:
             draft_probs[0] = torch.where(self.constrained_rows[:, None], filtered_probs(logits, info), draft_probs[0])
 

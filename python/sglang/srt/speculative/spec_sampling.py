@@ -79,15 +79,14 @@ def verify_sampled(
     step_offsets = (offsets[:, None] + torch.arange(width, device=offsets.device)).reshape(-1)
     p_draft = p[:, :k].gather(2, drafts[:, :, None]).squeeze(2)
     q_draft = draft_probs.gather(2, drafts[:, :, None]).squeeze(2)
-    u = uniform(_repeat(info.seeds, width), step_offsets, 1, STREAM_ACCEPT).view(bs, width)[:, :k]
+    u = uniform(step_info.seeds, step_offsets, 1, STREAM_ACCEPT).view(bs, width)[:, :k]
     # u < p/q  <=>  u * q < p (q > 0 for a drawn draft); greedy rows have one-hot p and q.
     accepted = (u * q_draft < p_draft).long()
     num_accepted = accepted.cumprod(dim=1).sum(dim=1)
     # Where the chain stops: the residual max(0, p - q) after a rejection, p itself after k accepts.
     residual = torch.cat([(p[:, :k] - draft_probs).clamp_min(0), p[:, k:]], dim=1)
     stop = residual.gather(1, num_accepted[:, None, None].expand(bs, 1, vocab)).squeeze(1)
-    stop_offsets = offsets + num_accepted
-    noise = gumbel_noise(info.seeds, stop_offsets, vocab, STREAM_RESAMPLE)
+    noise = gumbel_noise(info.seeds, offsets + num_accepted, vocab, STREAM_RESAMPLE)
     # argmax(log w + Gumbel) draws from w / sum(w); zero-weight tokens get -inf.
     resampled = (torch.log(stop) + noise).argmax(-1)
     tokens = torch.cat([drafts, drafts[:, :1]], dim=1)
@@ -96,23 +95,11 @@ def verify_sampled(
     greedy = verify_greedy(target_logits, drafts)
     mask = info.greedy_mask
     return ChainVerdict(
-        tokens=torch.where(mask[:, None], greedy.tokens, tokens),
-        num_out=torch.where(mask, greedy.num_out, num_accepted + 1),
+        torch.where(mask[:, None], greedy.tokens, tokens), torch.where(mask, greedy.num_out, num_accepted + 1)
     )
-
-
-def _repeat(t: torch.Tensor, n: int) -> torch.Tensor:
-    return t.repeat_interleave(n, dim=0)
 
 
 def _repeat_rows(info: SamplingBatchInfo, n: int) -> SamplingBatchInfo:
     """The batch info with every row repeated n times (one row per verified position)."""
-    return dataclasses.replace(
-        info,
-        temperatures=_repeat(info.temperatures, n),
-        top_ps=_repeat(info.top_ps, n),
-        top_ks=_repeat(info.top_ks, n),
-        min_ps=_repeat(info.min_ps, n),
-        seeds=_repeat(info.seeds, n),
-        greedy_mask=_repeat(info.greedy_mask, n),
-    )
+    rows = ("temperatures", "top_ps", "top_ks", "min_ps", "seeds", "greedy_mask")
+    return dataclasses.replace(info, **{name: getattr(info, name).repeat_interleave(n, dim=0) for name in rows})
