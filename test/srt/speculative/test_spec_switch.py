@@ -146,8 +146,19 @@ def tiny_paths(tiny_model_paths, tmp_path_factory):
     return target, make_tiny_eagle3_draft(str(tmp_path_factory.mktemp("switch_draft")), target, draft_vocab_size=200)
 
 
+def plain_reference(pair: tuple[str, str]) -> dict:
+    """run(pair)'s outputs with plain decoding (greedy: the same on every call), computed once per
+    pair: a dozen tests compare against it."""
+    if pair not in _plain_outputs:
+        _plain_outputs[pair], _ = run(pair, overlap=False, spec=None)
+    return _plain_outputs[pair]
+
+
+_plain_outputs: dict[tuple[str, str], dict] = {}
+
+
 def check_against_plain(pair, overlap: bool, policy: str) -> dict:
-    reference, _ = run(pair, overlap=False, spec=None)
+    reference = plain_reference(pair)
     outputs, state = run(pair, overlap, POLICIES[policy], alternating_k if policy == "alternating" else None)
     assert outputs[ABORTED]["reason"]["type"] == "abort"
     for rid in ("r0", "r1", "r3", "r4"):
@@ -213,7 +224,7 @@ def test_a_policy_registered_from_outside_serves_plain_decodings_output(demo_pat
     assert "every-other (k_max on every other step)" in " ".join(capsys.readouterr().out.split())
     args = ["--speculative-algorithm", "EAGLE3", "--speculative-num-steps", "3"]
     assert prepare_server_args(args + ["--speculative-policy", "every-other"]).speculative_policy == "every-other"
-    reference, _ = run(demo_paths, overlap=False, spec=None)
+    reference = plain_reference(demo_paths)
     outputs, state = run(demo_paths, overlap=True, spec=dict(speculative_policy="every-other"))
     for rid in ("r0", "r1", "r3", "r4"):
         assert outputs[rid] == reference[rid], rid
@@ -468,7 +479,7 @@ def test_catch_up_strategy_gives_plain_decodings_output(demo_paths, policy, over
     step first extends the draft over the positions it missed. Output, aborts, radix hits and
     the KV accounting as with the warm draft."""
     spec = {**POLICIES[policy], "speculative_draft_sync": "catch-up"}
-    reference, _ = run(demo_paths, overlap=False, spec=None)
+    reference = plain_reference(demo_paths)
     outputs, state = run(demo_paths, overlap, spec, alternating_k if policy == "alternating" else None)
     for rid in ("r0", "r1", "r3", "r4"):
         assert outputs[rid] == reference[rid], (policy, overlap, rid)

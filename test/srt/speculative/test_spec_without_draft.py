@@ -103,6 +103,18 @@ def run_prompts(scheduler: Scheduler, max_new: list[int]) -> dict:
     return out
 
 
+def plain_outputs(overlap: bool, max_new: list[int]) -> dict:
+    """run_prompts with plain decoding (greedy: the same on every call), computed once per
+    arguments: the parametrized tests below compare against the same plain runs."""
+    key = (overlap, tuple(max_new))
+    if key not in _plain_outputs:
+        _plain_outputs[key] = run_prompts(make_scheduler(overlap), max_new)
+    return _plain_outputs[key]
+
+
+_plain_outputs: dict[tuple, dict] = {}
+
+
 def scheduler_rids(scheduler: Scheduler) -> set[str]:
     return {r.rid for r in list(scheduler.waiting_queue) + scheduler.running_reqs}
 
@@ -169,7 +181,7 @@ def test_the_threshold_policy_admits_past_its_threshold_without_the_draft():
     batch of 2 speculates (too few of its tokens are left for the draft to adopt it)."""
     max_new = [3, 30, 3, 30]
 
-    plain_out = run_prompts(make_scheduler(), max_new)
+    plain_out = plain_outputs(False, max_new)
     scheduler = make_scheduler(speculative_policy="threshold", speculative_threshold=2)
     out = run_prompts(scheduler, max_new)
     assert all(out[f"r{i}"] == plain_out[f"r{i}"] for i in range(4))
@@ -278,7 +290,7 @@ def test_a_request_admitted_without_the_draft_speculates_once_the_load_drops(ove
     states) and it speculates for the rest of its run, with plain decoding's output."""
     max_new = [3, 3, 3, 120]
 
-    plain_out = run_prompts(make_scheduler(overlap), max_new)
+    plain_out = plain_outputs(overlap, max_new)
     scheduler = make_scheduler(
         overlap, speculative_policy="threshold", speculative_threshold=2, speculative_draft_sync=sync
     )
@@ -414,7 +426,7 @@ def test_the_draft_stops_following_while_plain_decoding_holds_and_adopts_when_th
     from sglang.srt.managers.spec_scheduling import DROP_AFTER_PLAIN_STEPS
 
     max_new = [60, 60, 200, 200]
-    plain_out = run_prompts(make_scheduler(True), max_new)
+    plain_out = plain_outputs(True, max_new)
     scheduler = make_scheduler(
         True, speculative_policy="threshold", speculative_threshold=2, speculative_draft_sync=sync
     )
