@@ -415,7 +415,7 @@ def test_a_stream_ending_early_fails_saying_how_it_ended(backend, ending):
     assert result.error.startswith(f"the stream ended before the request finished: {expected}"), result.error
 
 
-def test_a_measured_run_freezes_the_clients_objects_out_of_the_collector_and_gives_them_back():
+def test_a_measured_run_freezes_the_clients_objects_out_of_the_collector_and_gives_them_back(unfrozen_collector):
     """A full collector pass over the client's ~300K objects (imports, tokenizer, dataset) paused it
     for ~140 ms, time its requests would count as the server's: during a run they are frozen."""
     import asyncio

@@ -14,7 +14,7 @@ from sglang.srt.server_args import ServerArgs
 
 
 @pytest.fixture
-def unfrozen():
+def unfrozen(unfrozen_collector):
     yield
     for callback in [c for c in gc.callbacks if isinstance(c, GcWatch)]:
         gc.callbacks.remove(callback)
