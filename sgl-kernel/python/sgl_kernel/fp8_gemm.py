@@ -38,6 +38,11 @@ __all__ = ["block_fp8_gemm", "block_fp8_gemm_ref", "scaled_fp8_gemm", "scaled_fp
 E4M3_MAX = tl.constexpr(448.0)
 TINY = tl.constexpr(1.1754943508222875e-38)  # float32's smallest normal: the scale of an all-zero group
 GROUP_K = tl.constexpr(GROUP)
+# Hopper's fp8 MMA sums each instruction's 32 products in reduced precision, and by default Triton
+# chains a whole tl.dot's instructions that way. Adding each instruction's sum to the fp32
+# accumulator (max_num_imprecise_acc) keeps the error of an 8B layer's product near cuBLAS's:
+# chained over 128, outputs were off their fp32 references by up to 1.9% of the largest on an H100.
+FP8_MMA_K = tl.constexpr(32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,7 +130,7 @@ def _block_fp8_gemm_kernel(
         x_scale = scale_of(tl.max(tl.abs(xt.to(tl.float32)), axis=1))
         xq = quantize(xt.to(tl.float32), x_scale[:, None])
         w_s = tl.load(s_ptrs + group, mask=n_ok, other=0.0)
-        acc += tl.dot(xq, tl.trans(wt)) * x_scale[:, None] * w_s[None, :]
+        acc += tl.dot(xq, tl.trans(wt), max_num_imprecise_acc=FP8_MMA_K) * x_scale[:, None] * w_s[None, :]
         x_ptrs += GROUP_K
         w_ptrs += GROUP_K
     _store(y, acc, bias, rows, cols, m_ok, n_ok, stride_ym, HAS_BIAS)
@@ -190,8 +195,8 @@ def _scaled_fp8_gemm_kernel(
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         at, wt = load_tiles(a_ptrs, w_ptrs, m_ok, n_ok, k0 + offs_k < K, EVEN_K)
-        if A_FP8:  # Hopper's fp8 MMA accumulates in reduced precision: promote to fp32 every K step
-            acc = tl.dot(at, tl.trans(wt), acc, max_num_imprecise_acc=BLOCK_K)
+        if A_FP8:
+            acc = tl.dot(at, tl.trans(wt), acc, max_num_imprecise_acc=FP8_MMA_K)
         else:
             acc = tl.dot(at, tl.trans(wt.to(at.dtype)), acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K

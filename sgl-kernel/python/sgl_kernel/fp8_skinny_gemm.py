@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel._interpreter import fix_interpreter
-from sgl_kernel.fp8_gemm import GROUP_K, check_operands, quantize, row_scales, rows_of, scale_of
+from sgl_kernel.fp8_gemm import FP8_MMA_K, GROUP_K, check_operands, quantize, row_scales, rows_of, scale_of
 from sgl_kernel.fp8_reference import (
     GROUP,
     SCALED_ACTIVATIONS,
@@ -106,7 +106,7 @@ def _fp8_skinny_gemm_kernel(
             if BLOCK_M == 1:  # one step's products reduced now: the next step's scales differ
                 dot = tl.sum(wt.to(tl.float32) * xq.to(tl.float32), axis=1)[None, :]
             else:
-                dot = tl.dot(xq, tl.trans(wt))
+                dot = tl.dot(xq, tl.trans(wt), max_num_imprecise_acc=FP8_MMA_K)
             acc += dot * group_scale[:, None] * w_s[None, :]
         elif ACTIVATIONS == "none":
             if BLOCK_M == 1:
@@ -117,8 +117,8 @@ def _fp8_skinny_gemm_kernel(
             xq = quantize(xt.to(tl.float32), x_scale[:, None])
             if BLOCK_M == 1:
                 partial += wt.to(tl.float32) * xq.to(tl.float32)
-            else:  # promoted to fp32 every K step (Hopper's fp8 MMA accumulates in reduced precision)
-                acc = tl.dot(xq, tl.trans(wt), acc, max_num_imprecise_acc=BLOCK_K)
+            else:
+                acc = tl.dot(xq, tl.trans(wt), acc, max_num_imprecise_acc=FP8_MMA_K)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if ACTIVATIONS != "group":
