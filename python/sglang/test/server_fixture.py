@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,11 @@ import weakref
 from pathlib import Path
 
 import httpx
+
+# One TLS context for every request of these helpers: without it each `httpx.get` builds its own,
+# loading the CA bundle (about 50 ms of CPU, against 2 ms for the request itself), though a
+# loopback server speaks plain HTTP. A server start polls /health a few dozen times.
+LOOPBACK_TLS = ssl.create_default_context()
 
 
 def free_port() -> int:
@@ -71,7 +77,7 @@ class ServerProcess:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the server exited with {self.proc.returncode}:\n{self.output()}")
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=1).status_code == 200:
+                if httpx.get(f"{self.base_url}/health", timeout=1, verify=LOOPBACK_TLS).status_code == 200:
                     return
             except httpx.HTTPError:
                 pass
@@ -118,7 +124,7 @@ def post_in_background(url: str, body: dict, timeout: float = 60) -> tuple[threa
 
     def post():
         try:
-            outcome["status"] = httpx.post(url, json=body, timeout=timeout).status_code
+            outcome["status"] = httpx.post(url, json=body, timeout=timeout, verify=LOOPBACK_TLS).status_code
         except httpx.HTTPError as e:
             outcome["status"] = type(e).__name__
 
@@ -128,7 +134,7 @@ def post_in_background(url: str, body: dict, timeout: float = 60) -> tuple[threa
 
 
 def server_state(server: ServerProcess) -> dict:
-    return httpx.get(f"{server.base_url}/get_server_info", timeout=10).json()["internal_states"][0]
+    return httpx.get(f"{server.base_url}/get_server_info", timeout=10, verify=LOOPBACK_TLS).json()["internal_states"][0]
 
 
 def assert_server_kv_accounting(server: ServerProcess) -> None:
@@ -151,7 +157,10 @@ def assert_idle_kv_accounting(state: dict) -> None:
 def generate(server: ServerProcess, input_ids: list[int], params: dict) -> httpx.Response:
     """POST /generate of one request's token ids with these sampling parameters."""
     return httpx.post(
-        server.base_url + "/generate", json={"input_ids": input_ids, "sampling_params": params}, timeout=60
+        server.base_url + "/generate",
+        json={"input_ids": input_ids, "sampling_params": params},
+        timeout=60,
+        verify=LOOPBACK_TLS,
     )
 
 
@@ -166,4 +175,10 @@ def openai_client(server: ServerProcess, timeout: float = 60):
     """An OpenAI client of the server's /v1 routes (no retries: a failure shows at once)."""
     import openai
 
-    return openai.OpenAI(base_url=server.base_url + "/v1", api_key="x", max_retries=0, timeout=timeout)
+    return openai.OpenAI(
+        base_url=server.base_url + "/v1",
+        api_key="x",
+        max_retries=0,
+        timeout=timeout,
+        http_client=openai.DefaultHttpxClient(verify=LOOPBACK_TLS),
+    )
