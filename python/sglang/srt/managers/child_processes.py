@@ -26,6 +26,9 @@ FORKSERVER_PRELOAD = [
     "sglang.srt.models.registry",
     "transformers.models.auto.configuration_auto",
     "transformers.models.auto.tokenization_auto",
+    # Every model's config class imports it, and with it transformers' activations and
+    # torch.distributed.tensor: about 1 CPU-s that each scheduler paid reading its config.
+    "transformers.utils.type_validators",
 ]
 
 
