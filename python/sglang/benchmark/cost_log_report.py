@@ -11,6 +11,10 @@ the same octave (up to PAIR_NEIGHBOURS each side, within PAIR_MAX_GAP samples). 
 compares two k's at one moment, so a slowdown common to every k (requests retiring, a busy host)
 cancels out of it; the per-octave medians mix moments. From the paired ratios and the tokens per
 verify: the value of each k (tokens per request per second) relative to the k it was paired with.
+Then, per octave and k, the run's first cost sample against the rest: a sample is the period from
+one decode launch to the next, which under overlap waits for the step launched before it, so the
+first sample of a run of one k (taken at its second launch) holds its first step, the one right
+after a switch; where that one costs more, every short run (exploration's) prices its k high.
 Finally the decode steps per k and the switches (a decode launch whose k differs from the one
 before it), exploration's steps apart, and the pauses: launch-to-launch gaps of PAUSE_MIN_S to
 PAUSE_MAX_S (longer ones are the server idling between plays), counted by whether requests were
@@ -41,31 +45,44 @@ def octave_label(low: int) -> str:
 
 
 def parse(lines) -> dict:
-    """{"samples": [(octave, k, seconds)], "launches": [(k, exploration steps)], "verifies": {k: [requests,
+    """{"samples": [(octave, k, seconds)], "run_positions": [each sample's step's place in its run of one
+    k: 2 for the run's first sample], "launches": [(k, exploration steps)], "verifies": {k: [requests,
     tokens]}, "timeline": [(time, batch size; 0 for a prefill launch)]}. Malformed lines raise ValueError
     naming the line."""
     samples, launches, verifies, timeline = [], [], defaultdict(lambda: [0, 0]), []
+    positions, run, sampled_run = [], 0, 0  # run: same-k decode launches ending at the last launch
     for number, line in enumerate(lines, 1):
         fields = line.split()
         if not fields:
             continue
         try:
             kind = fields[0]
-            if kind == "S":
+            if kind == "S":  # written after the next launch's L line: the sampled step is the one before
                 samples.append((octave(int(fields[1])), int(fields[2]), float(fields[4])))
+                positions.append(sampled_run)
             elif kind == "L":
-                launches.append((int(fields[3]), int(fields[5])))
+                k = int(fields[3])
+                sampled_run = run
+                run = run + 1 if launches and run and launches[-1][0] == k else 1
+                launches.append((k, int(fields[5])))
                 timeline.append((float(fields[1]), int(fields[2])))
             elif kind == "V":
                 verifies[int(fields[1])][0] += int(fields[2])
                 verifies[int(fields[1])][1] += int(fields[3])
             elif kind == "P":
                 timeline.append((float(fields[1]), 0))
+                run = 0  # a prefill between two launches: the next decode launch starts a run
             else:
                 raise ValueError(f"unknown record {kind!r}")
         except (IndexError, ValueError) as e:
             raise ValueError(f"line {number}: {line.strip()!r}: {e}") from None
-    return {"samples": samples, "launches": launches, "verifies": dict(verifies), "timeline": timeline}
+    return {
+        "samples": samples,
+        "run_positions": positions,
+        "launches": launches,
+        "verifies": dict(verifies),
+        "timeline": timeline,
+    }
 
 
 def pauses(timeline) -> dict:
@@ -140,6 +157,24 @@ def paired_ratios(samples) -> dict:
     return dict(out)
 
 
+def first_in_run(samples, positions) -> dict:
+    """{(octave, k): {"first_n", "first_median_ms", "rest_n", "rest_median_ms"}}: each run's first cost
+    sample (run position 2) against its later ones, where k has both."""
+    split = defaultdict(lambda: ([], []))
+    for (low, k, seconds), position in zip(samples, positions):
+        split[(low, k)][position > 2].append(1e3 * seconds)
+    return {
+        key: {
+            "first_n": len(first),
+            "first_median_ms": statistics.median(first),
+            "rest_n": len(rest),
+            "rest_median_ms": statistics.median(rest),
+        }
+        for key, (first, rest) in sorted(split.items())
+        if first and rest
+    }
+
+
 def switches(launches) -> dict:
     """{"steps_per_k", "switches", "exploration_steps"}: switches counts decode launches whose k
     differs from the launch before it, exploration_steps the launches exploration chose."""
@@ -165,8 +200,10 @@ def report(log: dict) -> dict:
             entry["value_ratio"] = tokens[k] / tokens[reference] / cost
         paired[f"{octave_label(low)} k{k}/k{reference}"] = entry
     costs = {f"{octave_label(low)} k{k}": row for (low, k), row in cost_table(log["samples"]).items()}
+    first = first_in_run(log["samples"], log.get("run_positions", ()))
     return {
         "costs": costs,
+        "first_in_run": {f"{octave_label(low)} k{k}": row for (low, k), row in first.items()},
         "tokens_per_verify": tokens,
         "paired": paired,
         **switches(log["launches"]),
@@ -193,6 +230,13 @@ def render(name: str, rep: dict) -> str:
     for key, row in rep["paired"].items():
         value = f"{row['value_ratio']:>13.3f}" if "value_ratio" in row else f"{'':>13}"
         lines.append(f"{key:<22}{row['runs']:>6}{row['cost_ratio']:>12.3f}{value}")
+    lines.append(f"{'first sample of a run':<22}{'n':>6}{'median ms':>11}{'rest n':>8}{'median ms':>11}{'ratio':>8}")
+    for key, row in rep["first_in_run"].items():
+        ratio = row["first_median_ms"] / row["rest_median_ms"]
+        lines.append(
+            f"{key:<22}{row['first_n']:>6}{row['first_median_ms']:>11.3f}{row['rest_n']:>8}"
+            f"{row['rest_median_ms']:>11.3f}{ratio:>8.3f}"
+        )
     return "\n".join(lines)
 
 
