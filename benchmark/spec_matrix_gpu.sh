@@ -10,7 +10,8 @@
 # "no_draft always k1 dynamic"; a name ending in _b is its kind's A/A twin, dynamic_x dynamic with dense
 # exploration). STAGGER=1: servers start one after another (see below). LOAD_FORMAT=dummy: random weights drawn by each server, nothing written. COST_LOG=1: each speculative server writes its cost log (SGLANG_SPEC_COST_LOG). Everything lands in
 # OUT/matrix.tgz; OUT/summary.txt has every level's pooled tok/s, each server's spread between rounds
-# and the envelope report's verdicts.
+# and the envelope report's verdicts; OUT/prefill_passes.txt each server's kept prefill graphs and what
+# closed its prefill passes (with EXTRA_SERVER_ARGS="--log-level debug").
 # Usage (GPU machine, repository root): bash benchmark/spec_matrix_gpu.sh OUT
 set -u -o pipefail
 OUT=${1:?usage: spec_matrix_gpu.sh OUT}
@@ -26,6 +27,13 @@ fi
 [ -n "${MODEL:-}" ] && [ -n "${DRAFT:-}" ] || { echo "no model pair"; exit 1; }
 SPEC="--speculative-algorithm EAGLE3 --speculative-draft-model-path $DRAFT --speculative-num-steps 3"
 read -r -a NAMES <<< "${NAMES:-no_draft always k1 dynamic}"
+# STAGGER=1: each server sees the others' memory as used, and the default --mem-fraction-static (0.85)
+# would keep 15% of the card back from what is left; each keeps 5% back instead (their KV is capped by
+# KV_TOKENS either way), unless EXTRA_SERVER_ARGS says otherwise.
+STAGGER_ARGS=""
+if [ "${STAGGER:-0}" = 1 ] && [[ "${EXTRA_SERVER_ARGS:-}" != *--mem-fraction-static* ]]; then
+  STAGGER_ARGS="--mem-fraction-static 0.95"
+fi
 declare -A ARGS=([no_draft]="" [always]="$SPEC" [k1]="$SPEC --speculative-adaptive --speculative-candidate-steps 1"
                  [dynamic]="$SPEC --speculative-adaptive" [dynamic_x]="$SPEC --speculative-adaptive")
 for name in "${!ARGS[@]}"; do ARGS[${name}_b]=${ARGS[$name]}; done
@@ -38,12 +46,10 @@ for i in "${!NAMES[@]}"; do
   [ "$name" = dynamic_x ] && ENV+=(SGLANG_SPEC_EXPLORE_EVERY=${EXPLORE_EVERY:-24})
   [ "${COST_LOG:-0}" = 1 ] && [ -n "${ARGS[$name]}" ] && ENV+=(SGLANG_SPEC_COST_LOG=$RAW/$name.costlog)
   env "${ENV[@]}" python -m sglang.launch_server --model-path "$MODEL" --port $((BASE + i)) \
-    --max-running-requests 256 --max-total-tokens "$KV" ${ARGS[$name]} ${LOAD_FORMAT:+--load-format $LOAD_FORMAT} ${EXTRA_SERVER_ARGS:-} > "$RAW/$name.server.log" 2>&1 &
+    --max-running-requests 256 --max-total-tokens "$KV" ${ARGS[$name]} ${LOAD_FORMAT:+--load-format $LOAD_FORMAT} $STAGGER_ARGS ${EXTRA_SERVER_ARGS:-} > "$RAW/$name.server.log" 2>&1 &
   PIDS+=($!)
   # STAGGER=1: the next server starts once this one is up, so no server's start-up timings (its step
-  # table, which prefill graphs beat eager launches) are taken while another loads the GPU. Each then
-  # sees the others' memory as used: raise --mem-fraction-static (EXTRA_SERVER_ARGS), or the last
-  # ones refuse to start (their KV is capped by KV_TOKENS either way).
+  # table, which prefill graphs beat eager launches) are taken while another loads the GPU.
   if [ "${STAGGER:-0}" = 1 ]; then wait_healthy "$!" $((BASE + i)) "$RAW/$name.server.log" 400 || exit 1; fi
 done
 echo "== $(date +%T) starting ${NAMES[*]}"
@@ -82,4 +88,10 @@ if compgen -G "$RAW/*.costlog.*.txt" > /dev/null; then
   python -m sglang.benchmark.cost_log_report "$RAW"/*.costlog.*.txt > "$OUT/cost_report.txt" 2>&1
   tail -40 "$OUT/cost_report.txt"
 fi
+# Each server's prefill graphs as kept at start-up, and (--log-level debug) how often each limit closed a prefill pass.
+for name in "${NAMES[@]}"; do
+  echo "== $name"
+  grep -h "prefill CUDA graphs" "$RAW/$name.server.log"
+  grep -ho "kept to this size by the .*" "$RAW/$name.server.log" | sort | uniq -c
+done > "$OUT/prefill_passes.txt" 2>&1
 (cd "$OUT" && tar czf matrix.tgz raw && rm -rf raw)
