@@ -140,21 +140,36 @@ def hf_reference(tiny_model_paths):
     return HFReference(tiny_model_paths)
 
 
-# The modules that take longest (a minute or more of a 2-core machine each), run first: with the suite
-# spread over processes (`-n`, pytest-xdist, one module per process at a time), a long module picked up
-# last would leave the other processes idle at the end.
+# The modules that take longest (a minute or more of a 2-core machine each, slowest first by a full
+# run's durations), run first: with the suite spread over processes (`-n`, pytest-xdist, one module
+# per process at a time), a long module picked up last would leave the other processes idle at the end.
 SLOW_FIRST = (
-    "test_spec_envelope_script.py",
     "speculative/test_spec_switch.py",
-    "distributed/test_tensor_parallel.py",
-    "speculative/test_eagle_worker.py",
+    "test_spec_envelope_script.py",
     "entrypoints/test_replicas.py",
+    "speculative/test_eagle_worker.py",
+    "distributed/test_tensor_parallel.py",
     "entrypoints/test_http_server.py",
+    "speculative/test_spec_without_draft.py",
     "entrypoints/test_structured_outputs.py",
     "speculative/test_spec_server.py",
-    "speculative/test_spec_grammar.py",
+    "test_bench_serving.py",
+    "entrypoints/openai/test_reasoning.py",
+    "model_executor/test_graph_runner_logic.py",
     "entrypoints/test_tool_calls_server.py",
+    "entrypoints/test_bad_requests.py",
+    "test_bench_speculative.py",
+    "speculative/test_spec_grammar.py",
+    "test_host_calls.py",
 )
+
+
+def pytest_configure(config):
+    """pytest-xdist hands out modules (`--dist loadfile`) by their number of tests, most first,
+    unless told otherwise: the order below would be lost (a 5-test module of 5 minutes, started
+    last, ran alone while the other processes sat idle)."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 def pytest_collection_modifyitems(config, items):
