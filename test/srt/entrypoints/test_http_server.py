@@ -38,6 +38,28 @@ def test_health_routes_and_model_info(server):
         assert len(gc_state["passes"]) == 3 and gc_state["longest_s"] >= 0
 
 
+def test_the_cpu_scheduler_is_forked_with_the_servers_environment_and_default_signal_handlers(server):
+    """On the CPU the scheduler is forked from the HTTP process (no second import of torch): its
+    command line is the server's, its environment is the server's, its output lands in the
+    server's log, and it does not catch SIGTERM (only the HTTP process does: it stops its children)."""
+
+    def proc_file(pid: int, name: str) -> bytes:
+        with open(f"/proc/{pid}/{name}", "rb") as f:
+            return f.read()
+
+    def catches_sigterm(pid: int) -> bool:
+        line = next(line for line in proc_file(pid, "status").decode().splitlines() if line.startswith("SigCgt:"))
+        return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+
+    by_name = {proc_file(pid, "comm").decode().strip(): pid for pid in server.children_pids()}
+    scheduler = by_name["sglang-sched"]
+    assert proc_file(scheduler, "cmdline") == proc_file(server.proc.pid, "cmdline")
+    assert proc_file(scheduler, "environ") == proc_file(server.proc.pid, "environ")
+    assert catches_sigterm(server.proc.pid) and not catches_sigterm(scheduler)
+    assert os.readlink(f"/proc/{scheduler}/fd/1") == os.readlink(f"/proc/{server.proc.pid}/fd/1")
+    assert os.readlink(f"/proc/{scheduler}/fd/2") == os.readlink(f"/proc/{server.proc.pid}/fd/2")
+
+
 def test_metrics_count_requests_and_tokens(server):
     def scrape() -> dict[str, float]:
         text = httpx.get(f"{server.base_url}/metrics").text

@@ -14,7 +14,13 @@ from typing import AsyncIterator, Iterator, Optional, Union
 
 from sglang.srt.hf_transformers_utils import get_tokenizer
 from sglang.srt.managers import child_processes
-from sglang.srt.managers.child_processes import WATCHDOG_EXIT_CODE, child_context, start_child, start_tp_followers
+from sglang.srt.managers.child_processes import (
+    WATCHDOG_EXIT_CODE,
+    child_context,
+    scheduler_context,
+    start_child,
+    start_tp_followers,
+)
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import PortArgs, ServerArgs, check_model_paths
@@ -30,17 +36,20 @@ class Subprocesses:
     """The scheduler and detokenizer processes of one engine, the other tensor-parallel ranks
     (tp_size > 1), and their IPC directory."""
 
-    def __init__(self, server_args: ServerArgs, preloaded: bool = False):
+    def __init__(self, server_args: ServerArgs, preloaded: bool = False, forked: bool = False):
         """preloaded: start them from a fork server that has imported the engine, on the CPU
-        (`child_processes.child_context`)."""
+        (`child_processes.child_context`); forked (the HTTP server): the scheduler and the other
+        ranks forked from this process on the CPU (`child_processes.scheduler_context`), the
+        detokenizer spawned, started once the tokenizer has loaded."""
         self.port_args = PortArgs.create(server_args.tp_size)
         self.watchdog_timeout = server_args.watchdog_timeout
         ctx = child_context(server_args.device, preloaded)
+        scheduler_ctx = scheduler_context(server_args.device) if forked else ctx
         reader, writer = ctx.Pipe(duplex=False)
         self.scheduler = start_child(
-            ctx, child_processes.SCHEDULER, "sglang-scheduler", (server_args, self.port_args, writer)
+            scheduler_ctx, child_processes.SCHEDULER, "sglang-scheduler", (server_args, self.port_args, writer)
         )
-        self.tp_followers = start_tp_followers(server_args, self.port_args.tp_init_address, ctx)
+        self.tp_followers = start_tp_followers(server_args, self.port_args.tp_init_address, scheduler_ctx)
         self.detokenizer = None
         try:
             # Loaded while the scheduler starts, and handed to the detokenizer: a process that loads

@@ -363,7 +363,7 @@ def launch_server(server_args: ServerArgs, announce_ready: bool = True) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _stop_on_signal)
         signal.signal(signal.SIGINT, _stop_on_signal)
-    subprocesses = Subprocesses(server_args)
+    subprocesses = Subprocesses(server_args, forked=True)
     state = ServerState(server_args, subprocesses, announce_ready=announce_ready)
     try:
         config = uvicorn.Config(

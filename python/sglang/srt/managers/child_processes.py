@@ -8,6 +8,8 @@ import atexit
 import importlib
 import multiprocessing as mp
 import os
+import signal
+import threading
 from multiprocessing import reduction
 
 SCHEDULER = "sglang.srt.managers.scheduler_process:run_scheduler_process"
@@ -44,6 +46,19 @@ def child_context(device: str, preloaded: bool) -> mp.context.BaseContext:
     return ctx
 
 
+def scheduler_context(device: str) -> mp.context.BaseContext:
+    """How the HTTP server starts its scheduler (and tensor-parallel ranks): on the CPU, forked from
+    the server's own process once it has imported what they need, since it imports torch and
+    transformers anyway (its tokenizer); a spawned child imported them again (about 3.5 CPU-s of a
+    server's start). Spawn on a GPU, and where another thread runs here (fork copies no threads,
+    and a lock another thread holds would stay held in the child)."""
+    if device != "cpu" or threading.active_count() > 1:
+        return mp.get_context("spawn")
+    for module in FORKSERVER_PRELOAD:
+        importlib.import_module(module)
+    return mp.get_context("fork")
+
+
 def start_child(ctx: mp.context.BaseContext, target: str, name: str, args: tuple) -> mp.Process:
     """Starts `target` ("module:function") as a daemon process with this process's environment and
     standard streams as they are now, which a child forked from the fork server would otherwise
@@ -69,8 +84,21 @@ def start_tp_followers(server_args, init_address: str, ctx: mp.context.BaseConte
 def _run_child(target: str, environ: dict, stdio, *args) -> None:
     os.environ.clear()
     os.environ.update(environ)
+    _default_signal_handlers()
     module, function = target.split(":")
     getattr(importlib.import_module(module), function)(*args)
+
+
+def _default_signal_handlers() -> None:
+    """The signal handlers a new interpreter has, for a child forked from a process that set its own
+    (the HTTP server stops on SIGTERM by raising SystemExit; its scheduler is stopped by it)."""
+    for signum in signal.valid_signals():
+        try:
+            handler = signal.getsignal(signum)
+        except ValueError:
+            continue
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(signum, signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL)
 
 
 class _ParentStdio:
