@@ -46,9 +46,11 @@ def test_block_fp8_gemm_at_llama_8b_shapes(dtype, n, k):
     x = activations(max(ROWS), k, dtype)
     for rows in ROWS:
         ref = block_fp8_gemm_ref(x[:rows], weight, scale)
-        assert relative_error(block_fp8_gemm(x[:rows], weight, scale), ref) < TOLERANCE[dtype], rows
+        error = relative_error(block_fp8_gemm(x[:rows], weight, scale), ref)
+        assert error < TOLERANCE[dtype], (rows, error)
         if rows <= MAX_ROWS:
-            assert relative_error(block_fp8_skinny_gemm(x[:rows], weight, scale), ref) < TOLERANCE[dtype], rows
+            error = relative_error(block_fp8_skinny_gemm(x[:rows], weight, scale), ref)
+            assert error < TOLERANCE[dtype], (rows, "skinny", error)
 
 
 @pytest.mark.parametrize("acts", ["token", "tensor", "static", "none"])
@@ -63,10 +65,12 @@ def test_scaled_fp8_gemm_at_llama_8b_shapes(acts, n, k):
         ref = scaled_fp8_gemm_ref(x[:rows], weight, scale, acts, input_scale)
         for backend in backends:
             out = scaled_fp8_gemm(x[:rows], weight, scale, acts, input_scale, backend=backend)
-            assert relative_error(out, ref) < TOLERANCE[dtype], (rows, backend)
+            error = relative_error(out, ref)
+            assert error < TOLERANCE[dtype], (rows, backend, error)
         if rows <= MAX_ROWS:
             out = scaled_fp8_skinny_gemm(x[:rows], weight, scale, acts, input_scale)
-            assert relative_error(out, ref) < TOLERANCE[dtype], rows
+            error = relative_error(out, ref)
+            assert error < TOLERANCE[dtype], (rows, "skinny", error)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
@@ -78,7 +82,8 @@ def test_scaled_fp8_gemm_off_scaled_mm_dtypes_and_ragged_shapes(dtype):
         x = activations(100, k, dtype)
         for rows in (1, 5, 100):
             ref = scaled_fp8_gemm_ref(x[:rows], weight, scale, "token", bias=bias)
-            assert relative_error(scaled_fp8_gemm(x[:rows], weight, scale, "token", bias=bias), ref) < TOLERANCE[dtype]
+            error = relative_error(scaled_fp8_gemm(x[:rows], weight, scale, "token", bias=bias), ref)
+            assert error < TOLERANCE[dtype], (n, k, rows, error)
 
 
 @pytest.mark.parametrize("weights, acts", [("BLOCK", "GROUP"), ("CHANNEL", "TOKEN"), ("TENSOR", "STATIC")])

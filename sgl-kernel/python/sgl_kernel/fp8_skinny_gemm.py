@@ -2,10 +2,12 @@
 batch): the product is a stream over the weight, so each program owns BLOCK_N weight rows and walks
 all of K, reading each weight byte once, with no second kernel and no activation buffer.
 
-The activation's quantization is fused: per 1 x 128 group for block-scaled weights (each K step is
-one group), per token (a first pass over the row for its amax; the rows are small and cached), by a
+The activation's quantization is fused for one row: per 1 x 128 group for block-scaled weights
+(each K step is one group, its products scaled into the running sums, so the row reduces once at
+the end), per token (a first pass over the row for its amax; the rows are small and cached), by a
 static scale, or none (weight-only). One row reduces in fp32 registers, the weight tile widened from
-e4m3 there; up to MAX_ROWS rows go through an fp8 tl.dot with the rows padded to 16. The
+e4m3 there; up to MAX_ROWS rows go through an fp8 tl.dot with the rows padded to 16, their groups
+quantized first (fp8_gemm.quantize_groups) so that no program repeats that division. The
 references are fp8_reference.py's, the same as fp8_gemm.py's."""
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ import triton
 import triton.language as tl
 
 from sgl_kernel._interpreter import fix_interpreter
-from sgl_kernel.fp8_gemm import FP8_MMA_K, GROUP_K, check_operands, quantize, row_scales, rows_of, scale_of
+from sgl_kernel.fp8_gemm import (
+    FP8_MMA_K,
+    GROUP_K,
+    check_operands,
+    quantize,
+    quantize_groups,
+    row_scales,
+    rows_of,
+    scale_of,
+)
 from sgl_kernel.fp8_reference import (
     GROUP,
     SCALED_ACTIVATIONS,
@@ -68,6 +79,7 @@ def _fp8_skinny_gemm_kernel(
     stride_xm,
     stride_wn,
     stride_sn,
+    stride_ism,
     stride_ym,
     ACTIVATIONS: tl.constexpr,  # "group" (block-scaled weights), "token", "static", "none"
     HAS_BIAS: tl.constexpr,
@@ -89,7 +101,7 @@ def _fp8_skinny_gemm_kernel(
     elif ACTIVATIONS == "static":
         x_scale = tl.load(input_scale) + tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    if BLOCK_M == 1 and ACTIVATIONS != "group":
+    if BLOCK_M == 1:
         partial = tl.zeros((BLOCK_N, BLOCK_K), tl.float32)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
@@ -100,14 +112,14 @@ def _fp8_skinny_gemm_kernel(
             wt = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             xt = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
         if ACTIVATIONS == "group":
-            group_scale = scale_of(tl.max(tl.abs(xt.to(tl.float32)), axis=1))
-            xq = quantize(xt.to(tl.float32), group_scale[:, None])
             w_s = tl.load(w_scale + (cols_n // GROUP_K) * stride_sn + k0 // GROUP_K, mask=n_ok, other=0.0)
-            if BLOCK_M == 1:  # one step's products reduced now: the next step's scales differ
-                dot = tl.sum(wt.to(tl.float32) * xq.to(tl.float32), axis=1)[None, :]
-            else:
-                dot = tl.dot(xq, tl.trans(wt), max_num_imprecise_acc=FP8_MMA_K)
-            acc += dot * group_scale[:, None] * w_s[None, :]
+            if BLOCK_M == 1:  # scaled as they are summed: the next step's scales differ
+                group_scale = scale_of(tl.max(tl.abs(xt.to(tl.float32)), axis=1))
+                xq = quantize(xt.to(tl.float32), group_scale[:, None])
+                partial += wt.to(tl.float32) * (xq.to(tl.float32) * group_scale[:, None]) * w_s[:, None]
+            else:  # x is e4m3 already, input_scale its groups' scales [M, groups]
+                a_s = tl.load(input_scale + rows_m * stride_ism + k0 // GROUP_K, mask=m_ok, other=0.0)
+                acc += tl.dot(xt, tl.trans(wt), max_num_imprecise_acc=FP8_MMA_K) * a_s[:, None] * w_s[None, :]
         elif ACTIVATIONS == "none":
             if BLOCK_M == 1:
                 partial += wt.to(tl.float32) * xt.to(tl.float32)
@@ -121,9 +133,9 @@ def _fp8_skinny_gemm_kernel(
                 acc = tl.dot(xq, tl.trans(wt), acc, max_num_imprecise_acc=FP8_MMA_K)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    if BLOCK_M == 1:
+        acc = tl.sum(partial, axis=1)[None, :]
     if ACTIVATIONS != "group":
-        if BLOCK_M == 1:
-            acc = tl.sum(partial, axis=1)[None, :]
         acc *= tl.load(w_scale + cols_n, mask=n_ok, other=0.0)[None, :]
         if ACTIVATIONS != "none":
             acc *= x_scale[:, None]
@@ -154,6 +166,8 @@ def _launch(x, weight, scale, input_scale, bias, activations: str, config: Confi
         cfg = config or default_config(rows, n, k, activations == "group")
         if activations == "group" and cfg.block_k != GROUP:
             raise ValueError(f"block-scaled weights step K by one {GROUP}-wide group, not {cfg.block_k}")
+        if activations == "group" and rows > 1:
+            x2, input_scale = quantize_groups(x2)
         _fp8_skinny_gemm_kernel[(triton.cdiv(n, cfg.block_n),)](
             x2,
             weight,
@@ -167,6 +181,7 @@ def _launch(x, weight, scale, input_scale, bias, activations: str, config: Confi
             x2.stride(0),
             weight.stride(0),
             scale.stride(0),
+            input_scale.stride(0) if input_scale is not None and input_scale.dim() == 2 else 0,
             y.stride(0),
             ACTIVATIONS=activations,
             HAS_BIAS=bias is not None,

@@ -11,11 +11,12 @@ from sgl_kernel.fp8_gemm import (
     Config,
     block_fp8_gemm,
     block_fp8_gemm_ref,
+    quantize_groups,
     quantize_rows,
     scaled_fp8_gemm,
     scaled_fp8_gemm_ref,
 )
-from sgl_kernel.fp8_reference import FP8, GROUP, activation_scale, quantize
+from sgl_kernel.fp8_reference import FP8, GROUP, activation_scale, quantize, quantize_per_group
 from sgl_kernel.fp8_skinny_gemm import MAX_ROWS, block_fp8_skinny_gemm, scaled_fp8_skinny_gemm
 from sgl_kernel.fp8_skinny_gemm import Config as SkinnyConfig
 
@@ -109,6 +110,20 @@ def test_quantize_rows_gives_the_references_e4m3_bits_and_scales(dtype):
         assert torch.equal(scale, want_scale)
         assert torch.equal(q.view(torch.uint8), quantize(x.float(), want_scale).view(torch.uint8))
     assert q.float().abs().max() == 448  # saturated, not wrapped
+
+
+@pytest.mark.parametrize("k", [200, 1100, 2048])
+def test_quantize_groups_gives_the_references_e4m3_bits_and_scales(k):
+    """The block GEMMs' activations: a short last group, more groups than one program takes, a
+    strided input, an all-zero group (its scale the smallest normal, its values zero)."""
+    x = torch.zeros(5, k + 7)
+    x[:, :k] = activations(5, k, torch.float32) * 1000  # past 448 before scaling
+    x[2, :GROUP] = 0.0
+    q, scale = quantize_groups(x[:, :k])
+    want_q, want_scale = quantize_per_group(x[:, :k])
+    assert torch.equal(scale, want_scale)
+    assert torch.equal(q.view(torch.uint8), want_q.view(torch.uint8))
+    assert scale[2, 0] == torch.finfo(torch.float32).tiny and not q[2, :GROUP].float().any()
 
 
 def test_every_launch_shape_covers_every_output():
