@@ -38,10 +38,11 @@ def test_health_routes_and_model_info(server):
         assert len(gc_state["passes"]) == 3 and gc_state["longest_s"] >= 0
 
 
-def test_the_cpu_scheduler_is_forked_with_the_servers_environment_and_default_signal_handlers(server):
-    """On the CPU the scheduler is forked from the HTTP process (no second import of torch): its
-    command line is the server's, its environment is the server's, its output lands in the
-    server's log, and it does not catch SIGTERM (only the HTTP process does: it stops its children)."""
+def test_the_cpu_servers_children_are_forked_with_its_environment_and_default_signal_handlers(server):
+    """On the CPU the scheduler and the detokenizer are forked from the HTTP process (no second
+    import of torch): their command line is the server's, their environment is the server's, their
+    output lands in the server's log, and they do not catch SIGTERM (only the HTTP process does: it
+    stops its children)."""
 
     def proc_file(pid: int, name: str) -> bytes:
         with open(f"/proc/{pid}/{name}", "rb") as f:
@@ -52,12 +53,15 @@ def test_the_cpu_scheduler_is_forked_with_the_servers_environment_and_default_si
         return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
 
     by_name = {proc_file(pid, "comm").decode().strip(): pid for pid in server.children_pids()}
-    scheduler = by_name["sglang-sched"]
-    assert proc_file(scheduler, "cmdline") == proc_file(server.proc.pid, "cmdline")
-    assert proc_file(scheduler, "environ") == proc_file(server.proc.pid, "environ")
-    assert catches_sigterm(server.proc.pid) and not catches_sigterm(scheduler)
-    assert os.readlink(f"/proc/{scheduler}/fd/1") == os.readlink(f"/proc/{server.proc.pid}/fd/1")
-    assert os.readlink(f"/proc/{scheduler}/fd/2") == os.readlink(f"/proc/{server.proc.pid}/fd/2")
+    http = server.proc.pid
+    assert catches_sigterm(http)
+    for child in (by_name["sglang-sched"], by_name["sglang-detok"]):
+        assert proc_file(child, "cmdline") == proc_file(http, "cmdline")
+        assert proc_file(child, "environ") == proc_file(http, "environ")
+        assert not catches_sigterm(child)
+        for fd in (1, 2):
+            assert os.readlink(f"/proc/{child}/fd/{fd}") == os.readlink(f"/proc/{http}/fd/{fd}")
+    assert "huggingface/tokenizers" not in server.output()  # no warning of a fork after parallel use
 
 
 def test_metrics_count_requests_and_tokens(server):

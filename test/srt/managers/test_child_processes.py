@@ -1,4 +1,4 @@
-"""How an engine's children start: the HTTP server's scheduler forked on the CPU (spawned on a GPU
+"""How an engine's children start: the HTTP server's children forked on the CPU (spawned on a GPU
 or beside another thread), with a new interpreter's signal handlers whatever its parent set."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import signal
 import sys
 import threading
 
-from sglang.srt.managers.child_processes import scheduler_context, start_child
+from sglang.srt.managers.child_processes import server_child_context, start_child
 
 
 def only_this_thread(monkeypatch) -> None:
@@ -16,19 +16,19 @@ def only_this_thread(monkeypatch) -> None:
     monkeypatch.setattr(threading, "active_count", lambda: 1)
 
 
-def test_the_scheduler_is_forked_on_the_cpu_and_spawned_on_a_gpu(monkeypatch):
+def test_the_servers_children_are_forked_on_the_cpu_and_spawned_on_a_gpu(monkeypatch):
     only_this_thread(monkeypatch)
-    assert scheduler_context("cpu").get_start_method() == "fork"
+    assert server_child_context("cpu").get_start_method() == "fork"
     assert {"sglang.srt.managers.scheduler_process", "transformers.utils.type_validators"} <= set(sys.modules)
-    assert scheduler_context("cuda").get_start_method() == "spawn"
+    assert server_child_context("cuda").get_start_method() == "spawn"
 
 
-def test_the_scheduler_is_spawned_while_another_thread_runs():
+def test_the_servers_children_are_spawned_while_another_thread_runs():
     release = threading.Event()
     thread = threading.Thread(target=release.wait)
     thread.start()
     try:
-        assert scheduler_context("cpu").get_start_method() == "spawn"
+        assert server_child_context("cpu").get_start_method() == "spawn"
     finally:
         release.set()
         thread.join()
@@ -45,7 +45,7 @@ def test_a_forked_child_has_a_new_interpreters_signal_handlers(monkeypatch):
     try:
         for signum in saved:
             signal.signal(signum, lambda *_: None)
-        ctx = scheduler_context("cpu")
+        ctx = server_child_context("cpu")
         reader, writer = ctx.Pipe(duplex=False)
         proc = start_child(ctx, f"{__name__}:report_signal_handlers", "handlers", (writer,))
         handlers = reader.recv()

@@ -17,7 +17,7 @@ from sglang.srt.managers import child_processes
 from sglang.srt.managers.child_processes import (
     WATCHDOG_EXIT_CODE,
     child_context,
-    scheduler_context,
+    server_child_context,
     start_child,
     start_tp_followers,
 )
@@ -38,17 +38,19 @@ class Subprocesses:
 
     def __init__(self, server_args: ServerArgs, preloaded: bool = False, forked: bool = False):
         """preloaded: start them from a fork server that has imported the engine, on the CPU
-        (`child_processes.child_context`); forked (the HTTP server): the scheduler and the other
-        ranks forked from this process on the CPU (`child_processes.scheduler_context`), the
-        detokenizer spawned, started once the tokenizer has loaded."""
+        (`child_processes.child_context`); forked (the HTTP server): fork them from this process
+        on the CPU (`child_processes.server_child_context`)."""
         self.port_args = PortArgs.create(server_args.tp_size)
         self.watchdog_timeout = server_args.watchdog_timeout
         ctx = child_context(server_args.device, preloaded)
-        scheduler_ctx = scheduler_context(server_args.device) if forked else ctx
+        scheduler_ctx = server_child_context(server_args.device) if forked else ctx
         reader, writer = ctx.Pipe(duplex=False)
         self.scheduler = start_child(
             scheduler_ctx, child_processes.SCHEDULER, "sglang-scheduler", (server_args, self.port_args, writer)
         )
+        # Closed before any other child starts: one forked later would hold a copy, and the
+        # scheduler's exit during start-up would no longer read as the end of the pipe.
+        writer.close()
         self.tp_followers = start_tp_followers(server_args, self.port_args.tp_init_address, scheduler_ctx)
         self.detokenizer = None
         try:
@@ -58,12 +60,11 @@ class Subprocesses:
                 server_args.tokenizer_path, server_args.tokenizer_mode, server_args.trust_remote_code
             )
             self.detokenizer = start_child(
-                ctx,
+                server_child_context(server_args.device) if forked else ctx,
                 child_processes.DETOKENIZER,
                 "sglang-detokenizer",
                 (server_args, self.port_args, _picklable(self.tokenizer)),
             )
-            writer.close()
             self.model_info = self._wait_ready(reader)
         except BaseException:
             self.shutdown()

@@ -46,12 +46,13 @@ def child_context(device: str, preloaded: bool) -> mp.context.BaseContext:
     return ctx
 
 
-def scheduler_context(device: str) -> mp.context.BaseContext:
-    """How the HTTP server starts its scheduler (and tensor-parallel ranks): on the CPU, forked from
-    the server's own process once it has imported what they need, since it imports torch and
-    transformers anyway (its tokenizer); a spawned child imported them again (about 3.5 CPU-s of a
-    server's start). Spawn on a GPU, and where another thread runs here (fork copies no threads,
-    and a lock another thread holds would stay held in the child)."""
+def server_child_context(device: str) -> mp.context.BaseContext:
+    """How the HTTP server starts a child (scheduler, tensor-parallel ranks, detokenizer): on the
+    CPU, forked from the server's own process once it has imported what they need, since it
+    imports torch and transformers anyway (its tokenizer); a spawned child imported them again
+    (about 3.5 CPU-s for a scheduler, 1 for a detokenizer). Spawn on a GPU, and where another
+    thread runs here (fork copies no threads, and a lock another thread holds would stay held in
+    the child)."""
     if device != "cpu" or threading.active_count() > 1:
         return mp.get_context("spawn")
     for module in FORKSERVER_PRELOAD:
