@@ -126,7 +126,7 @@ def time_cpu(call, copies: int) -> float:
 def measure(args) -> list[dict]:
     import torch
 
-    from sgl_kernel.testing import relative_error
+    from sgl_kernel.testing import FP8_MMA_TOLERANCE, relative_error
 
     on_cuda = not args.dry_run
     device = "cuda" if on_cuda else "cpu"
@@ -145,7 +145,7 @@ def measure(args) -> list[dict]:
                 count = copies["bf16" if path == "bf16" else "fp8"]
                 if path != "bf16":  # a path that computes something else is not timed
                     error = relative_error(call(0), reference(path, x, weights, rows))
-                    if error > 1e-2:
+                    if error > FP8_MMA_TOLERANCE:
                         raise AssertionError(f"{path} at {shape} x {rows} rows differs from its reference by {error}")
                 us = (
                     time_cuda_graph(call, count, args.calls_per_graph, args.replays)

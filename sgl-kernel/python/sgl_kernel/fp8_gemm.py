@@ -47,11 +47,6 @@ __all__ = [
 E4M3_MAX = tl.constexpr(448.0)
 TINY = tl.constexpr(1.1754943508222875e-38)  # float32's smallest normal: the scale of an all-zero group
 GROUP_K = tl.constexpr(GROUP)
-# Hopper's fp8 MMA sums each instruction's 32 products in reduced precision, and by default Triton
-# chains a whole tl.dot's instructions that way. Adding each instruction's sum to the fp32
-# accumulator (max_num_imprecise_acc) keeps the error of an 8B layer's product near cuBLAS's:
-# chained over 128, outputs were off their fp32 references by up to 1.9% of the largest on an H100.
-FP8_MMA_K = tl.constexpr(32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,7 +137,7 @@ def _block_fp8_gemm_kernel(
         at, wt = load_tiles(a_ptrs, w_ptrs, m_ok, n_ok, offs_k + group * GROUP_K < K, EVEN_K)
         a_s = tl.load(as_ptrs + group, mask=m_ok, other=0.0)
         w_s = tl.load(s_ptrs + group, mask=n_ok, other=0.0)
-        acc += tl.dot(at, tl.trans(wt), max_num_imprecise_acc=FP8_MMA_K) * a_s[:, None] * w_s[None, :]
+        acc += tl.dot(at, tl.trans(wt)) * a_s[:, None] * w_s[None, :]
         a_ptrs += GROUP_K
         w_ptrs += GROUP_K
     _store(y, acc, bias, rows, cols, m_ok, n_ok, stride_ym, HAS_BIAS)
@@ -222,7 +217,7 @@ def _scaled_fp8_gemm_kernel(
     for k0 in range(0, K, BLOCK_K):
         at, wt = load_tiles(a_ptrs, w_ptrs, m_ok, n_ok, k0 + offs_k < K, EVEN_K)
         if A_FP8:
-            acc = tl.dot(at, tl.trans(wt), acc, max_num_imprecise_acc=FP8_MMA_K)
+            acc = tl.dot(at, tl.trans(wt), acc)
         else:
             acc = tl.dot(at, tl.trans(wt.to(at.dtype)), acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K

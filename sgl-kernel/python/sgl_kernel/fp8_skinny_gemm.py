@@ -20,7 +20,6 @@ import triton.language as tl
 
 from sgl_kernel._interpreter import fix_interpreter
 from sgl_kernel.fp8_gemm import (
-    FP8_MMA_K,
     GROUP_K,
     check_operands,
     quantize,
@@ -119,7 +118,7 @@ def _fp8_skinny_gemm_kernel(
                 partial += wt.to(tl.float32) * (xq.to(tl.float32) * group_scale[:, None]) * w_s[:, None]
             else:  # x is e4m3 already, input_scale its groups' scales [M, groups]
                 a_s = tl.load(input_scale + rows_m * stride_ism + k0 // GROUP_K, mask=m_ok, other=0.0)
-                acc += tl.dot(xt, tl.trans(wt), max_num_imprecise_acc=FP8_MMA_K) * a_s[:, None] * w_s[None, :]
+                acc += tl.dot(xt, tl.trans(wt)) * a_s[:, None] * w_s[None, :]
         elif ACTIVATIONS == "none":
             if BLOCK_M == 1:
                 partial += wt.to(tl.float32) * xt.to(tl.float32)
@@ -130,7 +129,7 @@ def _fp8_skinny_gemm_kernel(
             if BLOCK_M == 1:
                 partial += wt.to(tl.float32) * xq.to(tl.float32)
             else:
-                acc = tl.dot(xq, tl.trans(wt), acc, max_num_imprecise_acc=FP8_MMA_K)
+                acc = tl.dot(xq, tl.trans(wt), acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
     if BLOCK_M == 1:

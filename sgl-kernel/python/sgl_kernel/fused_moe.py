@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel._interpreter import fix_interpreter
-from sgl_kernel.fp8_gemm import FP8_MMA_K, quantize, scale_of
+from sgl_kernel.fp8_gemm import quantize, scale_of
 from sgl_kernel.fp8_reference import FP8, GROUP
 from sgl_kernel.paged_kv import dot_precision
 
@@ -196,7 +196,7 @@ def _fp8_step(aq, a_scale, w_ptrs, w_mask, w_scale):
     """One 128-wide K step of an FP8 product: the quantized activations times the e4m3 weight tile
     [128, N] in fp32, scaled by the rows' scales and the weight's block scales [N]."""
     w = tl.load(w_ptrs, mask=w_mask, other=0.0)
-    return tl.dot(aq, w, max_num_imprecise_acc=FP8_MMA_K) * a_scale[:, None] * w_scale[None, :]
+    return tl.dot(aq, w) * a_scale[:, None] * w_scale[None, :]
 
 
 @triton.jit

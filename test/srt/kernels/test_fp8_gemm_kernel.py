@@ -165,7 +165,7 @@ def test_the_kernels_refuse_what_they_cannot_compute():
         scaled_fp8_skinny_gemm(x[:1], weight, torch.ones(72), "static")
 
 
-@pytest.mark.parametrize("rows", [3, 17])
+@pytest.mark.parametrize("rows", [1, 3, 17])
 @pytest.mark.parametrize(
     "weights, acts",
     [("BLOCK", "GROUP"), ("CHANNEL", "TOKEN"), ("TENSOR", "STATIC"), ("CHANNEL", "NONE")],
@@ -190,3 +190,23 @@ def test_fp8_linear_layers_multiply_through_the_kernels(monkeypatch, rows, weigh
         want = layer(x)
         monkeypatch.setattr(fp8, "fp8_gemms", lambda x: fp8.kernel_gemms(rows))
         assert_matches(layer(x), want)
+
+
+def test_fp8_layers_pick_the_kernel_that_measured_fastest_for_their_rows():
+    """Block-scaled weights: the skinny kernel for 2 to MAX_ROWS rows, the GEMM for one row and for
+    more; per-row scales: the skinny kernel for one row only (H100 timings in kernel_gemms)."""
+    from sglang.srt.layers.quantization import fp8
+
+    picks = {rows: fp8.kernel_gemms(rows) for rows in (1, 2, MAX_ROWS, MAX_ROWS + 1)}
+    assert [picks[r].block for r in picks] == [
+        block_fp8_gemm,
+        block_fp8_skinny_gemm,
+        block_fp8_skinny_gemm,
+        block_fp8_gemm,
+    ]
+    assert [picks[r].scaled for r in picks] == [
+        scaled_fp8_skinny_gemm,
+        scaled_fp8_gemm,
+        scaled_fp8_gemm,
+        scaled_fp8_gemm,
+    ]

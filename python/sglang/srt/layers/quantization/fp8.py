@@ -82,13 +82,20 @@ def fp8_gemms(x: torch.Tensor) -> Fp8Gemms:
 
 
 def kernel_gemms(rows: int) -> Fp8Gemms:
-    """sgl_kernel's FP8 GEMMs for `rows` activation rows: the skinny kernel's up to its MAX_ROWS.
+    """sgl_kernel's FP8 GEMMs for `rows` activation rows, as they measured on an H100 at Llama-3.1-8B's
+    shapes (python -m sglang.benchmark.fp8_gemm): block-scaled weights take the skinny kernel for 2 to
+    MAX_ROWS rows (its fp8 dot over pre-quantized rows beat the GEMM by 2-15%) and the GEMM for one
+    row (where the skinny kernel's per-group quantization took 1.6-1.8x as long); per-row scales
+    take it for one row only (1.5-1.7x faster than the GEMM; at 4-8 rows 2-8x slower).
     Imported on first use (triton is not a CPU dependency)."""
     from sgl_kernel import fp8_gemm, fp8_skinny_gemm
 
-    if linear.skinny_gemm_enabled and rows <= fp8_skinny_gemm.MAX_ROWS:
-        return Fp8Gemms(fp8_skinny_gemm.block_fp8_skinny_gemm, fp8_skinny_gemm.scaled_fp8_skinny_gemm)
-    return Fp8Gemms(fp8_gemm.block_fp8_gemm, fp8_gemm.scaled_fp8_gemm)
+    skinny = linear.skinny_gemm_enabled
+    block_skinny = skinny and 1 < rows <= fp8_skinny_gemm.MAX_ROWS
+    return Fp8Gemms(
+        fp8_skinny_gemm.block_fp8_skinny_gemm if block_skinny else fp8_gemm.block_fp8_gemm,
+        fp8_skinny_gemm.scaled_fp8_skinny_gemm if skinny and rows == 1 else fp8_gemm.scaled_fp8_gemm,
+    )
 
 
 def fp8_linear(x, weight, weight_scale, scheme: Fp8Scheme, input_scale=None, bias=None) -> torch.Tensor:
