@@ -9,13 +9,6 @@ multiplies those by the expert's down projection and by the router's weight. The
 sum is the sum over each token's slots at the end. Blocks past the routed rows do nothing, so an
 expert no token goes to is never read; every size is fixed by the token count (CUDA graphs).
 
-A decode step of a few tokens (at most SKINNY_MAX_TOKENS, bf16 or fp32 experts) takes another
-path: each routed pair streams its expert's gate and up rows itself (`_skinny_gate_up_kernel`,
-programs over pairs x row blocks, no alignment), and one program per token and output block sums
-its slots' down projections, weighted, in fp32 (`_skinny_down_kernel`): three kernels with the
-routing where the grouped path runs five, and a stream over the weights instead of 16-row blocks
-with one real row.
-
 Block-wise FP8 experts (`w13_scale`, `w2_scale` given; the FP8 constexpr, so the bf16 kernels
 compile as before): e4m3 weights with a float32 scale per 128 x 128 block. Each K step is one
 128-wide group: the step's activations are quantized per row in the kernel (amax / 448, as
@@ -317,79 +310,6 @@ def _down_kernel(
         tl.store(out_ptrs, acc.to(out.dtype.element_ty), mask=valid[:, None] & col_ok[None, :])
 
 
-SKINNY_MAX_TOKENS = 4  # decode and small verifies: the per-pair stream below
-SKINNY_BLOCK_N, SKINNY_BLOCK_K = 8, 256  # rows per program, the reduction step
-
-
-@triton.jit
-def _skinny_gate_up_kernel(
-    hidden, w13, topk_ids, act, top_k, N, K, stride_h, stride_we, stride_wn, stride_act,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """act[pair, cols] = silu(gate) * up for one routed pair's expert rows [cols] and [N + cols]."""
-    pair = tl.program_id(0)
-    token = pair // top_k
-    expert = tl.load(topk_ids + pair).to(tl.int64)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    gate_rows = w13 + expert * stride_we + cols[:, None].to(tl.int64) * stride_wn
-    up_rows = gate_rows + N * stride_wn
-    acc_gate = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    acc_up = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
-        a = tl.load(hidden + token * stride_h + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-        mask = col_ok[:, None] & k_ok[None, :]
-        acc_gate += tl.load(gate_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32) * a
-        acc_up += tl.load(up_rows + ks[None, :], mask=mask, other=0.0).to(tl.float32) * a
-    gate, up = tl.sum(acc_gate, axis=1), tl.sum(acc_up, axis=1)
-    y = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(act + pair * stride_act + cols, y.to(act.dtype.element_ty), mask=col_ok)
-
-
-@triton.jit
-def _skinny_down_kernel(
-    act, w2, topk_ids, topk_weights, out, top_k, N, K, stride_act, stride_we, stride_wn, stride_out,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
-    """out[token, cols] = sum over the token's slots of weight * (act[pair] @ w2[expert][cols].T)."""
-    token = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    col_ok = cols < N
-    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for slot in range(0, top_k):
-        pair = token * top_k + slot
-        rows = w2 + tl.load(topk_ids + pair).to(tl.int64) * stride_we + cols[:, None].to(tl.int64) * stride_wn
-        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_ok = ks < K
-            a = tl.load(act + pair * stride_act + ks, mask=k_ok, other=0.0).to(tl.float32)[None, :]
-            acc += tl.load(rows + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32) * a
-        total += tl.load(topk_weights + pair) * tl.sum(acc, axis=1)
-    tl.store(out + token * stride_out + cols, total.to(out.dtype.element_ty), mask=col_ok)
-
-
-def _skinny_experts(hidden, w13, w2, weights, topk_ids) -> torch.Tensor:
-    """fused_experts for a few tokens: per-pair streams over the routed experts' rows."""
-    num_tokens, top_k = topk_ids.shape
-    num_experts, hidden_size, inter = w2.shape
-    ids = topk_ids.reshape(-1).contiguous()
-    act = hidden.new_empty(num_tokens * top_k, inter)
-    out = hidden.new_empty(num_tokens, hidden_size)
-    blocks = dict(BLOCK_N=SKINNY_BLOCK_N, BLOCK_K=SKINNY_BLOCK_K)
-    _skinny_gate_up_kernel[(num_tokens * top_k, triton.cdiv(inter, SKINNY_BLOCK_N))](
-        hidden, w13, ids, act, top_k, inter, hidden_size, hidden.stride(0), w13.stride(0), w13.stride(1),
-        act.stride(0), **blocks,
-    )  # fmt: skip
-    _skinny_down_kernel[(num_tokens, triton.cdiv(hidden_size, SKINNY_BLOCK_N))](
-        act, w2, ids, weights, out, top_k, hidden_size, inter, act.stride(0), w2.stride(0), w2.stride(1),
-        out.stride(0), **blocks,
-    )  # fmt: skip
-    return out
-
-
 @dataclasses.dataclass(frozen=True)
 class TileConfig:
     """Tile sizes of both kernels: rows per expert block, output columns and the reduction step."""
@@ -425,12 +345,9 @@ def fused_experts(
     fp8 = _check_block_scales(w13, w2, w13_scale, w2_scale)
     hidden, w13, w2 = hidden.contiguous(), w13.contiguous(), w2.contiguous()
     num_pairs = num_tokens * top_k
-    if num_pairs == 0:
-        return hidden.new_zeros(num_tokens, hidden_size)
-    weights = topk_weights.reshape(-1).float().contiguous()
-    if tiles is None and not fp8 and num_tokens <= SKINNY_MAX_TOKENS:
-        return _skinny_experts(hidden, w13, w2, weights, topk_ids)
     per_pair = hidden.new_empty(num_pairs, hidden_size)
+    if num_pairs == 0:
+        return per_pair
     # Measured on an H100 at Qwen3-30B-A3B's experts (128 x 768 x 2048, top 8): within 2% of the
     # best tile set found from 1 to 256 tokens; 32-row blocks pay from about 1,000 routed pairs.
     tiles = tiles or (TileConfig(block_m=32) if num_pairs >= 1024 else TileConfig())
@@ -438,6 +355,7 @@ def fused_experts(
         raise ValueError(f"FP8 experts step K by one {GROUP}-wide scale group; got block_k {tiles.block_k}")
     alignment = moe_align_block_size(topk_ids, num_experts, tiles.block_m)
     act = hidden.new_empty(num_pairs, inter)
+    weights = topk_weights.reshape(-1).float().contiguous()
     num_blocks = alignment.block_experts.numel()
     precision = dot_precision(hidden.dtype)
     block_n, block_k = tiles.block_n, tiles.block_k
