@@ -11,9 +11,10 @@ expert no token goes to is never read; every size is fixed by the token count (C
 
 Block-wise FP8 experts (`w13_scale`, `w2_scale` given; the FP8 constexpr, so the bf16 kernels
 compile as before): e4m3 weights with a float32 scale per 128 x 128 block. Each K step is one
-128-wide group: the step's activations are quantized per row in the kernel (amax / 448, as
-fp8_gemm's block kernel and fp8_reference), one fp8 dot accumulates in fp32, and the step's
-partial product is scaled by the rows' and the weight block's scales before it is added.
+128-wide group: each GEMM's input (the hidden states, then the SwiGLU output as stored) is quantized
+per row and group first, once (fp8_gemm.quantize_groups: amax / 448, as fp8_reference), then one fp8
+dot per step, its partial product scaled by the rows' and the weight block's scales before it is
+added in fp32.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import triton
 import triton.language as tl
 
 from sgl_kernel._interpreter import fix_interpreter
-from sgl_kernel.fp8_gemm import quantize, scale_of
+from sgl_kernel.fp8_gemm import quantize_groups
 from sgl_kernel.fp8_reference import FP8, GROUP
 from sgl_kernel.paged_kv import dot_precision
 
@@ -178,13 +179,6 @@ def _align_by_sort(flat: torch.Tensor, num_experts: int, block_m: int, num_block
 
 
 @triton.jit
-def _quantize_group(a):
-    """A K step's activations [M, 128] as e4m3, each row by its amax / 448, and the rows' scales."""
-    a_scale = scale_of(tl.max(tl.abs(a.to(tl.float32)), axis=1))
-    return quantize(a.to(tl.float32), a_scale[:, None]), a_scale
-
-
-@triton.jit
 def _fp8_step(aq, a_scale, w_ptrs, w_mask, w_scale):
     """One 128-wide K step of an FP8 product: the quantized activations times the e4m3 weight tile
     [128, N] in fp32, scaled by the rows' scales and the weight's block scales [N]."""
@@ -195,6 +189,7 @@ def _fp8_step(aq, a_scale, w_ptrs, w_mask, w_scale):
 @triton.jit
 def _gate_up_kernel(
     hidden,
+    hidden_scale,
     w13,
     w13_scale,
     sorted_pairs,
@@ -206,6 +201,7 @@ def _gate_up_kernel(
     N,
     K,
     stride_h,
+    stride_hs,
     stride_we,
     stride_wn,
     stride_act,
@@ -218,8 +214,8 @@ def _gate_up_kernel(
     PRECISION: tl.constexpr,
     FP8: tl.constexpr,
 ):
-    """FP8: w13_scale [E, 2 * ceil(N / 128), ceil(K / 128)], the gate's block rows, then the
-    up's from `up_scale_row`."""
+    """FP8: hidden is e4m3 with hidden_scale [T, ceil(K / 128)] (quantize_groups); w13_scale
+    [E, 2 * ceil(N / 128), ceil(K / 128)], the gate's block rows, then the up's from `up_scale_row`."""
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M < tl.load(num_padded):
         pairs = tl.load(sorted_pairs + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -244,9 +240,9 @@ def _gate_up_kernel(
                 s_base = w13_scale + expert * stride_se + k0 // BLOCK_K
                 gate_s = tl.load(s_base + (cols // BLOCK_K) * stride_sn, mask=col_ok, other=0.0)
                 up_s = tl.load(s_base + (up_scale_row + cols // BLOCK_K) * stride_sn, mask=col_ok, other=0.0)
-                aq, a_scale = _quantize_group(a)
-                acc_gate += _fp8_step(aq, a_scale, gate_ptrs, w_mask, gate_s)
-                acc_up += _fp8_step(aq, a_scale, up_ptrs, w_mask, up_s)
+                a_scale = tl.load(hidden_scale + tokens * stride_hs + k0 // BLOCK_K, mask=valid, other=0.0)
+                acc_gate += _fp8_step(a, a_scale, gate_ptrs, w_mask, gate_s)
+                acc_up += _fp8_step(a, a_scale, up_ptrs, w_mask, up_s)
             else:
                 gate = tl.load(gate_ptrs, mask=w_mask, other=0.0)
                 up = tl.load(up_ptrs, mask=w_mask, other=0.0)
@@ -260,6 +256,7 @@ def _gate_up_kernel(
 @triton.jit
 def _down_kernel(
     act,
+    act_scale,
     w2,
     w2_scale,
     sorted_pairs,
@@ -271,6 +268,7 @@ def _down_kernel(
     N,
     K,
     stride_act,
+    stride_as,
     stride_we,
     stride_wn,
     stride_out,
@@ -282,7 +280,7 @@ def _down_kernel(
     PRECISION: tl.constexpr,
     FP8: tl.constexpr,
 ):
-    """FP8: w2_scale [E, ceil(N / 128), ceil(K / 128)]."""
+    """FP8: act is e4m3 with act_scale [pairs, ceil(K / 128)]; w2_scale [E, ceil(N / 128), ceil(K / 128)]."""
     pid_m = tl.program_id(0)
     if pid_m * BLOCK_M < tl.load(num_padded):
         pairs = tl.load(sorted_pairs + pid_m * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
@@ -300,8 +298,8 @@ def _down_kernel(
             w_mask = k_ok[:, None] & col_ok[None, :]
             if FP8:
                 s_ptrs = w2_scale + expert * stride_se + (cols // BLOCK_K) * stride_sn + k0 // BLOCK_K
-                aq, a_scale = _quantize_group(a)
-                acc += _fp8_step(aq, a_scale, w_ptrs, w_mask, tl.load(s_ptrs, mask=col_ok, other=0.0))
+                a_scale = tl.load(act_scale + pairs * stride_as + k0 // BLOCK_K, mask=valid, other=0.0)
+                acc += _fp8_step(a, a_scale, w_ptrs, w_mask, tl.load(s_ptrs, mask=col_ok, other=0.0))
             else:
                 acc = tl.dot(a, tl.load(w_ptrs, mask=w_mask, other=0.0), acc, input_precision=PRECISION)
         weight = tl.load(topk_weights + pairs, mask=valid, other=0.0)
@@ -364,15 +362,18 @@ def fused_experts(
     s13, s2 = (w13_scale.contiguous(), w2_scale.contiguous()) if fp8 else (weights, weights)  # unread unless FP8
     s13_strides = (s13.stride(0), s13.stride(1)) if fp8 else (0, 0)
     s2_strides = (s2.stride(0), s2.stride(1)) if fp8 else (0, 0)
+    # FP8: each GEMM's input quantized per 128-feature group once, not in every column tile.
+    a, a_scale = quantize_groups(hidden) if fp8 else (hidden, weights)
     _gate_up_kernel[(num_blocks, triton.cdiv(inter, block_n))](
-        hidden, w13, s13, alignment.sorted_pairs, alignment.block_experts, alignment.num_padded, act,
-        num_pairs, top_k, inter, hidden_size, hidden.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        *s13_strides, triton.cdiv(inter, GROUP), **launch,
+        a, a_scale, w13, s13, alignment.sorted_pairs, alignment.block_experts, alignment.num_padded, act,
+        num_pairs, top_k, inter, hidden_size, a.stride(0), a_scale.stride(0), w13.stride(0), w13.stride(1),
+        act.stride(0), *s13_strides, triton.cdiv(inter, GROUP), **launch,
     )  # fmt: skip
+    a, a_scale = quantize_groups(act) if fp8 else (act, weights)
     _down_kernel[(num_blocks, triton.cdiv(hidden_size, block_n))](
-        act, w2, s2, alignment.sorted_pairs, alignment.block_experts, alignment.num_padded, weights, per_pair,
-        num_pairs, hidden_size, inter, act.stride(0), w2.stride(0), w2.stride(1), per_pair.stride(0),
-        *s2_strides, **launch,
+        a, a_scale, w2, s2, alignment.sorted_pairs, alignment.block_experts, alignment.num_padded, weights,
+        per_pair, num_pairs, hidden_size, inter, a.stride(0), a_scale.stride(0), w2.stride(0), w2.stride(1),
+        per_pair.stride(0), *s2_strides, **launch,
     )  # fmt: skip
     return per_pair.view(num_tokens, top_k, hidden_size).sum(dim=1)
 

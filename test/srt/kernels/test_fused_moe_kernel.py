@@ -2,7 +2,7 @@
 reference and the slot-by-slot reference: experts with no tokens, one token, top-k equal to the
 number of experts, batches of 1 to 300 tokens, bfloat16; the block alignment it runs on. Block-wise
 FP8 experts (e4m3 weights, a scale per 128 x 128 block, activations quantized per token and 128
-features in the kernel) against the layer's FP8 reference at the same odd shapes, with hidden and
+features before each GEMM) against the layer's FP8 reference at the same odd shapes, with hidden and
 intermediate sizes that are no multiple of 128 (the format's last blocks are partial)."""
 
 import pytest
