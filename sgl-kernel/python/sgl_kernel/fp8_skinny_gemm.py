@@ -2,12 +2,13 @@
 batch): the product is a stream over the weight, so each program owns BLOCK_N weight rows and walks
 all of K, reading each weight byte once, with no second kernel and no activation buffer.
 
-The activation's quantization is fused for one row: per 1 x 128 group for block-scaled weights
-(each K step is one group, its products scaled into the running sums, so the row reduces once at
-the end), per token (a first pass over the row for its amax; the rows are small and cached), by a
-static scale, or none (weight-only). One row reduces in fp32 registers, the weight tile widened from
-e4m3 there; up to MAX_ROWS rows go through an fp8 tl.dot with the rows padded to 16, their groups
-quantized first (fp8_gemm.quantize_groups) so that no program repeats that division. The
+Block-scaled weights take the activation's 128-feature groups quantized first, once
+(fp8_gemm.quantize_groups), so that no program repeats that division; one row streams them with each
+feature's group scale times its weight block's scale folded into the running sums, several rows go
+one group per step. Per-row weights quantize the activation in the kernel: per token (a first pass
+over the row for its amax; the rows are small and cached), by a static scale, or not (weight-only).
+One row reduces in fp32 registers, the weight tile widened from e4m3 there; up to MAX_ROWS rows go
+through a tl.dot with the rows padded to 16. The
 references are fp8_reference.py's, the same as fp8_gemm.py's."""
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ def _fp8_skinny_gemm_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     w_ptrs = w + cols_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     x_ptrs = x + rows_m[:, None] * stride_xm + offs_k[None, :]
+    block_row = (tl.program_id(0) * BLOCK_N) // GROUP_K  # block-scaled weights' scale row
     if ACTIVATIONS == "token":
         x_scale = _row_scales(x_ptrs, m_ok, K, BLOCK_M, BLOCK_K)
     elif ACTIVATIONS == "static":
@@ -110,13 +112,15 @@ def _fp8_skinny_gemm_kernel(
             k_ok = k0 + offs_k < K
             wt = tl.load(w_ptrs, mask=n_ok[:, None] & k_ok[None, :], other=0.0)
             xt = tl.load(x_ptrs, mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if ACTIVATIONS == "group":
-            w_s = tl.load(w_scale + (cols_n // GROUP_K) * stride_sn + k0 // GROUP_K, mask=n_ok, other=0.0)
-            if BLOCK_M == 1:  # scaled as they are summed: the next step's scales differ
-                group_scale = scale_of(tl.max(tl.abs(xt.to(tl.float32)), axis=1))
-                xq = quantize(xt.to(tl.float32), group_scale[:, None])
-                partial += wt.to(tl.float32) * (xq.to(tl.float32) * group_scale[:, None]) * w_s[:, None]
-            else:  # x is e4m3 already, input_scale its groups' scales [M, groups]
+        if ACTIVATIONS == "group":  # x is e4m3 already, input_scale its groups' scales [M, groups]
+            if BLOCK_M == 1:  # each feature scaled as it is summed (BLOCK_N columns: one block row)
+                groups = (k0 + offs_k) // GROUP_K
+                in_k = k0 + offs_k < K
+                a_s = tl.load(input_scale + groups, mask=in_k, other=0.0)
+                w_s = tl.load(w_scale + block_row * stride_sn + groups, mask=in_k, other=0.0)
+                partial += wt.to(tl.float32) * (xt.to(tl.float32) * (a_s * w_s)[None, :])
+            else:  # one group per step
+                w_s = tl.load(w_scale + (cols_n // GROUP_K) * stride_sn + k0 // GROUP_K, mask=n_ok, other=0.0)
                 a_s = tl.load(input_scale + rows_m * stride_ism + k0 // GROUP_K, mask=m_ok, other=0.0)
                 acc += tl.dot(xt, tl.trans(wt)) * a_s[:, None] * w_s[None, :]
         elif ACTIVATIONS == "none":
@@ -149,8 +153,7 @@ def default_config(rows: int, n: int, k: int, block_scaled: bool) -> Config:
     or more; several rows wide column blocks for tl.dot. Not yet tuned for FP8 on a GPU."""
     if rows == 1:
         block_n = 16 if n >= 16384 else 8 if n > 4096 else 4
-        block_k = GROUP if block_scaled else 512
-        return Config(block_n, block_k, num_warps=4, num_stages=3)
+        return Config(block_n, 512, num_warps=4, num_stages=3)
     return Config(block_n=32 if n <= 8192 else 64, block_k=GROUP, num_warps=4, num_stages=4)
 
 
@@ -163,9 +166,8 @@ def _launch(x, weight, scale, input_scale, bias, activations: str, config: Confi
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows and n:
         cfg = config or default_config(rows, n, k, activations == "group")
-        if activations == "group" and cfg.block_k != GROUP:
-            raise ValueError(f"block-scaled weights step K by one {GROUP}-wide group, not {cfg.block_k}")
-        if activations == "group" and rows > 1:
+        if activations == "group":
+            _check_group_config(cfg, rows)
             x2, input_scale = quantize_groups(x2)
         _fp8_skinny_gemm_kernel[(triton.cdiv(n, cfg.block_n),)](
             x2,
@@ -193,6 +195,18 @@ def _launch(x, weight, scale, input_scale, bias, activations: str, config: Confi
             num_stages=cfg.num_stages,
         )
     return y.reshape(*x.shape[:-1], n)
+
+
+def _check_group_config(cfg: Config, rows: int) -> None:
+    """Block-scaled weights: several rows step K by one group (one scale per row and column a step);
+    one row by whole groups, with BLOCK_N columns inside one block row of the weight's scales."""
+    if rows > 1 and cfg.block_k != GROUP:
+        raise ValueError(f"block-scaled weights step K by one {GROUP}-wide group for {rows} rows, not {cfg.block_k}")
+    if rows == 1 and (cfg.block_k % GROUP or GROUP % cfg.block_n):
+        raise ValueError(
+            f"block-scaled weights need a K step of whole {GROUP}-wide groups and a column block dividing "
+            f"{GROUP} for one row, not {cfg.block_k} and {cfg.block_n}"
+        )
 
 
 def block_fp8_skinny_gemm(x, weight, weight_scale, bias=None, config: Config | None = None) -> torch.Tensor:

@@ -112,6 +112,22 @@ def test_quantize_rows_gives_the_references_e4m3_bits_and_scales(dtype):
     assert q.float().abs().max() == 448  # saturated, not wrapped
 
 
+@pytest.mark.parametrize("n, k", [STRADDLING, (300, 1100)], ids=["straddling", "three_block_rows"])
+def test_one_row_block_skinny_scales_each_feature_by_its_blocks(n, k):
+    """One row streams up to 512 features a step: each feature takes its group's and its weight
+    block's scales (columns over several block rows, a last group shorter than 128), under every
+    column block that stays inside one block row; one that would not is refused."""
+    x = activations(1, k, torch.float32)
+    weight, scale = weight_and_scales(n, k, "block")
+    ref = block_fp8_gemm_ref(x, weight, scale)
+    for cfg in (None, SkinnyConfig(16, 128, 4, 2), SkinnyConfig(64, 256, 4, 3), SkinnyConfig(128, 512, 4, 3)):
+        assert_matches(block_fp8_skinny_gemm(x, weight, scale, config=cfg), ref)
+    with pytest.raises(ValueError, match="column block dividing 128"):
+        block_fp8_skinny_gemm(x, weight, scale, config=SkinnyConfig(48, 512, 4, 3))
+    with pytest.raises(ValueError, match="one 128-wide group for 2 rows"):
+        block_fp8_skinny_gemm(activations(2, k, torch.float32), weight, scale, config=SkinnyConfig(16, 256, 4, 3))
+
+
 @pytest.mark.parametrize("k", [200, 1100, 2048])
 def test_quantize_groups_gives_the_references_e4m3_bits_and_scales(k):
     """The block GEMMs' activations: a short last group, more groups than one program takes, a
