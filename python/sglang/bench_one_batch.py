@@ -134,8 +134,15 @@ def run_one(runner: ModelRunner, bs: int, args: BenchArgs) -> dict:
     try:
         _sync(runner.device)
         start = time.perf_counter()
-        tokens = batch.prefill()
-        _sync(runner.device)
+        try:
+            tokens = batch.prefill()
+            _sync(runner.device)
+        except torch.OutOfMemoryError as e:
+            raise RuntimeError(
+                f"the prefill of batch {bs} x {args.input_len} tokens (one pass of {bs * args.input_len}) ran out "
+                "of device memory beside the KV pool; lower --mem-fraction-static (the pool's share), the batch "
+                "or --input-len"
+            ) from e
         prefill_s = time.perf_counter() - start
         step_s = []
         for _ in range(args.output_len - 1):

@@ -40,6 +40,16 @@ def test_reports_prefill_and_every_decode_step(tiny_model_paths, tmp_path):
         assert r["decode_throughput_tok_s"] == r["batch_size"] / r["decode_median_step_s"]
 
 
+def test_a_prefill_out_of_device_memory_says_what_to_lower(tiny_model_paths, monkeypatch):
+    def out_of_memory(self):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.50 GiB")
+
+    monkeypatch.setattr(bench_one_batch.StaticBatch, "prefill", out_of_memory)
+    args = ["--model-path", tiny_model_paths["llama"], "--device", "cpu", "--batch-size", "4", "--input-len", "16"]
+    with pytest.raises(RuntimeError, match=r"prefill of batch \d+ x 16 tokens .* lower --mem-fraction-static"):
+        bench_one_batch.main(args + ["--output-len", "3"])
+
+
 def test_memory_floor_is_the_weights_and_the_batchs_kv_over_the_copy_bandwidth(tiny_model_paths):
     from sglang.benchmark import memory_floor
 
