@@ -1,6 +1,7 @@
 """y = x @ W.T (+ bias) for an e4m3 weight W [N, K] when x has only a few rows (decode at small
 batch): the product is a stream over the weight, so each program owns BLOCK_N weight rows and walks
-all of K, reading each weight byte once, with no second kernel and no activation buffer.
+all of K, reading each weight byte once (per-row weights with no second kernel and no activation
+buffer).
 
 Block-scaled weights take the activation's 128-feature groups quantized first, once
 (fp8_gemm.quantize_groups), so that no program repeats that division; one row streams them with each
@@ -148,7 +149,7 @@ def _fp8_skinny_gemm_kernel(
     tl.store(y_ptrs, acc.to(y.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def default_config(rows: int, n: int, k: int, block_scaled: bool) -> Config:
+def default_config(rows: int, n: int, k: int) -> Config:
     """Launch shapes after skinny_gemm.py's sweep (bf16 weights): one row wants some 1000 programs
     or more; several rows wide column blocks for tl.dot. Not yet tuned for FP8 on a GPU."""
     if rows == 1:
@@ -165,7 +166,7 @@ def _launch(x, weight, scale, input_scale, bias, activations: str, config: Confi
         raise ValueError(f"the FP8 skinny GEMM takes at most {MAX_ROWS} rows, got {rows}")
     y = torch.empty((rows, n), dtype=x.dtype, device=x.device)
     if rows and n:
-        cfg = config or default_config(rows, n, k, activations == "group")
+        cfg = config or default_config(rows, n, k)
         if activations == "group":
             _check_group_config(cfg, rows)
             x2, input_scale = quantize_groups(x2)

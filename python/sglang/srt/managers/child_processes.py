@@ -37,8 +37,8 @@ FORKSERVER_PRELOAD = [
 def child_context(device: str, preloaded: bool) -> mp.context.BaseContext:
     """`spawn`, or with `preloaded` on the CPU the fork server with the engine imported: for a
     process that starts engine after engine (a test session, a notebook). A GPU server keeps spawn
-    (the fork server's imports would not touch CUDA, but spawn is what GPU runs were checked with),
-    and so does the HTTP server, whose children keep it as their parent."""
+    (the fork server's imports would not touch CUDA, but spawn is what GPU runs were checked with).
+    The HTTP server's children use server_child_context instead."""
     if device != "cpu" or not preloaded:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
