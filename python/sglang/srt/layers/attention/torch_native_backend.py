@@ -6,7 +6,7 @@ v_scale to the output."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn.functional as F
@@ -19,7 +19,26 @@ if TYPE_CHECKING:  # layers sit below model_executor: type names only
 
 class TorchNativeAttnBackend(AttentionBackend):
     def __init__(self, model_runner=None):
-        pass
+        self.batch = None  # the ForwardBatch that `requests` was built for
+        self.requests: list[tuple[int, Optional[torch.Tensor], Optional[torch.Tensor]]] = []
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        """Each request's (new tokens, KV slots, causal mask): the same in every layer, so built
+        once per forward, not per layer (48 requests decoding 40 tokens each on the demo model,
+        CPU: 4.4 -> 3.6 CPU-s for the scheduler's whole run)."""
+        seq_lens = fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens.tolist()
+        new_lens = fb.extend_seq_lens.tolist() if fb.extend_seq_lens is not None else fb.extend_seq_lens_cpu
+        device = fb.input_ids.device
+        self.batch, self.requests = fb, []
+        for i in range(fb.batch_size):
+            new_len, seq_len = new_lens[i], seq_lens[i]
+            if new_len == 0:  # a prefill graph's padding request
+                self.requests.append((0, None, None))
+                continue
+            slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[i], :seq_len].to(torch.int64)
+            query_pos = torch.arange(seq_len - new_len, seq_len, device=device)
+            mask = torch.arange(seq_len, device=device)[None, :] <= query_pos[:, None]
+            self.requests.append((new_len, slots, mask))
 
     def forward_extend(self, q, k, v, layer, forward_batch: ForwardBatch, save_kv_cache: bool):
         return self._attend(q, k, v, layer, forward_batch, save_kv_cache)
@@ -41,30 +60,24 @@ class TorchNativeAttnBackend(AttentionBackend):
         q = q.view(-1, layer.num_heads, layer.head_dim)
         out = torch.empty_like(q)
         start = 0
-        seq_lens = fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens.tolist()
-        new_lens = fb.extend_seq_lens.tolist() if fb.extend_seq_lens is not None else fb.extend_seq_lens_cpu
+        assert self.batch is fb, "init_forward_metadata(fb) comes first, once per forward"
         # A loop over requests is the point of a reference backend: each request is
         # computed on its own, so nothing in the batch can leak into it.
-        for i in range(fb.batch_size):
-            new_len, seq_len = new_lens[i], seq_lens[i]
+        for new_len, slots, mask in self.requests:
             if new_len == 0:  # a prefill graph's padding request
                 continue
-            slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[i], :seq_len].to(torch.int64)
             out[start : start + new_len] = _causal_attention(
-                q[start : start + new_len], k_cache[slots], v_cache[slots], layer.scaling * k_scale, v_scale
+                q[start : start + new_len], k_cache[slots], v_cache[slots], mask, layer.scaling * k_scale, v_scale
             )
             start += new_len
         return out.view(-1, layer.num_heads * layer.head_dim)
 
 
 def _causal_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scaling: float, v_scale: float = 1.0
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scaling: float, v_scale: float = 1.0
 ) -> torch.Tensor:
     """q: [new, H, D] for the last `new` positions of a sequence whose keys are k, v [seq, KV, D]
-    (values times v_scale are the real ones)."""
-    new_len, seq_len = q.shape[0], k.shape[0]
-    query_pos = torch.arange(seq_len - new_len, seq_len, device=q.device)
-    mask = torch.arange(seq_len, device=q.device)[None, :] <= query_pos[:, None]
+    (values times v_scale are the real ones); mask: [new, seq], the keys each position sees."""
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
         k.to(q.dtype).transpose(0, 1).unsqueeze(0),
