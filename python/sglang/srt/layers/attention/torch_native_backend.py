@@ -19,26 +19,30 @@ if TYPE_CHECKING:  # layers sit below model_executor: type names only
 
 class TorchNativeAttnBackend(AttentionBackend):
     def __init__(self, model_runner=None):
-        self.batch = None  # the ForwardBatch that `requests` was built for
-        self.requests: list[tuple[int, Optional[torch.Tensor], Optional[torch.Tensor]]] = []
+        self.batch = None  # the ForwardBatch that the fields below were built for
+        self.slots = torch.empty(0, dtype=torch.int64)  # every request's KV slots, one after another
+        self.requests: list[tuple[int, int, int, Optional[torch.Tensor]]] = []  # (new, first, end, mask)
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        """Each request's (new tokens, KV slots, causal mask): the same in every layer, so built
-        once per forward, not per layer (48 requests decoding 40 tokens each on the demo model,
-        CPU: 4.4 -> 3.6 CPU-s for the scheduler's whole run)."""
+        """Each request's new tokens, KV slots and causal mask: the same in every layer, so built
+        once per forward, and the slots of the whole batch gathered in one index per layer (48
+        requests decoding 40 tokens each on the demo model, CPU: 4.6 -> 2.9 CPU-s for the
+        scheduler's whole run, against slots, masks and gathers per request and layer)."""
         seq_lens = fb.seq_lens_cpu if fb.seq_lens_cpu is not None else fb.seq_lens.tolist()
         new_lens = fb.extend_seq_lens.tolist() if fb.extend_seq_lens is not None else fb.extend_seq_lens_cpu
         device = fb.input_ids.device
-        self.batch, self.requests = fb, []
+        self.batch, self.requests, slots, end = fb, [], [], 0
         for i in range(fb.batch_size):
             new_len, seq_len = new_lens[i], seq_lens[i]
             if new_len == 0:  # a prefill graph's padding request
-                self.requests.append((0, None, None))
+                self.requests.append((0, end, end, None))
                 continue
-            slots = fb.req_to_token_pool.req_to_token[fb.req_pool_indices[i], :seq_len].to(torch.int64)
+            slots.append(fb.req_to_token_pool.req_to_token[fb.req_pool_indices[i], :seq_len])
             query_pos = torch.arange(seq_len - new_len, seq_len, device=device)
             mask = torch.arange(seq_len, device=device)[None, :] <= query_pos[:, None]
-            self.requests.append((new_len, slots, mask))
+            self.requests.append((new_len, end, end + seq_len, mask))
+            end += seq_len
+        self.slots = torch.cat(slots).to(torch.int64) if slots else torch.empty(0, dtype=torch.int64, device=device)
 
     def forward_extend(self, q, k, v, layer, forward_batch: ForwardBatch, save_kv_cache: bool):
         return self._attend(q, k, v, layer, forward_batch, save_kv_cache)
@@ -63,11 +67,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         assert self.batch is fb, "init_forward_metadata(fb) comes first, once per forward"
         # A loop over requests is the point of a reference backend: each request is
         # computed on its own, so nothing in the batch can leak into it.
-        for new_len, slots, mask in self.requests:
+        keys, values = k_cache[self.slots], v_cache[self.slots]
+        for new_len, first, end, mask in self.requests:
             if new_len == 0:  # a prefill graph's padding request
                 continue
             out[start : start + new_len] = _causal_attention(
-                q[start : start + new_len], k_cache[slots], v_cache[slots], mask, layer.scaling * k_scale, v_scale
+                q[start : start + new_len], keys[first:end], values[first:end], mask, layer.scaling * k_scale, v_scale
             )
             start += new_len
         return out.view(-1, layer.num_heads * layer.head_dim)
