@@ -3,6 +3,8 @@ session and shared by tests, and the KV accounting check after every test."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import gc
 import os
 
@@ -20,6 +22,25 @@ if not torch.cuda.is_available():
 # loaded 2-core machine).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc's malloc.h
+
+
+def keep_freed_memory_for_reuse() -> None:
+    """glibc gives a freed block over 128 KB (a batch's logits and sampling noise, [requests,
+    vocab]) back to the kernel at once, and the next step's block faults its pages in again. Here,
+    and in every process the tests start (they inherit the variables), blocks up to 32 MB come from
+    the heap and up to 256 MB of free heap is kept (measured: a sampling test of 1,200 requests in
+    an in-process scheduler, 960,000 -> 260,000 page faults, 3.9 -> 1.8 CPU-s of system time)."""
+    os.environ.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 << 20))
+    os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(256 << 20))
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    if hasattr(libc, "mallopt"):  # glibc; the variables are read at a process's start only
+        libc.mallopt(M_MMAP_THRESHOLD, int(os.environ["MALLOC_MMAP_THRESHOLD_"]))
+        libc.mallopt(M_TRIM_THRESHOLD, int(os.environ["MALLOC_TRIM_THRESHOLD_"]))
+
+
+keep_freed_memory_for_reuse()
 
 from sglang.test.tiny_models import ARCHITECTURES, make_tiny_model  # noqa: E402 (after the thread settings above)
 from sglang.test.server_fixture import assert_engine_kv_accounting  # noqa: E402
