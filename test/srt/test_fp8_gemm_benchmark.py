@@ -51,3 +51,27 @@ def test_dry_run_times_each_path_and_writes_json(tmp_path):
         }
     assert all(r["us"] > 0 for r in report["results"])
     assert "us per call" in proc.stdout and "token_skinny" in proc.stdout
+
+
+def test_dry_run_sweep_times_the_skinny_configs_of_one_row(tmp_path):
+    out = tmp_path / "sweep.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sglang.benchmark.fp8_gemm", "--dry-run", "--sweep-skinny", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads(out.read_text())
+    assert report["sweep_skinny"]
+    rows = report["results"]
+    # one row only: 17 rows is past the skinny kernel's limit
+    assert {(r["path"], r["rows"]) for r in rows} == {("block_skinny", 1), ("token_skinny", 1)}
+    for path in ("block_skinny", "token_skinny"):
+        configs = [tuple(r["config"]) for r in rows if r["path"] == path]
+        assert len(configs) == len(set(configs)) == 1 + len(fp8_gemm_gpu.DRY_RUN_SWEEP)  # the default and the grid
+        assert sum(r["default"] for r in rows if r["path"] == path) == 1
+    assert all(r["us"] > 0 for r in rows)
+    assert "default" in proc.stdout and "best" in proc.stdout

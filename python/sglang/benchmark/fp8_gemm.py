@@ -5,6 +5,8 @@ model's layers do. Prints a table (microseconds per call, and bf16 / path) and w
 
     python -m sglang.benchmark.fp8_gemm --out fp8_gemm.json            # one H100: about a minute
     python -m sglang.benchmark.fp8_gemm --out dry.json --dry-run       # CPU: tiny shapes, interpreter
+    python -m sglang.benchmark.fp8_gemm --out sweep.json --sweep-skinny --rows 1   # the skinny kernel's launch
+        configs at each shape (block and per-token paths): the default's time, the fastest three
 
 Paths: bf16 (torch.nn.functional.linear); block (block_fp8_gemm), block_skinny; token_scaled_mm,
 token_triton, token_skinny (per-row weight scales, per-token activations); static_scaled_mm,
@@ -15,6 +17,7 @@ block, or scaled_mm where it serves (bf16 on sm90), else triton.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -24,6 +27,11 @@ LLAMA_8B = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "d
 DRY_RUN_SHAPES = {"down": (72, 200)}  # N and K not multiples of 128
 ROWS = (1, 8, 64, 256)
 DRY_RUN_ROWS = (1, 17)
+# --sweep-skinny's grid for one row: (block_n, block_k, num_warps, num_stages); several rows step K by
+# one 128-feature group (block-scaled weights require it).
+SWEEP_ONE_ROW = [(n, k, w, s) for n in (4, 8, 16) for k in (512, 1024, 2048) for w in (4, 8) for s in (3, 4)]
+SWEEP_ROWS = [(n, 128, w, s) for n in (16, 32, 64) for w in (4, 8) for s in (3, 4)]
+DRY_RUN_SWEEP = [(8, 128, 4, 3), (4, 256, 4, 3)]
 L2_OVERFLOW_BYTES = 128 << 20  # H100's L2 is 50 MB
 
 
@@ -35,6 +43,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--calls-per-graph", type=int, default=20)
     parser.add_argument("--replays", type=int, default=10)
     parser.add_argument("--dry-run", action="store_true", help="tiny shapes on the CPU under the Triton interpreter")
+    parser.add_argument(
+        "--sweep-skinny",
+        action="store_true",
+        help="instead of the paths, time the skinny kernel's launch configs (block_skinny, token_skinny) at "
+        f"each shape and each --rows up to its MAX_ROWS; one row: {len(SWEEP_ONE_ROW)} configs",
+    )
     return parser.parse_args(argv)
 
 
@@ -157,6 +171,76 @@ def measure(args) -> list[dict]:
     return results
 
 
+def sweep_skinny(args) -> list[dict]:
+    """Each shape, each rows <= MAX_ROWS, block_skinny and token_skinny: us per call of every config
+    in the grid that computes the reference's product (a config a path refuses is left out)."""
+    import torch
+    from sgl_kernel.fp8_skinny_gemm import (
+        MAX_ROWS,
+        Config,
+        block_fp8_skinny_gemm,
+        default_config,
+        scaled_fp8_skinny_gemm,
+    )
+    from sgl_kernel.testing import FP8_MMA_TOLERANCE, relative_error
+
+    on_cuda = not args.dry_run
+    device = "cuda" if on_cuda else "cpu"
+    shapes = DRY_RUN_SHAPES if args.dry_run else {name: LLAMA_8B[name] for name in (args.shapes or LLAMA_8B)}
+    results = []
+    for shape, (n, k) in shapes.items():
+        copies = 1 if args.dry_run else max(1, min(8, -(-L2_OVERFLOW_BYTES // (n * k))))
+        weights = make_weights(n, k, device, {"bf16": 1, "fp8": copies})
+        x = torch.randn(max(args.rows), k, device=device).bfloat16()
+        for rows in (r for r in args.rows if r <= MAX_ROWS):
+            a = x[:rows]
+            paths = {
+                "block_skinny": lambda i, c: block_fp8_skinny_gemm(a, *weights["block"][i], config=c),
+                "token_skinny": lambda i, c: scaled_fp8_skinny_gemm(a, *weights["row"][i], "token", config=c),
+            }
+            grid = DRY_RUN_SWEEP if args.dry_run else SWEEP_ONE_ROW if rows == 1 else SWEEP_ROWS
+            default = default_config(rows, n, k)
+            for path, run in paths.items():
+                expected = reference(path, x, weights, rows)
+                for cfg in dict.fromkeys([default] + [Config(*c) for c in grid]):
+                    try:
+                        error = relative_error(run(0, cfg), expected)
+                    except ValueError:  # a launch shape the path refuses
+                        continue
+                    if error > FP8_MMA_TOLERANCE:
+                        raise AssertionError(f"{path} {cfg} at {shape} x {rows} rows: error {error}")
+                    call = lambda i, cfg=cfg: run(i, cfg)  # noqa: E731
+                    us = (
+                        time_cuda_graph(call, copies, args.calls_per_graph, args.replays)
+                        if on_cuda
+                        else time_cpu(call, copies)
+                    )
+                    results.append(
+                        {
+                            "shape": shape,
+                            "rows": rows,
+                            "path": path,
+                            "config": list(dataclasses.astuple(cfg)),
+                            "default": cfg == default,
+                            "us": round(us, 2),
+                        }
+                    )
+    return results
+
+
+def sweep_table(results: list[dict]) -> str:
+    lines = ["us per call: the default config, then the fastest three (block_n, block_k, num_warps, num_stages)"]
+    for key in dict.fromkeys((r["shape"], r["rows"], r["path"]) for r in results):
+        rows = [r for r in results if (r["shape"], r["rows"], r["path"]) == key]
+        default = next(r for r in rows if r["default"])
+        best = sorted(rows, key=lambda r: r["us"])[:3]
+        cells = "  ".join(f"{tuple(r['config'])} {r['us']:.1f}" for r in best)
+        lines.append(
+            f"{key[0]:>8} {key[1]:>2} {key[2]:<13} default {tuple(default['config'])} {default['us']:.1f}  best {cells}"
+        )
+    return "\n".join(lines)
+
+
 def table(results: list[dict]) -> str:
     paths = list(dict.fromkeys(r["path"] for r in results))
     cells = {(r["shape"], r["rows"], r["path"]): r["us"] for r in results}
@@ -183,14 +267,15 @@ def main(argv=None) -> None:
 
     if not args.dry_run and not torch.cuda.is_available():
         sys.exit("no CUDA device; --dry-run runs tiny shapes on the CPU")
-    results = measure(args)
-    print(table(results))
+    results = sweep_skinny(args) if args.sweep_skinny else measure(args)
+    print(sweep_table(results) if args.sweep_skinny else table(results))
     device = torch.cuda.get_device_name() if not args.dry_run else "cpu (interpreter)"
     report = {
         "device": device,
         "torch": torch.__version__,
         "triton": triton.__version__,
         "dry_run": args.dry_run,
+        "sweep_skinny": args.sweep_skinny,
         "calls_per_graph": args.calls_per_graph,
         "replays": args.replays,
         "results": results,
