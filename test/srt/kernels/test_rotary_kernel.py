@@ -125,3 +125,85 @@ def test_the_model_path_through_the_fused_kernel_decodes_the_same_tokens(spec, m
             scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
         outputs[fused] = {rid: out["ids"] for rid, out in run_to_completion(scheduler).items()}
     assert outputs[True] == outputs[False] and all(len(ids) == 6 for ids in outputs[True].values())
+
+
+def qk_norm_weights(dtype, device):
+    """Per-head RMSNorm weights for q and k, spread away from 1 so that leaving one out shows."""
+    gen = torch.Generator().manual_seed(1)
+    return [(1 + 0.5 * torch.randn(HEAD_DIM, generator=gen)).to(dtype).to(device) for _ in range(2)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rotary_and_kv_store_normalizes_each_head_first_as_the_separate_norm_does(dtype, device):
+    """Qwen3's q_norm and k_norm folded into the rotary-and-store kernel: the same q, k and cache
+    as the reference, and as the norm kernel run on each head before the unnormalized kernel."""
+    from sgl_kernel.norm import rmsnorm
+
+    rope = RotaryEmbedding(HEAD_DIM, 256, LLAMA3).to(device)
+    positions = torch.tensor([0, 1, 63, 200, 255], device=device)
+    loc = torch.tensor([3, 9, 1, 7, 4], device=device)
+    q_norm, k_norm = qk_norm_weights(dtype, device)
+    results = {}
+    for name in ("kernel", "reference", "separate norm", "no norm"):
+        qkv, q, k = fused_qkv(dtype, device)
+        v = qkv[:, (HEADS + KV_HEADS) * HEAD_DIM :].view(TOKENS, KV_HEADS, HEAD_DIM)
+        k_cache = torch.zeros((12, KV_HEADS, HEAD_DIM), dtype=dtype, device=device)
+        v_cache = torch.zeros_like(k_cache)
+        args = (positions, q, k, v, rope.cos_sin_cache, k_cache, v_cache, loc)
+        if name == "kernel":
+            apply_rotary_and_store_kv_(*args, q_norm=q_norm, k_norm=k_norm, norm_eps=1e-5)
+        elif name == "reference":
+            apply_rotary_and_store_kv_ref(*args, q_norm=q_norm, k_norm=k_norm, norm_eps=1e-5)
+        else:
+            if name == "separate norm":
+                for x, weight in ((q, q_norm), (k, k_norm)):
+                    x.copy_(rmsnorm(x.reshape(-1, HEAD_DIM), weight, 1e-5).view(x.shape))
+            apply_rotary_and_store_kv_(*args)
+        results[name] = (qkv, k_cache, v_cache)
+    for name in ("reference", "separate norm"):
+        for got, want in zip(results["kernel"], results[name]):
+            assert relative_error(got, want) < TOLERANCE[dtype], name
+    assert relative_error(results["kernel"][1], results["no norm"][1]) > 0.1  # the norm did something
+    assert torch.equal(results["kernel"][2], results["no norm"][2])  # v is stored as it is
+
+
+def test_rotary_and_kv_store_rejects_a_lone_or_misshapen_norm(device):
+    rope = RotaryEmbedding(HEAD_DIM, 256, LLAMA3).to(device)
+    qkv, q, k = fused_qkv(torch.float32, device)
+    v = k.clone()
+    positions, loc = torch.arange(TOKENS, device=device), torch.arange(TOKENS, device=device)
+    cache = torch.zeros(8, KV_HEADS, HEAD_DIM, device=device)
+    q_norm, k_norm = qk_norm_weights(torch.float32, device)
+    args = (positions, q, k, v, rope.cos_sin_cache, cache, cache.clone(), loc)
+    with pytest.raises(ValueError, match="come together"):
+        apply_rotary_and_store_kv_(*args, q_norm=q_norm)
+    with pytest.raises(ValueError, match="k_norm must be a contiguous"):
+        apply_rotary_and_store_kv_(*args, q_norm=q_norm, k_norm=k_norm[:-1])
+
+
+def test_a_qwen3_moe_model_with_its_head_norms_fused_decodes_the_same_tokens(tmp_path, monkeypatch):
+    """A tiny Qwen3-MoE (q_norm and k_norm on every layer) with norms, rotation and KV store in one
+    kernel (as on CUDA; here under the interpreter) against the separate norms and the torch
+    rotation: the same greedy tokens."""
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.models import llama
+    from sglang.srt.sampling.sampling_params import SamplingParams
+    from sglang.srt.server_args import ServerArgs
+    from sglang.test.runner_utils import run_to_completion
+    from sglang.test.tiny_moe_models import make_tiny_moe_model
+
+    path = make_tiny_moe_model(str(tmp_path / "qwen3_moe"), "qwen3_moe")
+    outputs = {}
+    for fused in (False, True):
+        monkeypatch.setattr(llama, "fuses_rope_and_kv_store", lambda q, fused=fused: fused)
+        scheduler = Scheduler(
+            ServerArgs(
+                model_path=path, dtype="float32", device="cpu", disable_overlap_schedule=True, max_total_tokens=512
+            )
+        )
+        for i, ids in enumerate([[5, 17, 30, 41, 9, 77], [12, 13, 14, 15, 16, 17, 18, 19, 20]]):
+            params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
+            scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
+        outputs[fused] = {rid: out["ids"] for rid, out in run_to_completion(scheduler).items()}
+    assert outputs[True] == outputs[False] and all(len(ids) == 6 for ids in outputs[True].values())

@@ -119,11 +119,13 @@ class LlamaAttention(nn.Module):
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
+        fused = fuses_rope_and_kv_store(q)
+        if self.q_norm is not None and not fused:
             q, k = self.q_norm(q), self.k_norm(k)
-        if fuses_rope_and_kv_store(q):
-            # One kernel rotates q and k in place and writes k and v to this layer's cache slots,
-            # where both backends read them: the backend then stores nothing.
+        if fused:
+            # One kernel normalizes q's and k's heads (where the family has q_norm and k_norm),
+            # rotates them in place and writes k and v to this layer's cache slots, where both
+            # backends read them: the backend then stores nothing.
             pool = forward_batch.token_to_kv_pool
             self.rotary_emb.rotate_and_store(
                 positions,
@@ -134,6 +136,7 @@ class LlamaAttention(nn.Module):
                 pool.get_value_buffer(self.attn.layer_id),
                 forward_batch.out_cache_loc,
                 *pool.get_kv_scales(self.attn.layer_id),
+                qk_norms=None if self.q_norm is None else (self.q_norm, self.k_norm),
             )
             out = self.attn(
                 q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch, save_kv_cache=False
