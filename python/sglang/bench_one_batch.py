@@ -1,7 +1,7 @@
 """Static-batch latency: prefill a batch, then decode step by step, without the scheduler.
 
     python -m sglang.bench_one_batch --model-path DIR --batch-size 1 8 64 --input-len 1024 \
-        --output-len 128 [--memory-floor] [--result-filename out.jsonl] [any server flag]
+        --output-len 128 [--memory-floor] [--profile-steps 5] [--result-filename out.jsonl] [any server flag]
 
 With --tp-size N the model is split over N processes as in a server (docs/tensor_parallel.md);
 the memory floor is then rank 0's: its share of the weights and KV over one device's bandwidth.
@@ -9,6 +9,9 @@ the memory floor is then rank 0's: its share of the weights and KV over one devi
 Prints per batch size the prefill latency and throughput and the decode step latency (median,
 p90) and throughput, and appends one JSON line per batch size to --result-filename. Each step
 is timed to the end of its GPU work (a synchronize per step), as a user's token would be.
+--profile-steps N then runs N more decode steps under torch's profiler (CUDA graph replays as
+served, or eager launches with --profile-eager) and prints where a step's device time goes, per
+kernel (on the CPU: per operator), also written to the JSON line as "profile".
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils import free_port
 
 FOLLOWER_EXIT_S = 10  # how long the other tensor-parallel ranks get to exit after the benchmark
+PROFILE_TOP = 25  # kernels (operators) listed per batch size with --profile-steps
 
 
 @dataclasses.dataclass
@@ -44,6 +48,8 @@ class BenchArgs:
     output_len: int
     result_filename: str | None
     seed: int
+    profile_steps: int = 0
+    profile_eager: bool = False
 
 
 def make_runner(server_args: ServerArgs) -> ModelRunner:
@@ -130,7 +136,7 @@ class StaticBatch:
 
 
 def run_one(runner: ModelRunner, bs: int, args: BenchArgs) -> dict:
-    batch = StaticBatch(runner, bs, args.input_len, args.output_len, args.seed)
+    batch = StaticBatch(runner, bs, args.input_len, args.output_len + args.profile_steps, args.seed)
     try:
         _sync(runner.device)
         start = time.perf_counter()
@@ -151,6 +157,7 @@ def run_one(runner: ModelRunner, bs: int, args: BenchArgs) -> dict:
             _sync(runner.device)
             step_s.append(time.perf_counter() - start)
         routed = _routed_experts(runner, batch, tokens)
+        profile = profile_decode(batch, tokens, args.profile_steps, args.profile_eager) if args.profile_steps else None
     finally:
         batch.release()
     median = statistics.median(step_s) if step_s else float("nan")
@@ -165,7 +172,37 @@ def run_one(runner: ModelRunner, bs: int, args: BenchArgs) -> dict:
         "decode_throughput_tok_s": bs / median if step_s else float("nan"),
         "decode_step_s": step_s,
         **({"routed_experts_per_layer": routed} if routed is not None else {}),
+        **({"profile": profile} if profile is not None else {}),
     }
+
+
+def profile_decode(batch: StaticBatch, tokens: torch.Tensor, steps: int, eager: bool) -> list[dict]:
+    """The PROFILE_TOP kernels (on the CPU: operators) with the most self time over `steps` more
+    decode steps: [{"name", "calls_per_step", "us_per_step"}], the most first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_cuda = batch.device == "cuda"
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            tokens = batch.decode(tokens, eager=eager)
+        _sync(batch.device)
+    rows = []
+    for event in prof.key_averages():
+        if on_cuda and event.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = event.self_device_time_total if on_cuda else event.self_cpu_time_total
+        if us > 0:
+            rows.append({"name": event.key, "calls_per_step": event.count / steps, "us_per_step": us / steps})
+    return sorted(rows, key=lambda r: -r["us_per_step"])[:PROFILE_TOP]
+
+
+def profile_table(rows: list[dict], step_s: float) -> str:
+    lines = [f"{'us/step':>9} {'share':>6} {'calls':>6}  kernel"]
+    for r in rows:
+        share = r["us_per_step"] / (step_s * 1e6)
+        lines.append(f"{r['us_per_step']:9.1f} {share:6.1%} {r['calls_per_step']:6.1f}  {r['name'][:90]}")
+    return "\n".join(lines)
 
 
 def _routed_experts(runner: ModelRunner, batch: StaticBatch, tokens: torch.Tensor) -> list[int] | None:
@@ -206,6 +243,18 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--warmup-steps", type=int, default=4, help="decode steps of a throw-away run first")
     parser.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="after each batch size's timed steps, profile this many more and print the kernels (on the CPU: "
+        f"operators) with the most time per step, the top {PROFILE_TOP}",
+    )
+    parser.add_argument(
+        "--profile-eager",
+        action="store_true",
+        help="profile eager launches instead of the CUDA graph replays a server runs",
+    )
+    parser.add_argument(
         "--memory-floor",
         action="store_true",
         help="also each decode step against its memory floor: (weight bytes as held, FP8 weights at one byte "
@@ -213,7 +262,17 @@ def main(argv=None) -> list[dict]:
         "mean context in the KV cache's dtype) / the device's measured copy bandwidth",
     )
     args = parser.parse_args(argv)
-    bench = BenchArgs(args.batch_size, args.input_len, args.output_len, args.result_filename, args.seed)
+    if args.profile_steps < 0:
+        parser.error(f"--profile-steps must be 0 or more, got {args.profile_steps}")
+    bench = BenchArgs(
+        args.batch_size,
+        args.input_len,
+        args.output_len,
+        args.result_filename,
+        args.seed,
+        args.profile_steps,
+        args.profile_eager,
+    )
     if args.max_running_requests is None:
         args.max_running_requests = max(args.batch_size)
     server_args = ServerArgs.from_cli_args(args)
@@ -244,7 +303,10 @@ def tensor_parallel_ranks(server_args: ServerArgs):
 
 
 def _run(runner: ModelRunner, bench: BenchArgs, args) -> list[dict]:
-    run_one(runner, 1, dataclasses.replace(bench, input_len=min(32, bench.input_len), output_len=args.warmup_steps))
+    warmup = dataclasses.replace(
+        bench, input_len=min(32, bench.input_len), output_len=args.warmup_steps, profile_steps=0
+    )
+    run_one(runner, 1, warmup)
     bandwidth = memory_floor.copy_bandwidth(runner.device) if args.memory_floor else None
     results = []
     for bs in bench.batch_size:
@@ -261,6 +323,8 @@ def _run(runner: ModelRunner, bench: BenchArgs, args) -> list[dict]:
             + (f" = {result['ratio_to_floor']:.2f}x its memory floor" if bandwidth else ""),
             flush=True,
         )
+        if "profile" in result:
+            print(profile_table(result["profile"], result["decode_median_step_s"]), flush=True)
         if bench.result_filename:
             with open(bench.result_filename, "a") as f:
                 f.write(json.dumps(result) + "\n")

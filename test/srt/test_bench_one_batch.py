@@ -40,6 +40,23 @@ def test_reports_prefill_and_every_decode_step(tiny_model_paths, tmp_path):
         assert r["decode_throughput_tok_s"] == r["batch_size"] / r["decode_median_step_s"]
 
 
+def test_profile_steps_list_where_a_decode_step_goes(tiny_model_paths, capsys):
+    common = ["--model-path", tiny_model_paths["llama"], "--device", "cpu", "--dtype", "float32", "--input-len", "8"]
+    results = bench_one_batch.main(
+        common + ["--batch-size", "2", "--output-len", "3", "--warmup-steps", "1", "--profile-steps", "2"]
+    )
+    (result,) = results
+    assert len(result["decode_step_s"]) == 2  # the profiled steps come after the timed ones
+    rows = result["profile"]
+    assert 0 < len(rows) <= bench_one_batch.PROFILE_TOP
+    assert [r["us_per_step"] for r in rows] == sorted((r["us_per_step"] for r in rows), reverse=True)
+    assert all(r["us_per_step"] > 0 and r["calls_per_step"] > 0 for r in rows)
+    assert any(r["name"] in ("aten::mm", "aten::addmm", "aten::linear", "aten::matmul") for r in rows)
+    assert "us/step" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench_one_batch.main(common + ["--profile-steps", "-1"])
+
+
 def test_a_prefill_out_of_device_memory_says_what_to_lower(tiny_model_paths, monkeypatch):
     def out_of_memory(self):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 3.50 GiB")
