@@ -19,18 +19,22 @@ def test_arguments_default_to_every_8b_shape():
     assert set(fp8_gemm_gpu.LLAMA_8B) == {"qkv", "o", "gate_up", "down"}
 
 
-def test_dry_run_times_each_path_and_writes_json(tmp_path):
-    out = tmp_path / "fp8.json"
+def dry_run(out, *flags):
+    """The benchmark's dry run in a subprocess: (its report, its stdout)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "sglang.benchmark.fp8_gemm", "--dry-run", "--out", str(out)],
+        [sys.executable, "-m", "sglang.benchmark.fp8_gemm", "--dry-run", *flags, "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.read_text())
+    return json.loads(out.read_text()), proc.stdout
+
+
+def test_dry_run_times_each_path_and_writes_json(tmp_path):
+    report, stdout = dry_run(tmp_path / "fp8.json")
     assert report["dry_run"] and report["device"] == "cpu (interpreter)"
     paths = {(r["shape"], r["rows"], r["path"]) for r in report["results"]}
     for shape in fp8_gemm_gpu.DRY_RUN_SHAPES:
@@ -50,21 +54,11 @@ def test_dry_run_times_each_path_and_writes_json(tmp_path):
             "static_triton",
         }
     assert all(r["us"] > 0 for r in report["results"])
-    assert "us per call" in proc.stdout and "token_skinny" in proc.stdout
+    assert "us per call" in stdout and "token_skinny" in stdout
 
 
 def test_dry_run_sweep_times_the_skinny_configs_of_one_row(tmp_path):
-    out = tmp_path / "sweep.json"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TRITON_INTERPRET": "1"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "sglang.benchmark.fp8_gemm", "--dry-run", "--sweep-skinny", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    report = json.loads(out.read_text())
+    report, stdout = dry_run(tmp_path / "sweep.json", "--sweep-skinny")
     assert report["sweep_skinny"]
     rows = report["results"]
     # one row only: 17 rows is past the skinny kernel's limit
@@ -74,4 +68,4 @@ def test_dry_run_sweep_times_the_skinny_configs_of_one_row(tmp_path):
         assert len(configs) == len(set(configs)) == 1 + len(fp8_gemm_gpu.DRY_RUN_SWEEP)  # the default and the grid
         assert sum(r["default"] for r in rows if r["path"] == path) == 1
     assert all(r["us"] > 0 for r in rows)
-    assert "default" in proc.stdout and "best" in proc.stdout
+    assert "default" in stdout and "best" in stdout
