@@ -104,9 +104,10 @@ def _align_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_E: tl.constexpr,
 ):
-    """One program: each expert's pair count, the padded runs' starts, then every pair's row (its
-    expert's start, plus the pairs of that expert before it: stable order) and each block's expert.
-    Counting runs through one-hot [BLOCK_P, BLOCK_E] tiles in registers: no sort, no atomics."""
+    """One program: each expert's pair count, the padded runs' starts, every row set to padding, then
+    every pair's row (its expert's start, plus the pairs of that expert before it: stable order) and
+    each block's expert. Counting runs through one-hot [BLOCK_P, BLOCK_E] tiles in registers: no
+    sort, no atomics."""
     experts = tl.arange(0, BLOCK_E)
     counts = tl.zeros((BLOCK_E,), dtype=tl.int32)
     for p0 in range(0, num_pairs, BLOCK_P):
@@ -117,6 +118,11 @@ def _align_kernel(
     padded_end = tl.cumsum(padded, axis=0)
     seen = padded_end - padded  # the next free row of each expert's run
     lanes = tl.arange(0, BLOCK_P)
+    # Every row starts as padding (num_pairs), written here rather than by a fill launch before.
+    for r0 in range(0, num_blocks * BLOCK_M, BLOCK_P):
+        rows = r0 + lanes
+        tl.store(sorted_pairs + rows, tl.zeros((BLOCK_P,), tl.int32) + num_pairs, mask=rows < num_blocks * BLOCK_M)
+    tl.debug_barrier()  # the padding lands before any thread writes a pair over it
     for p0 in range(0, num_pairs, BLOCK_P):
         pairs = p0 + lanes
         ok = pairs < num_pairs
@@ -149,7 +155,7 @@ def moe_align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int 
     if num_pairs > ALIGN_KERNEL_MAX_PAIRS:
         return _align_by_sort(topk_ids.reshape(-1).long(), num_experts, block_m, num_blocks)
     flat = topk_ids.reshape(-1).to(torch.int32)
-    sorted_pairs = torch.full((num_blocks * block_m,), num_pairs, dtype=torch.int32, device=flat.device)
+    sorted_pairs = torch.empty(num_blocks * block_m, dtype=torch.int32, device=flat.device)  # the kernel pads
     block_experts = torch.empty(num_blocks, dtype=torch.int32, device=flat.device)
     num_padded = torch.empty(1, dtype=torch.int32, device=flat.device)
     block_e = triton.next_power_of_2(num_experts)
