@@ -137,6 +137,23 @@ def time_cpu(call, copies: int) -> float:
     return (time.perf_counter() - start) * 1e6
 
 
+def shapes_of(args) -> dict[str, tuple[int, int]]:
+    """The shapes to time: --shapes of Llama-3.1-8B's, or the dry run's."""
+    return DRY_RUN_SHAPES if args.dry_run else {name: LLAMA_8B[name] for name in (args.shapes or LLAMA_8B)}
+
+
+def weight_copies(n: int, k: int, args) -> dict[str, int]:
+    """Copies of each weight kind (bf16, fp8) that together overflow L2 (one in a dry run)."""
+    if args.dry_run:
+        return {"bf16": 1, "fp8": 1}
+    return {kind: max(1, min(8, -(-L2_OVERFLOW_BYTES // (n * k * size)))) for kind, size in (("bf16", 2), ("fp8", 1))}
+
+
+def time_call(call, copies: int, args) -> float:
+    """Microseconds per call: in CUDA graphs on a GPU, one call on the CPU in a dry run."""
+    return time_cpu(call, copies) if args.dry_run else time_cuda_graph(call, copies, args.calls_per_graph, args.replays)
+
+
 def measure(args) -> list[dict]:
     import torch
 
@@ -144,14 +161,9 @@ def measure(args) -> list[dict]:
 
     on_cuda = not args.dry_run
     device = "cuda" if on_cuda else "cpu"
-    shapes = DRY_RUN_SHAPES if args.dry_run else {name: LLAMA_8B[name] for name in (args.shapes or LLAMA_8B)}
     results = []
-    for shape, (n, k) in shapes.items():
-        copies = {
-            kind: max(1, min(8, -(-L2_OVERFLOW_BYTES // (n * k * size)))) for kind, size in (("bf16", 2), ("fp8", 1))
-        }
-        if args.dry_run:
-            copies = {"bf16": 1, "fp8": 1}
+    for shape, (n, k) in shapes_of(args).items():
+        copies = weight_copies(n, k, args)
         weights = make_weights(n, k, device, copies)
         x = torch.randn(max(args.rows), k, device=device).bfloat16()
         for rows in args.rows:
@@ -161,11 +173,7 @@ def measure(args) -> list[dict]:
                     error = relative_error(call(0), reference(path, x, weights, rows))
                     if error > FP8_MMA_TOLERANCE:
                         raise AssertionError(f"{path} at {shape} x {rows} rows differs from its reference by {error}")
-                us = (
-                    time_cuda_graph(call, count, args.calls_per_graph, args.replays)
-                    if on_cuda
-                    else time_cpu(call, count)
-                )
+                us = time_call(call, count, args)
                 results.append({"shape": shape, "n": n, "k": k, "rows": rows, "path": path, "us": round(us, 2)})
         del weights
     return results
@@ -184,12 +192,10 @@ def sweep_skinny(args) -> list[dict]:
     )
     from sgl_kernel.testing import FP8_MMA_TOLERANCE, relative_error
 
-    on_cuda = not args.dry_run
-    device = "cuda" if on_cuda else "cpu"
-    shapes = DRY_RUN_SHAPES if args.dry_run else {name: LLAMA_8B[name] for name in (args.shapes or LLAMA_8B)}
+    device = "cpu" if args.dry_run else "cuda"
     results = []
-    for shape, (n, k) in shapes.items():
-        copies = 1 if args.dry_run else max(1, min(8, -(-L2_OVERFLOW_BYTES // (n * k))))
+    for shape, (n, k) in shapes_of(args).items():
+        copies = weight_copies(n, k, args)["fp8"]
         weights = make_weights(n, k, device, {"bf16": 1, "fp8": copies})
         x = torch.randn(max(args.rows), k, device=device).bfloat16()
         for rows in (r for r in args.rows if r <= MAX_ROWS):
@@ -210,11 +216,7 @@ def sweep_skinny(args) -> list[dict]:
                     if error > FP8_MMA_TOLERANCE:
                         raise AssertionError(f"{path} {cfg} at {shape} x {rows} rows: error {error}")
                     call = lambda i, cfg=cfg: run(i, cfg)  # noqa: E731
-                    us = (
-                        time_cuda_graph(call, copies, args.calls_per_graph, args.replays)
-                        if on_cuda
-                        else time_cpu(call, copies)
-                    )
+                    us = time_call(call, copies, args)
                     results.append(
                         {
                             "shape": shape,

@@ -39,22 +39,18 @@ class RotaryEmbedding(nn.Module):
         loc: torch.Tensor,
         k_scale: float = 1.0,
         v_scale: float = 1.0,
-        qk_norms: tuple | None = None,
+        q_norm: torch.Tensor | None = None,
+        k_norm: torch.Tensor | None = None,
+        norm_eps: float = 1e-6,
     ) -> None:
         """CUDA only: q [tokens, heads, head_dim] and k [tokens, kv_heads, head_dim] rotated in
         place (views into the projection output are fine), then k and v written to the cache's
         slots `loc`, in one kernel (an FP8 cache gets k / k_scale and v / v_scale, saturated).
-        `qk_norms`: the layer's per-head (q_norm, k_norm) RMSNorms, applied first in the same kernel."""
+        q_norm, k_norm: per-head RMSNorm weights [head_dim] (Qwen3's), applied first in the same kernel."""
         from sgl_kernel import rotary
 
-        norms = {}
-        if qk_norms is not None:
-            q_norm, k_norm = qk_norms
-            norms = dict(q_norm=q_norm.weight, k_norm=k_norm.weight, norm_eps=q_norm.variance_epsilon)
-            if k_norm.variance_epsilon != q_norm.variance_epsilon:
-                raise ValueError("q_norm and k_norm with different eps are not fused")
         rotary.apply_rotary_and_store_kv_(
-            positions, q, k, v, self.cos_sin_cache, k_cache, v_cache, loc, k_scale, v_scale, **norms
+            positions, q, k, v, self.cos_sin_cache, k_cache, v_cache, loc, k_scale, v_scale, q_norm, k_norm, norm_eps
         )
 
 

@@ -136,7 +136,7 @@ class LlamaAttention(nn.Module):
                 pool.get_value_buffer(self.attn.layer_id),
                 forward_batch.out_cache_loc,
                 *pool.get_kv_scales(self.attn.layer_id),
-                qk_norms=None if self.q_norm is None else (self.q_norm, self.k_norm),
+                **self._head_norms(),
             )
             out = self.attn(
                 q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch, save_kv_cache=False
@@ -145,6 +145,13 @@ class LlamaAttention(nn.Module):
             q, k = self.rotary_emb(positions, q, k)
             out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch)
         return self.o_proj(out)
+
+    def _head_norms(self) -> dict:
+        """The per-head norms for the fused kernel (none where the family has no q_norm/k_norm; both
+        are built with the same eps)."""
+        if self.q_norm is None:
+            return {}
+        return dict(q_norm=self.q_norm.weight, k_norm=self.k_norm.weight, norm_eps=self.q_norm.variance_epsilon)
 
 
 class LlamaDecoderLayer(nn.Module):
