@@ -205,8 +205,8 @@ def sweep_skinny(args) -> list[dict]:
                 "token_skinny": lambda i, c: scaled_fp8_skinny_gemm(a, *weights["row"][i], "token", config=c),
             }
             grid = DRY_RUN_SWEEP if args.dry_run else SWEEP_ONE_ROW if rows == 1 else SWEEP_ROWS
-            default = default_config(rows, n, k)
             for path, run in paths.items():
+                default = default_config(rows, n, k, "group" if path == "block_skinny" else "token")
                 expected = reference(path, x, weights, rows)
                 for cfg in dict.fromkeys([default] + [Config(*c) for c in grid]):
                     try:

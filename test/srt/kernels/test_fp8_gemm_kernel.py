@@ -128,6 +128,16 @@ def test_one_row_block_skinny_scales_each_feature_by_its_blocks(n, k):
         block_fp8_skinny_gemm(activations(2, k, torch.float32), weight, scale, config=SkinnyConfig(16, 256, 4, 3))
 
 
+def test_one_row_default_launch_shapes_cover_long_ragged_rows():
+    """One row's default launch shapes for a narrow projection with long rows (as Llama's down
+    projection; here K not a multiple of the 2048-wide step), both weight kinds, against the reference."""
+    x = activations(1, 8300, torch.float32)
+    weight, block_scale = weight_and_scales(72, 8300, "block")
+    _, row_scale = weight_and_scales(72, 8300, "channel")
+    assert_matches(block_fp8_skinny_gemm(x, weight, block_scale), block_fp8_gemm_ref(x, weight, block_scale))
+    assert_matches(scaled_fp8_skinny_gemm(x, weight, row_scale, "token"), scaled_fp8_gemm_ref(x, weight, row_scale, "token"))
+
+
 @pytest.mark.parametrize("k", [200, 1100, 2048])
 def test_quantize_groups_gives_the_references_e4m3_bits_and_scales(k):
     """The block GEMMs' activations: a short last group, more groups than one program takes, a
@@ -209,13 +219,12 @@ def test_fp8_linear_layers_multiply_through_the_kernels(monkeypatch, rows, weigh
 
 
 def test_fp8_layers_pick_the_kernel_that_measured_fastest_for_their_rows():
-    """Block-scaled weights: the skinny kernel for 2 to MAX_ROWS rows, the GEMM for one row and for
-    more; per-row scales: the skinny kernel for one row only (H100 timings in kernel_gemms)."""
+    """Block-scaled weights: the skinny kernel for 1 to MAX_ROWS rows, the GEMM for more; per-row scales: the skinny kernel for one row only (H100 timings in kernel_gemms)."""
     from sglang.srt.layers.quantization import fp8
 
     picks = {rows: fp8.kernel_gemms(rows) for rows in (1, 2, MAX_ROWS, MAX_ROWS + 1)}
     assert [picks[r].block for r in picks] == [
-        block_fp8_gemm,
+        block_fp8_skinny_gemm,
         block_fp8_skinny_gemm,
         block_fp8_skinny_gemm,
         block_fp8_gemm,

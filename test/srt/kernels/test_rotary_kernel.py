@@ -101,9 +101,9 @@ def test_rotary_and_kv_store_rejects_a_cache_that_does_not_fit(device):
 
 
 @pytest.mark.parametrize("spec", [False, True], ids=["plain", "eagle3"])
-def test_the_model_path_through_the_fused_kernel_decodes_the_same_tokens(spec, monkeypatch):
+def test_the_model_path_through_the_fused_kernel_decodes_the_same_tokens(spec, monkeypatch, device):
     """The demo pair (target and EAGLE-3 draft, both built on LlamaAttention) with rotation and
-    KV store fused in one kernel (as on CUDA; here under the interpreter) against the torch
+    KV store fused in one kernel (on CUDA, or under the interpreter on the CPU) against the torch
     rotation with the backend's store: prefill, decode and speculative steps read the KV the
     kernel wrote, so any wrong slot, head or rotation changes the greedy tokens."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
@@ -118,7 +118,14 @@ def test_the_model_path_through_the_fused_kernel_decodes_the_same_tokens(spec, m
     for fused in (False, True):
         monkeypatch.setattr(llama, "fuses_rope_and_kv_store", lambda q, fused=fused: fused)
         scheduler = Scheduler(
-            ServerArgs(dtype="float32", device="cpu", disable_overlap_schedule=True, max_total_tokens=512, **spec_args)
+            ServerArgs(
+                dtype="float32",
+                device=device,
+                disable_overlap_schedule=True,
+                disable_cuda_graph=True,
+                max_total_tokens=512,
+                **spec_args,
+            )
         )
         for i, ids in enumerate([[5, 17, 300, 41, 9, 77], [12, 13, 14, 15, 16, 17, 18, 19, 20]]):
             params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
@@ -181,9 +188,9 @@ def test_rotary_and_kv_store_rejects_a_lone_or_misshapen_norm(device):
         apply_rotary_and_store_kv_(*args, q_norm=q_norm, k_norm=k_norm[:-1])
 
 
-def test_a_qwen3_moe_model_with_its_head_norms_fused_decodes_the_same_tokens(tmp_path, monkeypatch):
+def test_a_qwen3_moe_model_with_its_head_norms_fused_decodes_the_same_tokens(tmp_path, monkeypatch, device):
     """A tiny Qwen3-MoE (q_norm and k_norm on every layer) with norms, rotation and KV store in one
-    kernel (as on CUDA; here under the interpreter) against the separate norms and the torch
+    kernel (on CUDA, or under the interpreter on the CPU) against the separate norms and the torch
     rotation: the same greedy tokens."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
@@ -199,7 +206,12 @@ def test_a_qwen3_moe_model_with_its_head_norms_fused_decodes_the_same_tokens(tmp
         monkeypatch.setattr(llama, "fuses_rope_and_kv_store", lambda q, fused=fused: fused)
         scheduler = Scheduler(
             ServerArgs(
-                model_path=path, dtype="float32", device="cpu", disable_overlap_schedule=True, max_total_tokens=512
+                model_path=path,
+                dtype="float32",
+                device=device,
+                disable_overlap_schedule=True,
+                disable_cuda_graph=True,
+                max_total_tokens=512,
             )
         )
         for i, ids in enumerate([[5, 17, 30, 41, 9, 77], [12, 13, 14, 15, 16, 17, 18, 19, 20]]):

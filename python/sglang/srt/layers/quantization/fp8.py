@@ -83,16 +83,15 @@ def fp8_gemms(x: torch.Tensor) -> Fp8Gemms:
 
 def kernel_gemms(rows: int) -> Fp8Gemms:
     """sgl_kernel's FP8 GEMMs for `rows` activation rows, as they measured on an H100 at Llama-3.1-8B's
-    shapes (python -m sglang.benchmark.fp8_gemm): block-scaled weights take the skinny kernel for 2 to
-    MAX_ROWS rows (its fp8 dot over pre-quantized rows beat the GEMM by 2-20%) and the GEMM for one
-    row (where the skinny kernel, quantizing each group in every program then, took 1.4-1.8x as long;
-    its one-row stream over groups quantized once is not yet timed on a GPU); per-row scales
-    take it for one row only (1.1-2.0x faster than the GEMM there; at 4-8 rows 1.7-5.8x slower).
-    Imported on first use (triton is not a CPU dependency)."""
+    shapes (python -m sglang.benchmark.fp8_gemm): block-scaled weights take the skinny kernel for 1 to
+    MAX_ROWS rows (one row: 97 us a layer's four projections against the GEMM's 119; 2-8 rows: its fp8
+    dot over pre-quantized rows beat the GEMM by 2-20%); per-row scales take it for one row only
+    (1.1-2.0x faster than the GEMM there; at 4-8 rows 1.7-5.8x slower). Imported on first use (triton is
+    not a CPU dependency)."""
     from sgl_kernel import fp8_gemm, fp8_skinny_gemm
 
     skinny = linear.skinny_gemm_enabled
-    block_skinny = skinny and 1 < rows <= fp8_skinny_gemm.MAX_ROWS
+    block_skinny = skinny and rows <= fp8_skinny_gemm.MAX_ROWS
     return Fp8Gemms(
         fp8_skinny_gemm.block_fp8_skinny_gemm if block_skinny else fp8_gemm.block_fp8_gemm,
         fp8_skinny_gemm.scaled_fp8_skinny_gemm if skinny and rows == 1 else fp8_gemm.scaled_fp8_gemm,
