@@ -62,7 +62,7 @@ def test_skinny_gemm_rejects_what_it_cannot_compute():
         skinny_gemm(x[:2], w.t().contiguous().t())
 
 
-def test_the_models_decode_the_same_tokens_through_the_skinny_kernel(tiny_model_paths, tmp_path, monkeypatch):
+def test_the_models_decode_the_same_tokens_through_the_skinny_kernel(tiny_model_paths, tmp_path, monkeypatch, device):
     """A tiny random Llama and an EAGLE-3 draft for it, with every product of at most 16 rows
     routed through the kernel (as CUDA decode steps at small batch are; here under the
     interpreter, in float32) against torch's: the prompts' prefill, the target's verify and the
@@ -92,8 +92,9 @@ def test_the_models_decode_the_same_tokens_through_the_skinny_kernel(tiny_model_
             ServerArgs(
                 model_path=target,
                 dtype="float32",
-                device="cpu",
+                device=device,
                 disable_overlap_schedule=True,
+                disable_cuda_graph=True,
                 max_total_tokens=512,
                 speculative_algorithm="EAGLE3",
                 speculative_draft_model_path=draft,
