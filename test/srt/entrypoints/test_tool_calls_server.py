@@ -6,6 +6,7 @@ calls and a tool's answer rendered as the template renders it."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 
 import jsonschema
@@ -135,9 +136,12 @@ def test_a_call_nested_deeper_than_json_parses_stays_content(server):
     # A request can steer the output into nesting past the JSON decoder's recursion limit (1000).
     text = '{"name": "get_weather", "parameters": ' + "[" * 1100
     regex = text.replace("{", r"\{").replace("[", r"\[")
-    answer = chat(server, tool_choice="auto", max_tokens=None, extra_body={"regex": regex}).choices[0]
-    assert (answer.message.content, answer.message.tool_calls, answer.finish_reason) == (text, None, "stop")
-    assert streamed(server, tool_choice="auto", max_tokens=None, extra_body={"regex": regex}) == (text, [], "stop")
+    kwargs = dict(tool_choice="auto", max_tokens=None, extra_body={"regex": regex})
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:  # both at once: one batch of ~1,100 steps
+        stream = pool.submit(streamed, server, **kwargs)
+        answer = chat(server, **kwargs).choices[0]
+        assert (answer.message.content, answer.message.tool_calls, answer.finish_reason) == (text, None, "stop")
+        assert stream.result() == (text, [], "stop")
     assert_server_kv_accounting(server)
 
 
