@@ -93,16 +93,20 @@ def test_envelope_script_runs_three_servers_and_reports(tmp_path, rounds):
             assert line["output_throughput"] == pytest.approx(line["total_output_tokens"] / line["duration"])
 
 
-def test_envelope_script_plays_a_trace_against_each_server_in_turn(tmp_path):
+def test_envelope_script_plays_a_trace_against_each_server_in_turn_and_returns_cost_logs(tmp_path):
     """TRACE=FILE: every server plays the bench_serving trace in turn each round; the pooled line
-    per server feeds python -m sglang.benchmark.envelope."""
+    per server feeds python -m sglang.benchmark.envelope. COST_LOG=1: each speculative server (here
+    always, and dynamic with dense exploration) writes its cost log; the logs and cost_log_report.py's
+    reading of them come back in one archive. STEP_TIMES=1: every server's step tables are in the
+    servers' archive, none left beside it (the servers are stopped first, so a table written as one
+    idles after its last play cannot land outside)."""
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"phases": [{"seconds": 1, "concurrency": 1}, {"seconds": 1, "concurrency": [1, 3]}]}))
     out = tmp_path / "out"
     env = dict(
         os.environ,
         INPUT_LEN="16",
-        OUTPUT_LEN="8",
+        OUTPUT_LEN="24",
         EXTRA_SERVER_ARGS="--device cpu",
         PORT="30881",
         SWEEP_TIMEOUT_S="200",
@@ -111,9 +115,12 @@ def test_envelope_script_plays_a_trace_against_each_server_in_turn(tmp_path):
         TRACE=str(trace),
         NUM_PROMPTS="2",
         PER_CONC="1",
+        COST_LOG="1",
+        EXPLORE_EVERY="2",
+        STEP_TIMES="1",
     )
     proc = subprocess.run(
-        ["bash", "benchmark/spec_envelope_gpu.sh", str(out), "demo", "no_draft", "dynamic"],
+        ["bash", "benchmark/spec_envelope_gpu.sh", str(out), "demo", "no_draft", "always", "dynamic_x"],
         cwd=ROOT,
         env=env,
         capture_output=True,
@@ -122,7 +129,8 @@ def test_envelope_script_plays_a_trace_against_each_server_in_turn(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = {
-        name: json.loads((out / f"demo_{name}.jsonl").read_text().splitlines()[-1]) for name in ("no_draft", "dynamic")
+        name: json.loads((out / f"demo_{name}.jsonl").read_text().splitlines()[-1])
+        for name in ("no_draft", "always", "dynamic_x")
     }
     assert all(line["rounds"] == 2 and line["completed"] >= 4 and line["failed"] == 0 for line in lines.values())
     for line in lines.values():  # the pooled phases: tokens delivered during each, over both rounds' seconds
@@ -132,17 +140,32 @@ def test_envelope_script_plays_a_trace_against_each_server_in_turn(tmp_path):
             line["phases"][0]["window_output_tokens"] / 2
         )
     with tarfile.open(out / "demo_servers.tgz") as archive:
-        rounds = [json.loads(line) for line in archive.extractfile("demo_dynamic.rounds.jsonl").read().splitlines()]
+        rounds = [json.loads(line) for line in archive.extractfile("demo_dynamic_x.rounds.jsonl").read().splitlines()]
+        log = archive.extractfile("demo_dynamic_x.server.log").read().decode()
+        steps = [name for name in archive.getnames() if ".steps." in name and name.endswith(".json")]
     assert [len(r["phases"]) for r in rounds] == [2, 2] and [r["round"] for r in rounds] == [0, 1]
+    assert "SGLANG_SPEC_EXPLORE_EVERY=2" in log and "SGLANG_SPEC_COST_LOG" in log, "both logged loudly"
+    assert {name.split(".steps.")[0] for name in steps} == {"demo_no_draft", "demo_always", "demo_dynamic_x"}, steps
+    with tarfile.open(out / "demo_cost_logs.tgz") as archive:
+        names = archive.getnames()
+        cost_report = json.loads(archive.extractfile("cost_report.json").read())
+    logs = sorted(name for name in names if ".costlog." in name)
+    assert [name.split(".costlog.")[0] for name in logs] == ["demo_always", "demo_dynamic_x"], names
+    by_server = {path.split(".costlog.")[0]: rep for path, rep in cost_report.items()}
+    assert set(by_server["demo_always"]["steps_per_k"]) == {"3"}
+    assert len(by_server["demo_dynamic_x"]["steps_per_k"]) >= 2, "dense exploration ran other k's"
+    assert not list(out.glob("*.costlog.*")), "the logs themselves are only in the archive"
     report = subprocess.run(
         [
             "python3",
             "-m",
             "sglang.benchmark.envelope",
             "--dynamic",
-            str(out / "demo_dynamic.jsonl"),
+            str(out / "demo_dynamic_x.jsonl"),
             "--static",
             f"no_draft={out / 'demo_no_draft.jsonl'}",
+            "--static",
+            f"always={out / 'demo_always.jsonl'}",
             "--out",
             str(tmp_path / "r.json"),
         ],
@@ -151,51 +174,3 @@ def test_envelope_script_plays_a_trace_against_each_server_in_turn(tmp_path):
         timeout=60,
     )
     assert report.returncode in (0, 1) and "trace: dynamic" in report.stdout, report.stdout + report.stderr
-
-
-def test_cost_logs_of_every_speculative_server_come_back_with_their_report(tmp_path):
-    """COST_LOG=1: each speculative server (here always and dynamic with dense exploration) writes its
-    cost log; the logs and cost_log_report.py's reading of them come back in one archive. STEP_TIMES=1:
-    every server's step tables are in the servers' archive, none left beside it (the servers are
-    stopped first, so a table written as one idles after its last play cannot land outside)."""
-    out = tmp_path / "out"
-    env = dict(
-        os.environ,
-        LEVELS="2",
-        NUM_PROMPTS="4",
-        PER_CONC="2",
-        INPUT_LEN="16",
-        OUTPUT_LEN="24",
-        EXTRA_SERVER_ARGS="--device cpu",
-        PORT="30891",
-        SWEEP_TIMEOUT_S="200",
-        ROUNDS="1",
-        KV_TOKENS="4096",
-        COST_LOG="1",
-        EXPLORE_EVERY="2",
-        STEP_TIMES="1",
-    )
-    proc = subprocess.run(
-        ["bash", "benchmark/spec_envelope_gpu.sh", str(out), "demo", "always", "dynamic_x"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    with tarfile.open(out / "demo_cost_logs.tgz") as archive:
-        names = archive.getnames()
-        report = json.loads(archive.extractfile("cost_report.json").read())
-    logs = sorted(name for name in names if ".costlog." in name)
-    assert [name.split(".costlog.")[0] for name in logs] == ["demo_always", "demo_dynamic_x"], names
-    by_server = {path.split(".costlog.")[0]: rep for path, rep in report.items()}
-    assert set(by_server["demo_always"]["steps_per_k"]) == {"3"}
-    assert len(by_server["demo_dynamic_x"]["steps_per_k"]) >= 2, "dense exploration ran other k's"
-    assert not list(out.glob("*.costlog.*")), "the logs themselves are only in the archive"
-    with tarfile.open(out / "demo_servers.tgz") as archive:
-        log = archive.extractfile("demo_dynamic_x.server.log").read().decode()
-        steps = [name for name in archive.getnames() if ".steps." in name and name.endswith(".json")]
-    assert "SGLANG_SPEC_EXPLORE_EVERY=2" in log and "SGLANG_SPEC_COST_LOG" in log, "both logged loudly"
-    assert {name.split(".steps.")[0] for name in steps} == {"demo_always", "demo_dynamic_x"}, steps
-    assert not list(out.glob("*.steps.*")), "every step table is in the archive"

@@ -135,7 +135,9 @@ def test_one_row_default_launch_shapes_cover_long_ragged_rows():
     weight, block_scale = weight_and_scales(72, 8300, "block")
     _, row_scale = weight_and_scales(72, 8300, "channel")
     assert_matches(block_fp8_skinny_gemm(x, weight, block_scale), block_fp8_gemm_ref(x, weight, block_scale))
-    assert_matches(scaled_fp8_skinny_gemm(x, weight, row_scale, "token"), scaled_fp8_gemm_ref(x, weight, row_scale, "token"))
+    assert_matches(
+        scaled_fp8_skinny_gemm(x, weight, row_scale, "token"), scaled_fp8_gemm_ref(x, weight, row_scale, "token")
+    )
 
 
 @pytest.mark.parametrize("k", [200, 1100, 2048])
