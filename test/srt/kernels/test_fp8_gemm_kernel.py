@@ -237,3 +237,25 @@ def test_fp8_layers_pick_the_kernel_that_measured_fastest_for_their_rows():
         scaled_fp8_gemm,
         scaled_fp8_gemm,
     ]
+
+
+def test_per_row_products_of_a_few_rows_go_through_triton_even_where_scaled_mm_serves(monkeypatch):
+    """backend="auto": up to TRITON_MAX_ROWS rows the Triton GEMM (faster there on an H100), above
+    it torch._scaled_mm where it serves (here made to serve, and recorded instead of run)."""
+    from sgl_kernel import fp8_gemm
+
+    calls = []
+
+    def scaled_mm(a, b, scale_a, scale_b, out_dtype):
+        calls.append(a.shape[0])
+        return torch.zeros(a.shape[0], b.shape[1], dtype=out_dtype)
+
+    monkeypatch.setattr(fp8_gemm, "scaled_mm_serves", lambda x, weight, activations: True)
+    monkeypatch.setattr(torch, "_scaled_mm", scaled_mm)
+    weight, scale = weight_and_scales(72, 200, "channel")
+    for rows in (2, fp8_gemm.TRITON_MAX_ROWS):
+        x = activations(rows, 200, torch.float32)
+        assert_matches(scaled_fp8_gemm(x, weight, scale, "token"), scaled_fp8_gemm_ref(x, weight, scale, "token"))
+    assert calls == []
+    scaled_fp8_gemm(activations(fp8_gemm.TRITON_MAX_ROWS + 1, 200, torch.float32), weight, scale, "token")
+    assert calls == [fp8_gemm.TRITON_MAX_ROWS + 1]
