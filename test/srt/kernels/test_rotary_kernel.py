@@ -100,12 +100,9 @@ def test_rotary_and_kv_store_rejects_a_cache_that_does_not_fit(device):
         apply_rotary_and_store_kv_(positions, q, k, v, rope.cos_sin_cache, cache, cache.clone(), loc[:2])
 
 
-@pytest.mark.parametrize("spec", [False, True], ids=["plain", "eagle3"])
-def test_the_model_path_through_the_fused_kernel_decodes_the_same_tokens(spec, monkeypatch, device):
-    """The demo pair (target and EAGLE-3 draft, both built on LlamaAttention) with rotation and
-    KV store fused in one kernel (on CUDA, or under the interpreter on the CPU) against the torch
-    rotation with the backend's store: prefill, decode and speculative steps read the KV the
-    kernel wrote, so any wrong slot, head or rotation changes the greedy tokens."""
+def greedy_ids_fused_and_unfused(monkeypatch, device, prompts, **server_args) -> dict[bool, dict[str, list[int]]]:
+    """Six greedy tokens for each prompt, with attention's rotation and KV store in the fused kernel
+    (True) and in torch and the backend (False), on `device` (CUDA, or the interpreter on the CPU)."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.models import llama
@@ -113,24 +110,34 @@ def test_the_model_path_through_the_fused_kernel_decodes_the_same_tokens(spec, m
     from sglang.srt.server_args import ServerArgs
     from sglang.test.runner_utils import run_to_completion
 
-    spec_args = dict(speculative_algorithm="EAGLE3", speculative_num_steps=2) if spec else {}
     outputs = {}
     for fused in (False, True):
         monkeypatch.setattr(llama, "fuses_rope_and_kv_store", lambda q, fused=fused: fused)
-        scheduler = Scheduler(
-            ServerArgs(
-                dtype="float32",
-                device=device,
-                disable_overlap_schedule=True,
-                disable_cuda_graph=True,
-                max_total_tokens=512,
-                **spec_args,
-            )
+        args = ServerArgs(
+            dtype="float32",
+            device=device,
+            disable_overlap_schedule=True,
+            disable_cuda_graph=True,
+            max_total_tokens=512,
+            **server_args,
         )
-        for i, ids in enumerate([[5, 17, 300, 41, 9, 77], [12, 13, 14, 15, 16, 17, 18, 19, 20]]):
+        scheduler = Scheduler(args)
+        for i, ids in enumerate(prompts):
             params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
             scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
         outputs[fused] = {rid: out["ids"] for rid, out in run_to_completion(scheduler).items()}
+    return outputs
+
+
+@pytest.mark.parametrize("spec", [False, True], ids=["plain", "eagle3"])
+def test_the_model_path_through_the_fused_kernel_decodes_the_same_tokens(spec, monkeypatch, device):
+    """The demo pair (target and EAGLE-3 draft, both built on LlamaAttention) with rotation and
+    KV store fused in one kernel (on CUDA, or under the interpreter on the CPU) against the torch
+    rotation with the backend's store: prefill, decode and speculative steps read the KV the
+    kernel wrote, so any wrong slot, head or rotation changes the greedy tokens."""
+    spec_args = dict(speculative_algorithm="EAGLE3", speculative_num_steps=2) if spec else {}
+    prompts = [[5, 17, 300, 41, 9, 77], [12, 13, 14, 15, 16, 17, 18, 19, 20]]
+    outputs = greedy_ids_fused_and_unfused(monkeypatch, device, prompts, **spec_args)
     assert outputs[True] == outputs[False] and all(len(ids) == 6 for ids in outputs[True].values())
 
 
@@ -192,30 +199,9 @@ def test_a_qwen3_moe_model_with_its_head_norms_fused_decodes_the_same_tokens(tmp
     """A tiny Qwen3-MoE (q_norm and k_norm on every layer) with norms, rotation and KV store in one
     kernel (on CUDA, or under the interpreter on the CPU) against the separate norms and the torch
     rotation: the same greedy tokens."""
-    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
-    from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.models import llama
-    from sglang.srt.sampling.sampling_params import SamplingParams
-    from sglang.srt.server_args import ServerArgs
-    from sglang.test.runner_utils import run_to_completion
     from sglang.test.tiny_moe_models import make_tiny_moe_model
 
     path = make_tiny_moe_model(str(tmp_path / "qwen3_moe"), "qwen3_moe")
-    outputs = {}
-    for fused in (False, True):
-        monkeypatch.setattr(llama, "fuses_rope_and_kv_store", lambda q, fused=fused: fused)
-        scheduler = Scheduler(
-            ServerArgs(
-                model_path=path,
-                dtype="float32",
-                device=device,
-                disable_overlap_schedule=True,
-                disable_cuda_graph=True,
-                max_total_tokens=512,
-            )
-        )
-        for i, ids in enumerate([[5, 17, 30, 41, 9, 77], [12, 13, 14, 15, 16, 17, 18, 19, 20]]):
-            params = SamplingParams(max_new_tokens=6, temperature=0, ignore_eos=True)
-            scheduler.add_request(TokenizedGenerateReqInput(f"r{i}", ids, params, stream=False))
-        outputs[fused] = {rid: out["ids"] for rid, out in run_to_completion(scheduler).items()}
+    prompts = [[5, 17, 30, 41, 9, 77], [12, 13, 14, 15, 16, 17, 18, 19, 20]]
+    outputs = greedy_ids_fused_and_unfused(monkeypatch, device, prompts, model_path=path)
     assert outputs[True] == outputs[False] and all(len(ids) == 6 for ids in outputs[True].values())
