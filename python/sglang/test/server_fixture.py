@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -16,10 +17,99 @@ from pathlib import Path
 
 import httpx
 
+from sglang.test.server_zygote import import_time_env
+
 # One TLS context for every request of these helpers: without it each `httpx.get` builds its own,
 # loading the CA bundle (about 50 ms of CPU, against 2 ms for the request itself), though a
 # loopback server speaks plain HTTP. A server start polls /health a few dozen times.
 LOOPBACK_TLS = ssl.create_default_context()
+
+
+class Zygote:
+    """`python -m sglang.test.server_zygote` of this process, started on first use (see there)."""
+
+    _instance: Zygote | None = None
+    _lock = threading.Lock()
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "sglang.test.server_zygote"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        ready = self.proc.stdout.readline()
+        if not ready:
+            raise RuntimeError(f"the server zygote exited with {self.proc.wait()}")
+        weakref.finalize(self, stop_zygote, self.proc)
+
+    @classmethod
+    def for_env(cls, module: str, env: dict[str, str]) -> Zygote | None:
+        """The zygote that can start this server, or None where a plain process must: another
+        launcher module, an environment that differs from the zygote's in what its imports read,
+        or SGLANG_TEST_FORKED_SERVERS=0."""
+        if (
+            module != "sglang.launch_server"
+            or env.get("SGLANG_TEST_FORKED_SERVERS", "1") == "0"
+            or not hasattr(os, "fork")
+        ):
+            return None
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = Zygote(env)
+        zygote = cls._instance
+        if zygote.proc.poll() is not None or import_time_env(env) != import_time_env(zygote.env):
+            return None
+        return zygote
+
+    def ask(self, request: dict) -> dict:
+        with self._lock:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the server zygote exited")
+        return json.loads(line)
+
+
+def stop_zygote(proc: subprocess.Popen) -> None:
+    """EOF on its stdin ends the zygote; waited for, so its CPU time counts in this process's."""
+    proc.stdin.close()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class ForkedProcess:
+    """The part of `subprocess.Popen` tests use, for a server forked by the zygote (its parent,
+    which alone can reap it)."""
+
+    def __init__(self, zygote: Zygote, module: str, args: list[str], env: dict[str, str], log: str):
+        self.zygote = zygote
+        request = {"op": "spawn", "module": module, "args": args, "env": env, "cwd": os.getcwd(), "log": log}
+        self.pid = zygote.ask(request)["pid"]
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            self.returncode = self.zygote.ask({"op": "poll", "pid": self.pid})["returncode"]
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"server {self.pid}", timeout)
+            time.sleep(0.02)
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
 
 
 def free_port() -> int:
@@ -60,8 +150,15 @@ class ServerProcess:
         # The output goes to a file, not a pipe: nobody reads a pipe while the server runs, and a
         # server that logged more than the pipe holds would block in its next write.
         self._log = tempfile.NamedTemporaryFile(prefix="sglang-test-server-", suffix=".log", delete=False)
-        # Own process group, so a test can check that nothing outlives the server.
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        # Own process group, so a test can check that nothing outlives the server. Forked from the
+        # zygote where it can (the same server, without importing torch and transformers again).
+        zygote = Zygote.for_env(module, env)
+        if zygote is not None:
+            self.proc = ForkedProcess(zygote, module, cmd[3:], env, self._log.name)
+        else:
+            self.proc = subprocess.Popen(
+                cmd, stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+            )
         self._log.close()
         weakref.finalize(self, Path(self._log.name).unlink, missing_ok=True)
         self._wait_ready(startup_timeout)
