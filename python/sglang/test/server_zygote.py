@@ -1,6 +1,6 @@
 """Test servers forked from one process that has already imported the server's libraries.
 
-Each `python -m sglang.launch_server` of a test spends about 4 of its 7 CPU-seconds importing torch,
+Each `python -m sglang.launch_server` of a test spends about 5 of its 8 CPU-seconds importing torch,
 transformers, FastAPI and pydantic. `python -m sglang.test.server_zygote` imports them once, then
 reads one JSON request per line on stdin and answers one JSON line on stdout:
 
